@@ -1,0 +1,263 @@
+// Completer: processes ACKs, NAKs, READ responses and ATOMIC acknowledgements,
+// retires send WQEs in order and drives retry and RNR back-off.
+#include "transport.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace sroce {
+namespace {
+
+bool needs_response(const SendWqe &w) {
+    return w.opcode == IBV_WR_RDMA_READ || w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+           w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+uint32_t last_psn(const SendWqe &w) { return wire::psn_add(w.first_psn, w.npkts - 1); }
+
+// Pops finished WQEs off the tail, generating their completions.
+void retire(Qp *qp) {
+    uint32_t cap = qp->max_send_wr;
+    while (qp->sq_tail != qp->sq_head) {
+        SendWqe &w = qp->sq[qp->sq_tail % cap];
+        if (!w.done) break;
+        if (needs_response(w)) qp->rd_outstanding--;
+        if (w.signaled) complete_send(qp, w, IBV_WC_SUCCESS);
+        qp->sq_tail++;
+    }
+    // A rewind may have left the transmit cursor behind WQEs acknowledged since.
+    if (int32_t(qp->sq_cur - qp->sq_tail) < 0) qp->sq_cur = qp->sq_tail;
+}
+
+void progress(Qp *qp, uint32_t una) {
+    if (wire::psn_diff(una, qp->una_psn) > 0) {
+        qp->una_psn = una;
+        qp->retries_left = qp->retry_cnt;
+        qp->rnr_left = qp->rnr_retry;
+        req_arm_timer(qp);
+    }
+}
+
+// Marks every send/write WQE wholly below `psn` (exclusive) done; stops at
+// the first WQE still waiting for a response.  Returns that WQE's index or
+// sq_cur.
+uint32_t ack_below(Qp *qp, uint32_t psn) {
+    uint32_t cap = qp->max_send_wr;
+    uint32_t i = qp->sq_tail;
+    for (; i != qp->sq_head; i++) {
+        SendWqe &w = qp->sq[i % cap];
+        if (w.done) continue;
+        if (!w.started || wire::psn_diff(last_psn(w), psn) >= 0) break;
+        if (needs_response(w)) break;
+        w.done = true;
+    }
+    return i;
+}
+
+void fail_at(Qp *qp, uint32_t psn, ibv_wc_status status) {
+    uint32_t i = ack_below(qp, psn);
+    retire(qp);
+    if (i != qp->sq_head && i == qp->sq_tail) {
+        SendWqe &w = qp->sq[i % qp->max_send_wr];
+        w.done = true;
+        complete_send(qp, w, status);
+        if (needs_response(w)) qp->rd_outstanding--;
+        qp->sq_tail++;
+    }
+    qp_enter_error(qp);
+}
+
+ibv_wc_status nak_status(uint8_t code) {
+    switch (code) {
+    case wire::aeth::kNakInvalidRequest:
+        return IBV_WC_REM_INV_REQ_ERR;
+    case wire::aeth::kNakRemoteAccessError:
+        return IBV_WC_REM_ACCESS_ERR;
+    case wire::aeth::kNakRemoteOpError:
+        return IBV_WC_REM_OP_ERR;
+    default:
+        return IBV_WC_REM_INV_RD_REQ_ERR;
+    }
+}
+
+// Copies a response payload into the WQE's scatter list at byte offset `off`.
+bool scatter(SendWqe &w, uint32_t off, const uint8_t *src, uint32_t len) {
+    for (uint32_t i = 0; i < w.num_sge && len; i++) {
+        ibv_sge &s = w.sge[i];
+        if (off >= s.length) {
+            off -= s.length;
+            continue;
+        }
+        uint32_t take = std::min(s.length - off, len);
+        std::memcpy(reinterpret_cast<uint8_t *>(uintptr_t(s.addr)) + off, src, take);
+        src += take;
+        len -= take;
+        off = 0;
+    }
+    return len == 0;
+}
+
+void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
+    uint8_t syn = pkt.syndrome();
+    uint8_t kind = syn & wire::aeth::kKindMask;
+    if (kind == wire::aeth::kAck) {
+        uint32_t next = wire::psn_add(pkt.psn, 1);
+        if (wire::psn_diff(next, qp->una_psn) < 0) return; // stale
+        uint32_t i = ack_below(qp, next);
+        retire(qp);
+        progress(qp, next);
+        // An ACK past an outstanding READ/ATOMIC means its response was lost.
+        if (i != qp->sq_head) {
+            SendWqe &w = qp->sq[i % qp->max_send_wr];
+            if (needs_response(w) && !w.done && wire::psn_diff(last_psn(w), pkt.psn) <= 0) {
+                req_rewind(qp, wire::psn_add(w.first_psn, w.read_next));
+            }
+        }
+        req_run(qp, tx);
+        return;
+    }
+    if (kind == wire::aeth::kRnrNak) {
+        ack_below(qp, pkt.psn);
+        retire(qp);
+        progress(qp, pkt.psn);
+        if (qp->rnr_retry != 7) {
+            if (qp->rnr_left == 0) {
+                fail_at(qp, pkt.psn, IBV_WC_RNR_RETRY_EXC_ERR);
+                return;
+            }
+            qp->rnr_left--;
+        }
+        // Wait out the responder's RNR timer, then resend from the NAKed PSN.
+        req_rewind(qp, pkt.psn);
+        qp->rnr_deadline_ns = now_ns() + rnr_timer_ns(syn & 0x1F);
+        qp->timer_deadline_ns = 0;
+        return;
+    }
+    if (kind == wire::aeth::kNak) {
+        uint8_t code = syn & 0x1F;
+        if (code == wire::aeth::kNakPsnSeqError) {
+            if (wire::psn_diff(pkt.psn, qp->una_psn) < 0) return; // stale
+            ack_below(qp, pkt.psn);
+            retire(qp);
+            bool moved = wire::psn_diff(pkt.psn, qp->una_psn) > 0;
+            progress(qp, pkt.psn);
+            if (!moved && qp->last_nak_rewind == pkt.psn) {
+                if (qp->retries_left == 0) {
+                    fail_at(qp, pkt.psn, IBV_WC_RETRY_EXC_ERR);
+                    return;
+                }
+                qp->retries_left--;
+            }
+            qp->last_nak_rewind = pkt.psn;
+            req_rewind(qp, pkt.psn);
+            req_run(qp, tx);
+            return;
+        }
+        fail_at(qp, pkt.psn, nak_status(code));
+    }
+}
+
+SendWqe *find_wqe(Qp *qp, uint32_t psn, uint32_t *index) {
+    uint32_t cap = qp->max_send_wr;
+    for (uint32_t i = qp->sq_tail; i != qp->sq_head; i++) {
+        SendWqe &w = qp->sq[i % cap];
+        if (!w.started) break;
+        int32_t d = wire::psn_diff(psn, w.first_psn);
+        if (d >= 0 && uint32_t(d) < w.npkts) {
+            *index = i;
+            return &w;
+        }
+    }
+    return nullptr;
+}
+
+void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
+    uint32_t idx;
+    SendWqe *w = find_wqe(qp, pkt.psn, &idx);
+    if (!w || w->opcode != IBV_WR_RDMA_READ || w->done) return;
+    uint32_t expect = wire::psn_add(w->first_psn, w->read_next);
+    int32_t d = wire::psn_diff(pkt.psn, expect);
+    if (d < 0) return; // duplicate
+    if (d > 0) {
+        // A response went missing: ask again from the first one not received.
+        if (qp->last_nak_rewind != expect) {
+            qp->last_nak_rewind = expect;
+            req_rewind(qp, expect);
+            req_run(qp, tx);
+        }
+        return;
+    }
+    if (pkt.info->hdrs & wire::kHasAeth) {
+        uint8_t kind = pkt.syndrome() & wire::aeth::kKindMask;
+        if (kind == wire::aeth::kNak) {
+            on_ack(qp, pkt, tx);
+            return;
+        }
+    }
+    uint32_t off = w->read_next * qp->mtu;
+    bool last = w->read_next + 1 == w->npkts;
+    uint32_t want = last ? w->length - off : qp->mtu;
+    if (pkt.payload_len != want || !scatter(*w, off, pkt.payload, pkt.payload_len)) {
+        fail_at(qp, pkt.psn, IBV_WC_BAD_RESP_ERR);
+        return;
+    }
+    // A response acknowledges every request before it.
+    ack_below(qp, w->first_psn);
+    w->read_next++;
+    if (last) w->done = true;
+    retire(qp);
+    progress(qp, wire::psn_add(pkt.psn, 1));
+    req_run(qp, tx);
+}
+
+void on_atomic_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
+    if ((pkt.syndrome() & wire::aeth::kKindMask) != wire::aeth::kAck) {
+        on_ack(qp, pkt, tx);
+        return;
+    }
+    uint32_t idx;
+    SendWqe *w = find_wqe(qp, pkt.psn, &idx);
+    if (!w || w->done || !needs_response(*w) || w->opcode == IBV_WR_RDMA_READ) return;
+    if (wire::psn_diff(pkt.psn, qp->una_psn) < 0) return;
+    ack_below(qp, w->first_psn);
+    uint64_t orig = pkt.orig();
+    std::memcpy(reinterpret_cast<void *>(uintptr_t(w->sge[0].addr)), &orig, 8);
+    w->done = true;
+    retire(qp);
+    progress(qp, wire::psn_add(pkt.psn, 1));
+    req_run(qp, tx);
+}
+
+} // namespace
+
+uint64_t rnr_timer_ns(uint8_t code) {
+    // IBTA table 45, in microseconds; code 0 means 655.36 ms.
+    static const uint32_t us[32] = {655360, 10,  20,  30,   40,   60,   80,   120,
+                                    160,    240, 320, 480,  640,  960,  1280, 1920,
+                                    2560,   3840, 5120, 7680, 10240, 15360, 20480, 30720,
+                                    40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
+    return uint64_t(us[code & 31]) * 1000;
+}
+
+void comp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
+    if (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_SQD) return;
+    switch (pkt.opcode) {
+    case wire::kAcknowledge:
+        on_ack(qp, pkt, tx);
+        break;
+    case wire::kAtomicAcknowledge:
+        on_atomic_ack(qp, pkt, tx);
+        break;
+    case wire::kReadRespFirst:
+    case wire::kReadRespMiddle:
+    case wire::kReadRespLast:
+    case wire::kReadRespOnly:
+        on_read_response(qp, pkt, tx);
+        break;
+    default:
+        break;
+    }
+    if (qp->sq_tail == qp->sq_head) qp->timer_deadline_ns = 0;
+}
+
+} // namespace sroce

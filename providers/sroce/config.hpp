@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: MIT
+//
+// The sroce link configuration: which devices exist and which local address
+// each one answers on.  Shared by the engine (to build its device list) and
+// by the sroce(8) tool (to edit the list), so both agree on one file format.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace sroce {
+
+struct Link {
+    std::string name;   // device name, as ibv_get_device_name() reports it
+    std::string netdev; // interface the address lives on; used for MTU and state
+    std::string addr;   // IPv4 dotted quad, or an IPv6 literal
+
+    bool operator==(const Link &) const = default;
+};
+
+inline constexpr const char *default_config_path = "/etc/sroce/links.conf";
+
+// $SROCE_CONFIG if set and non-empty, else default_config_path.
+std::string config_path();
+
+// A missing file is an empty configuration, so a fresh host needs no setup.
+// Any malformed line throws std::runtime_error("PATH:LINE: reason").
+std::vector<Link> load_links(const std::string &path);
+
+// Validates, creates the parent directory, then replaces the file atomically
+// so a concurrently starting application never reads a half-written list.
+// Throws std::runtime_error on invalid links or on any system-call failure.
+void save_links(const std::string &path, const std::vector<Link> &links);
+
+// Empty when the link is acceptable on its own, else why it is not.  Does not
+// check uniqueness, which only makes sense against a whole list.
+std::string link_error(const Link &link);
+
+// Empty when `links` could be saved, else the first reason it cannot.
+std::string links_error(const std::vector<Link> &links);
+
+// Binary-equal addresses written differently ("::1" and "0::1") are the same
+// endpoint; this is the canonical text used to compare them.  Empty when
+// `addr` is neither an IPv4 nor an IPv6 literal.
+std::string canonical_addr(const std::string &addr);
+bool is_ipv6_addr(const std::string &addr);
+
+// First IPv4 address of `netdev`; throws if the interface is unknown or has none.
+std::string interface_ipv4(const std::string &netdev);
+// Throws if the interface is unknown.
+int interface_mtu(const std::string &netdev);
+bool interface_exists(const std::string &netdev);
+// Up and carrier present; false for an unknown interface.
+bool interface_running(const std::string &netdev);
+
+// Largest IB MTU (256..4096) whose RoCEv2 frame fits in an interface MTU of
+// `ifmtu`, or 0 if not even 256 fits.  IPv6 has a 20-byte larger header.
+int roce_mtu(int ifmtu, bool ipv6 = false);
+
+// Serialises read-modify-write cycles of the file at `path` between
+// processes (two concurrent `sroce link add` would otherwise lose one link).
+// Locks the containing directory, creating it if needed, because the file
+// itself is replaced by rename and a lock on it would not survive.
+class ConfigLock {
+  public:
+    explicit ConfigLock(const std::string &path);
+    ~ConfigLock();
+    ConfigLock(const ConfigLock &) = delete;
+    ConfigLock &operator=(const ConfigLock &) = delete;
+
+  private:
+    int fd_ = -1;
+};
+
+} // namespace sroce

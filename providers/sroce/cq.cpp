@@ -1,0 +1,227 @@
+// Completion queues and completion channels.
+#include "provider.h"
+#include "sroce.hpp"
+
+#include <cerrno>
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace sroce {
+
+bool Cq::push(const ibv_wc &wc, bool solicited) {
+    std::lock_guard<std::mutex> g(mu);
+    uint32_t size = uint32_t(ring.size());
+    if (count == size) {
+        overflow = true;
+        return false;
+    }
+    ring[(head + count) % size] = wc;
+    count++;
+    if (armed && channel && (!solicited_only || solicited || wc.status != IBV_WC_SUCCESS)) {
+        armed = false;
+        ibv_cq *self = reinterpret_cast<ibv_cq *>(&cqx);
+        // The channel's pipe carries CQ pointers, as uverbs carries CQ handles.
+        if (write(channel->wr_fd, &self, sizeof self) != sizeof self) { /* channel full */
+        }
+    }
+    return true;
+}
+
+namespace {
+
+int poll_cq(ibv_cq *ibcq, int n, ibv_wc *wc) {
+    Cq *cq = to_cq(ibcq);
+    std::lock_guard<std::mutex> g(cq->mu);
+    int k = 0;
+    uint32_t size = uint32_t(cq->ring.size());
+    while (k < n && cq->count) {
+        wc[k++] = cq->ring[cq->head];
+        cq->head = (cq->head + 1) % size;
+        cq->count--;
+    }
+    return k;
+}
+
+int req_notify_cq(ibv_cq *ibcq, int solicited_only) {
+    Cq *cq = to_cq(ibcq);
+    std::lock_guard<std::mutex> g(cq->mu);
+    cq->armed = true;
+    cq->solicited_only = solicited_only != 0;
+    return 0;
+}
+
+// ibv_cq_ex polling: start_poll takes the CQ lock, end_poll releases it.
+int start_poll(ibv_cq_ex *cqx, ibv_poll_cq_attr *attr) {
+    if (attr && attr->comp_mask) return EINVAL;
+    Cq *cq = reinterpret_cast<Cq *>(cqx);
+    cq->mu.lock();
+    if (!cq->count) {
+        cq->mu.unlock();
+        return ENOENT;
+    }
+    cq->cur = cq->ring[cq->head];
+    cq->head = (cq->head + 1) % uint32_t(cq->ring.size());
+    cq->count--;
+    cqx->wr_id = cq->cur.wr_id;
+    cqx->status = cq->cur.status;
+    return 0;
+}
+
+int next_poll(ibv_cq_ex *cqx) {
+    Cq *cq = reinterpret_cast<Cq *>(cqx);
+    if (!cq->count) return ENOENT;
+    cq->cur = cq->ring[cq->head];
+    cq->head = (cq->head + 1) % uint32_t(cq->ring.size());
+    cq->count--;
+    cqx->wr_id = cq->cur.wr_id;
+    cqx->status = cq->cur.status;
+    return 0;
+}
+
+void end_poll(ibv_cq_ex *cqx) { reinterpret_cast<Cq *>(cqx)->mu.unlock(); }
+
+Cq *cur(ibv_cq_ex *c) { return reinterpret_cast<Cq *>(c); }
+ibv_wc_opcode read_opcode(ibv_cq_ex *c) { return cur(c)->cur.opcode; }
+uint32_t read_vendor_err(ibv_cq_ex *c) { return cur(c)->cur.vendor_err; }
+uint32_t read_byte_len(ibv_cq_ex *c) { return cur(c)->cur.byte_len; }
+__be32 read_imm_data(ibv_cq_ex *c) { return cur(c)->cur.imm_data; }
+uint32_t read_qp_num(ibv_cq_ex *c) { return cur(c)->cur.qp_num; }
+uint32_t read_src_qp(ibv_cq_ex *c) { return cur(c)->cur.src_qp; }
+unsigned int read_wc_flags(ibv_cq_ex *c) { return cur(c)->cur.wc_flags; }
+uint32_t read_slid(ibv_cq_ex *c) { return cur(c)->cur.slid; }
+uint8_t read_sl(ibv_cq_ex *c) { return cur(c)->cur.sl; }
+uint8_t read_dlid_path_bits(ibv_cq_ex *c) { return cur(c)->cur.dlid_path_bits; }
+
+Cq *make_cq(Context *ctx, int cqe, void *cq_context, ibv_comp_channel *channel) {
+    if (cqe < 1 || uint32_t(cqe) > kMaxCqe) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    if (channel && channel->context != &ctx->vctx.context) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    Cq *cq = new Cq;
+    cq->ctx = ctx;
+    cq->ring.resize(size_t(cqe) + 1);
+    ibv_cq_ex &x = cq->cqx;
+    x.context = &ctx->vctx.context;
+    x.channel = channel;
+    x.cq_context = cq_context;
+    x.cqe = cqe;
+    pthread_mutex_init(&x.mutex, nullptr);
+    pthread_cond_init(&x.cond, nullptr);
+    x.start_poll = start_poll;
+    x.next_poll = next_poll;
+    x.end_poll = end_poll;
+    x.read_opcode = read_opcode;
+    x.read_vendor_err = read_vendor_err;
+    x.read_byte_len = read_byte_len;
+    x.read_imm_data = read_imm_data;
+    x.read_qp_num = read_qp_num;
+    x.read_src_qp = read_src_qp;
+    x.read_wc_flags = read_wc_flags;
+    x.read_slid = read_slid;
+    x.read_sl = read_sl;
+    x.read_dlid_path_bits = read_dlid_path_bits;
+    cq->channel = reinterpret_cast<CompChannel *>(channel);
+    if (channel) channel->refcnt++;
+    return cq;
+}
+
+} // namespace
+
+// Installed into each context's ops by verbs.cpp.
+int cq_poll(ibv_cq *cq, int n, ibv_wc *wc) { return poll_cq(cq, n, wc); }
+int cq_req_notify(ibv_cq *cq, int solicited_only) { return req_notify_cq(cq, solicited_only); }
+
+ibv_cq_ex *create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr) {
+    constexpr uint64_t kSupported = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM |
+                                    IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |
+                                    IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
+                                    IBV_WC_EX_WITH_DLID_PATH_BITS;
+    if (attr->wc_flags & ~kSupported || attr->comp_mask & ~uint32_t(IBV_CQ_INIT_ATTR_MASK_FLAGS)) {
+        errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    Cq *cq = make_cq(to_ctx(ibctx), int(attr->cqe), attr->cq_context, attr->channel);
+    return cq ? &cq->cqx : nullptr;
+}
+
+} // namespace sroce
+
+using namespace sroce;
+
+extern "C" {
+
+struct ibv_comp_channel *sroce_create_comp_channel(struct ibv_context *ctx) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) < 0) return nullptr;
+    auto *ch = new CompChannel;
+    ch->ch.context = ctx;
+    ch->ch.fd = fds[0];
+    ch->ch.refcnt = 0;
+    ch->wr_fd = fds[1];
+    // A full pipe must never block the progress thread.
+    fcntl(ch->wr_fd, F_SETFL, O_NONBLOCK);
+    return &ch->ch;
+}
+
+int sroce_destroy_comp_channel(struct ibv_comp_channel *channel) {
+    if (channel->refcnt) return EBUSY;
+    auto *ch = reinterpret_cast<CompChannel *>(channel);
+    close(ch->ch.fd);
+    close(ch->wr_fd);
+    delete ch;
+    return 0;
+}
+
+struct ibv_cq *sroce_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
+                               struct ibv_comp_channel *channel, int comp_vector) {
+    if (comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    Cq *cq = make_cq(to_ctx(ctx), cqe, cq_context, channel);
+    return cq ? reinterpret_cast<ibv_cq *>(&cq->cqx) : nullptr;
+}
+
+int sroce_resize_cq(struct ibv_cq *ibcq, int cqe) {
+    Cq *cq = to_cq(ibcq);
+    std::lock_guard<std::mutex> g(cq->mu);
+    if (cqe < 1 || uint32_t(cqe) > kMaxCqe || uint32_t(cqe) < cq->count) return EINVAL;
+    std::vector<ibv_wc> ring(size_t(cqe) + 1);
+    uint32_t size = uint32_t(cq->ring.size());
+    for (uint32_t i = 0; i < cq->count; i++) ring[i] = cq->ring[(cq->head + i) % size];
+    cq->ring.swap(ring);
+    cq->head = 0;
+    ibcq->cqe = cqe;
+    return 0;
+}
+
+int sroce_destroy_cq(struct ibv_cq *ibcq) {
+    Cq *cq = to_cq(ibcq);
+    if (cq->channel) cq->channel->ch.refcnt--;
+    pthread_mutex_destroy(&ibcq->mutex);
+    pthread_cond_destroy(&ibcq->cond);
+    delete cq;
+    return 0;
+}
+
+int sroce_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context) {
+    ibv_cq *c;
+    ssize_t r = read(channel->fd, &c, sizeof c);
+    if (r != sizeof c) return -1;
+    *cq = c;
+    *cq_context = c->cq_context;
+    return 0;
+}
+
+void sroce_ack_cq_events(struct ibv_cq *cq, unsigned int nevents) {
+    pthread_mutex_lock(&cq->mutex);
+    cq->comp_events_completed += nevents;
+    pthread_cond_signal(&cq->cond);
+    pthread_mutex_unlock(&cq->mutex);
+}
+
+} // extern "C"

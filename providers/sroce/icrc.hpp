@@ -1,0 +1,52 @@
+// Invariant CRC of RoCEv2 packets (IBTA Annex A17).
+//
+// The ICRC is a CRC-32 over 8 bytes of 0xFF, the IP and UDP headers and the
+// transport packet, with the fields routers may change (TOS, TTL, IP and UDP
+// checksums, the BTH resv8a byte) replaced by ones.  It is stored little-endian.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <netinet/in.h>
+
+namespace sroce {
+
+// What a UDP socket tells us, or decides for us, about the IPv4 header.
+struct Ipv4Header {
+    in_addr_t src; // network order
+    in_addr_t dst;
+    uint16_t sport; // host order
+    uint16_t dport;
+    uint16_t ip_id = 0; // Linux writes 0 for DF datagrams sent from an unconnected socket
+    bool df = true;
+};
+
+// CRC state after the masked pseudo headers and the (masked) BTH; continue it
+// over the rest of the transport packet with icrc_update() and finish with
+// icrc_final().  udp_payload_len includes the ICRC itself.
+uint32_t icrc_begin(const Ipv4Header &ip, size_t udp_payload_len, const uint8_t *bth);
+uint32_t icrc_update(uint32_t state, const void *data, size_t len);
+inline uint32_t icrc_final(uint32_t state) { return state; }
+
+// ICRC of a whole datagram whose last 4 bytes are the ICRC field.
+uint32_t icrc_compute(const Ipv4Header &ip, const uint8_t *pkt, size_t len);
+
+inline uint32_t icrc_load(const uint8_t *p) {
+    return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+inline void icrc_store(uint8_t *p, uint32_t v) {
+    p[0] = uint8_t(v);
+    p[1] = uint8_t(v >> 8);
+    p[2] = uint8_t(v >> 16);
+    p[3] = uint8_t(v >> 24);
+}
+
+// Verifies a received datagram.  A receiver behind a UDP socket cannot see
+// the sender's IP ID or DF bit: sroce peers send ID 0 with DF, which is tried
+// first; otherwise the 16-bit ID is solved for (CRC-32 is invertible, so the
+// two unknown bytes are determined by the CRC state on either side of them)
+// and the packet is accepted only if a consistent ID exists, with DF set or
+// clear.  Returns true when the ICRC is valid; *ip_id gets the ID used.
+bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id = nullptr);
+
+} // namespace sroce

@@ -1,0 +1,357 @@
+#include "nic.hpp"
+
+#include "icrc.hpp"
+#include "transport.hpp"
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <poll.h>
+#include <stdexcept>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+namespace sroce {
+
+uint64_t now_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+FaultConfig parse_fault_config(const std::string &spec) {
+    FaultConfig f;
+    size_t pos = 0;
+    while (pos < spec.size()) {
+        size_t end = spec.find(',', pos);
+        if (end == std::string::npos) end = spec.size();
+        std::string item = spec.substr(pos, end - pos);
+        pos = end + 1;
+        if (item.empty()) continue;
+        size_t eq = item.find('=');
+        if (eq == std::string::npos) throw std::invalid_argument("expected key=value: " + item);
+        std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+        size_t used = 0;
+        double d = std::stod(v, &used);
+        if (used != v.size()) throw std::invalid_argument("bad number: " + item);
+        if (k == "seed") {
+            f.seed = uint64_t(d);
+            continue;
+        }
+        if (d < 0 || d > 1) throw std::invalid_argument("probability out of [0,1]: " + item);
+        if (k == "drop")
+            f.drop = d;
+        else if (k == "dup")
+            f.dup = d;
+        else if (k == "reorder")
+            f.reorder = d;
+        else
+            throw std::invalid_argument("unknown fault: " + k);
+    }
+    return f;
+}
+
+namespace {
+
+std::mutex g_nics_mu;
+Nic *g_nics[kMaxDevices] = {};
+
+double next_uniform(uint64_t &s) {
+    // splitmix64: cheap and reproducible from the seed.
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return double(z >> 11) / double(1ull << 53);
+}
+
+} // namespace
+
+Nic *Nic::acquire(Device *dev) {
+    std::lock_guard<std::mutex> g(g_nics_mu);
+    Nic *&slot = g_nics[dev->index];
+    if (!slot) {
+        Nic *n = new Nic(dev);
+        int err = n->open_socket();
+        if (err) {
+            delete n;
+            errno = err;
+            return nullptr;
+        }
+        n->thread_ = std::thread([n] { n->run(); });
+        slot = n;
+    }
+    slot->refs_++;
+    return slot;
+}
+
+void Nic::release() {
+    std::lock_guard<std::mutex> g(g_nics_mu);
+    if (--refs_ > 0) return;
+    g_nics[dev_->index] = nullptr;
+    delete this;
+}
+
+Nic::Nic(Device *dev) : dev_(dev) {
+    if (const char *f = getenv("SROCE_FAULT"); f && *f) {
+        try {
+            fault_ = parse_fault_config(f);
+        } catch (const std::exception &e) {
+            fprintf(stderr, "sroce: ignoring SROCE_FAULT=%s: %s\n", f, e.what());
+        }
+        rng_ = fault_.seed;
+    }
+    if (const char *b = getenv("SROCE_BUSY_POLL"); b && *b == '1') busy_poll_ = true;
+}
+
+Nic::~Nic() {
+    if (thread_.joinable()) {
+        stop_ = true;
+        uint64_t one = 1;
+        if (write(wake_fd_, &one, sizeof one) < 0) { /* the thread also polls stop_ */
+        }
+        thread_.join();
+    }
+    if (fd_ >= 0) close(fd_);
+    if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+int Nic::open_socket() {
+    fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) return errno;
+    // DF set and an unconnected socket make Linux write IP ID 0, which keeps
+    // the IPv4 header (covered by the ICRC) predictable.
+    int pmtu = IP_PMTUDISC_DO;
+    setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    int buf = 16 << 20;
+    if (setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf) < 0)
+        setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+    if (setsockopt(fd_, SOL_SOCKET, SO_SNDBUFFORCE, &buf, sizeof buf) < 0)
+        setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(wire::kRoceV2Port);
+    sa.sin_addr.s_addr = dev_->addr;
+    if (bind(fd_, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0) {
+        int err = errno;
+        char a[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &dev_->addr, a, sizeof a);
+        if (err == EADDRINUSE)
+            fprintf(stderr,
+                    "sroce: %s: %s:%u is already in use by another process; an sroce device "
+                    "address can be opened by one process at a time (add another link, e.g. "
+                    "'sroce link add NAME netdev lo addr 127.0.0.2')\n",
+                    dev_->ibdev.name, a, wire::kRoceV2Port);
+        else
+            fprintf(stderr, "sroce: %s: cannot bind %s:%u: %s\n", dev_->ibdev.name, a,
+                    wire::kRoceV2Port, strerror(err));
+        return err;
+    }
+    wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd_ < 0) return errno;
+    return 0;
+}
+
+uint32_t Nic::add_qp(Qp *qp) {
+    std::lock_guard<std::mutex> g(qp_alloc_mu_);
+    for (uint32_t k = 0; k < kMaxQps; k++) {
+        uint32_t i = (qp_next_ + k) % kMaxQps;
+        if (!qps_[i].load(std::memory_order_relaxed)) {
+            qps_[i].store(qp, std::memory_order_release);
+            qp_next_ = i + 1;
+            if (i + 1 > qp_top_.load(std::memory_order_relaxed))
+                qp_top_.store(i + 1, std::memory_order_release);
+            return kQpnBase + i;
+        }
+    }
+    return 0;
+}
+
+void Nic::remove_qp(Qp *qp) {
+    uint32_t i = qp->qpx.qp_base.qp_num - kQpnBase;
+    if (i < kMaxQps) qps_[i].store(nullptr, std::memory_order_release);
+}
+
+void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
+                int iovcnt, uint32_t payload_len) {
+    if (b.n == TxBatch::kSlots) flush(b);
+    TxBatch::Slot &s = b.slots[b.n];
+    std::memcpy(s.hdr, hdr, hdr_len);
+    uint32_t pad = (4 - (payload_len & 3)) & 3;
+    s.hdr[1] = uint8_t((s.hdr[1] & ~0x30) | pad << 4);
+    size_t udp_len = hdr_len + payload_len + pad + wire::kIcrcLen;
+
+    Ipv4Header ip{dev_->addr, dst, wire::kRoceV2Port, wire::kRoceV2Port};
+    uint32_t crc = icrc_begin(ip, udp_len, s.hdr);
+    crc = icrc_update(crc, s.hdr + wire::kBthLen, hdr_len - wire::kBthLen);
+    int k = 0;
+    s.iov[k++] = {s.hdr, hdr_len};
+    for (int i = 0; i < iovcnt; i++) {
+        if (!iov[i].iov_len) continue;
+        crc = icrc_update(crc, iov[i].iov_base, iov[i].iov_len);
+        s.iov[k++] = iov[i];
+    }
+    std::memset(s.tail, 0, pad);
+    if (pad) crc = icrc_update(crc, s.tail, pad);
+    icrc_store(s.tail + pad, crc);
+    s.iov[k++] = {s.tail, pad + wire::kIcrcLen};
+
+    s.dst = {};
+    s.dst.sin_family = AF_INET;
+    s.dst.sin_port = htons(wire::kRoceV2Port);
+    s.dst.sin_addr.s_addr = dst;
+    msghdr &m = b.msgs[b.n].msg_hdr;
+    m = {};
+    m.msg_name = &s.dst;
+    m.msg_namelen = sizeof s.dst;
+    m.msg_iov = s.iov;
+    m.msg_iovlen = size_t(k);
+    b.n++;
+}
+
+void Nic::flush(TxBatch &b) {
+    int off = 0;
+    while (off < b.n) {
+        int r = sendmmsg(fd_, b.msgs + off, unsigned(b.n - off), 0);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            // A full socket buffer or an unreachable peer is packet loss to
+            // the transport: retransmission recovers, so drop the rest.
+            break;
+        }
+        off += r;
+    }
+    stats.tx_pkts.fetch_add(uint64_t(b.n), std::memory_order_relaxed);
+    b.n = 0;
+}
+
+void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, TxBatch &tx) {
+    wire::Packet pkt;
+    if (wire::parse(data, len, pkt) != wire::ParseError::kOk) {
+        stats.rx_bad_hdr.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
+    Ipv4Header ip{from.sin_addr.s_addr, dev_->addr, ntohs(from.sin_port), wire::kRoceV2Port};
+    if (!icrc_verify(ip, data, len)) {
+        stats.rx_bad_icrc.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
+    Qp *qp = find_qp(pkt.qpn);
+    if (!qp) {
+        stats.rx_no_qp.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
+    std::lock_guard<std::mutex> g(qp->mu);
+    // Only the connected peer may talk to an RC QP.
+    if (qp->state < IBV_QPS_RTR || qp->state == IBV_QPS_ERR ||
+        from.sin_addr.s_addr != qp->dest_addr) {
+        stats.rx_no_qp.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
+    if (pkt.info->flags & wire::kOpReq) {
+        resp_receive(qp, pkt, tx);
+        if (qp->ack_pending && !qp->ack_listed) {
+            qp->ack_listed = true;
+            acks_.push_back(qp);
+        }
+    } else {
+        comp_receive(qp, pkt, tx);
+    }
+    // Requester packets must leave in PSN order even when the application
+    // thread also transmits on this QP, so send them before unlocking.
+    if (tx.n) flush(tx);
+}
+
+void Nic::flush_acks(TxBatch &tx) {
+    for (Qp *qp : acks_) {
+        std::lock_guard<std::mutex> g(qp->mu);
+        qp->ack_listed = false;
+        if (qp->ack_pending) resp_flush_ack(qp, tx);
+    }
+    acks_.clear();
+}
+
+void Nic::fire_timers(TxBatch &tx) {
+    uint64_t now = now_ns();
+    uint32_t top = qp_top_.load(std::memory_order_acquire);
+    for (uint32_t i = 0; i < top; i++) {
+        Qp *qp = qps_[i].load(std::memory_order_acquire);
+        if (!qp) continue;
+        std::lock_guard<std::mutex> g(qp->mu);
+        if (qp->timer_deadline_ns || qp->rnr_deadline_ns) req_timers(qp, tx, now);
+        if (tx.n) flush(tx);
+    }
+}
+
+void Nic::run() {
+    constexpr int kBatch = 64;
+    constexpr size_t kBufLen = 4096 + 256;
+    std::vector<uint8_t> bufs(size_t(kBatch) * kBufLen);
+    mmsghdr msgs[kBatch];
+    iovec iovs[kBatch];
+    sockaddr_in froms[kBatch];
+    auto tx = std::make_unique<TxBatch>();
+    // Reorder injection holds one datagram back and delivers it after the next.
+    std::vector<uint8_t> held(kBufLen);
+    size_t held_len = 0;
+    sockaddr_in held_from{};
+    uint64_t last_timer_scan = 0;
+
+    while (!stop_.load(std::memory_order_relaxed)) {
+        if (!busy_poll_) {
+            pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+            int r = poll(p, 2, 1);
+            if (r > 0 && (p[1].revents & POLLIN)) {
+                uint64_t v;
+                if (read(wake_fd_, &v, sizeof v) < 0) { /* spurious wake */
+                }
+            }
+        }
+        for (int i = 0; i < kBatch; i++) {
+            iovs[i] = {bufs.data() + size_t(i) * kBufLen, kBufLen};
+            msgs[i].msg_hdr = {};
+            msgs[i].msg_hdr.msg_name = &froms[i];
+            msgs[i].msg_hdr.msg_namelen = sizeof froms[i];
+            msgs[i].msg_hdr.msg_iov = &iovs[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        int n = recvmmsg(fd_, msgs, kBatch, MSG_DONTWAIT, nullptr);
+        std::lock_guard<std::mutex> g(objects_mu);
+        for (int i = 0; i < n; i++) {
+            stats.rx_pkts.fetch_add(1, std::memory_order_relaxed);
+            const uint8_t *d = bufs.data() + size_t(i) * kBufLen;
+            size_t len = msgs[i].msg_len;
+            if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) continue;
+            if (fault_.enabled()) {
+                if (next_uniform(rng_) < fault_.drop) {
+                    stats.rx_dropped_fault.fetch_add(1, std::memory_order_relaxed);
+                    continue;
+                }
+                if (next_uniform(rng_) < fault_.dup) dispatch(d, len, froms[i], *tx);
+                if (!held_len && next_uniform(rng_) < fault_.reorder) {
+                    std::memcpy(held.data(), d, len);
+                    held_len = len;
+                    held_from = froms[i];
+                    continue;
+                }
+            }
+            dispatch(d, len, froms[i], *tx);
+            if (held_len) {
+                dispatch(held.data(), held_len, held_from, *tx);
+                held_len = 0;
+            }
+        }
+        // ACKs are coalesced over a receive batch and sent here.
+        if (!acks_.empty()) flush_acks(*tx);
+        uint64_t now = now_ns();
+        if (now - last_timer_scan > 500000) {
+            fire_timers(*tx);
+            last_timer_scan = now;
+        }
+        if (tx->n) flush(*tx);
+    }
+}
+
+} // namespace sroce

@@ -1,0 +1,96 @@
+// The per-device "NIC" of a process: its UDP socket on port 4791, the
+// progress thread that receives and dispatches packets and fires timers,
+// and the QP and MR tables that packets are resolved against.
+#pragma once
+
+#include "sroce.hpp"
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+namespace sroce {
+
+// Packets queued for one sendmmsg().  Headers are copied into the slot; the
+// payload is referenced in place (user memory), never copied.
+struct TxBatch {
+    static constexpr int kSlots = 64;
+    struct Slot {
+        uint8_t hdr[wire::kMaxHdrLen + 8];
+        uint8_t tail[8]; // pad + ICRC
+        iovec iov[kMaxSge + 2];
+        sockaddr_in dst;
+    };
+    Slot slots[kSlots];
+    mmsghdr msgs[kSlots];
+    int n = 0;
+};
+
+struct FaultConfig {
+    double drop = 0, dup = 0, reorder = 0;
+    uint64_t seed = 1;
+    bool enabled() const { return drop > 0 || dup > 0 || reorder > 0; }
+};
+
+// Parses "drop=0.05,dup=0.01,reorder=0.01,seed=7" (SROCE_FAULT); throws on junk.
+FaultConfig parse_fault_config(const std::string &spec);
+
+struct NicStats {
+    std::atomic<uint64_t> rx_pkts{0}, tx_pkts{0}, rx_bad_icrc{0}, rx_bad_hdr{0}, rx_no_qp{0},
+        rx_dropped_fault{0}, retransmits{0}, timeouts{0};
+};
+
+class Nic {
+  public:
+    // The process-wide NIC of a device, created on first use.  nullptr with
+    // errno set (EADDRINUSE when another process owns the address).
+    static Nic *acquire(Device *dev);
+    void release();
+
+    Device *device() const { return dev_; }
+
+    // Queues one packet: hdr holds BTH and extended headers (hdr_len bytes),
+    // payload is gathered from `iov`; pad and ICRC are added here.
+    void queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
+               int iovcnt, uint32_t payload_len);
+    void flush(TxBatch &b);
+
+    // QP table: QPN = kQpnBase + slot.
+    uint32_t add_qp(Qp *qp); // 0 when full
+    void remove_qp(Qp *qp);
+    Qp *find_qp(uint32_t qpn) const {
+        uint32_t i = qpn - kQpnBase;
+        return i < kMaxQps ? qps_[i].load(std::memory_order_acquire) : nullptr;
+    }
+
+    MrTable mrs;
+    // Held by the progress thread while it touches QPs and MRs, and by
+    // destroy/dereg so nothing is freed under it.
+    std::mutex objects_mu;
+    NicStats stats;
+
+  private:
+    explicit Nic(Device *dev);
+    ~Nic();
+    int open_socket();
+    void run();
+    void dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, TxBatch &tx);
+    void fire_timers(TxBatch &tx);
+    void flush_acks(TxBatch &tx);
+
+    Device *dev_;
+    int refs_ = 0;
+    int fd_ = -1;
+    int wake_fd_ = -1;
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+    std::atomic<Qp *> qps_[kMaxQps] = {};
+    std::mutex qp_alloc_mu_;
+    uint32_t qp_next_ = 0;
+    std::atomic<uint32_t> qp_top_{0}; // one past the highest slot ever used
+    std::vector<Qp *> acks_;           // QPs with a coalesced ACK to send
+    FaultConfig fault_;
+    uint64_t rng_ = 0;
+    bool busy_poll_ = false;
+};
+
+} // namespace sroce

@@ -1,0 +1,384 @@
+// Responder: PSN checks, validation against the MR table, execution of
+// SEND/WRITE/READ/ATOMIC, duplicate handling through responder resources,
+// ACK coalescing and NAKs.
+#include "transport.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace sroce {
+namespace {
+
+using namespace wire;
+
+void send_aeth(Qp *qp, TxBatch &tx, uint8_t syndrome, uint32_t psn) {
+    uint8_t hdr[kBthLen + kAethLen];
+    bth::build(hdr, kAcknowledge, false, 0, kDefaultPkey, qp->dest_qpn, false, psn);
+    aeth::build(hdr + kBthLen, syndrome, qp->msn);
+    qp->nic->queue(tx, qp->dest_addr, hdr, sizeof hdr, nullptr, 0, 0);
+}
+
+void send_nak(Qp *qp, TxBatch &tx, uint8_t code, uint32_t psn) {
+    qp->ack_pending = false;
+    send_aeth(qp, tx, aeth::kNak | code, psn);
+}
+
+// Class C/D errors: NAK, then the responder QP enters the error state.
+void fatal_nak(Qp *qp, TxBatch &tx, uint8_t code, uint32_t psn) {
+    send_nak(qp, tx, code, psn);
+    if (qp->recv_taken) {
+        RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
+        complete_recv(qp, r,
+                      code == aeth::kNakInvalidRequest ? IBV_WC_REM_INV_REQ_ERR
+                                                       : IBV_WC_REM_ACCESS_ERR,
+                      IBV_WC_RECV, 0, 0, false);
+        qp->rq_tail++;
+        qp->recv_taken = false;
+    }
+    qp_enter_error(qp);
+    post_async_event(qp, code == aeth::kNakInvalidRequest ? IBV_EVENT_QP_REQ_ERR
+                                                          : IBV_EVENT_QP_ACCESS_ERR);
+}
+
+void send_rnr(Qp *qp, TxBatch &tx, uint32_t psn) {
+    qp->ack_pending = false;
+    send_aeth(qp, tx, aeth::kRnrNak | (qp->min_rnr_timer & 0x1F), psn);
+}
+
+uint8_t *check_remote(Qp *qp, uint32_t rkey, uint64_t va, uint64_t len, unsigned access) {
+    if (!(qp->access & access)) return nullptr;
+    Mr *mr = qp->nic->mrs.lookup(rkey);
+    if (!mr || mr->pd != reinterpret_cast<Pd *>(qp->qpx.qp_base.pd)) return nullptr;
+    return mr_range(mr, va, len, access);
+}
+
+// Copies payload into the current receive WQE's scatter list.
+bool place_recv(Qp *qp, const uint8_t *src, uint32_t len) {
+    RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
+    uint32_t off = qp->msg_offset;
+    if (uint64_t(off) + len > r.length) return false;
+    for (uint32_t i = 0; i < r.num_sge && len; i++) {
+        ibv_sge &s = r.sge[i];
+        if (off >= s.length) {
+            off -= s.length;
+            continue;
+        }
+        uint32_t take = std::min(s.length - off, len);
+        std::memcpy(reinterpret_cast<uint8_t *>(uintptr_t(s.addr)) + off, src, take);
+        src += take;
+        len -= take;
+        off = 0;
+    }
+    return true;
+}
+
+void send_read_responses(Qp *qp, TxBatch &tx, uint32_t psn, const uint8_t *src, uint32_t len) {
+    uint32_t n = std::max(1u, (len + qp->mtu - 1) / qp->mtu);
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t op = n == 1        ? kReadRespOnly
+                     : i == 0      ? kReadRespFirst
+                     : i + 1 == n ? kReadRespLast
+                                   : kReadRespMiddle;
+        const OpInfo &info = op_info(op);
+        uint8_t hdr[kBthLen + kAethLen];
+        bth::build(hdr, op, false, 0, kDefaultPkey, qp->dest_qpn, false, psn_add(psn, i));
+        if (info.aeth) aeth::build(hdr + info.aeth, aeth::kAck | aeth::kNoCredits, qp->msn);
+        uint32_t off = i * qp->mtu;
+        uint32_t plen = std::min(qp->mtu, len - off);
+        iovec iov{const_cast<uint8_t *>(src) + off, plen};
+        qp->nic->queue(tx, qp->dest_addr, hdr, info.hdr_len, &iov, plen ? 1 : 0, plen);
+    }
+}
+
+void send_atomic_ack(Qp *qp, TxBatch &tx, uint32_t psn, uint64_t orig) {
+    uint8_t hdr[kBthLen + kAethLen + kAtomicAckEthLen];
+    bth::build(hdr, kAtomicAcknowledge, false, 0, kDefaultPkey, qp->dest_qpn, false, psn);
+    aeth::build(hdr + kBthLen, aeth::kAck | aeth::kNoCredits, qp->msn);
+    put64(hdr + kBthLen + kAethLen, orig);
+    qp->nic->queue(tx, qp->dest_addr, hdr, sizeof hdr, nullptr, 0, 0);
+}
+
+RdResource *find_resource(Qp *qp, uint32_t psn) {
+    for (RdResource &r : qp->rd_res) {
+        if (!r.valid) continue;
+        int32_t d = psn_diff(psn, r.first_psn);
+        if (d >= 0 && psn_diff(psn, r.last_psn) <= 0) return &r;
+    }
+    return nullptr;
+}
+
+RdResource &new_resource(Qp *qp) {
+    RdResource &r = qp->rd_res[qp->rd_res_next];
+    qp->rd_res_next = (qp->rd_res_next + 1) % uint32_t(qp->rd_res.size());
+    r = RdResource{};
+    r.valid = true;
+    return r;
+}
+
+void duplicate(Qp *qp, const Packet &pkt, TxBatch &tx) {
+    uint16_t f = pkt.info->flags;
+    if (f & (kOpSend | kOpWrite)) {
+        // The ACK was lost: acknowledge again up to what we have received.
+        if (pkt.ackreq || (f & kOpLast)) {
+            qp->ack_pending = true;
+            qp->ack_psn = psn_add(qp->epsn, kPsnMask);
+        }
+        return;
+    }
+    RdResource *r = find_resource(qp, pkt.psn);
+    if (!r) return;
+    if (f & kOpRead) {
+        // Reads are idempotent: serve the (possibly partial) re-request again.
+        if (r->atomic) return;
+        uint64_t va = pkt.va();
+        uint32_t len = pkt.dma_len();
+        uint8_t *src = len ? check_remote(qp, r->rkey, va, len, IBV_ACCESS_REMOTE_READ) : nullptr;
+        if (len && (!src || pkt.rkey() != r->rkey)) return;
+        send_read_responses(qp, tx, pkt.psn, src, len);
+        return;
+    }
+    if ((f & kOpAtomic) && r->atomic && r->first_psn == pkt.psn)
+        send_atomic_ack(qp, tx, pkt.psn, r->orig); // never executed twice
+}
+
+} // namespace
+
+void resp_flush_ack(Qp *qp, TxBatch &tx) {
+    if (!qp->ack_pending) return;
+    qp->ack_pending = false;
+    send_aeth(qp, tx, aeth::kAck | aeth::kNoCredits, qp->ack_psn);
+}
+
+int resp_post_recv(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
+    std::lock_guard<std::mutex> g(qp->mu);
+    if (qp->state == IBV_QPS_RESET) {
+        *bad_wr = wr;
+        return EINVAL;
+    }
+    uint32_t cap = qp->max_recv_wr;
+    for (; wr; wr = wr->next) {
+        if (qp->rq_head - qp->rq_tail >= cap) {
+            *bad_wr = wr;
+            return ENOMEM;
+        }
+        if (wr->num_sge < 0 || uint32_t(wr->num_sge) > qp->max_recv_sge) {
+            *bad_wr = wr;
+            return EINVAL;
+        }
+        uint32_t slot = qp->rq_head % cap;
+        RecvWqe &r = qp->rq[slot];
+        r.wr_id = wr->wr_id;
+        r.sge = &qp->rq_sge[size_t(slot) * qp->max_recv_sge];
+        r.num_sge = uint32_t(wr->num_sge);
+        r.length = 0;
+        bool bad = false;
+        for (int i = 0; i < wr->num_sge; i++) {
+            const ibv_sge &s = wr->sg_list[i];
+            Mr *mr = qp->nic->mrs.lookup(s.lkey);
+            uint8_t *host = nullptr;
+            if (mr && mr->pd == reinterpret_cast<Pd *>(qp->qpx.qp_base.pd))
+                host = mr_range(mr, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE);
+            if (!host && s.length) bad = true;
+            r.sge[i] = {uintptr_t(host), s.length, s.lkey};
+            r.length += s.length;
+        }
+        if (bad) {
+            // Reported as a completion in order, like a hardware RNIC would.
+            r.num_sge = 0;
+            r.length = 0;
+        }
+        qp->rq_head++;
+        if (qp->state == IBV_QPS_ERR) qp_flush_queues(qp);
+    }
+    return 0;
+}
+
+void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
+    int32_t d = psn_diff(pkt.psn, qp->epsn);
+    if (d > 0) {
+        // Go-back-N: one NAK per gap, then drop until the expected PSN returns.
+        if (!qp->nak_sent) {
+            qp->nak_sent = true;
+            send_nak(qp, tx, aeth::kNakPsnSeqError, qp->epsn);
+        }
+        return;
+    }
+    if (d < 0) {
+        duplicate(qp, pkt, tx);
+        return;
+    }
+    qp->nak_sent = false;
+    uint16_t f = pkt.info->flags;
+
+    // A multi-packet message must continue with MIDDLE/LAST of the same kind.
+    if (qp->in_msg) {
+        if (!(f & qp->in_msg) || (f & kOpFirst)) {
+            fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+            return;
+        }
+    } else if ((f & (kOpSend | kOpWrite)) && !(f & kOpFirst)) {
+        fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+        return;
+    }
+    bool last = f & kOpLast;
+    // Every packet but a message's last carries exactly one path MTU.
+    if ((f & (kOpSend | kOpWrite)) && !last && pkt.payload_len != qp->mtu) {
+        fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+        return;
+    }
+    if (pkt.payload_len > qp->mtu) {
+        fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+        return;
+    }
+
+    if (f & kOpSend) {
+        if (f & kOpFirst) {
+            if (qp->rq_head == qp->rq_tail) {
+                send_rnr(qp, tx, pkt.psn);
+                return;
+            }
+            qp->recv_taken = true;
+            qp->msg_offset = 0;
+            RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
+            if (r.num_sge == 0 && r.length == 0 && pkt.payload_len) {
+                fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+                return;
+            }
+        }
+        if (!place_recv(qp, pkt.payload, pkt.payload_len)) {
+            RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
+            complete_recv(qp, r, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0, 0, false);
+            qp->rq_tail++;
+            qp->recv_taken = false;
+            fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+            return;
+        }
+        qp->msg_offset += pkt.payload_len;
+        if (last) {
+            RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
+            bool imm = pkt.info->hdrs & kHasImmDt;
+            __be32 immv = 0;
+            if (imm) std::memcpy(&immv, pkt.hdr + pkt.info->immdt, 4);
+            complete_recv(qp, r, IBV_WC_SUCCESS, IBV_WC_RECV, qp->msg_offset, immv, imm);
+            qp->rq_tail++;
+            qp->recv_taken = false;
+            qp->in_msg = 0;
+            qp->msn = (qp->msn + 1) & 0xFFFFFF;
+        } else {
+            qp->in_msg = kOpSend;
+        }
+    } else if (f & kOpWrite) {
+        bool imm = pkt.info->hdrs & kHasImmDt;
+        if (f & kOpFirst) {
+            // Check a receive WQE is there before placing anything.
+            if (imm && qp->rq_head == qp->rq_tail) {
+                send_rnr(qp, tx, pkt.psn);
+                return;
+            }
+            uint32_t len = pkt.dma_len();
+            uint8_t *dst = nullptr;
+            if (len) {
+                dst = check_remote(qp, pkt.rkey(), pkt.va(), len, IBV_ACCESS_REMOTE_WRITE);
+                if (!dst) {
+                    fatal_nak(qp, tx, aeth::kNakRemoteAccessError, pkt.psn);
+                    return;
+                }
+            }
+            qp->write_ptr = dst;
+            qp->write_remaining = len;
+            qp->msg_offset = 0;
+        }
+        if (pkt.payload_len > qp->write_remaining) {
+            fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+            return;
+        }
+        if (last && imm && qp->rq_head == qp->rq_tail) {
+            send_rnr(qp, tx, pkt.psn);
+            return;
+        }
+        if (pkt.payload_len) std::memcpy(qp->write_ptr, pkt.payload, pkt.payload_len);
+        qp->write_ptr += pkt.payload_len;
+        qp->write_remaining -= pkt.payload_len;
+        qp->msg_offset += pkt.payload_len;
+        if (last) {
+            if (qp->write_remaining) {
+                fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+                return;
+            }
+            if (imm) {
+                RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
+                __be32 immv;
+                std::memcpy(&immv, pkt.hdr + pkt.info->immdt, 4);
+                complete_recv(qp, r, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, qp->msg_offset,
+                              immv, true);
+                qp->rq_tail++;
+            }
+            qp->in_msg = 0;
+            qp->msn = (qp->msn + 1) & 0xFFFFFF;
+        } else {
+            qp->in_msg = kOpWrite;
+        }
+    } else if (f & kOpRead) {
+        uint32_t len = pkt.dma_len();
+        uint8_t *src = nullptr;
+        if (len) {
+            src = check_remote(qp, pkt.rkey(), pkt.va(), len, IBV_ACCESS_REMOTE_READ);
+            if (!src) {
+                fatal_nak(qp, tx, aeth::kNakRemoteAccessError, pkt.psn);
+                return;
+            }
+        }
+        uint32_t n = std::max(1u, (len + qp->mtu - 1) / qp->mtu);
+        RdResource &r = new_resource(qp);
+        r.first_psn = pkt.psn;
+        r.last_psn = psn_add(pkt.psn, n - 1);
+        r.va = pkt.va();
+        r.rkey = pkt.rkey();
+        r.length = len;
+        qp->msn = (qp->msn + 1) & 0xFFFFFF;
+        qp->ack_pending = false; // the responses acknowledge everything before
+        send_read_responses(qp, tx, pkt.psn, src, len);
+        qp->epsn = psn_add(pkt.psn, n);
+        return;
+    } else if (f & kOpAtomic) {
+        uint64_t va = pkt.atomic_va();
+        if (va & 7) {
+            fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+            return;
+        }
+        uint8_t *p = check_remote(qp, pkt.atomic_rkey(), va, 8, IBV_ACCESS_REMOTE_ATOMIC);
+        if (!p) {
+            fatal_nak(qp, tx, aeth::kNakRemoteAccessError, pkt.psn);
+            return;
+        }
+        auto *word = reinterpret_cast<uint64_t *>(p);
+        uint64_t orig;
+        if (pkt.opcode == kCompareSwap) {
+            orig = pkt.compare();
+            __atomic_compare_exchange_n(word, &orig, pkt.swap_add(), false, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST);
+        } else {
+            orig = __atomic_fetch_add(word, pkt.swap_add(), __ATOMIC_SEQ_CST);
+        }
+        RdResource &r = new_resource(qp);
+        r.atomic = true;
+        r.first_psn = r.last_psn = pkt.psn;
+        r.orig = orig;
+        qp->msn = (qp->msn + 1) & 0xFFFFFF;
+        qp->ack_pending = false;
+        send_atomic_ack(qp, tx, pkt.psn, orig);
+        qp->epsn = psn_add(pkt.psn, 1);
+        return;
+    } else {
+        // FLUSH and ATOMIC WRITE are not enabled on this QP.
+        fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+        return;
+    }
+    qp->epsn = psn_add(pkt.psn, 1);
+    if (pkt.ackreq) {
+        qp->ack_pending = true;
+        qp->ack_psn = pkt.psn;
+    }
+}
+
+} // namespace sroce

@@ -1,0 +1,244 @@
+// sroce engine objects.  Each verbs object embeds the rdma-core struct it is
+// handed out as, first, so the static-inline data path of <infiniband/verbs.h>
+// (ibv_post_send, ibv_poll_cq, ibv_wr_*) reaches sroce through the function
+// pointers stored in it.
+//
+// Lock order: Nic::objects_mu -> Qp::mu -> Cq::mu.
+#pragma once
+
+#include "config.hpp"
+#include "wire.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <infiniband/verbs.h>
+#include <mutex>
+#include <netinet/in.h>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace sroce {
+
+constexpr int kMaxDevices = 64;
+constexpr uint32_t kMaxQps = 4096;
+constexpr uint32_t kQpnBase = 0x11; // QPN 0 and 1 are the special QPs
+constexpr uint32_t kMaxWr = 16384;
+constexpr uint32_t kMaxSge = 32;
+constexpr uint32_t kMaxInline = 1024;
+constexpr uint32_t kMaxCqe = 1 << 20;
+constexpr uint32_t kMaxRdAtomic = 128;
+constexpr uint64_t kMaxMsgSize = 1ull << 31;
+constexpr uint32_t kVendorId = 0xFFFFFF; // no OUI: same value Linux rxe reports
+constexpr int kNumGids = 2;
+
+// One configured link; lives for the whole process.
+struct Device {
+    ibv_device ibdev; // first: handed out as struct ibv_device *
+    Link link;
+    int index = 0;
+    in_addr_t addr = 0; // network order
+    int ifmtu = 1500;
+    ibv_mtu active_mtu = IBV_MTU_1024;
+    uint8_t mac[6] = {};
+    __be64 guid = 0;
+    ibv_gid gid[kNumGids] = {};
+};
+
+Device *to_dev(ibv_device *d);
+int mtu_bytes(ibv_mtu m);
+
+class Nic;
+struct Qp;
+struct Cq;
+
+struct Context {
+    verbs_context vctx; // first; vctx.context is what applications see
+    Device *dev = nullptr;
+    Nic *nic = nullptr;
+    int async_rd = -1, async_wr = -1; // pipe carrying ibv_async_event records
+};
+
+inline Context *to_ctx(ibv_context *c) {
+    return reinterpret_cast<Context *>(reinterpret_cast<uint8_t *>(c) -
+                                       offsetof(verbs_context, context));
+}
+
+struct Pd {
+    ibv_pd ibpd;
+};
+
+struct Mr {
+    ibv_mr ibmr;
+    uint8_t *addr = nullptr; // host address of iova
+    uint64_t iova = 0;
+    size_t length = 0;
+    unsigned access = 0;
+    Pd *pd = nullptr;
+};
+
+// An rkey/lkey names a slot (low bits) plus random high bits, so keys are
+// unguessable; lookups are lock-free reads of an atomic slot pointer.
+class MrTable {
+  public:
+    static constexpr uint32_t kSlots = 1 << 14;
+    bool insert(Mr *mr); // assigns lkey/rkey
+    void erase(Mr *mr);
+    Mr *lookup(uint32_t key) const {
+        Mr *m = slots_[key & (kSlots - 1)].load(std::memory_order_acquire);
+        return (m && m->ibmr.rkey == key) ? m : nullptr;
+    }
+
+  private:
+    std::atomic<Mr *> slots_[kSlots] = {};
+    std::mutex mu_;
+};
+
+// Checks that [va, va+len) lies in the MR and the MR grants `access`;
+// returns the host address or nullptr.
+uint8_t *mr_range(const Mr *mr, uint64_t va, uint64_t len, unsigned access);
+
+struct CompChannel {
+    ibv_comp_channel ch; // first
+    int wr_fd = -1;      // write end; ch.fd is the read end
+};
+
+struct Cq {
+    ibv_cq_ex cqx; // first; ibv_cq is its prefix
+    std::mutex mu;
+    std::vector<ibv_wc> ring;
+    uint32_t head = 0, count = 0;
+    bool overflow = false;
+    bool armed = false, solicited_only = false;
+    CompChannel *channel = nullptr;
+    // ibv_cq_ex polling cursor
+    ibv_wc cur{};
+    Context *ctx = nullptr;
+
+    // Returns false on overflow.
+    bool push(const ibv_wc &wc, bool solicited);
+};
+
+inline Cq *to_cq(ibv_cq *c) { return reinterpret_cast<Cq *>(c); }
+
+// Send queue entry.
+struct SendWqe {
+    uint64_t wr_id = 0;
+    ibv_wr_opcode opcode = IBV_WR_SEND;
+    unsigned flags = 0;
+    uint32_t num_sge = 0;
+    ibv_sge *sge = nullptr; // points into Qp::sge_pool
+    uint32_t length = 0;    // total payload
+    uint64_t remote_addr = 0;
+    uint32_t rkey = 0;
+    __be32 imm = 0;
+    uint64_t compare_add = 0, swap = 0;
+    bool signaled = false;
+    // transport state
+    bool started = false;
+    uint32_t first_psn = 0;
+    uint32_t npkts = 0;     // PSNs this WQE consumes
+    uint32_t sent_pkts = 0; // packets (re)transmitted so far in the current pass
+    uint32_t read_next = 0; // READ: index of the next response packet expected
+    bool done = false;      // acknowledged
+    ibv_wc_status status = IBV_WC_SUCCESS; // a local error found when posting
+};
+
+struct RecvWqe {
+    uint64_t wr_id = 0;
+    uint32_t num_sge = 0;
+    ibv_sge *sge = nullptr;
+    uint32_t length = 0;
+};
+
+// Responder resource for replaying READ / ATOMIC duplicates.
+struct RdResource {
+    bool valid = false;
+    bool atomic = false;
+    uint32_t first_psn = 0, last_psn = 0;
+    uint64_t va = 0;
+    uint32_t rkey = 0, length = 0;
+    uint64_t orig = 0;
+};
+
+struct TxBatch;
+
+struct Qp {
+    ibv_qp_ex qpx; // first; qpx.qp_base is the ibv_qp
+    // rdma-core >= 45 appends wr_flush right after wr_atomic_write.
+    void (*wr_flush)(ibv_qp_ex *, uint32_t, uint64_t, size_t, uint8_t, uint8_t) = nullptr;
+
+    std::mutex mu;
+    Context *ctx = nullptr;
+    Nic *nic = nullptr;
+    Cq *scq = nullptr, *rcq = nullptr;
+    bool sq_sig_all = false;
+    uint32_t max_send_wr = 0, max_recv_wr = 0, max_send_sge = 0, max_recv_sge = 0;
+    uint32_t max_inline = 0;
+    uint64_t send_ops_flags = 0;
+
+    // attributes
+    ibv_qp_state state = IBV_QPS_RESET;
+    unsigned access = 0;
+    ibv_mtu path_mtu = IBV_MTU_1024;
+    uint32_t mtu = 1024;
+    uint32_t dest_qpn = 0;
+    in_addr_t dest_addr = 0;
+    ibv_ah_attr ah{};
+    uint8_t timeout = 0, retry_cnt = 7, rnr_retry = 7, min_rnr_timer = 0;
+    uint8_t max_rd_atomic = 1, max_dest_rd_atomic = 1;
+    uint16_t pkey_index = 0;
+    uint8_t port_num = 1;
+    uint32_t qkey = 0;
+    bool sq_draining = false;
+
+    // send queue ring
+    std::vector<SendWqe> sq;
+    std::vector<ibv_sge> sq_sge;
+    std::vector<uint8_t> sq_inline;
+    uint32_t sq_head = 0;  // next free slot (posted count)
+    uint32_t sq_tail = 0;  // oldest not completed
+    uint32_t sq_cur = 0;   // next to transmit
+    // ibv_wr_* batch in progress
+    uint32_t wr_batch_start = 0;
+    bool wr_batch_error = false;
+
+    // requester
+    uint32_t next_psn = 0; // next PSN to assign to a new WQE
+    uint32_t una_psn = 0;  // oldest unacknowledged PSN
+    uint32_t rd_outstanding = 0;
+    uint32_t retries_left = 7, rnr_left = 7;
+    uint64_t timer_deadline_ns = 0; // retransmit timer, 0 = off
+    uint64_t rnr_deadline_ns = 0;   // RNR back-off, 0 = off
+    uint32_t pkts_since_ackreq = 0;
+    uint32_t last_nak_rewind = UINT32_MAX;
+
+    // receive queue ring
+    std::vector<RecvWqe> rq;
+    std::vector<ibv_sge> rq_sge;
+    uint32_t rq_head = 0, rq_tail = 0;
+
+    // responder
+    uint32_t epsn = 0;
+    uint32_t msn = 0;
+    bool nak_sent = false;
+    bool ack_pending = false;
+    bool ack_listed = false; // on the NIC's list of ACKs to send after this batch
+    uint32_t ack_psn = 0;
+    uint8_t in_msg = 0;     // 0, kOpSend or kOpWrite: multi-packet message in progress
+    uint32_t msg_offset = 0; // bytes placed in the current message
+    uint8_t *write_ptr = nullptr;
+    uint64_t write_remaining = 0;
+    bool recv_taken = false; // the current SEND owns rq[rq_tail]
+    std::vector<RdResource> rd_res;
+    uint32_t rd_res_next = 0;
+
+    bool in_error() const { return state == IBV_QPS_ERR; }
+};
+
+inline Qp *to_qp(ibv_qp *q) { return reinterpret_cast<Qp *>(q); }
+inline Qp *to_qp(ibv_qp_ex *q) { return reinterpret_cast<Qp *>(q); }
+
+uint64_t now_ns();
+
+} // namespace sroce

@@ -1,0 +1,43 @@
+// Entry points between the transport roles (requester, responder, completer)
+// and the QP.  All of them run with Qp::mu held.
+#pragma once
+
+#include "nic.hpp"
+
+namespace sroce {
+
+// requester (req.cpp)
+int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr);
+void req_run(Qp *qp, TxBatch &tx);
+void req_rewind(Qp *qp, uint32_t psn);
+void req_timers(Qp *qp, TxBatch &tx, uint64_t now);
+void req_arm_timer(Qp *qp);
+// Building blocks shared by ibv_post_send and the ibv_wr_* interface.
+SendWqe &req_new_wqe(Qp *qp, uint32_t slot, uint64_t wr_id, ibv_wr_opcode op, unsigned flags);
+bool req_fill_sges(Qp *qp, SendWqe &w, const ibv_sge *sg, size_t n);
+bool req_fill_inline(Qp *qp, SendWqe &w, uint32_t slot, const ibv_data_buf *bufs, size_t n);
+// Transmits what it can (or flushes everything when the QP is in error).
+void req_kick(Qp *qp);
+
+// completer (comp.cpp)
+void comp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx);
+
+// responder (resp.cpp)
+int resp_post_recv(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
+void resp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx);
+void resp_flush_ack(Qp *qp, TxBatch &tx);
+
+// qp.cpp
+void qp_enter_error(Qp *qp);
+void qp_flush_queues(Qp *qp);
+void complete_send(Qp *qp, const SendWqe &wqe, ibv_wc_status status);
+void complete_recv(Qp *qp, const RecvWqe &wqe, ibv_wc_status status, ibv_wc_opcode opcode,
+                   uint32_t byte_len, __be32 imm, bool with_imm);
+void post_async_event(Qp *qp, ibv_event_type type);
+
+// Retransmit timeout of the QP's `timeout` attribute: 4.096 us * 2^timeout.
+inline uint64_t timeout_ns(uint8_t t) { return t ? 4096ull << t : 0; }
+// IBTA RNR timer encoding (5 bits) to nanoseconds.
+uint64_t rnr_timer_ns(uint8_t code);
+
+} // namespace sroce

@@ -1,0 +1,374 @@
+// Devices and contexts: the device list built from the link configuration,
+// opening a device, device/port/GID queries, async events and the few objects
+// that carry no transport state (AH, SRQ).
+#include "nic.hpp"
+#include "provider.h"
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <fstream>
+#include <mutex>
+#include <unistd.h>
+
+namespace sroce {
+
+int cq_poll(ibv_cq *cq, int n, ibv_wc *wc);
+int cq_req_notify(ibv_cq *cq, int solicited_only);
+ibv_cq_ex *create_cq_ex(ibv_context *ctx, ibv_cq_init_attr_ex *attr);
+int qp_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad);
+int qp_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad);
+ibv_qp *create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr);
+
+int mtu_bytes(ibv_mtu m) { return 128 << int(m); }
+
+namespace {
+
+Device g_devs[kMaxDevices];
+ibv_device *g_list[kMaxDevices + 1];
+int g_ndevs = 0;
+std::once_flag g_once;
+
+ibv_mtu mtu_enum(int bytes) {
+    switch (bytes) {
+    case 4096:
+        return IBV_MTU_4096;
+    case 2048:
+        return IBV_MTU_2048;
+    case 1024:
+        return IBV_MTU_1024;
+    case 512:
+        return IBV_MTU_512;
+    default:
+        return IBV_MTU_256;
+    }
+}
+
+void read_mac(const std::string &netdev, uint8_t mac[6]) {
+    std::ifstream f("/sys/class/net/" + netdev + "/address");
+    unsigned v[6];
+    std::string s;
+    if (f >> s && sscanf(s.c_str(), "%x:%x:%x:%x:%x:%x", &v[0], &v[1], &v[2], &v[3], &v[4],
+                         &v[5]) == 6)
+        for (int i = 0; i < 6; i++) mac[i] = uint8_t(v[i]);
+}
+
+void load_devices() {
+    std::vector<Link> links;
+    std::string path = config_path();
+    try {
+        links = load_links(path);
+    } catch (const std::exception &e) {
+        fprintf(stderr, "sroce: %s; no sroce devices\n", e.what());
+        return;
+    }
+    for (const Link &l : links) {
+        if (g_ndevs == kMaxDevices) break;
+        Device &d = g_devs[g_ndevs];
+        in_addr a;
+        if (inet_pton(AF_INET, l.addr.c_str(), &a) != 1) {
+            fprintf(stderr, "sroce: %s: only IPv4 addresses are supported, skipping %s\n",
+                    l.name.c_str(), l.addr.c_str());
+            continue;
+        }
+        d.link = l;
+        d.index = g_ndevs;
+        d.addr = a.s_addr;
+        try {
+            d.ifmtu = interface_mtu(l.netdev);
+        } catch (const std::exception &) {
+            d.ifmtu = 1500;
+        }
+        int m = roce_mtu(d.ifmtu);
+        d.active_mtu = mtu_enum(m ? m : 256);
+        read_mac(l.netdev, d.mac);
+        // Interfaces without a MAC (lo) get a locally administered one made
+        // from the address, so GUIDs and link-local GIDs stay unique.
+        static const uint8_t zero[6] = {};
+        if (!std::memcmp(d.mac, zero, 6)) {
+            d.mac[0] = 0x02;
+            d.mac[1] = 0x00;
+            std::memcpy(d.mac + 2, &d.addr, 4);
+        }
+        uint8_t eui[8] = {uint8_t(d.mac[0] ^ 2), d.mac[1], d.mac[2], 0xFF, 0xFE,
+                          d.mac[3],              d.mac[4], d.mac[5]};
+        std::memcpy(&d.guid, eui, 8);
+        // GID table as Linux rxe builds it: link-local first, then the
+        // IPv4-mapped address, both RoCE v2.
+        d.gid[0].raw[0] = 0xFE;
+        d.gid[0].raw[1] = 0x80;
+        std::memcpy(d.gid[0].raw + 8, eui, 8);
+        d.gid[1].raw[10] = d.gid[1].raw[11] = 0xFF;
+        std::memcpy(d.gid[1].raw + 12, &d.addr, 4);
+
+        ibv_device &ib = d.ibdev;
+        ib.node_type = IBV_NODE_CA;
+        ib.transport_type = IBV_TRANSPORT_IB;
+        snprintf(ib.name, sizeof ib.name, "%s", l.name.c_str());
+        snprintf(ib.dev_name, sizeof ib.dev_name, "uverbs%d", 100 + g_ndevs);
+        std::string dev_path = std::string("/sys/class/infiniband_verbs/") + ib.dev_name;
+        std::string ibdev_path = "/sys/class/infiniband/" + l.name;
+        snprintf(ib.dev_path, sizeof ib.dev_path, "%s", dev_path.c_str());
+        snprintf(ib.ibdev_path, sizeof ib.ibdev_path, "%s", ibdev_path.c_str());
+        g_list[g_ndevs] = &ib;
+        g_ndevs++;
+    }
+    g_list[g_ndevs] = nullptr;
+}
+
+int query_port_ex(ibv_context *ctx, uint8_t port, ibv_port_attr *attr, size_t attr_len) {
+    ibv_port_attr a{};
+    int rc = sroce_query_port(ctx, port, &a);
+    if (rc) return rc;
+    std::memcpy(attr, &a, std::min(attr_len, sizeof a));
+    return 0;
+}
+
+int query_device_ex(ibv_context *ctx, const ibv_query_device_ex_input *input,
+                    ibv_device_attr_ex *attr, size_t attr_size) {
+    if (input && input->comp_mask) return EINVAL;
+    if (attr_size < sizeof(ibv_device_attr)) return EINVAL;
+    ibv_device_attr_ex a{};
+    int rc = sroce_query_device(ctx, &a.orig_attr);
+    if (rc) return rc;
+    a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
+    std::memcpy(attr, &a, std::min(attr_size, sizeof a));
+    return 0;
+}
+
+ibv_qp *ctx_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr) {
+    return create_qp_ex(ctx, attr);
+}
+
+} // namespace
+
+Device *to_dev(ibv_device *d) { return reinterpret_cast<Device *>(d); }
+
+} // namespace sroce
+
+using namespace sroce;
+
+extern "C" {
+
+int sroce_device_list(struct ibv_device ***devs) {
+    std::call_once(g_once, load_devices);
+    *devs = g_list;
+    return g_ndevs;
+}
+
+int sroce_owns_device(const struct ibv_device *dev) {
+    auto *p = reinterpret_cast<const Device *>(dev);
+    return p >= g_devs && p < g_devs + g_ndevs;
+}
+
+__be64 sroce_get_device_guid(struct ibv_device *dev) { return to_dev(dev)->guid; }
+int sroce_get_device_index(struct ibv_device *dev) { return 1000 + to_dev(dev)->index; }
+
+int sroce_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size) {
+    std::call_once(g_once, load_devices);
+    for (int i = 0; i < g_ndevs; i++) {
+        Device &d = g_devs[i];
+        if (std::strcmp(dir, d.ibdev.ibdev_path) != 0) continue;
+        std::string v;
+        if (!std::strcmp(file, "board_id"))
+            v = "sroce";
+        else if (!std::strcmp(file, "fw_ver"))
+            v = "0.0.0";
+        else if (!std::strcmp(file, "hw_rev"))
+            v = "0";
+        else if (!std::strcmp(file, "hca_type"))
+            v = "sroce";
+        else if (!std::strcmp(file, "node_type"))
+            v = "1: CA";
+        else {
+            errno = ENOENT;
+            return -1;
+        }
+        v += "\n";
+        size_t n = std::min(size ? size - 1 : 0, v.size());
+        std::memcpy(buf, v.data(), n);
+        if (size) buf[n] = 0;
+        return int(n);
+    }
+    return -2;
+}
+
+struct ibv_context *sroce_open_device(struct ibv_device *ibdev) {
+    Device *dev = to_dev(ibdev);
+    Nic *nic = Nic::acquire(dev);
+    if (!nic) return nullptr;
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) < 0) {
+        nic->release();
+        return nullptr;
+    }
+    fcntl(fds[1], F_SETFL, O_NONBLOCK);
+    auto *ctx = new Context;
+    std::memset(&ctx->vctx, 0, sizeof ctx->vctx);
+    ctx->dev = dev;
+    ctx->nic = nic;
+    ctx->async_rd = fds[0];
+    ctx->async_wr = fds[1];
+    verbs_context &v = ctx->vctx;
+    v.sz = sizeof v;
+    v.query_port = query_port_ex;
+    v.query_device_ex = query_device_ex;
+    v.create_qp_ex = ctx_create_qp_ex;
+    v.create_cq_ex = create_cq_ex;
+    ibv_context &c = v.context;
+    c.device = ibdev;
+    c.cmd_fd = -1;
+    c.async_fd = fds[0];
+    c.num_comp_vectors = 1;
+    pthread_mutex_init(&c.mutex, nullptr);
+    c.abi_compat = __VERBS_ABI_IS_EXTENDED;
+    c.ops.poll_cq = cq_poll;
+    c.ops.req_notify_cq = cq_req_notify;
+    c.ops.post_send = qp_post_send;
+    c.ops.post_recv = qp_post_recv;
+    return &c;
+}
+
+int sroce_close_device(struct ibv_context *ibctx) {
+    Context *ctx = to_ctx(ibctx);
+    ctx->nic->release();
+    close(ctx->async_rd);
+    close(ctx->async_wr);
+    pthread_mutex_destroy(&ibctx->mutex);
+    delete ctx;
+    return 0;
+}
+
+int sroce_query_device(struct ibv_context *ctx, struct ibv_device_attr *a) {
+    Device *d = to_ctx(ctx)->dev;
+    *a = ibv_device_attr{};
+    snprintf(a->fw_ver, sizeof a->fw_ver, "0.0.0");
+    a->node_guid = d->guid;
+    a->sys_image_guid = d->guid;
+    a->max_mr_size = ~0ull;
+    a->page_size_cap = 0xFFFFF000u;
+    a->vendor_id = kVendorId;
+    a->vendor_part_id = 0; // unknown to perftest: plain-verbs code paths
+    a->hw_ver = 0;
+    a->max_qp = int(kMaxQps);
+    a->max_qp_wr = int(kMaxWr);
+    a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
+                          IBV_DEVICE_PORT_ACTIVE_EVENT;
+    a->max_sge = int(kMaxSge);
+    a->max_sge_rd = int(kMaxSge);
+    a->max_cq = 1 << 16;
+    a->max_cqe = int(kMaxCqe);
+    a->max_mr = int(MrTable::kSlots);
+    a->max_pd = 1 << 16;
+    a->max_qp_rd_atom = int(kMaxRdAtomic);
+    a->max_qp_init_rd_atom = int(kMaxRdAtomic);
+    a->max_res_rd_atom = int(kMaxRdAtomic * kMaxQps);
+    a->atomic_cap = IBV_ATOMIC_HCA;
+    a->max_ah = 1 << 15;
+    a->max_pkeys = 1;
+    a->local_ca_ack_delay = 15;
+    a->phys_port_cnt = 1;
+    return 0;
+}
+
+int sroce_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *a) {
+    if (port != 1) return EINVAL;
+    Device *d = to_ctx(ctx)->dev;
+    bool up = interface_running(d->link.netdev);
+    *a = ibv_port_attr{};
+    a->state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
+    a->max_mtu = IBV_MTU_4096;
+    a->active_mtu = d->active_mtu;
+    a->gid_tbl_len = kNumGids;
+    a->port_cap_flags = IBV_PORT_CM_SUP;
+    a->max_msg_sz = uint32_t(kMaxMsgSize);
+    a->pkey_tbl_len = 1;
+    a->max_vl_num = 1;
+    a->active_width = 1;  // 1X
+    a->active_speed = 1;  // 2.5 Gb/s, what rxe reports
+    a->phys_state = up ? 5 : 3; // LinkUp / Disabled
+    a->link_layer = IBV_LINK_LAYER_ETHERNET;
+    return 0;
+}
+
+int sroce_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid) {
+    if (port != 1 || index < 0 || index >= kNumGids) {
+        errno = EINVAL;
+        return -1;
+    }
+    *gid = to_ctx(ctx)->dev->gid[index];
+    return 0;
+}
+
+int sroce_query_gid_type(struct ibv_context *, uint8_t port, unsigned int index,
+                         enum ibv_gid_type *type) {
+    if (port != 1 || index >= unsigned(kNumGids)) {
+        errno = EINVAL;
+        return -1;
+    }
+    *type = IBV_GID_TYPE_ROCE_V2;
+    return 0;
+}
+
+int sroce_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index,
+                       struct ibv_gid_entry *entry, uint32_t flags) {
+    if (flags || port != 1 || index >= uint32_t(kNumGids)) return EINVAL;
+    Device *d = to_ctx(ctx)->dev;
+    *entry = ibv_gid_entry{};
+    entry->gid = d->gid[index];
+    entry->gid_index = index;
+    entry->port_num = 1;
+    entry->gid_type = IBV_GID_TYPE_ROCE_V2;
+    entry->ndev_ifindex = 0;
+    return 0;
+}
+
+ssize_t sroce_query_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *entries,
+                              size_t max_entries, uint32_t flags) {
+    if (flags) return -EINVAL;
+    if (max_entries < size_t(kNumGids)) return -EINVAL;
+    for (int i = 0; i < kNumGids; i++) sroce_query_gid_ex(ctx, 1, uint32_t(i), &entries[i], 0);
+    return kNumGids;
+}
+
+int sroce_query_pkey(struct ibv_context *, uint8_t port, int index, __be16 *pkey) {
+    if (port != 1 || index != 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    *pkey = htons(wire::kDefaultPkey);
+    return 0;
+}
+
+int sroce_get_pkey_index(struct ibv_context *, uint8_t port, __be16 pkey) {
+    if (port != 1 || (ntohs(pkey) & 0x7FFF) != 0x7FFF) return -EINVAL;
+    return 0;
+}
+
+int sroce_get_async_event(struct ibv_context *ctx, struct ibv_async_event *event) {
+    ssize_t r = read(to_ctx(ctx)->async_rd, event, sizeof *event);
+    return r == sizeof *event ? 0 : -1;
+}
+
+void sroce_ack_async_event(struct ibv_async_event *) {}
+
+struct ibv_ah *sroce_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *) {
+    // Address handles only serve UD QPs, which sroce does not offer.
+    (void)pd;
+    errno = EOPNOTSUPP;
+    return nullptr;
+}
+
+int sroce_destroy_ah(struct ibv_ah *) { return EOPNOTSUPP; }
+
+struct ibv_srq *sroce_create_srq(struct ibv_pd *, struct ibv_srq_init_attr *) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+}
+int sroce_modify_srq(struct ibv_srq *, struct ibv_srq_attr *, int) { return EOPNOTSUPP; }
+int sroce_query_srq(struct ibv_srq *, struct ibv_srq_attr *) { return EOPNOTSUPP; }
+int sroce_destroy_srq(struct ibv_srq *) { return EOPNOTSUPP; }
+
+} // extern "C"

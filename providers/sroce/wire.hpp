@@ -1,0 +1,215 @@
+// RoCEv2 wire codec: IBTA base and extended transport headers.
+//
+// Header-only so the per-packet path inlines it.  Every accessor works on raw
+// bytes in network order: a received packet is untrusted input, so nothing
+// here casts a buffer to a struct and parse() checks every length first.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace sroce::wire {
+
+constexpr uint16_t kRoceV2Port = 4791;
+constexpr uint32_t kPsnMask = 0xFFFFFF;
+constexpr uint32_t kQpnMask = 0xFFFFFF;
+constexpr uint16_t kDefaultPkey = 0xFFFF;
+
+constexpr size_t kBthLen = 12;
+constexpr size_t kRethLen = 16;
+constexpr size_t kAethLen = 4;
+constexpr size_t kAtomicEthLen = 28;
+constexpr size_t kAtomicAckEthLen = 8;
+constexpr size_t kImmDtLen = 4;
+constexpr size_t kIethLen = 4;
+constexpr size_t kFethLen = 4;
+constexpr size_t kIcrcLen = 4;
+constexpr size_t kIpv4HdrLen = 20;
+constexpr size_t kUdpHdrLen = 8;
+// Largest transport header stack any opcode carries (BTH + AtomicETH).
+constexpr size_t kMaxHdrLen = kBthLen + kAtomicEthLen;
+
+inline uint16_t get16(const uint8_t *p) { return uint16_t(p[0] << 8 | p[1]); }
+inline uint32_t get24(const uint8_t *p) { return uint32_t(p[0]) << 16 | uint32_t(p[1]) << 8 | p[2]; }
+inline uint32_t get32(const uint8_t *p) {
+    return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3];
+}
+inline uint64_t get64(const uint8_t *p) { return uint64_t(get32(p)) << 32 | get32(p + 4); }
+inline void put16(uint8_t *p, uint16_t v) {
+    p[0] = uint8_t(v >> 8);
+    p[1] = uint8_t(v);
+}
+inline void put24(uint8_t *p, uint32_t v) {
+    p[0] = uint8_t(v >> 16);
+    p[1] = uint8_t(v >> 8);
+    p[2] = uint8_t(v);
+}
+inline void put32(uint8_t *p, uint32_t v) {
+    put16(p, uint16_t(v >> 16));
+    put16(p + 2, uint16_t(v));
+}
+inline void put64(uint8_t *p, uint64_t v) {
+    put32(p, uint32_t(v >> 32));
+    put32(p + 4, uint32_t(v));
+}
+
+// 24-bit PSN arithmetic: a - b as a signed distance.
+inline int32_t psn_diff(uint32_t a, uint32_t b) { return int32_t((a - b) << 8) >> 8; }
+inline uint32_t psn_add(uint32_t a, uint32_t n) { return (a + n) & kPsnMask; }
+
+// Base Transport Header, 12 bytes.
+//  0 opcode | 1 SE M Pad(2) TVer(4) | 2-3 P_Key | 4 FECN BECN resv6 | 5-7 DestQP
+//  8 A resv7 | 9-11 PSN
+namespace bth {
+inline uint8_t opcode(const uint8_t *h) { return h[0]; }
+inline bool se(const uint8_t *h) { return h[1] & 0x80; }
+inline bool mig(const uint8_t *h) { return h[1] & 0x40; }
+inline uint8_t pad(const uint8_t *h) { return (h[1] >> 4) & 3; }
+inline uint8_t tver(const uint8_t *h) { return h[1] & 0xF; }
+inline uint16_t pkey(const uint8_t *h) { return get16(h + 2); }
+inline uint32_t qpn(const uint8_t *h) { return get24(h + 5); }
+inline bool ackreq(const uint8_t *h) { return h[8] & 0x80; }
+inline uint32_t psn(const uint8_t *h) { return get24(h + 9); }
+inline void build(uint8_t *h, uint8_t opcode, bool se, uint8_t pad, uint16_t pkey, uint32_t qpn,
+                  bool ackreq, uint32_t psn) {
+    h[0] = opcode;
+    h[1] = uint8_t((se ? 0x80 : 0) | (pad & 3) << 4); // M=0, TVer=0, as Linux rxe
+    put16(h + 2, pkey);
+    h[4] = 0;
+    put24(h + 5, qpn);
+    h[8] = ackreq ? 0x80 : 0;
+    put24(h + 9, psn);
+}
+} // namespace bth
+
+// AETH syndrome: 3 bits of kind, 5 bits of value.
+namespace aeth {
+constexpr uint8_t kAck = 0x00;
+constexpr uint8_t kRnrNak = 0x20;
+constexpr uint8_t kNak = 0x60;
+constexpr uint8_t kKindMask = 0xE0;
+constexpr uint8_t kNakPsnSeqError = 0;
+constexpr uint8_t kNakInvalidRequest = 1;
+constexpr uint8_t kNakRemoteAccessError = 2;
+constexpr uint8_t kNakRemoteOpError = 3;
+constexpr uint8_t kNakInvalidRdRequest = 4;
+// Credit count 0x1F: "invalid credit", i.e. end-to-end flow control is not used.
+constexpr uint8_t kNoCredits = 0x1F;
+inline void build(uint8_t *p, uint8_t syndrome, uint32_t msn) {
+    p[0] = syndrome;
+    put24(p + 1, msn);
+}
+} // namespace aeth
+
+// Header presence bits of the opcode table.
+enum HdrMask : uint16_t {
+    kHasReth = 1 << 0,
+    kHasAeth = 1 << 1,
+    kHasAtomicEth = 1 << 2,
+    kHasAtomicAckEth = 1 << 3,
+    kHasImmDt = 1 << 4,
+    kHasIeth = 1 << 5,
+    kHasFeth = 1 << 6,
+    kHasPayload = 1 << 7,
+};
+
+// Role bits of the opcode table.
+enum OpFlags : uint16_t {
+    kOpReq = 1 << 0,  // sent by a requester
+    kOpResp = 1 << 1, // sent by a responder
+    kOpFirst = 1 << 2,
+    kOpMiddle = 1 << 3,
+    kOpLast = 1 << 4, // last packet of a message (also set for ONLY)
+    kOpSend = 1 << 5,
+    kOpWrite = 1 << 6,
+    kOpRead = 1 << 7,
+    kOpAtomic = 1 << 8,
+    kOpAck = 1 << 9,
+    kOpFlush = 1 << 10,
+    kOpAtomicWrite = 1 << 11,
+    kOpComplete = 1 << 12, // completes a message at the responder (consumes MSN)
+};
+
+// RC opcodes (transport bits 000).
+enum Opcode : uint8_t {
+    kSendFirst = 0x00,
+    kSendMiddle = 0x01,
+    kSendLast = 0x02,
+    kSendLastImm = 0x03,
+    kSendOnly = 0x04,
+    kSendOnlyImm = 0x05,
+    kWriteFirst = 0x06,
+    kWriteMiddle = 0x07,
+    kWriteLast = 0x08,
+    kWriteLastImm = 0x09,
+    kWriteOnly = 0x0A,
+    kWriteOnlyImm = 0x0B,
+    kReadRequest = 0x0C,
+    kReadRespFirst = 0x0D,
+    kReadRespMiddle = 0x0E,
+    kReadRespLast = 0x0F,
+    kReadRespOnly = 0x10,
+    kAcknowledge = 0x11,
+    kAtomicAcknowledge = 0x12,
+    kCompareSwap = 0x13,
+    kFetchAdd = 0x14,
+    kSendLastInv = 0x16,
+    kSendOnlyInv = 0x17,
+    kFlush = 0x1C,
+    kAtomicWrite = 0x1D,
+};
+
+struct OpInfo {
+    const char *name; // nullptr: opcode not supported
+    uint16_t hdrs;    // HdrMask
+    uint16_t flags;   // OpFlags
+    uint8_t hdr_len;  // BTH + extended headers
+    // Offsets from the start of the BTH; 0 when absent.
+    uint8_t reth, aeth, atomic_eth, atomic_ack_eth, immdt, ieth, feth;
+};
+
+const OpInfo &op_info(uint8_t opcode);
+
+// A parsed, bounds-checked view of one received RoCEv2 datagram (UDP payload).
+struct Packet {
+    const uint8_t *hdr = nullptr; // BTH
+    size_t len = 0;               // whole UDP payload including ICRC
+    const OpInfo *info = nullptr;
+    uint8_t opcode = 0;
+    uint32_t qpn = 0;
+    uint32_t psn = 0;
+    bool ackreq = false;
+    bool se = false;
+    const uint8_t *payload = nullptr;
+    uint32_t payload_len = 0; // without pad and ICRC
+
+    uint64_t va() const { return get64(hdr + info->reth); }
+    uint32_t rkey() const { return get32(hdr + info->reth + 8); }
+    uint32_t dma_len() const { return get32(hdr + info->reth + 12); }
+    uint8_t syndrome() const { return hdr[info->aeth]; }
+    uint32_t msn() const { return get24(hdr + info->aeth + 1); }
+    uint64_t atomic_va() const { return get64(hdr + info->atomic_eth); }
+    uint32_t atomic_rkey() const { return get32(hdr + info->atomic_eth + 8); }
+    uint64_t swap_add() const { return get64(hdr + info->atomic_eth + 12); }
+    uint64_t compare() const { return get64(hdr + info->atomic_eth + 20); }
+    uint64_t orig() const { return get64(hdr + info->atomic_ack_eth); }
+    uint32_t imm() const { return get32(hdr + info->immdt); } // kept in network order by caller
+    uint32_t ieth() const { return get32(hdr + info->ieth); }
+    uint32_t feth() const { return get32(hdr + info->feth); }
+};
+
+enum class ParseError {
+    kOk = 0,
+    kTooShort,
+    kBadOpcode,
+    kBadVersion,
+    kBadLength,
+};
+
+const char *parse_error_str(ParseError e);
+
+// Bounds-checks and decodes a datagram; the ICRC is verified separately.
+ParseError parse(const uint8_t *data, size_t len, Packet &pkt);
+
+} // namespace sroce::wire

@@ -1,0 +1,423 @@
+// SPDX-License-Identifier: MIT
+//
+// sroce(8): manages the sroce link configuration and runs programs with the
+// verbs shim preloaded.  The command syntax follows iproute2's `rdma link` so
+// that instructions written for rxe carry over with only the tool renamed.
+#include "config.hpp"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <vector>
+
+#ifndef SROCE_VERSION
+#define SROCE_VERSION "unknown"
+#endif
+
+namespace {
+
+constexpr const char *shim_name = "libsroce.so";
+
+// Syntax errors in arguments CLI11 cannot see (the iproute2-style keyword
+// pairs); reported with exit status 2 like CLI11's own parse errors.
+class UsageError : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
+struct AddArgs {
+    std::string netdev;
+    std::optional<std::string> addr;
+};
+
+AddArgs parse_add_keywords(const std::vector<std::string> &words) {
+    AddArgs out;
+    bool have_netdev = false;
+    for (std::size_t i = 0; i < words.size(); i += 2) {
+        const std::string &key = words[i];
+        if (key != "netdev" && key != "addr")
+            throw UsageError("unknown keyword '" + key + "' (expected netdev or addr)");
+        if (i + 1 >= words.size()) throw UsageError("missing value after '" + key + "'");
+        if (key == "netdev") {
+            if (have_netdev) throw UsageError("'netdev' given twice");
+            out.netdev = words[i + 1];
+            have_netdev = true;
+        } else {
+            if (out.addr) throw UsageError("'addr' given twice");
+            out.addr = words[i + 1];
+        }
+    }
+    if (!have_netdev) throw UsageError("missing 'netdev IF'");
+    return out;
+}
+
+// Binding is the question the engine will ask later, so it is the most
+// faithful test that the address is usable here: the kernel accepts exactly
+// the addresses it would deliver to us, including all of 127/8 on lo.
+void check_local_address(const std::string &addr, const std::string &netdev) {
+    sockaddr_storage ss{};
+    socklen_t len;
+    int family;
+    if (!sroce::is_ipv6_addr(addr)) {
+        auto *sin = reinterpret_cast<sockaddr_in *>(&ss);
+        sin->sin_family = AF_INET;
+        if (::inet_pton(AF_INET, addr.c_str(), &sin->sin_addr) != 1)
+            throw std::runtime_error("invalid address '" + addr + "'");
+        len = sizeof *sin;
+        family = AF_INET;
+    } else {
+        auto *sin6 = reinterpret_cast<sockaddr_in6 *>(&ss);
+        sin6->sin6_family = AF_INET6;
+        ::inet_pton(AF_INET6, addr.c_str(), &sin6->sin6_addr);
+        // A link-local address is only meaningful together with its interface.
+        if (IN6_IS_ADDR_LINKLOCAL(&sin6->sin6_addr))
+            sin6->sin6_scope_id = ::if_nametoindex(netdev.c_str());
+        len = sizeof *sin6;
+        family = AF_INET6;
+    }
+    int fd = ::socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+    int rc = ::bind(fd, reinterpret_cast<sockaddr *>(&ss), len);
+    int err = errno;
+    ::close(fd);
+    if (rc == 0) return;
+    if (err == EADDRNOTAVAIL)
+        throw std::runtime_error("address " + addr + " is not assigned to any local interface");
+    throw std::runtime_error("cannot bind to " + addr + ": " + std::strerror(err));
+}
+
+void link_add(const std::string &path, const std::string &name,
+              const std::vector<std::string> &keywords) {
+    AddArgs args = parse_add_keywords(keywords);
+    sroce::Link link{name, args.netdev, args.addr.value_or("")};
+
+    if (!sroce::interface_exists(link.netdev))
+        throw std::runtime_error("no such interface '" + link.netdev + "'");
+    if (args.addr) {
+        if (sroce::canonical_addr(link.addr).empty())
+            throw std::runtime_error("invalid address '" + link.addr +
+                                     "' (expected an IPv4 or IPv6 address)");
+        check_local_address(link.addr, link.netdev);
+    } else {
+        link.addr = sroce::interface_ipv4(link.netdev);
+    }
+    if (std::string err = sroce::link_error(link); !err.empty()) throw std::runtime_error(err);
+
+    sroce::ConfigLock lock(path);
+    std::vector<sroce::Link> links = sroce::load_links(path);
+    const std::string canon = sroce::canonical_addr(link.addr);
+    for (const sroce::Link &l : links) {
+        if (l.name == link.name) throw std::runtime_error("link '" + name + "' already exists");
+        if (sroce::canonical_addr(l.addr) == canon)
+            throw std::runtime_error("address " + link.addr + " is already used by link '" +
+                                     l.name + "'");
+    }
+    links.push_back(link);
+    sroce::save_links(path, links);
+}
+
+void link_del(const std::string &path, const std::string &name) {
+    sroce::ConfigLock lock(path);
+    std::vector<sroce::Link> links = sroce::load_links(path);
+    auto it = std::find_if(links.begin(), links.end(),
+                           [&](const sroce::Link &l) { return l.name == name; });
+    if (it == links.end()) throw std::runtime_error("link '" + name + "' does not exist");
+    links.erase(it);
+    sroce::save_links(path, links);
+}
+
+struct LinkStatus {
+    bool active;
+    std::optional<int> mtu;
+    std::optional<unsigned> netdev_index;
+};
+
+LinkStatus link_status(const sroce::Link &link) {
+    LinkStatus st{false, std::nullopt, std::nullopt};
+    if (!sroce::interface_exists(link.netdev)) return st;
+    if (unsigned idx = ::if_nametoindex(link.netdev.c_str()); idx != 0) st.netdev_index = idx;
+    st.active = sroce::interface_running(link.netdev);
+    try {
+        st.mtu = sroce::roce_mtu(sroce::interface_mtu(link.netdev), sroce::is_ipv6_addr(link.addr));
+    } catch (const std::runtime_error &) {
+        // The interface vanished between the two queries; report it as gone.
+        st = LinkStatus{false, std::nullopt, std::nullopt};
+    }
+    return st;
+}
+
+void link_show(const std::string &path, const std::optional<std::string> &which, bool json) {
+    std::vector<sroce::Link> links = sroce::load_links(path);
+
+    // rdma(8) names a port as DEV/PORT; sroce devices have the single port 1.
+    std::optional<std::string> want = which;
+    if (want && want->size() > 2 && want->ends_with("/1")) want->resize(want->size() - 2);
+
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    bool found = false;
+    for (std::size_t i = 0; i < links.size(); ++i) {
+        const sroce::Link &l = links[i];
+        if (want && l.name != *want) continue;
+        found = true;
+        LinkStatus st = link_status(l);
+        const char *state = st.active ? "ACTIVE" : "DOWN";
+        const char *phys = st.active ? "LINK_UP" : "DISABLED";
+        if (json) {
+            nlohmann::ordered_json j;
+            j["ifindex"] = i;
+            j["ifname"] = l.name;
+            j["port"] = 1;
+            j["state"] = state;
+            j["physical_state"] = phys;
+            j["netdev"] = l.netdev;
+            if (st.netdev_index) j["netdev_index"] = *st.netdev_index;
+            j["addr"] = l.addr;
+            if (st.mtu) j["mtu"] = *st.mtu;
+            out.push_back(std::move(j));
+        } else {
+            std::cout << "link " << l.name << "/1 state " << state << " physical_state " << phys
+                      << " netdev " << l.netdev << " addr " << l.addr;
+            if (st.mtu) std::cout << " mtu " << *st.mtu;
+            std::cout << '\n';
+        }
+    }
+    if (want && !found) throw std::runtime_error("link '" + *which + "' does not exist");
+    if (json) std::cout << out.dump() << '\n';
+}
+
+std::string exe_dir() {
+    std::error_code ec;
+    std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (ec) return {};
+    return exe.parent_path().string();
+}
+
+std::string find_shim() {
+    if (const char *env = std::getenv("SROCE_SHIM"); env != nullptr && *env != '\0') {
+        // An explicit choice that is wrong must not silently fall back to
+        // some other build of the shim.
+        if (::access(env, R_OK) != 0)
+            throw std::runtime_error(std::string("SROCE_SHIM=") + env + ": " +
+                                     std::strerror(errno));
+        return env;
+    }
+
+    std::vector<std::filesystem::path> candidates;
+    if (std::string dir = exe_dir(); !dir.empty()) {
+        const std::filesystem::path prefix = std::filesystem::path(dir) / "..";
+        candidates.push_back(prefix / "lib" / shim_name);
+#ifdef SROCE_INSTALL_LIBDIR
+        {
+            std::filesystem::path libdir = SROCE_INSTALL_LIBDIR;
+            candidates.push_back((libdir.is_absolute() ? libdir : prefix / libdir) / shim_name);
+        }
+#endif
+#ifdef SROCE_LIBRARY_ARCH
+        candidates.push_back(prefix / "lib" / SROCE_LIBRARY_ARCH / shim_name);
+#endif
+    }
+#ifdef SROCE_BUILD_SHIM
+    // Last, so that an installed sroce never prefers a stale build tree.
+    candidates.emplace_back(SROCE_BUILD_SHIM);
+#endif
+
+    std::vector<std::string> tried;
+    for (const auto &c : candidates) {
+        std::string p = c.lexically_normal().string();
+        if (::access(p.c_str(), R_OK) == 0) return p;
+        if (std::find(tried.begin(), tried.end(), p) == tried.end()) tried.push_back(p);
+    }
+    std::string where;
+    for (const std::string &p : tried)
+        where += "\n  " + p;
+    throw std::runtime_error(std::string("cannot find ") + shim_name + "; looked in:" + where +
+                             "\nset SROCE_SHIM to its path");
+}
+
+// ld.so splits LD_PRELOAD on both colons and spaces.
+bool preload_has(const std::string &list, const std::string &lib) {
+    std::size_t i = 0;
+    while (i <= list.size()) {
+        std::size_t end = list.find_first_of(": ", i);
+        if (end == std::string::npos) end = list.size();
+        if (list.compare(i, end - i, lib) == 0 && end - i == lib.size()) return true;
+        i = end + 1;
+    }
+    return false;
+}
+
+int run_exec(const std::vector<std::string> &command, const std::string &config_override) {
+    if (command.empty()) throw UsageError("exec: missing PROGRAM");
+
+    std::string shim = find_shim();
+    if (shim.find_first_of(": \t\n") != std::string::npos)
+        throw std::runtime_error("shim path '" + shim +
+                                 "' contains a colon or blank, which LD_PRELOAD cannot express");
+    // The dynamic loader resolves a relative LD_PRELOAD entry against the
+    // child's working directory; pin it down now.
+    shim = std::filesystem::absolute(shim).lexically_normal().string();
+
+    std::string preload = shim;
+    if (const char *old = std::getenv("LD_PRELOAD"); old != nullptr && *old != '\0')
+        preload = preload_has(old, shim) ? std::string(old) : shim + ":" + old;
+    if (::setenv("LD_PRELOAD", preload.c_str(), 1) != 0)
+        throw std::runtime_error(std::string("setenv: ") + std::strerror(errno));
+
+    // The engine inside the child reads the configuration itself; make it
+    // read the file this invocation was told about.
+    if (!config_override.empty()) {
+        std::string abs = std::filesystem::absolute(config_override).string();
+        if (::setenv("SROCE_CONFIG", abs.c_str(), 1) != 0)
+            throw std::runtime_error(std::string("setenv: ") + std::strerror(errno));
+    }
+
+    std::vector<char *> argv;
+    for (const std::string &a : command)
+        argv.push_back(const_cast<char *>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execvp(argv[0], argv.data());
+    int err = errno;
+    std::cerr << "sroce: " << command[0] << ": " << std::strerror(err) << '\n';
+    // Same convention as env(1) and the shells, so callers can tell a
+    // missing program from one that ran and failed.
+    return err == ENOENT ? 127 : 126;
+}
+
+std::string command_path(const CLI::App &root) {
+    std::string path = root.get_name();
+    const CLI::App *app = &root;
+    for (;;) {
+        std::vector<CLI::App *> subs = app->get_subcommands();
+        if (subs.empty()) break;
+        app = subs.front();
+        path += " " + app->get_name();
+    }
+    return path;
+}
+
+// CLI11 cannot stop at the first word of the child's command line (its
+// prefix mode rejects everything after "--"), so the command is split off
+// before parsing.  Returns the index of the "exec" word when it is the
+// subcommand, i.e. when only our global options precede it.
+std::optional<int> find_exec_word(int argc, char **argv) {
+    for (int i = 1; i < argc; ++i) {
+        std::string_view a = argv[i];
+        if (a == "exec") return i;
+        if (a == "--config") {
+            ++i;
+            continue;
+        }
+        if (a.starts_with("--config=") || a == "-j" || a == "--json") continue;
+        return std::nullopt;
+    }
+    return std::nullopt;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    CLI::App app{"Manage sroce soft-RoCE devices and run programs on them.", "sroce"};
+    app.set_version_flag("--version", std::string("sroce ") + SROCE_VERSION);
+    app.require_subcommand(1);
+    app.failure_message([](const CLI::App *root, const CLI::Error &e) {
+        return "sroce: " + std::string(e.what()) + "\nTry '" + command_path(*root) +
+               " --help' for more information.\n";
+    });
+
+    std::string config_override;
+    bool json = false;
+    app.add_option("--config", config_override,
+                   "Link configuration file (default: $SROCE_CONFIG, else " +
+                       std::string(sroce::default_config_path) + ")")
+        ->type_name("PATH");
+    app.add_flag("-j,--json", json, "Print link information as JSON");
+
+    CLI::App *link = app.add_subcommand("link", "Show and edit sroce devices (default: show)");
+    link->fallthrough();
+    link->require_subcommand(0, 1);
+
+    std::string add_name;
+    std::vector<std::string> add_keywords;
+    CLI::App *add = link->add_subcommand("add", "Create device NAME answering on IP (default: "
+                                                "the first IPv4 address of IF)");
+    add->fallthrough();
+    add->add_option("NAME", add_name, "Device name, 1-63 characters from A-Za-z0-9_.-")->required();
+    add->add_option("KEYWORDS", add_keywords, "netdev IF [addr IP]");
+    add->footer("Usage: sroce link add NAME netdev IF [addr IP]");
+
+    std::string del_name;
+    CLI::App *del = link->add_subcommand("del", "Remove device NAME");
+    del->alias("delete");
+    del->fallthrough();
+    del->add_option("NAME", del_name, "Device name")->required();
+
+    std::string show_name;
+    CLI::App *show = link->add_subcommand("show", "Show all devices, or only NAME");
+    show->alias("list");
+    show->fallthrough();
+    show->add_option("NAME", show_name, "Device name (NAME or NAME/1)");
+
+    CLI::App *exec =
+        app.add_subcommand("exec", "Run PROGRAM with the sroce verbs shim in LD_PRELOAD");
+    exec->footer("Usage: sroce exec [--] PROGRAM [ARGS...]\n"
+                 "The exit status is that of PROGRAM (127 if not found, 126 if not runnable).");
+
+    // Everything from PROGRAM on belongs to the child, including words that
+    // look like our own options.  Only a leading "--" is ours; any other
+    // leading dash word goes to CLI11, which handles -h and rejects the rest.
+    int parse_argc = argc;
+    std::vector<std::string> command;
+    if (std::optional<int> at = find_exec_word(argc, argv)) {
+        int first = *at + 1;
+        if (first < argc && std::string_view(argv[first]) == "--") {
+            command.assign(argv + first + 1, argv + argc);
+            parse_argc = first;
+        } else if (first >= argc || argv[first][0] != '-') {
+            command.assign(argv + first, argv + argc);
+            parse_argc = first;
+        }
+    }
+
+    try {
+        app.parse(parse_argc, argv);
+    } catch (const CLI::ParseError &e) {
+        return app.exit(e) == 0 ? 0 : 2;
+    }
+
+    const std::string path = config_override.empty() ? sroce::config_path() : config_override;
+    try {
+        if (*exec) return run_exec(command, config_override);
+        if (*add) {
+            link_add(path, add_name, add_keywords);
+        } else if (*del) {
+            link_del(path, del_name);
+        } else {
+            std::optional<std::string> which;
+            if (*show && !show_name.empty()) which = show_name;
+            link_show(path, which, json);
+        }
+    } catch (const UsageError &e) {
+        std::cerr << "sroce: " << e.what() << "\nTry '" << command_path(app)
+                  << " --help' for more information.\n";
+        return 2;
+    } catch (const std::exception &e) {
+        std::cerr << "sroce: " << e.what() << '\n';
+        return 1;
+    }
+    return 0;
+}
