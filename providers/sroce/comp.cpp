@@ -29,7 +29,24 @@ void retire(Qp *qp) {
     if (int32_t(qp->sq_cur - qp->sq_tail) < 0) qp->sq_cur = qp->sq_tail;
 }
 
+// una never passes a READ/ATOMIC still missing a response, whatever later
+// PSNs have been acknowledged: the retransmit timer must keep covering it, or
+// a lost response would leave it waiting forever.
+uint32_t clamp_una(Qp *qp, uint32_t una) {
+    uint32_t cap = qp->max_send_wr;
+    for (uint32_t i = qp->sq_tail; i != qp->sq_head; i++) {
+        const SendWqe &w = qp->sq[i % cap];
+        if (!w.started || wire::psn_diff(w.first_psn, una) >= 0) break;
+        if (w.done || !needs_response(w)) continue;
+        uint32_t missing = wire::psn_add(w.first_psn, w.read_next);
+        if (wire::psn_diff(una, missing) > 0) una = missing;
+        break;
+    }
+    return una;
+}
+
 void progress(Qp *qp, uint32_t una) {
+    una = clamp_una(qp, una);
     if (wire::psn_diff(una, qp->una_psn) > 0) {
         qp->una_psn = una;
         qp->retries_left = qp->retry_cnt;
@@ -65,6 +82,18 @@ void fail_at(Qp *qp, uint32_t psn, ibv_wc_status status) {
         qp->sq_tail++;
     }
     qp_enter_error(qp);
+}
+
+// Something for a later PSN arrived while `w` still waits for a response, so
+// that response was lost: ask again from the first one missing.  Once per
+// PSN; if the re-request is lost too, the retransmit timer (held at w by
+// clamp_una) covers it.
+void resend_missing(Qp *qp, const SendWqe &w, TxBatch &tx) {
+    uint32_t psn = wire::psn_add(w.first_psn, w.read_next);
+    if (qp->last_nak_rewind == psn) return;
+    qp->last_nak_rewind = psn;
+    req_rewind(qp, psn);
+    req_run(qp, tx);
 }
 
 ibv_wc_status nak_status(uint8_t code) {
@@ -110,7 +139,8 @@ void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
         if (i != qp->sq_head) {
             SendWqe &w = qp->sq[i % qp->max_send_wr];
             if (needs_response(w) && !w.done && wire::psn_diff(last_psn(w), pkt.psn) <= 0) {
-                req_rewind(qp, wire::psn_add(w.first_psn, w.read_next));
+                resend_missing(qp, w, tx);
+                return;
             }
         }
         req_run(qp, tx);
@@ -139,17 +169,23 @@ void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
             if (wire::psn_diff(pkt.psn, qp->una_psn) < 0) return; // stale
             ack_below(qp, pkt.psn);
             retire(qp);
-            bool moved = wire::psn_diff(pkt.psn, qp->una_psn) > 0;
+            uint32_t before = qp->una_psn;
             progress(qp, pkt.psn);
-            if (!moved && qp->last_nak_rewind == pkt.psn) {
+            // During an RNR back-off the resend from una is already due; a
+            // sequence NAK for the rest of the burst is no lost packet.
+            if (qp->rnr_deadline_ns) return;
+            // Resend from the NAKed PSN, or from an earlier READ/ATOMIC whose
+            // response is missing (progress() holds una there).
+            uint32_t from = qp->una_psn;
+            if (from == before && qp->last_nak_rewind == from) {
                 if (qp->retries_left == 0) {
-                    fail_at(qp, pkt.psn, IBV_WC_RETRY_EXC_ERR);
+                    fail_at(qp, from, IBV_WC_RETRY_EXC_ERR);
                     return;
                 }
                 qp->retries_left--;
             }
-            qp->last_nak_rewind = pkt.psn;
-            req_rewind(qp, pkt.psn);
+            qp->last_nak_rewind = from;
+            req_rewind(qp, from);
             req_run(qp, tx);
             return;
         }
@@ -202,11 +238,15 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
         return;
     }
     // A response acknowledges every request before it.
-    ack_below(qp, w->first_psn);
+    uint32_t first_open = ack_below(qp, w->first_psn);
     w->read_next++;
     if (last) w->done = true;
     retire(qp);
     progress(qp, wire::psn_add(pkt.psn, 1));
+    if (first_open != idx) {
+        resend_missing(qp, qp->sq[first_open % qp->max_send_wr], tx);
+        return;
+    }
     req_run(qp, tx);
 }
 
@@ -219,12 +259,16 @@ void on_atomic_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     SendWqe *w = find_wqe(qp, pkt.psn, &idx);
     if (!w || w->done || !needs_response(*w) || w->opcode == IBV_WR_RDMA_READ) return;
     if (wire::psn_diff(pkt.psn, qp->una_psn) < 0) return;
-    ack_below(qp, w->first_psn);
+    uint32_t first_open = ack_below(qp, w->first_psn);
     uint64_t orig = pkt.orig();
     std::memcpy(reinterpret_cast<void *>(uintptr_t(w->sge[0].addr)), &orig, 8);
     w->done = true;
     retire(qp);
     progress(qp, wire::psn_add(pkt.psn, 1));
+    if (first_open != idx) {
+        resend_missing(qp, qp->sq[first_open % qp->max_send_wr], tx);
+        return;
+    }
     req_run(qp, tx);
 }
 

@@ -43,7 +43,7 @@ void complete_send(Qp *qp, const SendWqe &w, ibv_wc_status status) {
 }
 
 void complete_recv(Qp *qp, const RecvWqe &r, ibv_wc_status status, ibv_wc_opcode opcode,
-                   uint32_t byte_len, __be32 imm, bool with_imm) {
+                   uint32_t byte_len, __be32 imm, bool with_imm, bool solicited) {
     ibv_wc wc{};
     wc.wr_id = r.wr_id;
     wc.status = status;
@@ -56,7 +56,7 @@ void complete_recv(Qp *qp, const RecvWqe &r, ibv_wc_status status, ibv_wc_opcode
         wc.wc_flags |= IBV_WC_WITH_IMM;
     }
     wc.pkey_index = qp->pkey_index;
-    if (!qp->rcq->push(wc, true)) post_async_event(qp, IBV_EVENT_CQ_ERR);
+    if (!qp->rcq->push(wc, solicited)) post_async_event(qp, IBV_EVENT_CQ_ERR);
 }
 
 void post_async_event(Qp *qp, ibv_event_type type) {

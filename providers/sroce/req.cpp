@@ -131,6 +131,8 @@ void req_run(Qp *qp, TxBatch &tx) {
                 w.started = true;
                 w.done = true;
                 complete_send(qp, w, w.status);
+                // Retired here, or the flush below would complete it twice.
+                qp->sq_tail++;
                 qp_enter_error(qp);
                 return;
             }
@@ -287,10 +289,13 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
         return EINVAL;
     }
     uint32_t cap = qp->max_send_wr;
+    int err = 0;
+    // The WRs before a refused one stay posted and must be started, so every
+    // error leaves the loop through the kick below.
     for (; wr; wr = wr->next) {
         if (qp->sq_head - qp->sq_tail >= cap) {
-            *bad_wr = wr;
-            return ENOMEM;
+            err = ENOMEM;
+            break;
         }
         bool atomic = false;
         switch (wr->opcode) {
@@ -305,12 +310,12 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
         case IBV_WR_RDMA_READ:
             break;
         default:
-            *bad_wr = wr;
-            return EINVAL;
+            err = EINVAL;
+            break;
         }
-        if (wr->num_sge < 0) {
-            *bad_wr = wr;
-            return EINVAL;
+        if (err || wr->num_sge < 0) {
+            err = EINVAL;
+            break;
         }
         uint32_t slot = qp->sq_head % cap;
         SendWqe &w = req_new_wqe(qp, slot, wr->wr_id, wr->opcode, wr->send_flags);
@@ -328,8 +333,8 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
         if ((wr->send_flags & IBV_SEND_INLINE) && wr->opcode != IBV_WR_RDMA_READ && !atomic) {
             ibv_data_buf bufs[kMaxSge];
             if (uint32_t(wr->num_sge) > kMaxSge) {
-                *bad_wr = wr;
-                return EINVAL;
+                err = EINVAL;
+                break;
             }
             for (int i = 0; i < wr->num_sge; i++)
                 bufs[i] = {reinterpret_cast<void *>(uintptr_t(wr->sg_list[i].addr)),
@@ -339,13 +344,14 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
             ok = req_fill_sges(qp, w, wr->sg_list, size_t(wr->num_sge));
         }
         if (!ok) {
-            *bad_wr = wr;
-            return EINVAL;
+            err = EINVAL;
+            break;
         }
         qp->sq_head++;
     }
+    if (err) *bad_wr = wr;
     req_kick(qp);
-    return 0;
+    return err;
 }
 
 } // namespace sroce

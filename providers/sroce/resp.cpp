@@ -42,6 +42,9 @@ void fatal_nak(Qp *qp, TxBatch &tx, uint8_t code, uint32_t psn) {
 
 void send_rnr(Qp *qp, TxBatch &tx, uint32_t psn) {
     qp->ack_pending = false;
+    // The requester resends from `psn` after its back-off; the rest of its
+    // burst is dropped without a sequence NAK, which would cost it a retry.
+    qp->nak_sent = true;
     send_aeth(qp, tx, aeth::kRnrNak | (qp->min_rnr_timer & 0x1F), psn);
 }
 
@@ -171,6 +174,7 @@ int resp_post_recv(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
         r.sge = &qp->rq_sge[size_t(slot) * qp->max_recv_sge];
         r.num_sge = uint32_t(wr->num_sge);
         r.length = 0;
+        r.bad = false;
         bool bad = false;
         for (int i = 0; i < wr->num_sge; i++) {
             const ibv_sge &s = wr->sg_list[i];
@@ -186,6 +190,7 @@ int resp_post_recv(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
             // Reported as a completion in order, like a hardware RNIC would.
             r.num_sge = 0;
             r.length = 0;
+            r.bad = true;
         }
         qp->rq_head++;
         if (qp->state == IBV_QPS_ERR) qp_flush_queues(qp);
@@ -240,7 +245,9 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
             qp->recv_taken = true;
             qp->msg_offset = 0;
             RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
-            if (r.num_sge == 0 && r.length == 0 && pkt.payload_len) {
+            // A WQE without SGEs is a valid zero-length receive; only one
+            // whose SGEs failed their checks is refused here.
+            if (r.bad && pkt.payload_len) {
                 fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
                 return;
             }
@@ -259,7 +266,8 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
             bool imm = pkt.info->hdrs & kHasImmDt;
             __be32 immv = 0;
             if (imm) std::memcpy(&immv, pkt.hdr + pkt.info->immdt, 4);
-            complete_recv(qp, r, IBV_WC_SUCCESS, IBV_WC_RECV, qp->msg_offset, immv, imm);
+            complete_recv(qp, r, IBV_WC_SUCCESS, IBV_WC_RECV, qp->msg_offset, immv, imm,
+                          pkt.se);
             qp->rq_tail++;
             qp->recv_taken = false;
             qp->in_msg = 0;
@@ -310,7 +318,7 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
                 __be32 immv;
                 std::memcpy(&immv, pkt.hdr + pkt.info->immdt, 4);
                 complete_recv(qp, r, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, qp->msg_offset,
-                              immv, true);
+                              immv, true, pkt.se);
                 qp->rq_tail++;
             }
             qp->in_msg = 0;

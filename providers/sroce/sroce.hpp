@@ -149,6 +149,7 @@ struct RecvWqe {
     uint32_t num_sge = 0;
     ibv_sge *sge = nullptr;
     uint32_t length = 0;
+    bool bad = false; // an SGE failed the lkey/range check when posted
 };
 
 // Responder resource for replaying READ / ATOMIC duplicates.

@@ -31,8 +31,9 @@ void resp_flush_ack(Qp *qp, TxBatch &tx);
 void qp_enter_error(Qp *qp);
 void qp_flush_queues(Qp *qp);
 void complete_send(Qp *qp, const SendWqe &wqe, ibv_wc_status status);
+// `solicited`: the message carried the SE bit (wakes a solicited-only CQ).
 void complete_recv(Qp *qp, const RecvWqe &wqe, ibv_wc_status status, ibv_wc_opcode opcode,
-                   uint32_t byte_len, __be32 imm, bool with_imm);
+                   uint32_t byte_len, __be32 imm, bool with_imm, bool solicited = false);
 void post_async_event(Qp *qp, ibv_event_type type);
 
 // Retransmit timeout of the QP's `timeout` attribute: 4.096 us * 2^timeout.

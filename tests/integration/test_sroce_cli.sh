@@ -5,11 +5,13 @@
 # checks its output, the file it writes and its exit statuses (0 success,
 # 1 failure, 2 usage error; exec passes the child's status through).
 #
-# Usage: test_sroce_cli.sh PATH-TO-SROCE
+# Usage: test_sroce_cli.sh BUILD-DIR | PATH-TO-SROCE
 # Exits 77 (ctest SKIP_RETURN_CODE) when the loopback interface is unusable.
 set -euo pipefail
 
-sroce=${1:?usage: test_sroce_cli.sh PATH-TO-SROCE}
+sroce=${1:?usage: test_sroce_cli.sh BUILD-DIR | PATH-TO-SROCE}
+# ctest passes the build directory, as to every integration script.
+if [[ -d $sroce ]]; then sroce=$sroce/tools/sroce/sroce; fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# The project's test command: installs what is missing, builds, and runs
+#   1. every test (unit, integration, fuzz regressions) in the default build,
+#   2. the unit tests under AddressSanitizer + UndefinedBehaviorSanitizer,
+#   3. the unit tests under ThreadSanitizer,
+#   4. the libFuzzer targets briefly, when tests/fuzz has any,
+# then prints one line "N passed, N failed, N skipped" over all of them and
+# exits non-zero if anything failed or did not build.
+#
+# Usage: scripts/test.sh [--no-setup] [--no-sanitizers] [--no-fuzz] [-- CTEST-ARGS...]
+# CTEST-ARGS are added to the default-build run (e.g. -R real_clients).
+# Sanitizer builds run unit tests only: integration tests preload
+# libsroce.so into uninstrumented programs, which a sanitizer runtime refuses.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+setup=1 sanitizers=1 fuzz=1
+extra=()
+while (($#)); do
+	case $1 in
+	--no-setup) setup=0 ;;
+	--no-sanitizers) sanitizers=0 ;;
+	--no-fuzz) fuzz=0 ;;
+	--)
+		shift
+		extra=("$@")
+		break
+		;;
+	-h | --help)
+		sed -n '3,17p' "$0" | sed 's/^# \{0,1\}//'
+		exit 0
+		;;
+	*)
+		echo "test.sh: unknown option '$1' (see --help)" >&2
+		exit 2
+		;;
+	esac
+	shift
+done
+
+jobs=$(nproc 2>/dev/null || echo 2)
+total_passed=0 total_failed=0 total_skipped=0
+stages=()
+logdir=$(mktemp -d "${TMPDIR:-/tmp}/sroce-test-logs.XXXXXX")
+trap 'rm -rf "$logdir"' EXIT
+t0=$SECONDS
+
+banner() { printf '\n==== %s\n' "$*"; }
+
+# record STAGE PASSED FAILED SKIPPED SECONDS
+record() {
+	total_passed=$((total_passed + $2))
+	total_failed=$((total_failed + $3))
+	total_skipped=$((total_skipped + $4))
+	stages+=("$(printf '%-22s %4d passed %4d failed %4d skipped %6ss' "$1" "$2" "$3" "$4" "$5")")
+}
+
+# build STAGE PRESET [TARGET]: configures and builds; a failure is recorded
+# as one failed test of the stage.
+build() {
+	local stage=$1 preset=$2 target=${3:-} start=$SECONDS
+	banner "$stage: configure + build (preset $preset${target:+, target $target})"
+	if cmake --preset "$preset" >"$logdir/$preset.configure.log" 2>&1 &&
+		cmake --build --preset "$preset" ${target:+--target "$target"} >"$logdir/$preset.build.log" 2>&1; then
+		echo "built in $((SECONDS - start)) s"
+		return 0
+	fi
+	cat "$logdir/$preset.configure.log"
+	tail -n 100 "$logdir/$preset.build.log" 2>/dev/null || true
+	echo "$stage: BUILD FAILED"
+	record "$stage (build)" 0 1 0 $((SECONDS - start))
+	return 1
+}
+
+# run_ctest STAGE BUILD-DIR CTEST-ARGS...: runs ctest and adds its counts.
+run_ctest() {
+	local stage=$1 dir=$2 start=$SECONDS log=$logdir/ctest.$1.log
+	shift 2
+	banner "$stage: ctest --test-dir $dir $*"
+	local rc=0
+	ctest --test-dir "$dir" --output-on-failure --no-tests=error -j"$jobs" "$@" 2>&1 | tee "$log" ||
+		rc=$?
+	local total failed skipped
+	read -r failed total < <(sed -nE 's/.*tests passed, ([0-9]+) tests? failed out of ([0-9]+).*/\1 \2/p' "$log" | tail -n1) ||
+		true
+	skipped=$(grep -cE '^[[:space:]]*[0-9]+ - .*\(Skipped\)' "$log" || true)
+	if [[ -z ${total:-} && $stage != default ]] && grep -q 'No tests were found' "$log"; then
+		echo "$stage: no tests"
+		record "$stage" 0 0 0 $((SECONDS - start))
+		return
+	fi
+	if [[ -z ${total:-} ]]; then
+		# ctest itself failed (no tests, bad arguments, crash): count it once.
+		echo "$stage: ctest exited $rc without a summary"
+		record "$stage" 0 1 0 $((SECONDS - start))
+		return
+	fi
+	if ((rc != 0 && failed == 0)); then failed=1; fi
+	record "$stage" $((total - failed - skipped)) "$failed" "$skipped" $((SECONDS - start))
+}
+
+if ((setup)); then
+	banner "setup: Debian packages"
+	bash scripts/setup.sh
+fi
+
+if build default default; then
+	run_ctest default build "${extra[@]}"
+else
+	echo "the default build failed; nothing else is built or tested" >&2
+	sanitizers=0 fuzz=0
+fi
+
+if ((sanitizers)); then
+	# halt_on_error: a sanitizer report must fail the test, not scroll by.
+	export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
+	export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+	export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+	if build asan asan sroce_unit_tests; then
+		run_ctest asan build-asan -L unit
+	fi
+	if build tsan tsan sroce_unit_tests; then
+		run_ctest tsan build-tsan -L unit
+	fi
+fi
+
+# The fuzz preset needs clang's libFuzzer; only worth building once targets
+# exist.
+if ((fuzz)) && compgen -G 'tests/fuzz/*.c*' >/dev/null; then
+	if build fuzz fuzz; then
+		run_ctest fuzz build-fuzz -L fuzz
+	fi
+fi
+
+banner "summary ($((SECONDS - t0)) s)"
+printf '%s\n' "${stages[@]}"
+echo "$total_passed passed, $total_failed failed, $total_skipped skipped"
+((total_failed == 0))

@@ -1,0 +1,373 @@
+// SPDX-License-Identifier: MIT
+//
+// libFuzzer target for the receive path: each input is one datagram that
+// goes through wire::parse() and icrc_verify(), then into a live RC QP's
+// responder or completer.
+//
+// The first input byte steers the harness (see Control), so the fuzzer does
+// not have to rediscover what a random packet can never contain: the QPN of
+// the QP, the PSN it expects, a valid rkey, a correct ICRC.  The rest is the
+// UDP payload, sent from the connected peer's address to the device address
+// and processed by the engine's own progress thread; the harness waits until
+// that thread has finished with it, so a crash is charged to the right input.
+//
+// Oracle, besides the sanitizers: every packet sroce sends back must parse
+// and carry a valid ICRC.
+#include "icrc.hpp"
+#include "nic.hpp"
+#include "provider.h"
+#include "sroce.hpp"
+#include "wire.hpp"
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <netinet/in.h>
+#include <sched.h>
+#include <string>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+using namespace sroce;
+
+// Private to the fuzz target, so it can run alongside the unit tests.
+constexpr const char *kDevName = "sroce_fuzz";
+constexpr const char *kDevAddr = "127.0.4.1";
+constexpr const char *kPeerAddr = "127.0.4.2";
+constexpr uint32_t kPeerQpn = 0x000777;
+constexpr size_t kBufLen = 64 << 10;
+constexpr size_t kMaxDatagram = 4200;
+constexpr uint32_t kQueueDepth = 64;
+
+enum Control : uint8_t {
+    kKeepIcrc = 1 << 0,    // send the ICRC as given rather than the correct one
+    kOwnQp = 1 << 1,       // our QPN, and our rkey / a VA inside our MR in RETH and AtomicETH
+    kExpectedPsn = 1 << 2, // the PSN the responder expects, or the completer waits for
+    kResetQp = 1 << 3,     // start from a freshly connected QP
+    kPostSend = 1 << 4,    // post a request first; bits 5-6 choose its kind
+    kPostRecv = 1 << 7,
+};
+
+struct Harness {
+    ibv_context *ctx = nullptr;
+    ibv_pd *pd = nullptr;
+    ibv_cq *cq = nullptr;
+    ibv_qp *qp = nullptr;
+    ibv_mr *mr = nullptr;
+    uint8_t *buf = nullptr;
+    Nic *nic = nullptr;
+    int peer = -1;
+    in_addr_t dev_addr = 0, peer_addr = 0;
+    sockaddr_in dev_sa{};
+};
+
+Harness h;
+
+[[noreturn]] void die(const char *what) {
+    fprintf(stderr, "fuzz_rx: %s: %s\n", what, strerror(errno));
+    exit(1);
+}
+
+in_addr_t ip4(const char *s) {
+    in_addr a{};
+    inet_pton(AF_INET, s, &a);
+    return a.s_addr;
+}
+
+void modify(ibv_qp_attr &a, int mask) {
+    if (int rc = sroce_modify_qp(h.qp, &a, mask)) {
+        errno = rc;
+        die("modify_qp");
+    }
+}
+
+void connect_qp() {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RESET;
+    modify(a, IBV_QP_STATE);
+    a = {};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                        IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    modify(a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = kPeerQpn;
+    a.rq_psn = 0xFFFFF0; // close to the wrap
+    a.max_dest_rd_atomic = 4;
+    a.min_rnr_timer = 1;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.port_num = 1;
+    a.ah_attr.grh.sgid_index = 1;
+    a.ah_attr.grh.dgid.raw[10] = a.ah_attr.grh.dgid.raw[11] = 0xFF;
+    std::memcpy(a.ah_attr.grh.dgid.raw + 12, &h.peer_addr, 4);
+    modify(a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    a = {};
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 0x000100;
+    a.timeout = 0; // no retransmission timer: the fuzzer's packets drive everything
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 4;
+    modify(a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                  IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+void setup() {
+    char tmpl[] = "/tmp/sroce-fuzz-XXXXXX";
+    if (!mkdtemp(tmpl)) die("mkdtemp");
+    std::string conf = std::string(tmpl) + "/links.conf";
+    std::ofstream(conf) << kDevName << " netdev lo addr " << kDevAddr << "\n";
+    setenv("SROCE_CONFIG", conf.c_str(), 1);
+    unsetenv("SROCE_FAULT");
+    unsetenv("SROCE_BUSY_POLL");
+
+    h.dev_addr = ip4(kDevAddr);
+    h.peer_addr = ip4(kPeerAddr);
+    h.peer = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(wire::kRoceV2Port);
+    sa.sin_addr.s_addr = h.peer_addr;
+    if (h.peer < 0 || bind(h.peer, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0)
+        die("bind 127.0.4.2:4791");
+    h.dev_sa = sa;
+    h.dev_sa.sin_addr.s_addr = h.dev_addr;
+
+    ibv_device **list = nullptr;
+    int n = sroce_device_list(&list);
+    ibv_device *dev = nullptr;
+    for (int i = 0; i < n; i++)
+        if (std::strcmp(list[i]->name, kDevName) == 0) dev = list[i];
+    if (!dev) die("no sroce_fuzz device");
+    h.ctx = sroce_open_device(dev);
+    if (!h.ctx) die("open_device");
+    std::filesystem::remove_all(tmpl);
+    fcntl(h.ctx->async_fd, F_SETFL, fcntl(h.ctx->async_fd, F_GETFL) | O_NONBLOCK);
+    h.nic = to_ctx(h.ctx)->nic;
+    h.pd = sroce_alloc_pd(h.ctx);
+    h.buf = static_cast<uint8_t *>(aligned_alloc(4096, kBufLen));
+    if (!h.pd || !h.buf) die("alloc");
+    std::memset(h.buf, 0x5A, kBufLen);
+    h.mr = sroce_reg_mr(h.pd, h.buf, kBufLen, uint64_t(uintptr_t(h.buf)),
+                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                            IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+    h.cq = sroce_create_cq(h.ctx, 4096, nullptr, nullptr, 0);
+    if (!h.mr || !h.cq) die("reg_mr / create_cq");
+    ibv_qp_init_attr ia{};
+    ia.send_cq = h.cq;
+    ia.recv_cq = h.cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = kQueueDepth;
+    ia.cap.max_recv_wr = kQueueDepth;
+    ia.cap.max_send_sge = 2;
+    ia.cap.max_recv_sge = 2;
+    h.qp = sroce_create_qp(h.pd, &ia);
+    if (!h.qp) die("create_qp");
+    connect_qp();
+}
+
+// Sends the datagram to the device and returns once the progress thread
+// has dispatched it.
+void inject(const uint8_t *p, size_t n) {
+    uint64_t before = h.nic->stats.rx_pkts.load();
+    if (sendto(h.peer, p, n, 0, reinterpret_cast<const sockaddr *>(&h.dev_sa), sizeof h.dev_sa) !=
+        ssize_t(n))
+        die("sendto");
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (h.nic->stats.rx_pkts.load() == before) {
+        if (std::chrono::steady_clock::now() > deadline) {
+            fprintf(stderr, "fuzz_rx: datagram not received within 5 s\n");
+            abort();
+        }
+        sched_yield();
+    }
+    // The progress thread counts a datagram while holding objects_mu and
+    // keeps it until the batch, ACKs included, has been processed.
+    std::lock_guard<std::mutex> g(h.nic->objects_mu);
+}
+
+// Everything sroce sends must be a well-formed packet with a valid ICRC.
+void check_replies() {
+    static uint8_t b[65536];
+    for (;;) {
+        sockaddr_in from{};
+        socklen_t fl = sizeof from;
+        ssize_t n = recvfrom(h.peer, b, sizeof b, 0, reinterpret_cast<sockaddr *>(&from), &fl);
+        if (n < 0) return;
+        wire::Packet pkt;
+        wire::ParseError e = wire::parse(b, size_t(n), pkt);
+        if (e != wire::ParseError::kOk) {
+            fprintf(stderr, "fuzz_rx: sroce sent a malformed packet: %s\n",
+                    wire::parse_error_str(e));
+            abort();
+        }
+        Ipv4Header ip{from.sin_addr.s_addr, h.peer_addr, ntohs(from.sin_port),
+                      wire::kRoceV2Port};
+        uint16_t id = 1;
+        if (!icrc_verify(ip, b, size_t(n), &id) || id != 0) {
+            fprintf(stderr, "fuzz_rx: sroce sent a packet with a bad ICRC\n");
+            abort();
+        }
+        if (pkt.qpn != kPeerQpn) {
+            fprintf(stderr, "fuzz_rx: sroce sent to QPN %#x\n", pkt.qpn);
+            abort();
+        }
+    }
+}
+
+void drain_completions() {
+    ibv_wc wc[32];
+    while (ibv_poll_cq(h.cq, 32, wc) > 0) {
+    }
+    ibv_async_event ev;
+    while (sroce_get_async_event(h.ctx, &ev) == 0) sroce_ack_async_event(&ev);
+}
+
+void post_send(uint8_t kind) {
+    Qp *qp = to_qp(h.qp);
+    {
+        std::lock_guard<std::mutex> g(qp->mu);
+        if (qp->sq_head - qp->sq_tail >= kQueueDepth) return;
+    }
+    ibv_sge sge{uint64_t(uintptr_t(h.buf)), 0, h.mr->lkey};
+    ibv_send_wr wr{};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    uint64_t remote = 0x10000;
+    switch (kind & 3) {
+    case 0:
+        wr.opcode = IBV_WR_RDMA_WRITE;
+        sge.length = 2500; // three packets at MTU 1024
+        break;
+    case 1:
+        wr.opcode = IBV_WR_RDMA_READ;
+        sge.addr += 8192;
+        sge.length = 2500;
+        break;
+    case 2:
+        wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+        sge.addr += 16384;
+        sge.length = 8;
+        wr.wr.atomic.remote_addr = remote;
+        wr.wr.atomic.rkey = 1;
+        wr.wr.atomic.compare_add = 1;
+        break;
+    default:
+        wr.opcode = IBV_WR_SEND;
+        sge.length = 100;
+        break;
+    }
+    if (wr.opcode == IBV_WR_RDMA_WRITE || wr.opcode == IBV_WR_RDMA_READ) {
+        wr.wr.rdma.remote_addr = remote;
+        wr.wr.rdma.rkey = 1;
+    }
+    ibv_send_wr *bad = nullptr;
+    (void)ibv_post_send(h.qp, &wr, &bad);
+}
+
+void post_recv() {
+    Qp *qp = to_qp(h.qp);
+    {
+        std::lock_guard<std::mutex> g(qp->mu);
+        if (qp->rq_head - qp->rq_tail >= kQueueDepth) return;
+    }
+    ibv_sge sge{uint64_t(uintptr_t(h.buf + 32768)), 3000, h.mr->lkey};
+    ibv_recv_wr wr{};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr *bad = nullptr;
+    (void)ibv_post_recv(h.qp, &wr, &bad);
+}
+
+// Points RETH / AtomicETH at our MR, keeping the fuzzed offset and length.
+void aim_at_mr(uint8_t *p, size_t n) {
+    const wire::OpInfo &o = wire::op_info(p[0]);
+    if (!o.name) return;
+    uint8_t off = o.reth ? o.reth : o.atomic_eth;
+    if (!off || size_t(off) + 12 > n) return;
+    uint64_t va = wire::get64(p + off);
+    wire::put64(p + off, uint64_t(uintptr_t(h.buf)) + (va & (kBufLen - 1)));
+    wire::put32(p + off + 8, h.mr->rkey);
+}
+
+void teardown() {
+    // Joins the progress thread before static destructors run under it.
+    sroce_destroy_qp(h.qp);
+    sroce_destroy_cq(h.cq);
+    sroce_dereg_mr(h.mr);
+    sroce_dealloc_pd(h.pd);
+    sroce_close_device(h.ctx);
+    free(h.buf);
+    close(h.peer);
+}
+
+} // namespace
+
+extern "C" int LLVMFuzzerInitialize(int *, char ***) {
+    setup();
+    atexit(teardown);
+    return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size == 0 || size > kMaxDatagram + 1) return 0;
+    uint8_t ctl = data[0];
+    std::vector<uint8_t> pkt(data + 1, data + size);
+    uint8_t *p = pkt.data();
+    size_t n = pkt.size();
+
+    // The codec alone, on the raw bytes.
+    {
+        wire::Packet parsed;
+        (void)wire::parse(p, n, parsed);
+        Ipv4Header ip{h.peer_addr, h.dev_addr, wire::kRoceV2Port, wire::kRoceV2Port};
+        uint16_t id;
+        (void)icrc_verify(ip, p, n, &id);
+    }
+
+    Qp *qp = to_qp(h.qp);
+    bool reset = ctl & kResetQp;
+    {
+        std::lock_guard<std::mutex> g(qp->mu);
+        reset = reset || qp->state != IBV_QPS_RTS || qp->sq_head - qp->sq_tail >= kQueueDepth;
+    }
+    if (reset) connect_qp();
+    if (ctl & kPostRecv) post_recv();
+    if (ctl & kPostSend) post_send(uint8_t(ctl >> 5));
+    check_replies();
+
+    if (n >= wire::kBthLen) {
+        if (ctl & kOwnQp) {
+            wire::put24(p + 5, h.qp->qp_num);
+            aim_at_mr(p, n);
+        }
+        if (ctl & kExpectedPsn) {
+            std::lock_guard<std::mutex> g(qp->mu);
+            bool response = wire::op_info(p[0]).flags & wire::kOpResp;
+            wire::put24(p + 9, response ? qp->una_psn : qp->epsn);
+        }
+        if (!(ctl & kKeepIcrc) && n >= wire::kBthLen + wire::kIcrcLen) {
+            Ipv4Header ip{h.peer_addr, h.dev_addr, wire::kRoceV2Port, wire::kRoceV2Port};
+            icrc_store(p + n - wire::kIcrcLen, icrc_compute(ip, p, n));
+        }
+    }
+    inject(p, n);
+    check_replies();
+    drain_completions();
+    return 0;
+}

@@ -1,0 +1,273 @@
+# SPDX-License-Identifier: MIT
+# shellcheck shell=bash
+#
+# Shared helpers for the integration scripts and scripts/demo.sh.  Source it
+# and call sroce_init with the build directory:
+#
+#   . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+#   sroce_init "${1:?usage: $0 BUILD-DIR}"
+#   require_cmds ib_write_bw
+#   sroce_config sroce0 127.0.0.1 sroce1 127.0.0.2
+#   run_pair ib_write_bw -d sroce0 -x 1 -p @PORT@ -- \
+#            ib_write_bw -d sroce1 -x 1 -p @PORT@ 127.0.0.1
+#
+# Exit statuses follow ctest's conventions: 77 = skipped.
+
+# Seconds a server or client of run_pair may run before it is killed.
+: "${RP_TIMEOUT:=60}"
+# Seconds run_pair waits for the server's TCP port to listen.
+: "${RP_LISTEN_WAIT:=10}"
+
+SROCE_BG_PIDS=()
+
+# Prints to stderr.
+log() { printf '%s\n' "$*" >&2; }
+
+die() {
+	log "error: $*"
+	exit 1
+}
+
+skip() {
+	log "SKIP: $*"
+	exit 77
+}
+
+_sroce_cleanup() {
+	local pid
+	# Only the background processes this script started, by their ids.
+	for pid in "${SROCE_BG_PIDS[@]}"; do
+		kill "$pid" 2>/dev/null || true
+	done
+	for pid in "${SROCE_BG_PIDS[@]}"; do
+		wait "$pid" 2>/dev/null || true
+	done
+	[[ -n ${WORK:-} && -d $WORK ]] && rm -rf "$WORK"
+	return 0
+}
+
+# sroce_init BUILD-DIR: finds the sroce command and libsroce.so in the build
+# tree, makes $WORK (removed on exit) and unsets anything from the caller's
+# environment that would change which devices programs see.
+sroce_init() {
+	local build=${1:?sroce_init BUILD-DIR}
+	[[ -d $build ]] || die "build directory '$build' does not exist"
+	BUILD_DIR=$(cd "$build" && pwd)
+	SROCE_BIN=$BUILD_DIR/tools/sroce/sroce
+	[[ -x $SROCE_BIN ]] || die "$SROCE_BIN not built"
+	SROCE_SHIM=$BUILD_DIR/libibverbs-ext/shim/libsroce.so
+	[[ -f $SROCE_SHIM ]] || die "$SROCE_SHIM not built"
+	export SROCE_SHIM
+	unset LD_PRELOAD SROCE_FAULT
+	WORK=$(mktemp -d "${TMPDIR:-/tmp}/sroce-test.XXXXXX")
+	trap _sroce_cleanup EXIT
+	trap 'exit 130' INT TERM
+	PORT_NEXT=$((20000 + RANDOM % 10000))
+}
+
+# require_cmds CMD...: skips the test when a program is not installed
+# (scripts/setup.sh installs all of them).
+require_cmds() {
+	local c
+	for c in "$@"; do
+		command -v "$c" >/dev/null || skip "$c not installed (run scripts/setup.sh)"
+	done
+}
+
+# Skips unless lo is up with 127.0.0.1 (a fresh network namespace has it down).
+require_loopback() {
+	ip -o -4 addr show dev lo 2>/dev/null | grep -q 'inet 127\.' ||
+		skip "loopback interface is down or has no 127.0.0.0/8 address"
+}
+
+# sroce_config NAME ADDR [NAME ADDR]...: writes a private link configuration
+# with one device per NAME bound to ADDR on lo, through `sroce link add` (so
+# its checks apply), and exports SROCE_CONFIG.
+sroce_config() {
+	(($# >= 2 && $# % 2 == 0)) || die "sroce_config NAME ADDR [NAME ADDR]..."
+	export SROCE_CONFIG=$WORK/links.conf
+	rm -f "$SROCE_CONFIG"
+	while (($#)); do
+		"$SROCE_BIN" --config "$SROCE_CONFIG" link add "$1" netdev lo addr "$2" ||
+			die "sroce link add $1 netdev lo addr $2 failed"
+		shift 2
+	done
+}
+
+# Whether anything (listening, connected or in TIME_WAIT) uses TCP port $1.
+port_busy() {
+	[[ -n $(ss -Htan "( sport = :$1 or dport = :$1 )" 2>/dev/null) ]]
+}
+
+# next_port: sets PORT to a TCP port nobody uses.  Ports are taken from below
+# the ephemeral range, starting at a random point and never reused within a
+# run, so consecutive runs do not collide with each other's TIME_WAIT.
+next_port() {
+	local tries=0
+	while :; do
+		PORT=$PORT_NEXT
+		PORT_NEXT=$((PORT_NEXT >= 32000 ? 20000 : PORT_NEXT + 1))
+		port_busy "$PORT" || return 0
+		((++tries < 1000)) || die "no free TCP port found"
+	done
+}
+
+# wait_listen PORT PID [SECONDS]: waits until TCP PORT listens.  Fails early
+# when PID has exited.
+wait_listen() {
+	local port=$1 pid=$2 secs=${3:-$RP_LISTEN_WAIT} i
+	for ((i = 0; i < secs * 20; i++)); do
+		[[ -n $(ss -Hltn "( sport = :$port )" 2>/dev/null) ]] && return 0
+		kill -0 "$pid" 2>/dev/null || return 1
+		sleep 0.05
+	done
+	return 1
+}
+
+# now: seconds since the epoch with microseconds.
+now() { printf '%s\n' "${EPOCHREALTIME/,/.}"; }
+
+# elapsed START: seconds since START (from now), two decimals.
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+
+# sroce_bg LOG CMD...: starts CMD under `sroce exec` in the background with
+# stdout and stderr in LOG and the run_pair timeout; sets BG_PID.
+sroce_bg() {
+	local out=$1
+	shift
+	timeout -k 5 "$RP_TIMEOUT" "$SROCE_BIN" exec -- "$@" >"$out" 2>&1 &
+	BG_PID=$!
+	SROCE_BG_PIDS+=("$BG_PID")
+}
+
+# bg_wait PID: waits for a process started by sroce_bg and sets BG_RC to its
+# exit status.  The id is forgotten afterwards, so the exit trap never signals
+# an unrelated process that happens to reuse it.
+bg_wait() {
+	local pid=$1 p keep=()
+	BG_RC=0
+	wait "$pid" || BG_RC=$?
+	for p in "${SROCE_BG_PIDS[@]}"; do
+		[[ $p == "$pid" ]] || keep+=("$p")
+	done
+	SROCE_BG_PIDS=("${keep[@]}")
+}
+
+# run_pair SERVER-CMD... -- CLIENT-CMD...
+# Runs a client/server pair over sroce: the server in the background, the
+# client once the server's TCP port listens, each under `sroce exec` and
+# killed after RP_TIMEOUT seconds.  Every @PORT@ in either command is replaced
+# by a fresh TCP port.  Succeeds when both exit 0; otherwise prints why and
+# both logs.  Leaves RP_PORT, RP_SERVER_LOG, RP_CLIENT_LOG (stdout+stderr),
+# RP_SERVER_RC, RP_CLIENT_RC and RP_SECONDS (wall time of the pair) behind.
+RP_SEQ=0
+run_pair() {
+	local server=() client=() arg seen=0
+	next_port
+	RP_PORT=$PORT
+	for arg in "$@"; do
+		if ((!seen)) && [[ $arg == -- ]]; then
+			seen=1
+			continue
+		fi
+		arg=${arg//@PORT@/$RP_PORT}
+		if ((seen)); then client+=("$arg"); else server+=("$arg"); fi
+	done
+	((seen && ${#server[@]} && ${#client[@]})) || die "run_pair SERVER-CMD... -- CLIENT-CMD..."
+	[[ " $* " == *@PORT@* ]] || die "run_pair: the commands must name their port as @PORT@"
+
+	RP_SEQ=$((RP_SEQ + 1))
+	RP_SERVER_LOG=$WORK/pair$RP_SEQ.server.log
+	RP_CLIENT_LOG=$WORK/pair$RP_SEQ.client.log
+	RP_SERVER_RC=
+	RP_CLIENT_RC=
+	: >"$RP_CLIENT_LOG"
+	local start why=
+	start=$(now)
+	sroce_bg "$RP_SERVER_LOG" "${server[@]}"
+	local spid=$BG_PID
+	if wait_listen "$RP_PORT" "$spid"; then
+		RP_CLIENT_RC=0
+		timeout -k 5 "$RP_TIMEOUT" "$SROCE_BIN" exec -- "${client[@]}" >"$RP_CLIENT_LOG" 2>&1 ||
+			RP_CLIENT_RC=$?
+		[[ $RP_CLIENT_RC == 0 ]] || why="client exited $RP_CLIENT_RC"
+	else
+		why="server did not listen on TCP port $RP_PORT within ${RP_LISTEN_WAIT}s"
+		kill "$spid" 2>/dev/null || true
+	fi
+	bg_wait "$spid"
+	RP_SERVER_RC=$BG_RC
+	RP_SECONDS=$(elapsed "$start")
+	if [[ $RP_SERVER_RC != 0 ]]; then
+		why="${why:+$why; }server exited $RP_SERVER_RC"
+	fi
+	[[ $RP_SERVER_RC == 124 || $RP_CLIENT_RC == 124 ]] && why="$why (124: timed out after ${RP_TIMEOUT}s)"
+	if [[ -n $why ]]; then
+		{
+			echo "run_pair failed: $why"
+			echo "--- server: ${server[*]}"
+			cat "$RP_SERVER_LOG"
+			echo "--- client: ${client[*]}"
+			cat "$RP_CLIENT_LOG"
+			echo "---"
+		} >&2
+		return 1
+	fi
+	return 0
+}
+
+# perftest_result LOG: prints the main figure of a perftest report: the
+# "BW average" column of a bandwidth test or "t_avg" of a latency test.
+# Prints nothing when LOG has no result line.
+perftest_result() {
+	awk '
+		/#bytes/ {
+			line = $0
+			gsub(/BW peak/, "BW_peak", line)
+			gsub(/BW average/, "BW_average", line)
+			n = split(line, h, " ")
+			col = 0
+			for (i = 1; i <= n; i++)
+				if (h[i] ~ /^BW_average/ || h[i] ~ /^t_avg/) col = i
+			next
+		}
+		col && $1 ~ /^[0-9]+$/ && NF >= col { print $col; exit }
+	' "$1"
+}
+
+# pingpong_result LOG: prints "MBIT USEC" from an ibv_*_pingpong report.
+pingpong_result() {
+	awk '
+		/bytes in .* seconds =/ { mbit = $(NF - 1) }
+		/iters in .* seconds =/ { usec = $(NF - 1) }
+		END { if (mbit != "" && usec != "") print mbit, usec }
+	' "$1"
+}
+
+# Floating-point comparison: num_between X LOW HIGH (exclusive).
+num_between() {
+	awk -v x="$1" -v lo="$2" -v hi="$3" 'BEGIN { exit !(x ~ /^[0-9.]+$/ && x + 0 > lo + 0 && x + 0 < hi + 0) }'
+}
+
+# Result bookkeeping for scripts that run many checks and report them all.
+CHECKS_PASSED=0
+CHECKS_FAILED=0
+FAILED_CHECKS=()
+pass() {
+	CHECKS_PASSED=$((CHECKS_PASSED + 1))
+	echo "ok   $*"
+}
+fail() {
+	CHECKS_FAILED=$((CHECKS_FAILED + 1))
+	FAILED_CHECKS+=("$1")
+	echo "FAIL $*"
+}
+# finish: prints the tally and exits 1 if any check failed.
+finish() {
+	echo "$CHECKS_PASSED checks passed, $CHECKS_FAILED failed"
+	if ((CHECKS_FAILED)); then
+		printf '  failed: %s\n' "${FAILED_CHECKS[@]}"
+		exit 1
+	fi
+	exit 0
+}

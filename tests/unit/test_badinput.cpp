@@ -1,0 +1,1422 @@
+// SPDX-License-Identifier: MIT
+//
+// sroce against a fake peer: the test opens an sroce device at 127.0.2.1,
+// connects an RC QP to 127.0.2.2, and plays the peer itself from a plain UDP
+// socket bound there, crafting every RoCEv2 packet with the codec and
+// checking each answer byte by byte.  This reaches the error paths two
+// well-behaved sroce endpoints never exercise: malformed and forged packets,
+// sequence errors, duplicates, access violations, bogus responses.
+//
+// The expected treatment is the IBTA one (and Linux rxe's): header and ICRC
+// errors are dropped silently, PSN gaps get one NAK, duplicates are answered
+// without re-executing, access errors get a NAK and move the QP to error.
+#include "icrc.hpp"
+#include "wire.hpp"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <infiniband/verbs.h>
+#include <netinet/in.h>
+#include <optional>
+#include <poll.h>
+#include <random>
+#include <sstream>
+#include <string>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+using namespace sroce;
+using namespace sroce::wire;
+using Bytes = std::vector<uint8_t>;
+
+// Private to this test: other tests running concurrently use other addresses.
+constexpr const char *kDevName = "sroce_badin";
+constexpr const char *kDevAddr = "127.0.2.1";
+constexpr const char *kPeerAddr = "127.0.2.2";
+constexpr const char *kStrangerAddr = "127.0.2.3";
+constexpr uint32_t kPeerQpn = 0x000777;
+constexpr uint32_t kRqPsn = 0x000100; // first PSN sroce expects from the peer
+constexpr uint32_t kSqPsn = 0x000A00; // first PSN sroce sends
+constexpr uint8_t kMinRnrTimer = 12;
+constexpr size_t kMrLen = 64 * 1024;
+constexpr size_t kNoReadLen = 4096;
+constexpr uint32_t kMtu = 1024;
+// How long to listen before concluding that nothing was sent.
+constexpr int kSilenceMs = 150;
+// How long to wait for something that must come.
+constexpr int kReplyMs = 2000;
+
+in_addr_t ip4(const char *s) {
+    in_addr a{};
+    inet_pton(AF_INET, s, &a);
+    return a.s_addr;
+}
+
+std::string hex(uint32_t v) {
+    std::ostringstream o;
+    o << "0x" << std::hex << v;
+    return o.str();
+}
+
+// A UDP socket that sends DF datagrams with IP ID 0, as an sroce peer does.
+int udp_socket(const char *addr, uint16_t port) {
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    int pmtu = IP_PMTUDISC_DO;
+    setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = ip4(addr);
+    if (bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+// Everything the tests share: the device can be opened once per process.
+struct World {
+    std::string skip;  // the host cannot run these tests, and why
+    std::string fatal; // set-up failed in a way that is a test failure
+    std::filesystem::path dir;
+    ibv_context *ctx = nullptr;
+    ibv_pd *pd = nullptr;
+    uint8_t *buf = nullptr; // kMrLen bytes, every remote access
+    ibv_mr *mr = nullptr;
+    uint8_t *noread = nullptr; // kNoReadLen bytes, no REMOTE_READ
+    ibv_mr *mr_noread = nullptr;
+    int peer = -1;     // 127.0.2.2:4791, the connected peer
+    int stranger = -1; // 127.0.2.3:4791, not the peer
+    int peer_alt = -1; // 127.0.2.2 on an ephemeral port, as rxe's hashed source ports
+};
+
+World &world() {
+    static World w;
+    return w;
+}
+
+class Env : public ::testing::Environment {
+  public:
+    void SetUp() override {
+        World &w = world();
+        w.peer = udp_socket(kPeerAddr, kRoceV2Port);
+        if (w.peer < 0) {
+            w.skip = std::string("cannot bind ") + kPeerAddr + ":4791: " + strerror(errno);
+            return;
+        }
+        w.stranger = udp_socket(kStrangerAddr, kRoceV2Port);
+        w.peer_alt = udp_socket(kPeerAddr, 0);
+        if (w.stranger < 0 || w.peer_alt < 0) {
+            w.skip = std::string("cannot bind a loopback UDP socket: ") + strerror(errno);
+            return;
+        }
+        char tmpl[] = "/tmp/sroce-badinput-XXXXXX";
+        if (!mkdtemp(tmpl)) {
+            w.fatal = std::string("mkdtemp: ") + strerror(errno);
+            return;
+        }
+        w.dir = tmpl;
+        std::filesystem::path conf = w.dir / "links.conf";
+        std::ofstream(conf) << kDevName << " netdev lo addr " << kDevAddr << "\n";
+        // Must precede the first ibv_get_device_list(): the engine reads it once.
+        setenv("SROCE_CONFIG", conf.c_str(), 1);
+        unsetenv("SROCE_FAULT");
+
+        int n = 0;
+        ibv_device **list = ibv_get_device_list(&n);
+        ibv_device *dev = nullptr;
+        for (int i = 0; list && i < n; i++)
+            if (std::strcmp(ibv_get_device_name(list[i]), kDevName) == 0) dev = list[i];
+        if (!dev) {
+            w.fatal = std::string("no device ") + kDevName +
+                      " in ibv_get_device_list(): is the test linked against libsroce.so?";
+            if (list) ibv_free_device_list(list);
+            return;
+        }
+        errno = 0;
+        w.ctx = ibv_open_device(dev);
+        ibv_free_device_list(list);
+        if (!w.ctx) {
+            if (errno == EADDRINUSE || errno == EADDRNOTAVAIL)
+                w.skip = std::string(kDevAddr) + ":4791 unavailable: " + strerror(errno);
+            else
+                w.fatal = std::string("ibv_open_device: ") + strerror(errno);
+            return;
+        }
+        w.pd = ibv_alloc_pd(w.ctx);
+        w.buf = static_cast<uint8_t *>(mmap(nullptr, kMrLen, PROT_READ | PROT_WRITE,
+                                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+        w.noread = static_cast<uint8_t *>(mmap(nullptr, kNoReadLen, PROT_READ | PROT_WRITE,
+                                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+        if (!w.pd || w.buf == MAP_FAILED || w.noread == MAP_FAILED) {
+            w.fatal = "cannot allocate a PD or buffers";
+            return;
+        }
+        w.mr = ibv_reg_mr(w.pd, w.buf, kMrLen,
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                              IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+        w.mr_noread =
+            ibv_reg_mr(w.pd, w.noread, kNoReadLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+        if (!w.mr || !w.mr_noread) w.fatal = std::string("ibv_reg_mr: ") + strerror(errno);
+    }
+
+    void TearDown() override {
+        World &w = world();
+        if (w.mr) ibv_dereg_mr(w.mr);
+        if (w.mr_noread) ibv_dereg_mr(w.mr_noread);
+        if (w.pd) ibv_dealloc_pd(w.pd);
+        if (w.ctx) ibv_close_device(w.ctx);
+        if (w.buf && w.buf != MAP_FAILED) munmap(w.buf, kMrLen);
+        if (w.noread && w.noread != MAP_FAILED) munmap(w.noread, kNoReadLen);
+        for (int fd : {w.peer, w.stranger, w.peer_alt})
+            if (fd >= 0) close(fd);
+        std::error_code ec;
+        if (!w.dir.empty()) std::filesystem::remove_all(w.dir, ec);
+    }
+};
+
+[[maybe_unused]] ::testing::Environment *const g_env =
+    ::testing::AddGlobalTestEnvironment(new Env);
+
+// One packet received by the fake peer, decoded and checked.
+struct Rx {
+    Bytes raw;
+    uint8_t opcode = 0;
+    uint32_t qpn = 0, psn = 0;
+    bool ackreq = false;
+    uint8_t pad = 0;
+    uint16_t pkey = 0;
+    uint8_t syndrome = 0;
+    uint32_t msn = 0;
+    uint64_t orig = 0;
+    uint64_t va = 0;
+    uint32_t rkey = 0, dma_len = 0;
+    uint64_t swap_add = 0, compare = 0;
+    Bytes payload;
+
+    std::string str() const {
+        const char *n = op_info(opcode).name;
+        std::string s = n ? n : "opcode " + hex(opcode);
+        s += " psn " + hex(psn);
+        if (op_info(opcode).aeth) s += " syndrome " + hex(syndrome) + " msn " + hex(msn);
+        return s;
+    }
+};
+
+// ---------------------------------------------------------------------------
+// Packet construction
+
+Bytes reth(uint64_t va, uint32_t rkey, uint32_t len) {
+    Bytes b(kRethLen);
+    put64(b.data(), va);
+    put32(b.data() + 8, rkey);
+    put32(b.data() + 12, len);
+    return b;
+}
+
+Bytes atomic_eth(uint64_t va, uint32_t rkey, uint64_t swap_add, uint64_t compare) {
+    Bytes b(kAtomicEthLen);
+    put64(b.data(), va);
+    put32(b.data() + 8, rkey);
+    put64(b.data() + 12, swap_add);
+    put64(b.data() + 20, compare);
+    return b;
+}
+
+Bytes aeth_bytes(uint8_t syndrome, uint32_t msn) {
+    Bytes b(kAethLen);
+    aeth::build(b.data(), syndrome, msn);
+    return b;
+}
+
+Bytes cat(const Bytes &a, const Bytes &b) {
+    Bytes r = a;
+    r.insert(r.end(), b.begin(), b.end());
+    return r;
+}
+
+Bytes pattern(size_t n, uint8_t seed) {
+    Bytes b(n);
+    for (size_t i = 0; i < n; i++) b[i] = uint8_t(seed + i * 13 + (i >> 8));
+    return b;
+}
+
+// BTH + ext + payload + pad + ICRC, sealed as sent from `src`:`sport`.
+Bytes packet(uint8_t op, uint32_t qpn, uint32_t psn, const Bytes &ext, const Bytes &payload,
+             bool ackreq = true, uint16_t pkey = kDefaultPkey, const char *src = kPeerAddr,
+             uint16_t sport = kRoceV2Port, uint16_t ip_id = 0) {
+    uint32_t pad = (4 - (payload.size() & 3)) & 3;
+    Bytes p(kBthLen);
+    bth::build(p.data(), op, false, uint8_t(pad), pkey, qpn, ackreq, psn);
+    p.insert(p.end(), ext.begin(), ext.end());
+    p.insert(p.end(), payload.begin(), payload.end());
+    p.insert(p.end(), pad + kIcrcLen, 0);
+    Ipv4Header ip{ip4(src), ip4(kDevAddr), sport, kRoceV2Port};
+    ip.ip_id = ip_id;
+    icrc_store(p.data() + p.size() - kIcrcLen, icrc_compute(ip, p.data(), p.size()));
+    return p;
+}
+
+void send_raw(int fd, const Bytes &p) {
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(kRoceV2Port);
+    to.sin_addr.s_addr = ip4(kDevAddr);
+    ssize_t r = sendto(fd, p.data(), p.size(), 0, reinterpret_cast<sockaddr *>(&to), sizeof to);
+    ASSERT_EQ(r, ssize_t(p.size())) << strerror(errno);
+}
+
+// Receives one datagram on `fd` within `ms`, and checks what every sroce
+// packet must satisfy: sent from the device address and port 4791, a valid
+// header, addressed to the peer QP, and a valid ICRC computed with IP ID 0.
+std::optional<Rx> receive(int fd, int ms) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, ms) <= 0) return std::nullopt;
+    Rx rx;
+    rx.raw.resize(65536);
+    sockaddr_in from{};
+    socklen_t fl = sizeof from;
+    ssize_t n = recvfrom(fd, rx.raw.data(), rx.raw.size(), 0, reinterpret_cast<sockaddr *>(&from),
+                         &fl);
+    if (n < 0) {
+        ADD_FAILURE() << "recvfrom: " << strerror(errno);
+        return std::nullopt;
+    }
+    rx.raw.resize(size_t(n));
+    EXPECT_EQ(from.sin_addr.s_addr, ip4(kDevAddr));
+    EXPECT_EQ(ntohs(from.sin_port), kRoceV2Port);
+    sockaddr_in self{};
+    socklen_t sl = sizeof self;
+    getsockname(fd, reinterpret_cast<sockaddr *>(&self), &sl);
+    Packet pkt;
+    ParseError e = parse(rx.raw.data(), rx.raw.size(), pkt);
+    if (e != ParseError::kOk) {
+        ADD_FAILURE() << "sroce sent a malformed packet: " << parse_error_str(e);
+        return std::nullopt;
+    }
+    Ipv4Header ip{from.sin_addr.s_addr, self.sin_addr.s_addr, ntohs(from.sin_port),
+                  ntohs(self.sin_port)};
+    uint16_t id = 0xFFFF;
+    EXPECT_TRUE(icrc_verify(ip, rx.raw.data(), rx.raw.size(), &id)) << "bad ICRC from sroce";
+    EXPECT_EQ(id, 0) << "ICRC computed for a non-zero IP ID";
+    const uint8_t *h = rx.raw.data();
+    EXPECT_EQ(bth::tver(h), 0);
+    EXPECT_EQ(h[4], 0) << "FECN/BECN/reserved bits set";
+    rx.opcode = pkt.opcode;
+    rx.qpn = pkt.qpn;
+    rx.psn = pkt.psn;
+    rx.ackreq = pkt.ackreq;
+    rx.pad = bth::pad(h);
+    rx.pkey = bth::pkey(h);
+    EXPECT_EQ(rx.pkey, kDefaultPkey);
+    EXPECT_EQ(rx.qpn, kPeerQpn);
+    const OpInfo &o = *pkt.info;
+    if (o.aeth) {
+        rx.syndrome = pkt.syndrome();
+        rx.msn = pkt.msn();
+    }
+    if (o.atomic_ack_eth) rx.orig = pkt.orig();
+    if (o.reth) {
+        rx.va = pkt.va();
+        rx.rkey = pkt.rkey();
+        rx.dma_len = pkt.dma_len();
+    }
+    if (o.atomic_eth) {
+        rx.va = pkt.atomic_va();
+        rx.rkey = pkt.atomic_rkey();
+        rx.swap_add = pkt.swap_add();
+        rx.compare = pkt.compare();
+    }
+    rx.payload.assign(pkt.payload, pkt.payload + pkt.payload_len);
+    // Pad bytes are zero.
+    for (uint8_t i = 0; i < rx.pad; i++) EXPECT_EQ(pkt.payload[pkt.payload_len + i], 0);
+    return rx;
+}
+
+void drain(int fd) {
+    uint8_t b[65536];
+    while (recv(fd, b, sizeof b, MSG_DONTWAIT) >= 0) {
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Fixture: a fresh QP connected to the fake peer for every test.
+
+class FakePeer : public ::testing::Test {
+  protected:
+    World &w = world();
+    ibv_cq *cq = nullptr;
+    ibv_qp *qp = nullptr;
+    uint32_t qpn = 0;
+
+    void SetUp() override {
+        if (!w.fatal.empty()) FAIL() << w.fatal;
+        if (!w.skip.empty()) GTEST_SKIP() << w.skip;
+        for (int fd : {w.peer, w.stranger, w.peer_alt}) drain(fd);
+        drain_async_events();
+        std::memset(w.buf, 0xEE, kMrLen);
+        std::memset(w.noread, 0xDD, kNoReadLen);
+        cq = ibv_create_cq(w.ctx, 256, nullptr, nullptr, 0);
+        ASSERT_NE(cq, nullptr) << strerror(errno);
+        ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn));
+    }
+
+    void TearDown() override {
+        // Like libibverbs, events must be acknowledged while their QP lives.
+        if (w.ctx) drain_async_events();
+        if (qp) ibv_destroy_qp(qp);
+        if (cq) ibv_destroy_cq(cq);
+        qp = nullptr;
+        cq = nullptr;
+    }
+
+    void create_qp(uint32_t rq_psn, uint32_t sq_psn, uint8_t timeout = 0) {
+        if (qp) {
+            drain_async_events();
+            ibv_destroy_qp(qp);
+        }
+        ibv_qp_init_attr ia{};
+        ia.send_cq = cq;
+        ia.recv_cq = cq;
+        ia.qp_type = IBV_QPT_RC;
+        ia.cap.max_send_wr = 64;
+        ia.cap.max_recv_wr = 64;
+        ia.cap.max_send_sge = 4;
+        ia.cap.max_recv_sge = 4;
+        qp = ibv_create_qp(w.pd, &ia);
+        ASSERT_NE(qp, nullptr) << strerror(errno);
+        qpn = qp->qp_num;
+
+        ibv_qp_attr a{};
+        a.qp_state = IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = 1;
+        a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                            IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+        ASSERT_EQ(ibv_modify_qp(qp, &a,
+                                IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                    IBV_QP_ACCESS_FLAGS),
+                  0);
+        a = {};
+        a.qp_state = IBV_QPS_RTR;
+        a.path_mtu = IBV_MTU_1024;
+        a.dest_qp_num = kPeerQpn;
+        a.rq_psn = rq_psn;
+        a.max_dest_rd_atomic = 4;
+        a.min_rnr_timer = kMinRnrTimer;
+        a.ah_attr.is_global = 1;
+        a.ah_attr.port_num = 1;
+        a.ah_attr.grh.sgid_index = 1;
+        a.ah_attr.grh.hop_limit = 64;
+        a.ah_attr.grh.dgid.raw[10] = a.ah_attr.grh.dgid.raw[11] = 0xFF;
+        in_addr_t peer = ip4(kPeerAddr);
+        std::memcpy(a.ah_attr.grh.dgid.raw + 12, &peer, 4);
+        ASSERT_EQ(ibv_modify_qp(qp, &a,
+                                IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                    IBV_QP_MIN_RNR_TIMER),
+                  0);
+        a = {};
+        a.qp_state = IBV_QPS_RTS;
+        a.sq_psn = sq_psn;
+        a.timeout = timeout; // 0: no retransmission timer, so tests see only what they cause
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.max_rd_atomic = 4;
+        ASSERT_EQ(ibv_modify_qp(qp, &a,
+                                IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                    IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC),
+                  0);
+    }
+
+    ibv_qp_state qp_state() {
+        ibv_qp_attr a{};
+        ibv_qp_init_attr ia{};
+        EXPECT_EQ(ibv_query_qp(qp, &a, IBV_QP_STATE, &ia), 0);
+        return a.qp_state;
+    }
+
+    uint64_t va(size_t off) const { return uint64_t(uintptr_t(w.buf + off)); }
+    uint32_t rkey() const { return w.mr->rkey; }
+
+    Bytes write_only(uint32_t psn, size_t off, const Bytes &data, bool ackreq = true) {
+        return packet(kWriteOnly, qpn, psn, reth(va(off), rkey(), uint32_t(data.size())), data,
+                      ackreq);
+    }
+
+    void send(const Bytes &p) { send_raw(w.peer, p); }
+    std::optional<Rx> reply(int ms = kReplyMs) { return receive(w.peer, ms); }
+
+    // Nothing at all reaches the peer (or the stranger) for a while.
+    void expect_silence(int ms = kSilenceMs) {
+        for (int fd : {w.peer, w.stranger}) {
+            std::optional<Rx> r = receive(fd, fd == w.peer ? ms : 0);
+            EXPECT_FALSE(r) << "unexpected " << r->str();
+        }
+    }
+
+    void expect_ack(uint32_t psn, std::optional<uint32_t> msn = std::nullopt) {
+        std::optional<Rx> r = reply();
+        ASSERT_TRUE(r) << "no ACK for PSN " << hex(psn);
+        EXPECT_EQ(r->opcode, kAcknowledge) << r->str();
+        EXPECT_EQ(r->syndrome & aeth::kKindMask, aeth::kAck) << r->str();
+        EXPECT_EQ(r->psn, psn) << r->str();
+        if (msn) {
+            EXPECT_EQ(r->msn, *msn) << r->str();
+        }
+    }
+
+    void expect_nak(uint8_t syndrome, uint32_t psn) {
+        std::optional<Rx> r = reply();
+        ASSERT_TRUE(r) << "no NAK " << hex(syndrome) << " for PSN " << hex(psn);
+        EXPECT_EQ(r->opcode, kAcknowledge) << r->str();
+        EXPECT_EQ(r->syndrome, syndrome) << r->str();
+        EXPECT_EQ(r->psn, psn) << r->str();
+    }
+
+    // A valid WRITE at `psn` is acknowledged and lands byte-exact.
+    void expect_qp_works(uint32_t psn, size_t off = 0x8000) {
+        Bytes data = pattern(40, uint8_t(psn));
+        send(write_only(psn, off, data));
+        ASSERT_NO_FATAL_FAILURE(expect_ack(psn));
+        EXPECT_EQ(0, std::memcmp(w.buf + off, data.data(), data.size()));
+        EXPECT_EQ(qp_state(), IBV_QPS_RTS);
+    }
+
+    // The bytes at `off` still hold the fill pattern from SetUp.
+    void expect_untouched(size_t off, size_t len) {
+        for (size_t i = 0; i < len; i++)
+            ASSERT_EQ(w.buf[off + i], 0xEE) << "byte " << off + i << " was written";
+    }
+
+    // Sends a datagram that must be dropped silently, then shows the QP is
+    // unharmed.
+    void expect_dropped(const Bytes &bad, int fd = -1) {
+        send_raw(fd < 0 ? w.peer : fd, bad);
+        expect_silence();
+        EXPECT_EQ(qp_state(), IBV_QPS_RTS);
+    }
+
+    std::optional<ibv_wc> poll_wc(int ms = kReplyMs) {
+        auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+        do {
+            ibv_wc wc{};
+            int n = ibv_poll_cq(cq, 1, &wc);
+            if (n < 0) {
+                ADD_FAILURE() << "ibv_poll_cq: " << n;
+                return std::nullopt;
+            }
+            if (n == 1) return wc;
+            usleep(200);
+        } while (std::chrono::steady_clock::now() < end);
+        return std::nullopt;
+    }
+
+    void drain_async_events() {
+        pollfd p{w.ctx->async_fd, POLLIN, 0};
+        while (poll(&p, 1, 0) > 0) {
+            ibv_async_event ev;
+            if (ibv_get_async_event(w.ctx, &ev)) break;
+            ibv_ack_async_event(&ev);
+        }
+    }
+
+    // The first async event within `ms`, if any.
+    std::optional<ibv_async_event> async_event(int ms = kReplyMs) {
+        pollfd p{w.ctx->async_fd, POLLIN, 0};
+        if (poll(&p, 1, ms) <= 0) return std::nullopt;
+        ibv_async_event ev;
+        if (ibv_get_async_event(w.ctx, &ev)) return std::nullopt;
+        ibv_async_event copy = ev;
+        ibv_ack_async_event(&ev);
+        return copy;
+    }
+
+    void expect_fatal_nak(uint8_t syndrome, uint32_t psn, ibv_event_type event) {
+        ASSERT_NO_FATAL_FAILURE(expect_nak(syndrome, psn));
+        EXPECT_EQ(qp_state(), IBV_QPS_ERR);
+        std::optional<ibv_async_event> ev = async_event();
+        ASSERT_TRUE(ev) << "no async event";
+        EXPECT_EQ(ev->event_type, event);
+        EXPECT_EQ(ev->element.qp, qp);
+        // A QP in error answers nothing.
+        send(write_only(psn_add(psn, 1), 0x8000, pattern(8, 1)));
+        expect_silence();
+    }
+
+    // Requester-side helpers: the sroce QP sends to the fake peer.
+    void post(ibv_wr_opcode op, uint64_t wr_id, size_t off, uint32_t len, uint64_t remote,
+              uint32_t remote_key, uint64_t compare_add = 0, uint64_t swap = 0) {
+        ibv_sge sge{uint64_t(uintptr_t(w.buf + off)), len, w.mr->lkey};
+        ibv_send_wr wr{};
+        wr.wr_id = wr_id;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.opcode = op;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        if (op == IBV_WR_ATOMIC_FETCH_AND_ADD || op == IBV_WR_ATOMIC_CMP_AND_SWP) {
+            wr.wr.atomic.remote_addr = remote;
+            wr.wr.atomic.rkey = remote_key;
+            wr.wr.atomic.compare_add = compare_add;
+            wr.wr.atomic.swap = swap;
+        } else {
+            wr.wr.rdma.remote_addr = remote;
+            wr.wr.rdma.rkey = remote_key;
+        }
+        ibv_send_wr *bad = nullptr;
+        ASSERT_EQ(ibv_post_send(qp, &wr, &bad), 0);
+    }
+
+    void post_recv(uint64_t wr_id, size_t off, uint32_t len) {
+        ibv_sge sge{uint64_t(uintptr_t(w.buf + off)), len, w.mr->lkey};
+        ibv_recv_wr wr{};
+        wr.wr_id = wr_id;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        ibv_recv_wr *bad = nullptr;
+        ASSERT_EQ(ibv_post_recv(qp, &wr, &bad), 0);
+    }
+
+    // Responses from the fake peer to the sroce requester.
+    Bytes ack(uint32_t psn, uint8_t syndrome = aeth::kAck | aeth::kNoCredits, uint32_t msn = 1,
+              const char *src = kPeerAddr) {
+        return packet(kAcknowledge, qpn, psn, aeth_bytes(syndrome, msn), {}, false, kDefaultPkey,
+                      src);
+    }
+};
+
+// ---------------------------------------------------------------------------
+// Responder: valid requests
+
+TEST_F(FakePeer, WriteOnlyIsAckedWithPsnAndMsnAndLands) {
+    Bytes a = pattern(64, 1), b = pattern(1000, 2);
+    send(write_only(kRqPsn, 0x100, a));
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+    EXPECT_EQ(0, std::memcmp(w.buf + 0x100, a.data(), a.size()));
+    expect_untouched(0x100 + a.size(), 64);
+    expect_untouched(0x100 - 64, 64);
+    send(write_only(kRqPsn + 1, 0x1000, b));
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn + 1, 2));
+    EXPECT_EQ(0, std::memcmp(w.buf + 0x1000, b.data(), b.size()));
+    // Odd length: the pad is stripped, not written.
+    Bytes c = pattern(13, 3);
+    send(write_only(kRqPsn + 2, 0x3000, c));
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn + 2, 3));
+    EXPECT_EQ(0, std::memcmp(w.buf + 0x3000, c.data(), c.size()));
+    expect_untouched(0x3000 + c.size(), 8);
+    expect_silence();
+}
+
+TEST_F(FakePeer, MultiPacketWriteAcrossThePsnWrap) {
+    ASSERT_NO_FATAL_FAILURE(create_qp(0xFFFFFE, kSqPsn));
+    Bytes data = pattern(3 * kMtu, 9);
+    uint32_t p0 = 0xFFFFFE;
+    send(packet(kWriteFirst, qpn, p0, reth(va(0x4000), rkey(), uint32_t(data.size())),
+                Bytes(data.begin(), data.begin() + kMtu), false));
+    send(packet(kWriteMiddle, qpn, psn_add(p0, 1), {},
+                Bytes(data.begin() + kMtu, data.begin() + 2 * kMtu), false));
+    send(packet(kWriteLast, qpn, psn_add(p0, 2), {}, Bytes(data.begin() + 2 * kMtu, data.end())));
+    ASSERT_NO_FATAL_FAILURE(expect_ack(0x000000, 1));
+    EXPECT_EQ(0, std::memcmp(w.buf + 0x4000, data.data(), data.size()));
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(0x000001));
+}
+
+TEST_F(FakePeer, SendOnlyFillsThePostedReceive) {
+    ASSERT_NO_FATAL_FAILURE(post_recv(77, 0x2000, 256));
+    Bytes data = pattern(100, 4);
+    send(packet(kSendOnly, qpn, kRqPsn, {}, data));
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+    std::optional<ibv_wc> wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc->wr_id, 77u);
+    EXPECT_EQ(wc->opcode, IBV_WC_RECV);
+    EXPECT_EQ(wc->byte_len, 100u);
+    EXPECT_EQ(wc->src_qp, kPeerQpn);
+    EXPECT_EQ(0, std::memcmp(w.buf + 0x2000, data.data(), data.size()));
+}
+
+// rxe picks a source port per QP and a fresh IP ID per packet: both must be
+// accepted from the connected address.
+TEST_F(FakePeer, RxeStyleSourcePortAndIpIdAreAccepted) {
+    sockaddr_in sa{};
+    socklen_t sl = sizeof sa;
+    getsockname(w.peer_alt, reinterpret_cast<sockaddr *>(&sa), &sl);
+    Bytes data = pattern(48, 5);
+    Bytes p = packet(kWriteOnly, qpn, kRqPsn, reth(va(0x500), rkey(), 48), data, true,
+                     kDefaultPkey, kPeerAddr, ntohs(sa.sin_port), 0x3C91);
+    send_raw(w.peer_alt, p);
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+    EXPECT_EQ(0, std::memcmp(w.buf + 0x500, data.data(), data.size()));
+}
+
+// ---------------------------------------------------------------------------
+// Responder: silently dropped input
+
+TEST_F(FakePeer, GarbageIsDropped) {
+    std::mt19937 rng(31337);
+    for (int i = 0; i < 40; i++) {
+        Bytes g(1 + rng() % 300);
+        for (uint8_t &b : g) b = uint8_t(rng());
+        if (i % 2) {
+            // Plausible start: a supported opcode, version 0, our QPN.
+            g.resize(std::max<size_t>(g.size(), 48));
+            g[0] = kWriteOnly;
+            g[1] = 0;
+            put24(g.data() + 5, qpn);
+        }
+        send(g);
+    }
+    expect_silence();
+    EXPECT_EQ(qp_state(), IBV_QPS_RTS);
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn));
+}
+
+TEST_F(FakePeer, TruncatedHeadersAreDropped) {
+    Bytes full = write_only(kRqPsn, 0x100, pattern(16, 6));
+    for (size_t len = 1; len < kBthLen + kRethLen + kIcrcLen; len++) {
+        Bytes cut(full.begin(), full.begin() + long(len));
+        send(cut);
+        // The same length with an ICRC that is right for what is left.
+        if (len >= kBthLen + kIcrcLen) {
+            Ipv4Header ip{ip4(kPeerAddr), ip4(kDevAddr), kRoceV2Port, kRoceV2Port};
+            icrc_store(cut.data() + len - kIcrcLen, icrc_compute(ip, cut.data(), len));
+            send(cut);
+        }
+    }
+    expect_silence();
+    expect_untouched(0x100, 16);
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn));
+}
+
+TEST_F(FakePeer, ZeroLengthDatagramIsDropped) {
+    ASSERT_NO_FATAL_FAILURE(expect_dropped({}));
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn));
+}
+
+TEST_F(FakePeer, WrongIcrcIsDropped) {
+    Bytes good = write_only(kRqPsn, 0x100, pattern(64, 7));
+    for (size_t at : {good.size() - 1, good.size() - 4, size_t(0x30), size_t(9), size_t(20)}) {
+        Bytes bad = good;
+        bad[at] ^= 0x01;
+        ASSERT_NO_FATAL_FAILURE(expect_dropped(bad));
+    }
+    expect_untouched(0x100, 64);
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn));
+}
+
+TEST_F(FakePeer, UnknownQpnIsDropped) {
+    for (uint32_t q : {qpn + 1000, uint32_t(0xFFFFFF), 0u, 1u, kPeerQpn}) {
+        Bytes p = packet(kWriteOnly, q, kRqPsn, reth(va(0x100), rkey(), 32), pattern(32, 8));
+        ASSERT_NO_FATAL_FAILURE(expect_dropped(p));
+    }
+    expect_untouched(0x100, 32);
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn));
+}
+
+TEST_F(FakePeer, UnsupportedOpcodeIsDropped) {
+    // Reserved RC codes, UC RDMA WRITE ONLY, UD SEND ONLY, CNP; valid ICRC.
+    for (uint8_t op : {0x15, 0x18, 0x1F, 0x2A, 0x64, 0x81}) {
+        Bytes p = packet(op, qpn, kRqPsn, reth(va(0x100), rkey(), 32), pattern(32, 8));
+        ASSERT_NO_FATAL_FAILURE(expect_dropped(p)) << "opcode " << hex(op);
+    }
+    expect_untouched(0x100, 32);
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn));
+}
+
+TEST_F(FakePeer, NonZeroTransportVersionIsDropped) {
+    Bytes p = write_only(kRqPsn, 0x100, pattern(32, 8));
+    p[1] |= 0x01;
+    Ipv4Header ip{ip4(kPeerAddr), ip4(kDevAddr), kRoceV2Port, kRoceV2Port};
+    icrc_store(p.data() + p.size() - 4, icrc_compute(ip, p.data(), p.size()));
+    ASSERT_NO_FATAL_FAILURE(expect_dropped(p));
+    expect_untouched(0x100, 32);
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn));
+}
+
+TEST_F(FakePeer, PacketFromWrongSourceAddressIsDropped) {
+    Bytes p = packet(kWriteOnly, qpn, kRqPsn, reth(va(0x100), rkey(), 32), pattern(32, 8), true,
+                     kDefaultPkey, kStrangerAddr);
+    ASSERT_NO_FATAL_FAILURE(expect_dropped(p, w.stranger));
+    EXPECT_FALSE(receive(w.stranger, kSilenceMs)) << "sroce answered a stranger";
+    expect_untouched(0x100, 32);
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn));
+}
+
+// IBTA 9.6.1.1: a BTH P_Key that matches no entry of the P_Key table (sroce
+// has one, the default 0xFFFF) is a header error: drop silently.  The limited
+// member form 0x7FFF matches the full member 0xFFFF.
+TEST_F(FakePeer, PkeyMismatchIsDropped) {
+    Bytes p = packet(kWriteOnly, qpn, kRqPsn, reth(va(0x100), rkey(), 32), pattern(32, 8), true,
+                     0x1234);
+    ASSERT_NO_FATAL_FAILURE(expect_dropped(p));
+    expect_untouched(0x100, 32);
+    Bytes limited = packet(kWriteOnly, qpn, kRqPsn, reth(va(0x200), rkey(), 32), pattern(32, 9),
+                           true, 0x7FFF);
+    send(limited);
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn));
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn + 1));
+}
+
+// ---------------------------------------------------------------------------
+// Responder: access errors (NAK Remote Access Error, QP to error)
+
+TEST_F(FakePeer, WriteOutsideTheMrNaksRemoteAccessError) {
+    Bytes p = packet(kWriteOnly, qpn, kRqPsn, reth(va(kMrLen - 4), rkey(), 8), pattern(8, 1));
+    send(p);
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakRemoteAccessError, kRqPsn,
+                                             IBV_EVENT_QP_ACCESS_ERR));
+    expect_untouched(kMrLen - 4, 4);
+}
+
+TEST_F(FakePeer, WriteBelowTheMrNaksRemoteAccessError) {
+    Bytes p = packet(kWriteOnly, qpn, kRqPsn, reth(va(0) - 4, rkey(), 8), pattern(8, 1));
+    send(p);
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakRemoteAccessError, kRqPsn,
+                                             IBV_EVENT_QP_ACCESS_ERR));
+    expect_untouched(0, 4);
+}
+
+TEST_F(FakePeer, WriteWithWrongRkeyNaksRemoteAccessError) {
+    // Right slot, wrong random high bits: a guessed key must not work.
+    Bytes p = packet(kWriteOnly, qpn, kRqPsn, reth(va(0x100), rkey() ^ 0x80000000u, 8),
+                     pattern(8, 1));
+    send(p);
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakRemoteAccessError, kRqPsn,
+                                             IBV_EVENT_QP_ACCESS_ERR));
+    expect_untouched(0x100, 8);
+}
+
+TEST_F(FakePeer, WriteWithOverflowingRangeNaksRemoteAccessError) {
+    Bytes p = packet(kWriteOnly, qpn, kRqPsn, reth(va(0x100), rkey(), 0xFFFFFFF0u), pattern(8, 1),
+                     true);
+    send(p);
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    // IBTA allows either: the range check (access error) or the length check.
+    EXPECT_TRUE(r->syndrome == (aeth::kNak | aeth::kNakRemoteAccessError) ||
+                r->syndrome == (aeth::kNak | aeth::kNakInvalidRequest))
+        << r->str();
+    EXPECT_EQ(r->psn, kRqPsn);
+    EXPECT_EQ(qp_state(), IBV_QPS_ERR);
+    expect_untouched(0x100, 8);
+}
+
+TEST_F(FakePeer, ReadWithoutRemoteReadAccessNaksRemoteAccessError) {
+    Bytes p = packet(kReadRequest, qpn, kRqPsn,
+                     reth(uint64_t(uintptr_t(w.noread)), w.mr_noread->rkey, 64), {});
+    send(p);
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakRemoteAccessError, kRqPsn,
+                                             IBV_EVENT_QP_ACCESS_ERR));
+}
+
+TEST_F(FakePeer, AtomicWithWrongRkeyNaksRemoteAccessError) {
+    Bytes p = packet(kFetchAdd, qpn, kRqPsn, atomic_eth(va(0x2000), rkey() + 1, 1, 0), {});
+    send(p);
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakRemoteAccessError, kRqPsn,
+                                             IBV_EVENT_QP_ACCESS_ERR));
+    expect_untouched(0x2000, 8);
+}
+
+// ---------------------------------------------------------------------------
+// Responder: sequence errors and duplicates
+
+TEST_F(FakePeer, PsnAheadGetsExactlyOneSequenceNak) {
+    for (uint32_t k = 3; k < 13; k++) send(write_only(kRqPsn + k, 0x100 + 64 * k, pattern(16, 1)));
+    ASSERT_NO_FATAL_FAILURE(expect_nak(aeth::kNak | aeth::kNakPsnSeqError, kRqPsn));
+    expect_silence(300);
+    for (uint32_t k = 3; k < 13; k++) expect_untouched(0x100 + 64 * k, 16);
+    EXPECT_EQ(qp_state(), IBV_QPS_RTS);
+    // Once the expected PSN arrives, a new gap earns a new NAK.
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn));
+    send(write_only(kRqPsn + 5, 0x100, pattern(16, 1)));
+    ASSERT_NO_FATAL_FAILURE(expect_nak(aeth::kNak | aeth::kNakPsnSeqError, kRqPsn + 1));
+    expect_silence();
+}
+
+TEST_F(FakePeer, DuplicateWriteIsReAckedNotReExecuted) {
+    Bytes data = pattern(64, 1);
+    Bytes p = write_only(kRqPsn, 0x100, data);
+    send(p);
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+    ASSERT_EQ(0, std::memcmp(w.buf + 0x100, data.data(), data.size()));
+    std::memset(w.buf + 0x100, 0xEE, data.size());
+    send(p);
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+    expect_untouched(0x100, data.size());
+    // Behind by more than one: the ACK covers everything received so far.
+    send(write_only(kRqPsn + 1, 0x400, pattern(8, 2)));
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn + 1, 2));
+    send(p);
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kAcknowledge);
+    EXPECT_EQ(r->syndrome & aeth::kKindMask, aeth::kAck) << r->str();
+    EXPECT_GE(psn_diff(r->psn, kRqPsn), 0) << r->str();
+    EXPECT_LE(psn_diff(r->psn, kRqPsn + 1), 0) << r->str();
+    expect_untouched(0x100, data.size());
+    EXPECT_EQ(qp_state(), IBV_QPS_RTS);
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn + 2));
+}
+
+TEST_F(FakePeer, DuplicateReadIsServedAgain) {
+    Bytes mem = pattern(2500, 3);
+    std::memcpy(w.buf + 0x1000, mem.data(), mem.size());
+    // Single-packet read.
+    Bytes rd = packet(kReadRequest, qpn, kRqPsn, reth(va(0x1000), rkey(), 64), {});
+    for (int pass = 0; pass < 2; pass++) {
+        send(rd);
+        std::optional<Rx> r = reply();
+        ASSERT_TRUE(r) << "pass " << pass;
+        EXPECT_EQ(r->opcode, kReadRespOnly) << r->str();
+        EXPECT_EQ(r->psn, kRqPsn);
+        EXPECT_EQ(r->syndrome & aeth::kKindMask, aeth::kAck) << r->str();
+        EXPECT_EQ(r->msn, 1u);
+        EXPECT_EQ(r->payload, Bytes(mem.begin(), mem.begin() + 64));
+    }
+    // Three-packet read, then the whole request again, then its tail only.
+    uint32_t p = kRqPsn + 1;
+    Bytes rd3 = packet(kReadRequest, qpn, p, reth(va(0x1000), rkey(), 2500), {});
+    auto expect_responses = [&](uint32_t psn, size_t off) {
+        size_t left = mem.size() - off;
+        uint32_t n = uint32_t((left + kMtu - 1) / kMtu);
+        for (uint32_t i = 0; i < n; i++) {
+            std::optional<Rx> r = reply();
+            ASSERT_TRUE(r) << "response " << i;
+            uint8_t want = n == 1 ? kReadRespOnly
+                           : i == 0 ? kReadRespFirst
+                           : i + 1 == n ? kReadRespLast
+                                        : kReadRespMiddle;
+            EXPECT_EQ(r->opcode, want) << r->str();
+            EXPECT_EQ(r->psn, psn_add(psn, i));
+            size_t len = std::min<size_t>(kMtu, left - i * kMtu);
+            EXPECT_EQ(r->payload, Bytes(mem.begin() + long(off + i * kMtu),
+                                        mem.begin() + long(off + i * kMtu + len)));
+        }
+    };
+    send(rd3);
+    ASSERT_NO_FATAL_FAILURE(expect_responses(p, 0));
+    send(rd3);
+    ASSERT_NO_FATAL_FAILURE(expect_responses(p, 0));
+    send(packet(kReadRequest, qpn, p + 1, reth(va(0x1000 + kMtu), rkey(), 2500 - kMtu), {}));
+    ASSERT_NO_FATAL_FAILURE(expect_responses(p + 1, kMtu));
+    expect_silence();
+    // The read consumed three PSNs.
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(p + 3));
+}
+
+TEST_F(FakePeer, DuplicateAtomicReturnsOriginalWithoutReExecuting) {
+    auto *word = reinterpret_cast<uint64_t *>(w.buf + 0x2000);
+    *word = 100;
+    Bytes fa = packet(kFetchAdd, qpn, kRqPsn, atomic_eth(va(0x2000), rkey(), 5, 0), {});
+    for (int pass = 0; pass < 3; pass++) {
+        send(fa);
+        std::optional<Rx> r = reply();
+        ASSERT_TRUE(r) << "pass " << pass;
+        EXPECT_EQ(r->opcode, kAtomicAcknowledge) << r->str();
+        EXPECT_EQ(r->psn, kRqPsn);
+        EXPECT_EQ(r->syndrome & aeth::kKindMask, aeth::kAck);
+        EXPECT_EQ(r->orig, 100u) << "pass " << pass;
+        EXPECT_EQ(*word, 105u) << "pass " << pass;
+    }
+    // Compare-and-swap; after it the word is put back, so a re-execution
+    // of the duplicate would be visible.
+    Bytes cs = packet(kCompareSwap, qpn, kRqPsn + 1, atomic_eth(va(0x2000), rkey(), 7, 105), {});
+    send(cs);
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kAtomicAcknowledge) << r->str();
+    EXPECT_EQ(r->orig, 105u);
+    EXPECT_EQ(*word, 7u);
+    *word = 105;
+    send(cs);
+    r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->psn, kRqPsn + 1);
+    EXPECT_EQ(r->orig, 105u);
+    EXPECT_EQ(*word, 105u) << "duplicate compare-and-swap executed again";
+    // The older one is still remembered.
+    send(fa);
+    r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->psn, kRqPsn);
+    EXPECT_EQ(r->orig, 100u);
+    EXPECT_EQ(*word, 105u);
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn + 2));
+}
+
+// ---------------------------------------------------------------------------
+// Responder: RNR and invalid requests
+
+TEST_F(FakePeer, SendWithoutReceiveGetsRnrNak) {
+    Bytes data = pattern(60, 4);
+    Bytes s = packet(kSendOnly, qpn, kRqPsn, {}, data);
+    send(s);
+    ASSERT_NO_FATAL_FAILURE(expect_nak(aeth::kRnrNak | kMinRnrTimer, kRqPsn));
+    EXPECT_EQ(qp_state(), IBV_QPS_RTS);
+    EXPECT_FALSE(poll_wc(50));
+    // The retry after a receive is posted succeeds at the same PSN.
+    ASSERT_NO_FATAL_FAILURE(post_recv(5, 0x3000, 128));
+    send(s);
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+    std::optional<ibv_wc> wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc->byte_len, 60u);
+    EXPECT_EQ(0, std::memcmp(w.buf + 0x3000, data.data(), data.size()));
+}
+
+TEST_F(FakePeer, WriteWithImmediateWithoutReceiveGetsRnrNak) {
+    Bytes imm(4, 0x5A);
+    Bytes p = packet(kWriteOnlyImm, qpn, kRqPsn, cat(reth(va(0x100), rkey(), 16), imm),
+                     pattern(16, 1));
+    send(p);
+    ASSERT_NO_FATAL_FAILURE(expect_nak(aeth::kRnrNak | kMinRnrTimer, kRqPsn));
+    EXPECT_EQ(qp_state(), IBV_QPS_RTS);
+}
+
+TEST_F(FakePeer, WriteMiddleWithoutFirstNaksInvalidRequest) {
+    send(packet(kWriteMiddle, qpn, kRqPsn, {}, pattern(kMtu, 1)));
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakInvalidRequest, kRqPsn,
+                                             IBV_EVENT_QP_REQ_ERR));
+}
+
+TEST_F(FakePeer, WriteLastWithoutFirstNaksInvalidRequest) {
+    send(packet(kWriteLast, qpn, kRqPsn, {}, pattern(16, 1)));
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakInvalidRequest, kRqPsn,
+                                             IBV_EVENT_QP_REQ_ERR));
+}
+
+TEST_F(FakePeer, SendMiddleWithoutFirstNaksInvalidRequest) {
+    ASSERT_NO_FATAL_FAILURE(post_recv(1, 0x3000, 4096));
+    send(packet(kSendMiddle, qpn, kRqPsn, {}, pattern(kMtu, 1)));
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakInvalidRequest, kRqPsn,
+                                             IBV_EVENT_QP_REQ_ERR));
+}
+
+TEST_F(FakePeer, PayloadLargerThanPathMtuNaksInvalidRequest) {
+    send(write_only(kRqPsn, 0x100, pattern(2 * kMtu, 1)));
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakInvalidRequest, kRqPsn,
+                                             IBV_EVENT_QP_REQ_ERR));
+    expect_untouched(0x100, 2 * kMtu);
+}
+
+TEST_F(FakePeer, WritePayloadLongerThanRethLengthNaksInvalidRequest) {
+    send(packet(kWriteOnly, qpn, kRqPsn, reth(va(0x100), rkey(), 16), pattern(32, 1)));
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakInvalidRequest, kRqPsn,
+                                             IBV_EVENT_QP_REQ_ERR));
+    expect_untouched(0x100 + 16, 16);
+}
+
+TEST_F(FakePeer, ShortMiddlePacketNaksInvalidRequest) {
+    Bytes data = pattern(3 * kMtu, 2);
+    send(packet(kWriteFirst, qpn, kRqPsn, reth(va(0x4000), rkey(), uint32_t(data.size())),
+                Bytes(data.begin(), data.begin() + kMtu), false));
+    send(packet(kWriteMiddle, qpn, kRqPsn + 1, {}, Bytes(data.begin(), data.begin() + 512), false));
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakInvalidRequest, kRqPsn + 1,
+                                             IBV_EVENT_QP_REQ_ERR));
+}
+
+TEST_F(FakePeer, NewMessageInsideAnotherNaksInvalidRequest) {
+    ASSERT_NO_FATAL_FAILURE(post_recv(1, 0x3000, 4096));
+    send(packet(kWriteFirst, qpn, kRqPsn, reth(va(0x4000), rkey(), 2 * kMtu), pattern(kMtu, 1),
+                false));
+    send(packet(kSendOnly, qpn, kRqPsn + 1, {}, pattern(16, 1)));
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakInvalidRequest, kRqPsn + 1,
+                                             IBV_EVENT_QP_REQ_ERR));
+}
+
+TEST_F(FakePeer, SendLongerThanTheReceiveNaksInvalidRequest) {
+    ASSERT_NO_FATAL_FAILURE(post_recv(9, 0x3000, 32));
+    send(packet(kSendOnly, qpn, kRqPsn, {}, pattern(64, 1)));
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakInvalidRequest, kRqPsn,
+                                             IBV_EVENT_QP_REQ_ERR));
+    std::optional<ibv_wc> wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->wr_id, 9u);
+    EXPECT_EQ(wc->status, IBV_WC_LOC_LEN_ERR);
+    expect_untouched(0x3000 + 32, 32);
+}
+
+TEST_F(FakePeer, ZeroLengthReadAndWriteNeedNoValidKey) {
+    send(packet(kWriteOnly, qpn, kRqPsn, reth(0, 0, 0), {}));
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+    send(packet(kReadRequest, qpn, kRqPsn + 1, reth(0, 0, 0), {}));
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kReadRespOnly) << r->str();
+    EXPECT_EQ(r->psn, kRqPsn + 1);
+    EXPECT_TRUE(r->payload.empty());
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn + 2));
+}
+
+TEST_F(FakePeer, FlushAndAtomicWriteNotEnabledNakInvalidRequest) {
+    Bytes feth(4);
+    put32(feth.data(), 1);
+    send(packet(kFlush, qpn, kRqPsn, cat(feth, reth(va(0x100), rkey(), 64)), {}));
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakInvalidRequest, kRqPsn,
+                                             IBV_EVENT_QP_REQ_ERR));
+    ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn));
+    drain_async_events();
+    send(packet(kAtomicWrite, qpn, kRqPsn, reth(va(0x100), rkey(), 8), pattern(8, 1)));
+    ASSERT_NO_FATAL_FAILURE(expect_fatal_nak(aeth::kNak | aeth::kNakInvalidRequest, kRqPsn,
+                                             IBV_EVENT_QP_REQ_ERR));
+    expect_untouched(0x100, 8);
+}
+
+TEST_F(FakePeer, MisalignedAtomicIsRejected) {
+    auto *word = reinterpret_cast<uint64_t *>(w.buf + 0x2000);
+    *word = 1;
+    send(packet(kFetchAdd, qpn, kRqPsn, atomic_eth(va(0x2004), rkey(), 1, 0), {}));
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kAcknowledge);
+    EXPECT_EQ(r->syndrome & aeth::kKindMask, aeth::kNak) << r->str();
+    EXPECT_EQ(r->psn, kRqPsn);
+    EXPECT_EQ(*word, 1u);
+    EXPECT_EQ(qp_state(), IBV_QPS_ERR);
+}
+
+// ---------------------------------------------------------------------------
+// Requester: what sroce sends, and how it takes forged responses
+
+TEST_F(FakePeer, RequesterWritePacketsAreWellFormed) {
+    Bytes data = pattern(99, 11);
+    std::memcpy(w.buf, data.data(), data.size());
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_WRITE, 1, 0, 99, 0x1122334455667788ull, 0xAABBCCDD));
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kWriteOnly) << r->str();
+    EXPECT_EQ(r->psn, kSqPsn);
+    EXPECT_TRUE(r->ackreq);
+    EXPECT_EQ(r->pad, 1);
+    EXPECT_EQ(r->va, 0x1122334455667788ull);
+    EXPECT_EQ(r->rkey, 0xAABBCCDDu);
+    EXPECT_EQ(r->dma_len, 99u);
+    EXPECT_EQ(r->payload, data);
+    EXPECT_FALSE(poll_wc(50)) << "completed before the ACK";
+    send(ack(kSqPsn));
+    std::optional<ibv_wc> wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc->wr_id, 1u);
+    EXPECT_EQ(wc->opcode, IBV_WC_RDMA_WRITE);
+
+    // Three packets: RETH only in the first, consecutive PSNs, ACK requested
+    // on the last.
+    Bytes big = pattern(2 * kMtu + 100, 12);
+    std::memcpy(w.buf + 0x1000, big.data(), big.size());
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_WRITE, 2, 0x1000, uint32_t(big.size()), 0x5000, 7));
+    Bytes got;
+    const uint8_t ops[] = {kWriteFirst, kWriteMiddle, kWriteLast};
+    for (uint32_t i = 0; i < 3; i++) {
+        r = reply();
+        ASSERT_TRUE(r) << "packet " << i;
+        EXPECT_EQ(r->opcode, ops[i]) << r->str();
+        EXPECT_EQ(r->psn, kSqPsn + 1 + i);
+        if (i == 0) {
+            EXPECT_EQ(r->va, 0x5000u);
+            EXPECT_EQ(r->rkey, 7u);
+            EXPECT_EQ(r->dma_len, big.size());
+        }
+        if (i == 2) {
+            EXPECT_TRUE(r->ackreq);
+        }
+        if (i < 2) {
+            EXPECT_EQ(r->payload.size(), kMtu);
+        }
+        got.insert(got.end(), r->payload.begin(), r->payload.end());
+    }
+    EXPECT_EQ(got, big);
+    send(ack(kSqPsn + 3, aeth::kAck | aeth::kNoCredits, 2));
+    wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc->wr_id, 2u);
+}
+
+TEST_F(FakePeer, RequesterReadAndAtomicRoundTrip) {
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_READ, 1, 0x100, 64, 0xABC000, 0x42));
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kReadRequest) << r->str();
+    EXPECT_EQ(r->psn, kSqPsn);
+    EXPECT_EQ(r->va, 0xABC000u);
+    EXPECT_EQ(r->rkey, 0x42u);
+    EXPECT_EQ(r->dma_len, 64u);
+    Bytes data = pattern(64, 13);
+    send(packet(kReadRespOnly, qpn, kSqPsn, aeth_bytes(aeth::kAck | aeth::kNoCredits, 1), data,
+                false));
+    std::optional<ibv_wc> wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc->opcode, IBV_WC_RDMA_READ);
+    EXPECT_EQ(wc->byte_len, 64u);
+    EXPECT_EQ(0, std::memcmp(w.buf + 0x100, data.data(), 64));
+
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_ATOMIC_FETCH_AND_ADD, 2, 0x200, 8, 0xABC008, 0x42, 3));
+    r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kFetchAdd) << r->str();
+    EXPECT_EQ(r->psn, kSqPsn + 1);
+    EXPECT_EQ(r->va, 0xABC008u);
+    EXPECT_EQ(r->swap_add, 3u);
+    Bytes orig(8);
+    put64(orig.data(), 0x0123456789ABCDEFull);
+    send(packet(kAtomicAcknowledge, qpn, kSqPsn + 1,
+                cat(aeth_bytes(aeth::kAck | aeth::kNoCredits, 2), orig), {}, false));
+    wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc->opcode, IBV_WC_FETCH_ADD);
+    uint64_t got;
+    std::memcpy(&got, w.buf + 0x200, 8);
+    EXPECT_EQ(got, 0x0123456789ABCDEFull);
+}
+
+// An ACK for a PSN never sent (IBTA calls these ghost responses) must not
+// move the requester's window past what it has sent, or the real ACKs that
+// follow look stale and the QP stalls.
+TEST_F(FakePeer, RequesterIgnoresAckFarAhead) {
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_WRITE, 1, 0, 16, 0x1000, 1));
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->psn, kSqPsn);
+    send(ack(kSqPsn + 1000));
+    send(ack(psn_add(kSqPsn, 0x7FFFFF)));
+    std::optional<ibv_wc> early = poll_wc(100);
+    send(ack(kSqPsn));
+    std::optional<ibv_wc> wc = early ? early : poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc->wr_id, 1u);
+    EXPECT_FALSE(poll_wc(50)) << "a WQE completed twice";
+
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_WRITE, 2, 0, 16, 0x1000, 1));
+    r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->psn, kSqPsn + 1) << r->str();
+    send(ack(kSqPsn + 1));
+    wc = poll_wc();
+    ASSERT_TRUE(wc) << "the WRITE after a ghost ACK never completed";
+    EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc->wr_id, 2u);
+    EXPECT_EQ(qp_state(), IBV_QPS_RTS);
+}
+
+TEST_F(FakePeer, RequesterFailsOnNakWithReservedCode) {
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_WRITE, 1, 0, 16, 0x1000, 1));
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_WRITE, 2, 0, 16, 0x1000, 1));
+    ASSERT_TRUE(reply());
+    ASSERT_TRUE(reply());
+    send(ack(kSqPsn, aeth::kNak | 0x1F));
+    std::optional<ibv_wc> wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->wr_id, 1u);
+    EXPECT_NE(wc->status, IBV_WC_SUCCESS);
+    EXPECT_NE(wc->status, IBV_WC_WR_FLUSH_ERR);
+    wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->wr_id, 2u);
+    EXPECT_EQ(wc->status, IBV_WC_WR_FLUSH_ERR);
+    EXPECT_EQ(qp_state(), IBV_QPS_ERR);
+}
+
+TEST_F(FakePeer, RequesterRemoteAccessNak) {
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_WRITE, 1, 0, 16, 0x1000, 1));
+    ASSERT_TRUE(reply());
+    send(ack(kSqPsn, aeth::kNak | aeth::kNakRemoteAccessError));
+    std::optional<ibv_wc> wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->status, IBV_WC_REM_ACCESS_ERR);
+    EXPECT_EQ(qp_state(), IBV_QPS_ERR);
+}
+
+TEST_F(FakePeer, RequesterReadResponseWithWrongLengthIsBadResponse) {
+    for (size_t len : {60u, 68u, 0u}) {
+        SCOPED_TRACE(len);
+        ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn));
+        ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_READ, 1, 0x100, 64, 0xABC000, 0x42));
+        std::optional<Rx> r = reply();
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->opcode, kReadRequest);
+        send(packet(kReadRespOnly, qpn, kSqPsn, aeth_bytes(aeth::kAck | aeth::kNoCredits, 1),
+                    pattern(len, 1), false));
+        std::optional<ibv_wc> wc = poll_wc();
+        ASSERT_TRUE(wc);
+        EXPECT_EQ(wc->status, IBV_WC_BAD_RESP_ERR);
+        EXPECT_EQ(qp_state(), IBV_QPS_ERR);
+        expect_untouched(0x100 + 64, 8);
+    }
+}
+
+TEST_F(FakePeer, RequesterIgnoresUnsolicitedResponses) {
+    // Nothing posted: responses of every kind must be ignored harmlessly.
+    Bytes orig(8, 0);
+    send(ack(kSqPsn));
+    send(ack(psn_add(kSqPsn, kPsnMask)));
+    send(packet(kReadRespOnly, qpn, kSqPsn, aeth_bytes(0x1F, 1), pattern(64, 1), false));
+    send(packet(kReadRespMiddle, qpn, kSqPsn, {}, pattern(kMtu, 1), false));
+    send(packet(kAtomicAcknowledge, qpn, kSqPsn, cat(aeth_bytes(0x1F, 1), orig), {}, false));
+    send(ack(kSqPsn, aeth::kRnrNak | 1));
+    send(ack(kSqPsn, 0x40)); // reserved AETH kind
+    expect_silence();
+    EXPECT_FALSE(poll_wc(50));
+    EXPECT_EQ(qp_state(), IBV_QPS_RTS);
+    // A READ response or ATOMIC ACK at the PSN of a WRITE does not complete it.
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_WRITE, 1, 0, 16, 0x1000, 1));
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->psn, kSqPsn);
+    send(packet(kReadRespOnly, qpn, kSqPsn, aeth_bytes(0x1F, 1), pattern(16, 1), false));
+    send(packet(kAtomicAcknowledge, qpn, kSqPsn, cat(aeth_bytes(0x1F, 1), orig), {}, false));
+    std::optional<ibv_wc> wc = poll_wc(100);
+    if (wc) {
+        EXPECT_NE(wc->status, IBV_WC_SUCCESS) << "WRITE completed by a READ response";
+    } else {
+        send(ack(kSqPsn));
+        wc = poll_wc();
+        ASSERT_TRUE(wc);
+        EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+    }
+}
+
+// A NAK for a PSN with no request outstanding (nothing posted, or long since
+// acknowledged) is a ghost response: ignored, like rxe does, rather than
+// failing the QP.
+TEST_F(FakePeer, RequesterIgnoresNakForPsnNotOutstanding) {
+    send(ack(kSqPsn, aeth::kNak | aeth::kNakRemoteAccessError));
+    send(ack(kSqPsn + 50, aeth::kNak | aeth::kNakInvalidRequest));
+    expect_silence();
+    EXPECT_FALSE(poll_wc(50));
+    EXPECT_EQ(qp_state(), IBV_QPS_RTS) << "an unsolicited NAK put the QP in error";
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_WRITE, 1, 0, 16, 0x1000, 1));
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    send(ack(kSqPsn));
+    std::optional<ibv_wc> wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+}
+
+TEST_F(FakePeer, RequesterIgnoresStaleNak) {
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_WRITE, 1, 0, 16, 0x1000, 1));
+    ASSERT_TRUE(reply());
+    send(ack(kSqPsn));
+    std::optional<ibv_wc> wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+    // For PSNs already acknowledged, with a new request outstanding.
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_WRITE, 2, 0, 16, 0x1000, 1));
+    ASSERT_TRUE(reply());
+    send(ack(kSqPsn, aeth::kNak | aeth::kNakRemoteOpError));
+    send(ack(psn_add(kSqPsn, kPsnMask), aeth::kNak | aeth::kNakRemoteAccessError));
+    EXPECT_FALSE(poll_wc(100)) << "a stale NAK completed the new request";
+    EXPECT_EQ(qp_state(), IBV_QPS_RTS) << "a stale NAK put the QP in error";
+    send(ack(kSqPsn + 1));
+    wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->wr_id, 2u);
+    EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+}
+
+TEST_F(FakePeer, RequesterResendsAfterRnrNak) {
+    Bytes data = pattern(32, 14);
+    std::memcpy(w.buf, data.data(), data.size());
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_SEND, 1, 0, 32, 0, 0));
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kSendOnly);
+    EXPECT_EQ(r->psn, kSqPsn);
+    send(ack(kSqPsn, aeth::kRnrNak | 1)); // RNR timer code 1: 10 us
+    r = reply();
+    ASSERT_TRUE(r) << "not resent after the RNR NAK";
+    EXPECT_EQ(r->opcode, kSendOnly);
+    EXPECT_EQ(r->psn, kSqPsn);
+    EXPECT_EQ(r->payload, data);
+    send(ack(kSqPsn));
+    std::optional<ibv_wc> wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc->opcode, IBV_WC_SEND);
+}
+
+TEST_F(FakePeer, RequesterGoesBackNOnSequenceNak) {
+    for (uint64_t i = 0; i < 3; i++)
+        ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_WRITE, i, 0x100 * i, 16, 0x1000, 1));
+    for (uint32_t i = 0; i < 3; i++) {
+        std::optional<Rx> r = reply();
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->psn, kSqPsn + i);
+    }
+    // The peer got the first, lost the second.
+    send(ack(kSqPsn + 1, aeth::kNak | aeth::kNakPsnSeqError));
+    std::optional<ibv_wc> wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->wr_id, 0u);
+    EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+    for (uint32_t i = 1; i < 3; i++) {
+        std::optional<Rx> r = reply();
+        ASSERT_TRUE(r) << "no retransmission of PSN " << hex(kSqPsn + i);
+        EXPECT_EQ(r->psn, kSqPsn + i);
+        EXPECT_EQ(r->opcode, kWriteOnly);
+    }
+    send(ack(kSqPsn + 2));
+    for (uint64_t i = 1; i < 3; i++) {
+        wc = poll_wc();
+        ASSERT_TRUE(wc);
+        EXPECT_EQ(wc->wr_id, i);
+        EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+    }
+    expect_silence();
+}
+
+TEST_F(FakePeer, RequesterIgnoresAckFromWrongSource) {
+    ASSERT_NO_FATAL_FAILURE(post(IBV_WR_RDMA_WRITE, 1, 0, 16, 0x1000, 1));
+    ASSERT_TRUE(reply());
+    send_raw(w.stranger, ack(kSqPsn, aeth::kAck | aeth::kNoCredits, 1, kStrangerAddr));
+    EXPECT_FALSE(poll_wc(100)) << "completed by an ACK from a stranger";
+    send(ack(kSqPsn));
+    std::optional<ibv_wc> wc = poll_wc();
+    ASSERT_TRUE(wc);
+    EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+}
+
+// ibv_destroy_qp() discards the QP's unread async events (the kernel does so
+// for every libibverbs provider): an event read afterwards would carry a
+// dangling element.qp that ibv_ack_async_event() and the application then
+// dereference.
+TEST_F(FakePeer, AsyncEventOfADestroyedQpIsNotDelivered) {
+    send(write_only(kRqPsn, kMrLen - 4, pattern(8, 1)));
+    ASSERT_NO_FATAL_FAILURE(expect_nak(aeth::kNak | aeth::kNakRemoteAccessError, kRqPsn));
+    ASSERT_EQ(qp_state(), IBV_QPS_ERR);
+    ibv_qp *dead = qp;
+    ASSERT_EQ(ibv_destroy_qp(qp), 0);
+    qp = nullptr;
+    pollfd p{w.ctx->async_fd, POLLIN, 0};
+    if (poll(&p, 1, 100) > 0) {
+        ibv_async_event ev;
+        ASSERT_EQ(ibv_get_async_event(w.ctx, &ev), 0);
+        // Not acknowledged: that is what would crash.
+        ADD_FAILURE() << "got event " << ibv_event_type_str(ev.event_type)
+                      << " for destroyed QP " << static_cast<void *>(ev.element.qp)
+                      << (ev.element.qp == dead ? " (the one just destroyed)" : "");
+    }
+}
+
+} // namespace
