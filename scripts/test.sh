@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 #
 # The project's test command: installs what is missing, builds, and runs
-#   1. every test (unit, integration, fuzz regressions) in the default build,
+#   1. every test (unit and integration) in the default build,
 #   2. the unit tests under AddressSanitizer + UndefinedBehaviorSanitizer,
 #   3. the unit tests under ThreadSanitizer,
 #   4. the libFuzzer targets briefly, when tests/fuzz has any,
@@ -29,7 +29,7 @@ while (($#)); do
 		break
 		;;
 	-h | --help)
-		sed -n '3,17p' "$0" | sed 's/^# \{0,1\}//'
+		awk 'NR > 3 && /^#/ { sub(/^# ?/, ""); print; next } NR > 3 { exit }' "$0"
 		exit 0
 		;;
 	*)
@@ -129,7 +129,7 @@ fi
 # The fuzz preset needs clang's libFuzzer; only worth building once targets
 # exist.
 if ((fuzz)) && compgen -G 'tests/fuzz/*.c*' >/dev/null; then
-	if build fuzz fuzz; then
+	if build fuzz fuzz sroce_fuzz_tests; then
 		run_ctest fuzz build-fuzz -L fuzz
 	fi
 fi

@@ -46,6 +46,14 @@ uint32_t clamp_una(Qp *qp, uint32_t una) {
 }
 
 void progress(Qp *qp, uint32_t una) {
+    // Everything retired is acknowledged, also when a READ/ATOMIC completed
+    // before an older one and both retired on the older one's response.
+    uint32_t retired_to = qp->next_psn;
+    if (qp->sq_tail != qp->sq_head) {
+        const SendWqe &t = qp->sq[qp->sq_tail % qp->max_send_wr];
+        if (t.started) retired_to = t.first_psn;
+    }
+    if (wire::psn_diff(retired_to, una) > 0) una = retired_to;
     una = clamp_una(qp, una);
     if (wire::psn_diff(una, qp->una_psn) > 0) {
         qp->una_psn = una;
@@ -85,15 +93,14 @@ void fail_at(Qp *qp, uint32_t psn, ibv_wc_status status) {
 }
 
 // Something for a later PSN arrived while `w` still waits for a response, so
-// that response was lost: ask again from the first one missing.  Once per
-// PSN; if the re-request is lost too, the retransmit timer (held at w by
-// clamp_una) covers it.
-void resend_missing(Qp *qp, const SendWqe &w, TxBatch &tx) {
+// that response was lost: rewind to re-request it from the first one
+// missing (the caller's req_run sends).  Once per PSN; if the re-request is
+// lost too, the retransmit timer (held at w by clamp_una) covers it.
+void resend_missing(Qp *qp, const SendWqe &w) {
     uint32_t psn = wire::psn_add(w.first_psn, w.read_next);
     if (qp->last_nak_rewind == psn) return;
     qp->last_nak_rewind = psn;
     req_rewind(qp, psn);
-    req_run(qp, tx);
 }
 
 ibv_wc_status nak_status(uint8_t code) {
@@ -138,10 +145,8 @@ void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
         // An ACK past an outstanding READ/ATOMIC means its response was lost.
         if (i != qp->sq_head) {
             SendWqe &w = qp->sq[i % qp->max_send_wr];
-            if (needs_response(w) && !w.done && wire::psn_diff(last_psn(w), pkt.psn) <= 0) {
-                resend_missing(qp, w, tx);
-                return;
-            }
+            if (needs_response(w) && !w.done && wire::psn_diff(last_psn(w), pkt.psn) <= 0)
+                resend_missing(qp, w);
         }
         req_run(qp, tx);
         return;
@@ -175,9 +180,10 @@ void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
             // sequence NAK for the rest of the burst is no lost packet.
             if (qp->rnr_deadline_ns) return;
             // Resend from the NAKed PSN, or from an earlier READ/ATOMIC whose
-            // response is missing (progress() holds una there).
+            // response is missing (progress() holds una there).  Only the same
+            // NAK again, with nothing acknowledged since, costs a retry.
             uint32_t from = qp->una_psn;
-            if (from == before && qp->last_nak_rewind == from) {
+            if (from == pkt.psn && from == before && qp->last_nak_rewind == from) {
                 if (qp->retries_left == 0) {
                     fail_at(qp, from, IBV_WC_RETRY_EXC_ERR);
                     return;
@@ -243,10 +249,7 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     if (last) w->done = true;
     retire(qp);
     progress(qp, wire::psn_add(pkt.psn, 1));
-    if (first_open != idx) {
-        resend_missing(qp, qp->sq[first_open % qp->max_send_wr], tx);
-        return;
-    }
+    if (first_open != idx) resend_missing(qp, qp->sq[first_open % qp->max_send_wr]);
     req_run(qp, tx);
 }
 
@@ -265,10 +268,7 @@ void on_atomic_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     w->done = true;
     retire(qp);
     progress(qp, wire::psn_add(pkt.psn, 1));
-    if (first_open != idx) {
-        resend_missing(qp, qp->sq[first_open % qp->max_send_wr], tx);
-        return;
-    }
+    if (first_open != idx) resend_missing(qp, qp->sq[first_open % qp->max_send_wr]);
     req_run(qp, tx);
 }
 

@@ -250,10 +250,12 @@ bool req_fill_inline(Qp *qp, SendWqe &w, uint32_t slot, const ibv_data_buf *bufs
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) total += bufs[i].length;
     if (total > qp->max_inline) return false;
-    uint8_t *buf = &qp->sq_inline[size_t(slot) * qp->max_inline];
+    // data(), not operator[]: with max_inline_data 0 the pool is empty and
+    // only zero-length inline sends get here.
+    uint8_t *buf = qp->sq_inline.data() + size_t(slot) * qp->max_inline;
     uint32_t off = 0;
     for (size_t i = 0; i < n; i++) {
-        std::memcpy(buf + off, bufs[i].addr, bufs[i].length);
+        if (bufs[i].length) std::memcpy(buf + off, bufs[i].addr, bufs[i].length);
         off += uint32_t(bufs[i].length);
     }
     w.num_sge = 1;

@@ -266,8 +266,7 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
             bool imm = pkt.info->hdrs & kHasImmDt;
             __be32 immv = 0;
             if (imm) std::memcpy(&immv, pkt.hdr + pkt.info->immdt, 4);
-            complete_recv(qp, r, IBV_WC_SUCCESS, IBV_WC_RECV, qp->msg_offset, immv, imm,
-                          pkt.se);
+            complete_recv(qp, r, IBV_WC_SUCCESS, IBV_WC_RECV, qp->msg_offset, immv, imm, pkt.se);
             qp->rq_tail++;
             qp->recv_taken = false;
             qp->in_msg = 0;

@@ -42,8 +42,8 @@ using namespace sroce;
 
 // Private to the fuzz target, so it can run alongside the unit tests.
 constexpr const char *kDevName = "sroce_fuzz";
-constexpr const char *kDevAddr = "127.0.4.1";
-constexpr const char *kPeerAddr = "127.0.4.2";
+constexpr const char *kDevAddr = "127.0.5.1";
+constexpr const char *kPeerAddr = "127.0.5.2";
 constexpr uint32_t kPeerQpn = 0x000777;
 constexpr size_t kBufLen = 64 << 10;
 constexpr size_t kMaxDatagram = 4200;
@@ -98,8 +98,8 @@ void connect_qp() {
     a = {};
     a.qp_state = IBV_QPS_INIT;
     a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                        IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                        IBV_ACCESS_REMOTE_ATOMIC;
     modify(a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
     a = {};
     a.qp_state = IBV_QPS_RTR;
@@ -122,8 +122,8 @@ void connect_qp() {
     a.retry_cnt = 7;
     a.rnr_retry = 7;
     a.max_rd_atomic = 4;
-    modify(a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                  IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+    modify(a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                  IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
 void setup() {
@@ -143,7 +143,7 @@ void setup() {
     sa.sin_port = htons(wire::kRoceV2Port);
     sa.sin_addr.s_addr = h.peer_addr;
     if (h.peer < 0 || bind(h.peer, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0)
-        die("bind 127.0.4.2:4791");
+        die("bind 127.0.5.2:4791");
     h.dev_sa = sa;
     h.dev_sa.sin_addr.s_addr = h.dev_addr;
 
@@ -163,8 +163,8 @@ void setup() {
     if (!h.pd || !h.buf) die("alloc");
     std::memset(h.buf, 0x5A, kBufLen);
     h.mr = sroce_reg_mr(h.pd, h.buf, kBufLen, uint64_t(uintptr_t(h.buf)),
-                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                            IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                            IBV_ACCESS_REMOTE_ATOMIC);
     h.cq = sroce_create_cq(h.ctx, 4096, nullptr, nullptr, 0);
     if (!h.mr || !h.cq) die("reg_mr / create_cq");
     ibv_qp_init_attr ia{};
@@ -215,8 +215,7 @@ void check_replies() {
                     wire::parse_error_str(e));
             abort();
         }
-        Ipv4Header ip{from.sin_addr.s_addr, h.peer_addr, ntohs(from.sin_port),
-                      wire::kRoceV2Port};
+        Ipv4Header ip{from.sin_addr.s_addr, h.peer_addr, ntohs(from.sin_port), wire::kRoceV2Port};
         uint16_t id = 1;
         if (!icrc_verify(ip, b, size_t(n), &id) || id != 0) {
             fprintf(stderr, "fuzz_rx: sroce sent a packet with a bad ICRC\n");
@@ -234,7 +233,8 @@ void drain_completions() {
     while (ibv_poll_cq(h.cq, 32, wc) > 0) {
     }
     ibv_async_event ev;
-    while (sroce_get_async_event(h.ctx, &ev) == 0) sroce_ack_async_event(&ev);
+    while (sroce_get_async_event(h.ctx, &ev) == 0)
+        sroce_ack_async_event(&ev);
 }
 
 void post_send(uint8_t kind) {

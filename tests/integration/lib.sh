@@ -197,6 +197,7 @@ run_pair() {
 	fi
 	bg_wait "$spid"
 	RP_SERVER_RC=$BG_RC
+	# shellcheck disable=SC2034 # for the caller
 	RP_SECONDS=$(elapsed "$start")
 	if [[ $RP_SERVER_RC != 0 ]]; then
 		why="${why:+$why; }server exited $RP_SERVER_RC"

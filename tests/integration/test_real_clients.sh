@@ -46,7 +46,7 @@ expect_in() {
 # --- device discovery --------------------------------------------------------
 if run_tool ibv_devices ibv_devices; then
 	for dev in sroce0 sroce1; do
-		if grep -qE "^[[:space:]]*$dev[[:space:]]" <<<"$out"; then
+		if grep -qE "^[[:space:]]*${dev}[[:space:]]" <<<"$out"; then
 			pass "ibv_devices lists $dev"
 		else
 			fail "ibv_devices lists $dev" "in:"$'\n'"$out"
@@ -112,7 +112,7 @@ for opts in "${pp_variants[@]}"; do
 	else
 		fail "$name" "exit status (server $RP_SERVER_RC, client ${RP_CLIENT_RC:-not run})"
 	fi
-	mbit= usec=
+	mbit="" usec=""
 done
 
 # --- perftest ----------------------------------------------------------------

@@ -33,7 +33,9 @@ inline constexpr Clock::duration kDeadline = 10s;
 inline constexpr unsigned kAllAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                        IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
-inline uint32_t mtu_bytes(ibv_mtu m) { return 128u << int(m); }
+inline uint32_t mtu_bytes(ibv_mtu m) {
+    return 128u << int(m);
+}
 
 // Writes a link configuration naming two devices on lo and points
 // SROCE_CONFIG at it.  The engine reads the file once, at the process's first
@@ -47,8 +49,8 @@ inline std::string find_devices(const char *name0, const char *addr0, const char
     close(fd);
     {
         std::ofstream f(path);
-        f << name0 << " netdev lo addr " << addr0 << "\n" << name1 << " netdev lo addr " << addr1
-          << "\n";
+        f << name0 << " netdev lo addr " << addr0 << "\n"
+          << name1 << " netdev lo addr " << addr1 << "\n";
     }
     setenv("SROCE_CONFIG", path, 1);
     int n = 0;
@@ -142,9 +144,8 @@ inline ::testing::AssertionResult same_bytes(const uint8_t *a, const uint8_t *b,
 inline ::testing::AssertionResult all_bytes(const uint8_t *p, size_t n, uint8_t v) {
     for (size_t i = 0; i < n; i++)
         if (p[i] != v)
-            return ::testing::AssertionFailure()
-                   << "byte " << i << " of " << n << " is " << unsigned(p[i]) << ", expected "
-                   << unsigned(v);
+            return ::testing::AssertionFailure() << "byte " << i << " of " << n << " is "
+                                                 << unsigned(p[i]) << ", expected " << unsigned(v);
     return ::testing::AssertionSuccess();
 }
 
@@ -203,7 +204,8 @@ inline std::vector<ibv_wc> drain(ibv_cq *cq, Clock::duration wait = 0ms) {
     ibv_wc wc[32];
     do {
         int k;
-        while ((k = ibv_poll_cq(cq, 32, wc)) > 0) out.insert(out.end(), wc, wc + k);
+        while ((k = ibv_poll_cq(cq, 32, wc)) > 0)
+            out.insert(out.end(), wc, wc + k);
         if (Clock::now() >= end) break;
         std::this_thread::sleep_for(200us);
     } while (true);
@@ -225,8 +227,7 @@ struct Want {
 inline void expect_wc(const ibv_wc &wc, const Want &w) {
     EXPECT_EQ(wc.wr_id, w.wr_id);
     EXPECT_EQ(wc.status, w.status) << ibv_wc_status_str(wc.status) << " instead of "
-                                   << ibv_wc_status_str(w.status) << " (wr_id " << wc.wr_id
-                                   << ")";
+                                   << ibv_wc_status_str(w.status) << " (wr_id " << wc.wr_id << ")";
     EXPECT_EQ(wc.qp_num, w.qp_num);
     if (w.status != IBV_WC_SUCCESS) return;
     EXPECT_EQ(wc.opcode, w.opcode);
@@ -264,10 +265,10 @@ struct PairOpts {
     uint8_t rd_atomic = 16;
     bool sq_sig_all = true;
     int cqe = 4096;
-    bool qp_ex = false;      // QPs from ibv_create_qp_ex with every RC send op
-    bool cq_ex = false;      // CQs from ibv_create_cq_ex
-    bool b_channel = false;  // B's receive CQ reports to a completion channel
-    bool connect = true;     // bring both QPs to RTS
+    bool qp_ex = false;     // QPs from ibv_create_qp_ex with every RC send op
+    bool cq_ex = false;     // CQs from ibv_create_cq_ex
+    bool b_channel = false; // B's receive CQ reports to a completion channel
+    bool connect = true;    // bring both QPs to RTS
     // Start PSNs near the 24-bit wrap so ordinary traffic crosses it.
     uint32_t a_psn = 0xFFFFF0, b_psn = 0xFFFF80;
 };

@@ -66,11 +66,15 @@ std::vector<ibv_sge> one(const Buf &b, size_t off, size_t len) {
     return {b.sge(off, len)};
 }
 
-// Bytes of `b` outside every SGE of `sg` still hold `v`.
+// Bytes of `b` outside every SGE of `sg` still hold `v` (SGEs in other
+// buffers are ignored).
 ::testing::AssertionResult uncovered_are(const Buf &b, const std::vector<ibv_sge> &sg, uint8_t v) {
     std::vector<bool> covered(b.size());
-    for (const ibv_sge &s : sg)
-        for (uint32_t i = 0; i < s.length; i++) covered[size_t(s.addr - b.addr()) + i] = true;
+    for (const ibv_sge &s : sg) {
+        if (s.addr < b.addr() || s.addr + s.length > b.addr(b.size())) continue;
+        for (uint32_t i = 0; i < s.length; i++)
+            covered[size_t(s.addr - b.addr()) + i] = true;
+    }
     for (size_t i = 0; i < b.size(); i++)
         if (!covered[i] && b.data()[i] != v)
             return ::testing::AssertionFailure() << "byte " << i << " outside the SGEs changed";
@@ -118,9 +122,8 @@ TEST_P(RcMtu, RdmaWrite) {
         SCOPED_TRACE("length " + std::to_string(len));
         dst.set(0);
         Pair::sync_with(p.b);
-        ASSERT_EQ(post_rdma(p.a.qp, id, IBV_WR_RDMA_WRITE, one(src, 5, len), dst.addr(7),
-                            dst.rkey()),
-                  0);
+        ASSERT_EQ(
+            post_rdma(p.a.qp, id, IBV_WR_RDMA_WRITE, one(src, 5, len), dst.addr(7), dst.rkey()), 0);
         expect_one(p.a.scq, {id, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, p.a.qpn()});
         Pair::sync_with(p.b);
         EXPECT_TRUE(all_bytes(dst.data(), 7, 0));
@@ -201,8 +204,8 @@ TEST_F(Rc, RdmaWriteWithImmediate) {
         uint32_t imm = 0x0BADC0DEu + uint32_t(id);
         // The receive WQE needs no buffer: the data goes where the WRITE says.
         ASSERT_EQ(post_recv(p.b.qp, 700 + id, {}), 0);
-        ASSERT_EQ(post_rdma(p.a.qp, id, IBV_WR_RDMA_WRITE_WITH_IMM, one(src, 0, len),
-                            dst.addr(11), dst.rkey(), IBV_SEND_SIGNALED, imm),
+        ASSERT_EQ(post_rdma(p.a.qp, id, IBV_WR_RDMA_WRITE_WITH_IMM, one(src, 0, len), dst.addr(11),
+                            dst.rkey(), IBV_SEND_SIGNALED, imm),
                   0);
         expect_one(p.a.scq, {id, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, p.a.qpn()});
         expect_one(p.b.rcq, {700 + id, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, p.b.qpn(),
@@ -284,6 +287,22 @@ TEST_F(Rc, InlineSendAndWrite) {
     ibv_send_wr wr = send_wr(77, IBV_WR_SEND, sg, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
     EXPECT_NE(post(p.a.qp, wr), 0);
     EXPECT_TRUE(drain(p.a.scq, 20ms).empty());
+}
+
+TEST_F(Rc, InlineWithoutInlineCapacity) {
+    make(); // max_inline_data 0
+    Buf dst(p.b.pd, 64);
+    dst.set(0x44);
+    ASSERT_EQ(post_recv(p.b.qp, 5, {dst.sge(0, 64)}), 0);
+    // Zero bytes always fit; one byte does not.
+    ASSERT_EQ(post_send(p.a.qp, 1, {}, IBV_SEND_SIGNALED | IBV_SEND_INLINE), 0);
+    expect_one(p.a.scq, {1, IBV_WC_SUCCESS, IBV_WC_SEND, p.a.qpn()});
+    expect_one(p.b.rcq, {5, IBV_WC_SUCCESS, IBV_WC_RECV, p.b.qpn(), 0});
+    uint8_t byte = 1;
+    std::vector<ibv_sge> sg{{uint64_t(uintptr_t(&byte)), 1, 0}};
+    ibv_send_wr wr = send_wr(2, IBV_WR_SEND, sg, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+    EXPECT_EQ(post(p.a.qp, wr), EINVAL);
+    EXPECT_TRUE(all_bytes(dst.data(), 64, 0x44));
 }
 
 TEST_F(Rc, AtomicCompareSwap) {
@@ -373,8 +392,8 @@ TEST_F(Rc, UnsignaledWorkRequestsRetireSilently) {
         uint64_t last = uint64_t(r * kPerRound + kPerRound - 1);
         expect_one(p.a.scq, {last, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, p.a.qpn()});
         // Receive completions do not depend on the sender's signaling.
-        expect_one(p.b.rcq, {uint64_t(r * kPerRound + 7), IBV_WC_SUCCESS, IBV_WC_RECV,
-                             p.b.qpn(), kLen});
+        expect_one(p.b.rcq,
+                   {uint64_t(r * kPerRound + 7), IBV_WC_SUCCESS, IBV_WC_RECV, p.b.qpn(), kLen});
     }
     EXPECT_TRUE(drain(p.a.scq, 20ms).empty());
     Pair::sync_with(p.b);
@@ -382,8 +401,8 @@ TEST_F(Rc, UnsignaledWorkRequestsRetireSilently) {
         size_t off = size_t(id) * kLen;
         if (id % kPerRound == 7) {
             EXPECT_TRUE(all_bytes(dst.data() + off, kLen, 0));
-            EXPECT_TRUE(same_bytes(rbuf.data() + size_t(id / kPerRound) * kLen, src.data() + off,
-                                   kLen));
+            EXPECT_TRUE(
+                same_bytes(rbuf.data() + size_t(id / kPerRound) * kLen, src.data() + off, kLen));
         } else {
             EXPECT_TRUE(same_bytes(dst.data() + off, src.data() + off, kLen)) << "wr " << id;
         }
@@ -406,7 +425,8 @@ TEST_F(Rc, ManyOutstandingWorkRequests) {
     Pair::sync_with(p.b);
     std::mt19937 rng(11);
     std::vector<size_t> len(kN);
-    for (size_t &l : len) l = rng() % 3000;
+    for (size_t &l : len)
+        l = rng() % 3000;
 
     // 256 receives, then 256 SENDs in one chain.
     std::vector<ibv_recv_wr> rwr(kN);
@@ -463,9 +483,9 @@ TEST_F(Rc, ManyOutstandingWorkRequests) {
     for (int i = 0; i < kN; i++) {
         bool read = i % 2;
         size_t off = size_t(i) * kSlot, l = len[size_t(i)];
-        expect_wc(sc[size_t(i)], {uint64_t(5000 + i), IBV_WC_SUCCESS,
-                                  read ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE, p.a.qpn(),
-                                  read ? int64_t(l) : -1});
+        expect_wc(sc[size_t(i)],
+                  {uint64_t(5000 + i), IBV_WC_SUCCESS, read ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE,
+                   p.a.qpn(), read ? int64_t(l) : -1});
         if (read)
             EXPECT_TRUE(same_bytes(local.data() + off, remote.data() + off, l)) << "read " << i;
         else
@@ -487,9 +507,9 @@ TEST_F(Rc, FenceWaitsForPriorRead) {
         Pair::sync_with(p.b);
         // The fenced WRITE sends what the READ brought into `bounce`; without
         // the fence it would be gathered before the READ responses arrive.
-        ASSERT_EQ(post_rdma(p.a.qp, 1, IBV_WR_RDMA_READ, {bounce.sge(0, kLen)}, rsrc.addr(),
-                            rsrc.rkey()),
-                  0);
+        ASSERT_EQ(
+            post_rdma(p.a.qp, 1, IBV_WR_RDMA_READ, {bounce.sge(0, kLen)}, rsrc.addr(), rsrc.rkey()),
+            0);
         ASSERT_EQ(post_rdma(p.a.qp, 2, IBV_WR_RDMA_WRITE, {bounce.sge(0, kLen)}, rdst.addr(),
                             rdst.rkey(), IBV_SEND_SIGNALED | IBV_SEND_FENCE),
                   0);
@@ -569,8 +589,8 @@ TEST_F(Rc, QpExWorkRequestBatch) {
     uint32_t bq = p.b.qpn();
     expect_wc(rc[0], {50, IBV_WC_SUCCESS, IBV_WC_RECV, bq, int64_t(sizeof hello)});
     expect_wc(rc[1], {51, IBV_WC_SUCCESS, IBV_WC_RECV, bq, 30, IBV_WC_WITH_IMM, 0x5150});
-    expect_wc(rc[2], {52, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, bq, 100, IBV_WC_WITH_IMM,
-                      0x7777});
+    expect_wc(rc[2],
+              {52, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, bq, 100, IBV_WC_WITH_IMM, 0x7777});
 
     Pair::sync_with(p.b);
     EXPECT_TRUE(same_bytes(rmem.data(), src.data(), 1000));
@@ -801,16 +821,16 @@ TEST_F(Rc, WrongRkeyIsRemoteAccessErrorAndFlushesTheRest) {
 // One fresh pair per case: each ends with both QPs in the error state.
 struct RemoteErrorCase {
     const char *name;
-    unsigned mr_access;      // access of B's target MR
-    unsigned b_qp_access;    // B's QP access flags
-    ibv_wr_opcode op;        // WRITE, READ or an atomic
-    int64_t offset;          // from the MR start
+    unsigned mr_access;   // access of B's target MR
+    unsigned b_qp_access; // B's QP access flags
+    ibv_wr_opcode op;     // WRITE, READ or an atomic
+    int64_t offset;       // from the MR start
     uint32_t len;
 };
 
 TEST_F(Rc, RemoteAccessViolations) {
-    const unsigned kNoRead = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                             IBV_ACCESS_REMOTE_ATOMIC;
+    const unsigned kNoRead =
+        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
     const RemoteErrorCase cases[] = {
         {"write past the end", kAllAccess, kAllAccess, IBV_WR_RDMA_WRITE, 4096 - 8, 16},
         {"write of the last byte plus one", kAllAccess, kAllAccess, IBV_WR_RDMA_WRITE, 4096, 1},
@@ -916,7 +936,7 @@ TEST_F(Rc, RnrRetryZeroFailsWithoutReceive) {
 
 TEST_F(Rc, RnrRetriesUntilReceiveIsPosted) {
     PairOpts o;
-    o.rnr_retry = 7; // infinite
+    o.rnr_retry = 7;      // infinite
     o.min_rnr_timer = 10; // 0.96 ms
     make(o);
     Buf src(p.a.pd, 8192), dst(p.b.pd, 8192);
@@ -954,9 +974,8 @@ TEST_F(Rc, UnreachablePeerExhaustsRetries) {
         else
             ASSERT_EQ(to_state(q.b.qp, how == kError ? IBV_QPS_ERR : IBV_QPS_RESET), 0);
         auto start = Clock::now();
-        ASSERT_EQ(post_rdma(q.a.qp, 1, IBV_WR_RDMA_WRITE, {src.sge(0, 3000)}, dst.addr(),
-                            dst.rkey()),
-                  0);
+        ASSERT_EQ(
+            post_rdma(q.a.qp, 1, IBV_WR_RDMA_WRITE, {src.sge(0, 3000)}, dst.addr(), dst.rkey()), 0);
         ASSERT_EQ(post_send(q.a.qp, 2, {src.sge(0, 10)}), 0);
         std::vector<ibv_wc> sc = poll_n(q.a.scq, 2, 5s);
         auto took = Clock::now() - start;
@@ -990,9 +1009,8 @@ TEST_F(Rc, LocalProtectionErrors) {
         if (c.bad_key) sge.lkey ^= 0xFF000000u;
         if (c.out_of_range) sge.length = 4097;
         if (c.read_into_readonly)
-            ASSERT_EQ(post_rdma(q.a.qp, 1, IBV_WR_RDMA_READ, {ro.sge(0, 64)}, dst.addr(),
-                                dst.rkey()),
-                      0);
+            ASSERT_EQ(
+                post_rdma(q.a.qp, 1, IBV_WR_RDMA_READ, {ro.sge(0, 64)}, dst.addr(), dst.rkey()), 0);
         else
             ASSERT_EQ(post_rdma(q.a.qp, 1, IBV_WR_RDMA_WRITE, {sge}, dst.addr(), dst.rkey()), 0);
         ASSERT_EQ(post_send(q.a.qp, 2, {src.sge(0, 10)}), 0);
@@ -1150,7 +1168,8 @@ TEST_F(Rc, QueueOverflowIsEnomem) {
     EXPECT_TRUE(all_bytes(dst.data() + (kN - 1) * 100, 100, 0));
 
     // The receive queue: four fit, the fifth does not.
-    for (uint64_t i = 0; i < 4; i++) EXPECT_EQ(post_recv(p.b.qp, i, {rbuf.sge(0, 64)}), 0);
+    for (uint64_t i = 0; i < 4; i++)
+        EXPECT_EQ(post_recv(p.b.qp, i, {rbuf.sge(0, 64)}), 0);
     EXPECT_EQ(post_recv(p.b.qp, 4, {rbuf.sge(0, 64)}), ENOMEM);
 
     // Post-time validation: too many SGEs for the QP.

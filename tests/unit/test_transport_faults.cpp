@@ -17,8 +17,7 @@ namespace {
 ibv_device *g_dev[2];
 
 const std::string &devices() {
-    static const std::string err =
-        find_devices("rcf0", "127.0.1.3", "rcf1", "127.0.1.4", g_dev);
+    static const std::string err = find_devices("rcf0", "127.0.1.3", "rcf1", "127.0.1.4", g_dev);
     return err;
 }
 
@@ -34,7 +33,9 @@ uint64_t seed_offset() {
     return s ? std::strtoull(s, nullptr, 0) : 0;
 }
 
-void PrintTo(const FaultCase &c, std::ostream *os) { *os << c.name << " (" << c.spec << ")"; }
+void PrintTo(const FaultCase &c, std::ostream *os) {
+    *os << c.name << " (" << c.spec << ")";
+}
 
 class Faults : public ::testing::TestWithParam<FaultCase> {};
 
@@ -54,16 +55,19 @@ struct Op {
     Kind kind;
     int slot;
     size_t len;
+    size_t roff;     // READ: where in the peer's read-only buffer
     uint64_t expect; // atomics: the value the responder must return
 };
 
 constexpr int kOps = 3000;
-constexpr int kSlots = 32;           // operations in flight
+constexpr int kSlots = 32;             // operations in flight
 constexpr size_t kSlotLen = 32 * 1024; // largest operation
-constexpr size_t kTail = 16;         // bytes past each operation that must stay zero
+constexpr size_t kTail = 16;           // bytes past each operation that must stay zero
 
 // Every operation owns a slot (a disjoint range in each buffer) until it
-// completes, so its data can be checked exactly then.  Atomics go to two
+// completes, so its data can be checked exactly then.  READs read anywhere in
+// a buffer filled once: a duplicate READ request may be served again after
+// the READ completed, so its source is never rewritten.  Atomics go to two
 // words of their own; the QP executes requests in order, so the value each
 // one returns is known when it is posted.
 class Workload {
@@ -76,14 +80,17 @@ class Workload {
     void run() {
         ASSERT_TRUE(a_src_.ok() && a_dst_.ok() && b_wmem_.ok() && b_rmem_.ok() && b_recv_.ok() &&
                     b_atom_.ok());
+        b_rmem_.fill(rng_());
         b_atom_.set(0);
         b_atom_.word(0) = fa_model_ = rng_();
         b_atom_.word(8) = cs_model_ = rng_();
         Pair::sync_with(p_.b);
-        for (int s = kSlots - 1; s >= 0; s--) free_.push_back(s);
+        for (int s = kSlots - 1; s >= 0; s--)
+            free_.push_back(s);
         ops_.reserve(kOps);
         while (completed_ < kOps) {
-            while (!free_.empty() && int(ops_.size()) < kOps) ASSERT_NO_FATAL_FAILURE(issue());
+            while (!free_.empty() && int(ops_.size()) < kOps)
+                ASSERT_NO_FATAL_FAILURE(issue());
             std::vector<ibv_wc> wcs = poll_n(p_.a.scq, 1);
             ASSERT_EQ(wcs.size(), 1u) << "no completion after " << completed_ << " of " << kOps
                                       << "; in flight: " << in_flight();
@@ -141,11 +148,10 @@ class Workload {
                       0);
             break;
         case kRead:
-            fill_pattern(b_rmem_.data() + off, op.len, id);
-            Pair::sync_with(p_.b);
+            op.roff = rng_() % (b_rmem_.size() - op.len + 1);
             std::memset(a_dst_.data() + off, 0, clear);
             ASSERT_EQ(post_rdma(qp, id, IBV_WR_RDMA_READ, range(a_dst_, off, op.len),
-                                b_rmem_.addr(off), b_rmem_.rkey()),
+                                b_rmem_.addr(op.roff), b_rmem_.rkey()),
                       0);
             break;
         case kSend:
@@ -197,7 +203,7 @@ class Workload {
             break;
         case kRead:
             expect_wc(wc, {wc.wr_id, IBV_WC_SUCCESS, IBV_WC_RDMA_READ, q, int64_t(op.len)});
-            EXPECT_TRUE(same_bytes(a_dst_.data() + off, b_rmem_.data() + off, op.len));
+            EXPECT_TRUE(same_bytes(a_dst_.data() + off, b_rmem_.data() + op.roff, op.len));
             EXPECT_TRUE(all_bytes(a_dst_.data() + off + op.len, tail, 0));
             break;
         case kSend: {
@@ -205,8 +211,7 @@ class Workload {
             // The receive completed before the ACK that completed the send left.
             std::vector<ibv_wc> rc = poll_n(p_.b.rcq, 1);
             ASSERT_EQ(rc.size(), 1u);
-            expect_wc(rc[0],
-                      {wc.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, p_.b.qpn(), int64_t(op.len)});
+            expect_wc(rc[0], {wc.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, p_.b.qpn(), int64_t(op.len)});
             EXPECT_TRUE(same_bytes(b_recv_.data() + off, a_src_.data() + off, op.len));
             EXPECT_TRUE(all_bytes(b_recv_.data() + off + op.len, tail, 0));
             break;
@@ -252,7 +257,10 @@ TEST_P(Faults, MixedTrafficCompletesExactly) {
     o.send_wr = o.recv_wr = 2 * kSlots;
     o.send_sge = o.recv_sge = 1;
     o.rd_atomic = 8;
-    o.timeout = 12; // 16.8 ms: recovers a lost last packet quickly
+    // 67 ms: short enough to recover a lost tail packet quickly, long enough
+    // that a peer's progress thread starved by a loaded machine does not
+    // burn all retries on spurious timeouts.
+    o.timeout = 14;
     o.retry_cnt = 7;
     o.rnr_retry = 7;
     ASSERT_NO_FATAL_FAILURE(p.setup(ca.ctx, cb.ctx, o));
