@@ -42,11 +42,13 @@ inline void icrc_store(uint8_t *p, uint32_t v) {
 }
 
 // Verifies a received datagram.  A receiver behind a UDP socket cannot see
-// the sender's IP ID or DF bit: sroce peers send ID 0 with DF, which is tried
-// first; otherwise the 16-bit ID is solved for (CRC-32 is invertible, so the
-// two unknown bytes are determined by the CRC state on either side of them)
-// and the packet is accepted only if a consistent ID exists, with DF set or
-// clear.  Returns true when the ICRC is valid; *ip_id gets the ID used.
+// the sender's IP ID or DF bit: sroce peers (UDP source port 4791) send ID 0
+// with DF and are held to exactly that.  For other peers the 16-bit ID is
+// solved for (CRC-32 is invertible, so the two unknown bytes are determined
+// by the CRC state on either side of them) and the packet is accepted only if
+// a consistent ID exists, with DF set or clear; this leaves such peers about
+// 2^-15 of undetected corruption instead of 2^-32.  Returns true when the
+// ICRC is valid; *ip_id gets the ID used.
 bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id = nullptr);
 
 } // namespace sroce

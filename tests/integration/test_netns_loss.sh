@@ -181,7 +181,7 @@ run_pair() {
 
 port=18600
 run_pair xfer "$xfer" -d sroce0 -g 1 -p "$port" -- \
-	"$xfer" -d sroce1 -g 1 -p "$port" -n "$iters" --ops "$ops" --seed "$$" --depth 8 --timeout 12 -v 10.200.0.1 &&
+	"$xfer" -d sroce1 -g 1 -p "$port" -n "$iters" --ops "$ops" --seed "$$" --depth 8 --timeout 13 -v 10.200.0.1 &&
 	{
 		grep -q '^xfer: .* OK$' "$tmp/xfer.client" || check_failed "xfer client did not print OK"
 		grep -q '^xfer: .* OK$' "$tmp/xfer.server" || check_failed "xfer server did not print OK"

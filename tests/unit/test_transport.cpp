@@ -1125,7 +1125,8 @@ TEST_F(Rc, RegisterRemoteWriteRequiresLocalWrite) {
         EXPECT_EQ(errno, EINVAL);
         if (mr) ibv_dereg_mr(mr);
     }
-    ibv_mr *mr = ibv_reg_mr(p.a.pd, mem.data(), mem.size(), IBV_ACCESS_REMOTE_READ);
+    const int read_only = IBV_ACCESS_REMOTE_READ;
+    ibv_mr *mr = ibv_reg_mr(p.a.pd, mem.data(), mem.size(), read_only);
     ASSERT_NE(mr, nullptr);
     EXPECT_EQ(ibv_dereg_mr(mr), 0);
 }

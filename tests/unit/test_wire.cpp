@@ -715,11 +715,22 @@ TEST(IcrcVerify, SolvesForARandomIpIdAsLinuxRxeSends) {
 
 TEST(IcrcVerify, AcceptsDfClear) {
     Bytes p = build(kWriteOnly, 0x11, 0x22, 64);
-    Ipv4Header ip = hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, 0, false);
+    Ipv4Header ip = hdr("127.0.0.1", "127.0.0.2", 0xC123, 0, false);
     seal(p, ip);
     uint16_t id = 0xFFFF;
-    EXPECT_TRUE(icrc_verify(hdr("127.0.0.1", "127.0.0.2"), p.data(), p.size(), &id));
+    EXPECT_TRUE(icrc_verify(hdr("127.0.0.1", "127.0.0.2", 0xC123), p.data(), p.size(), &id));
     EXPECT_EQ(id, 0);
+}
+
+// sroce peers (source port 4791) always send ID 0 with DF: anything else from
+// that port is corruption, not a different sender.
+TEST(IcrcVerify, HoldsSrocePeersToIdZeroWithDf) {
+    Bytes p = build(kWriteOnly, 0x11, 0x22, 64);
+    seal(p, hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, 0x1234, true));
+    EXPECT_FALSE(icrc_verify(hdr("127.0.0.1", "127.0.0.2"), p.data(), p.size()));
+    Bytes q = build(kWriteOnly, 0x11, 0x22, 64);
+    seal(q, hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, 0, false));
+    EXPECT_FALSE(icrc_verify(hdr("127.0.0.1", "127.0.0.2"), q.data(), q.size()));
 }
 
 TEST(IcrcVerify, RejectsWrongAddressesOrPorts) {
@@ -752,9 +763,12 @@ TEST(IcrcVerify, RejectsABitFlipInHeaderPayloadOrIcrc) {
                           Case{kReadRespOnly, 128, 0xFFFF, true}}) {
         SCOPED_TRACE(op_info(c.op).name);
         Bytes p = build(c.op, 0x123, 0x456, c.plen);
-        Ipv4Header ip = hdr("127.0.0.9", "127.0.0.8", kRoceV2Port, c.id, c.df);
+        // Non-zero IDs and DF clear come from foreign peers, which never use
+        // source port 4791 (sroce's own packets are held to ID 0 + DF).
+        uint16_t sport = (c.id || !c.df) ? 0xC0DE : kRoceV2Port;
+        Ipv4Header ip = hdr("127.0.0.9", "127.0.0.8", sport, c.id, c.df);
         seal(p, ip);
-        Ipv4Header seen = hdr("127.0.0.9", "127.0.0.8");
+        Ipv4Header seen = hdr("127.0.0.9", "127.0.0.8", sport);
         ASSERT_TRUE(icrc_verify(seen, p.data(), p.size()));
         for (size_t i = 0; i < p.size(); i++) {
             for (int bit = 0; bit < 8; bit++) {
