@@ -136,6 +136,10 @@ bool scatter(SendWqe &w, uint32_t off, const uint8_t *src, uint32_t len) {
 void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     uint8_t syn = pkt.syndrome();
     uint8_t kind = syn & wire::aeth::kKindMask;
+    // A response may only name a PSN this requester has sent; a NAK must name
+    // one still outstanding.  Anything else is stale or forged: ignore it.
+    if (wire::psn_diff(pkt.psn, qp->next_psn) >= 0) return;
+    if (kind != wire::aeth::kAck && wire::psn_diff(pkt.psn, qp->una_psn) < 0) return;
     if (kind == wire::aeth::kAck) {
         uint32_t next = wire::psn_add(pkt.psn, 1);
         if (wire::psn_diff(next, qp->una_psn) < 0) return; // stale

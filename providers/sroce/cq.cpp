@@ -201,6 +201,7 @@ int sroce_resize_cq(struct ibv_cq *ibcq, int cqe) {
 
 int sroce_destroy_cq(struct ibv_cq *ibcq) {
     Cq *cq = to_cq(ibcq);
+    cq->ctx->forget_events(ibcq);
     if (cq->channel) cq->channel->ch.refcnt--;
     pthread_mutex_destroy(&ibcq->mutex);
     pthread_cond_destroy(&ibcq->cond);

@@ -238,6 +238,12 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, TxB
         stats.rx_bad_icrc.fetch_add(1, std::memory_order_relaxed);
         return;
     }
+    // The P_Key table holds only the default full-member key: accept it and
+    // its limited-member form, drop every other partition.
+    if ((wire::bth::pkey(data) & 0x7FFF) != 0x7FFF) {
+        stats.rx_bad_hdr.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
     Qp *qp = find_qp(pkt.qpn);
     if (!qp) {
         stats.rx_no_qp.fetch_add(1, std::memory_order_relaxed);

@@ -36,10 +36,8 @@ void complete_send(Qp *qp, const SendWqe &w, ibv_wc_status status) {
     wc.status = status;
     wc.opcode = wc_opcode(w.opcode);
     wc.qp_num = qp->qpx.qp_base.qp_num;
-    if (w.opcode == IBV_WR_RDMA_READ || w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-        w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
-        wc.byte_len = w.length;
-    if (!qp->scq->push(wc, false)) post_async_event(qp, IBV_EVENT_CQ_ERR);
+    wc.byte_len = w.length; // what Linux rxe reports for every send-side opcode
+    if (!qp->scq->push(wc, false)) post_cq_overflow(qp->ctx, qp->scq);
 }
 
 void complete_recv(Qp *qp, const RecvWqe &r, ibv_wc_status status, ibv_wc_opcode opcode,
@@ -56,18 +54,43 @@ void complete_recv(Qp *qp, const RecvWqe &r, ibv_wc_status status, ibv_wc_opcode
         wc.wc_flags |= IBV_WC_WITH_IMM;
     }
     wc.pkey_index = qp->pkey_index;
-    if (!qp->rcq->push(wc, solicited)) post_async_event(qp, IBV_EVENT_CQ_ERR);
+    if (!qp->rcq->push(wc, solicited)) post_cq_overflow(qp->ctx, qp->rcq);
+}
+
+void Context::post_event(const ibv_async_event &ev) {
+    std::lock_guard<std::mutex> g(async_mu);
+    async_q.push_back(ev);
+    uint8_t one = 1;
+    if (write(async_wr, &one, 1) != 1) { /* a full pipe still leaves the queue readable */
+    }
+}
+
+void Context::forget_events(const void *obj) {
+    std::lock_guard<std::mutex> g(async_mu);
+    for (auto it = async_q.begin(); it != async_q.end();) {
+        if (it->element.qp == obj || it->element.cq == obj) {
+            it = async_q.erase(it);
+            uint8_t b;
+            if (read(async_rd, &b, 1) != 1) { /* a reader already took the wake-up byte */
+            }
+        } else {
+            ++it;
+        }
+    }
 }
 
 void post_async_event(Qp *qp, ibv_event_type type) {
     ibv_async_event ev{};
-    if (type == IBV_EVENT_CQ_ERR)
-        ev.element.cq = reinterpret_cast<ibv_cq *>(&qp->scq->cqx);
-    else
-        ev.element.qp = &qp->qpx.qp_base;
+    ev.element.qp = &qp->qpx.qp_base;
     ev.event_type = type;
-    if (write(qp->ctx->async_wr, &ev, sizeof ev) != sizeof ev) { /* event queue full */
-    }
+    qp->ctx->post_event(ev);
+}
+
+void post_cq_overflow(Context *ctx, Cq *cq) {
+    ibv_async_event ev{};
+    ev.element.cq = reinterpret_cast<ibv_cq *>(&cq->cqx);
+    ev.event_type = IBV_EVENT_CQ_ERR;
+    ctx->post_event(ev);
 }
 
 void qp_flush_queues(Qp *qp) {
@@ -519,6 +542,7 @@ int sroce_destroy_qp(struct ibv_qp *ibqp) {
         std::lock_guard<std::mutex> g(nic->objects_mu);
         nic->remove_qp(qp);
     }
+    qp->ctx->forget_events(ibqp);
     pthread_mutex_destroy(&ibqp->mutex);
     pthread_cond_destroy(&ibqp->cond);
     delete qp;

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <infiniband/verbs.h>
 #include <mutex>
 #include <netinet/in.h>
@@ -56,7 +57,15 @@ struct Context {
     verbs_context vctx; // first; vctx.context is what applications see
     Device *dev = nullptr;
     Nic *nic = nullptr;
-    int async_rd = -1, async_wr = -1; // pipe carrying ibv_async_event records
+    int async_rd = -1, async_wr = -1; // pipe: one byte per queued event, for poll(2)
+    // Events live here rather than in the pipe so that destroying a QP or CQ
+    // can withdraw the events that name it before the pointer dangles.
+    std::mutex async_mu;
+    std::deque<ibv_async_event> async_q;
+
+    void post_event(const ibv_async_event &ev);
+    // Drops queued events naming `obj` (a QP or CQ being destroyed).
+    void forget_events(const void *obj);
 };
 
 inline Context *to_ctx(ibv_context *c) {

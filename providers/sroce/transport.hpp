@@ -35,6 +35,7 @@ void complete_send(Qp *qp, const SendWqe &wqe, ibv_wc_status status);
 void complete_recv(Qp *qp, const RecvWqe &wqe, ibv_wc_status status, ibv_wc_opcode opcode,
                    uint32_t byte_len, __be32 imm, bool with_imm, bool solicited = false);
 void post_async_event(Qp *qp, ibv_event_type type);
+void post_cq_overflow(Context *ctx, Cq *cq);
 
 // Retransmit timeout of the QP's `timeout` attribute: 4.096 us * 2^timeout.
 inline uint64_t timeout_ns(uint8_t t) { return t ? 4096ull << t : 0; }

@@ -347,9 +347,18 @@ int sroce_get_pkey_index(struct ibv_context *, uint8_t port, __be16 pkey) {
     return 0;
 }
 
-int sroce_get_async_event(struct ibv_context *ctx, struct ibv_async_event *event) {
-    ssize_t r = read(to_ctx(ctx)->async_rd, event, sizeof *event);
-    return r == sizeof *event ? 0 : -1;
+int sroce_get_async_event(struct ibv_context *ibctx, struct ibv_async_event *event) {
+    Context *ctx = to_ctx(ibctx);
+    for (;;) {
+        // Blocks, or fails with EAGAIN, as the application set async_fd.
+        uint8_t b;
+        if (read(ctx->async_rd, &b, 1) != 1) return -1;
+        std::lock_guard<std::mutex> g(ctx->async_mu);
+        if (ctx->async_q.empty()) continue; // withdrawn by a destroy
+        *event = ctx->async_q.front();
+        ctx->async_q.pop_front();
+        return 0;
+    }
 }
 
 void sroce_ack_async_event(struct ibv_async_event *) {}

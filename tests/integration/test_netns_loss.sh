@@ -12,7 +12,7 @@
 # Exits 77 (ctest SKIP_RETURN_CODE) without root, network namespaces, veth
 # or nftables.  Traffic stays inside the namespaces created here.
 #
-# ctest: TIMEOUT=900 LABELS=netns PROCESSORS=2
+# ctest: TIMEOUT=600 LABELS=netns PROCESSORS=2
 set -uo pipefail
 
 build=${1:?usage: test_netns_loss.sh BUILD-DIR}
@@ -29,6 +29,8 @@ done
 loss=${SROCE_TEST_LOSS_PERCENT:-5}
 iters=${SROCE_TEST_XFER_ITERS:-3000}
 ops=${SROCE_TEST_XFER_OPS:-write,send,imm,fadd,cswp}
+# A new operation mix each run; the seed is printed so a failure can be rerun.
+seed=${SROCE_TEST_XFER_SEED:-$$}
 
 skip() {
 	echo "SKIP: $*" >&2
@@ -75,10 +77,11 @@ fail() {
 in_a() { ip netns exec "$ns_a" "$@"; }
 in_b() { ip netns exec "$ns_b" "$@"; }
 
-in_a ip link set lo up && in_b ip link set lo up &&
+if ! { in_a ip link set lo up && in_b ip link set lo up &&
 	in_a ip addr add 10.200.0.1/24 dev veth-a && in_b ip addr add 10.200.0.2/24 dev veth-b &&
-	in_a ip link set veth-a up && in_b ip link set veth-b up ||
+	in_a ip link set veth-a up && in_b ip link set veth-b up; }; then
 	fail "cannot configure the namespaces"
+fi
 # sroce reports the port's state from the interface's, so let the veth
 # carrier come up before anything looks at it.
 deadline=$((SECONDS + 10))
@@ -180,8 +183,9 @@ run_pair() {
 }
 
 port=18600
+echo "sroce_xfer: $iters operations ($ops), seed $seed"
 run_pair xfer "$xfer" -d sroce0 -g 1 -p "$port" -- \
-	"$xfer" -d sroce1 -g 1 -p "$port" -n "$iters" --ops "$ops" --seed "$$" --depth 8 --timeout 13 -v 10.200.0.1 &&
+	"$xfer" -d sroce1 -g 1 -p "$port" -n "$iters" --ops "$ops" --seed "$seed" --depth 8 --timeout 13 -v 10.200.0.1 &&
 	{
 		grep -q '^xfer: .* OK$' "$tmp/xfer.client" || check_failed "xfer client did not print OK"
 		grep -q '^xfer: .* OK$' "$tmp/xfer.server" || check_failed "xfer server did not print OK"

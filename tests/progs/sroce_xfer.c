@@ -58,6 +58,8 @@ enum { N_ATOMIC_WORDS = 16, N_FADD_WORDS = 8, MAX_DEPTH = 256, MAX_INLINE = 128 
 #define MAGIC_DONE 0x73786665726f6333ull
 #define MAGIC_RESULT 0x73786665726f6334ull
 
+enum op_type { OP_WRITE_READ, OP_SEND, OP_WRITE_IMM, OP_FETCH_ADD, OP_CMP_SWP, OP_NTYPES };
+
 struct options {
     const char *dev;
     int gid_index;
@@ -88,7 +90,7 @@ static struct options opt = {
     .timeout = 14,
     .retry = 7,
     .stall_ms = 30000,
-    .ops = (1u << 5) - 1,
+    .ops = (1u << OP_NTYPES) - 1,
 };
 
 static const char *role = "xfer";
@@ -167,8 +169,6 @@ static uint32_t random_size(struct rng *r, uint32_t max) {
     uint32_t s = (uint32_t)(1 + rng_below(r, span));
     return s > max ? max : s;
 }
-
-enum op_type { OP_WRITE_READ, OP_SEND, OP_WRITE_IMM, OP_FETCH_ADD, OP_CMP_SWP, OP_NTYPES };
 
 static const char *op_name[OP_NTYPES] = {"write+read", "send", "write_imm", "fetch_add", "cmp_swp"};
 
