@@ -22,12 +22,12 @@ extern "C" {
 /* GID types as reported by the private ibv_query_gid_type(): RoCE v1 and IB
  * GIDs share one value, unlike enum ibv_gid_type of verbs.h. */
 enum ibv_gid_type_sysfs {
-	IBV_GID_TYPE_SYSFS_IB_ROCE_V1 = 0,
-	IBV_GID_TYPE_SYSFS_ROCE_V2 = 1,
+    IBV_GID_TYPE_SYSFS_IB_ROCE_V1 = 0,
+    IBV_GID_TYPE_SYSFS_ROCE_V2 = 1,
 };
 
 int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,
-		       enum ibv_gid_type_sysfs *type);
+                       enum ibv_gid_type_sysfs *type);
 
 const char *ibv_get_sysfs_path(void);
 int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size);
@@ -43,7 +43,7 @@ void ibv_copy_path_rec_to_kern(struct ib_user_path_rec *dst, struct ibv_sa_path_
 /* Pre-rdma-core driver registration; libibverbs keeps only a non-default
  * IBVERBS_1.1 no-op stub for old binaries. */
 typedef struct ibv_device *(*sroce_shim_driver_init_fn)(const char *uverbs_sys_path,
-							  int abi_version);
+                                                        int abi_version);
 
 #ifdef __cplusplus
 }

@@ -13,7 +13,9 @@ bool needs_response(const SendWqe &w) {
            w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 
-uint32_t last_psn(const SendWqe &w) { return wire::psn_add(w.first_psn, w.npkts - 1); }
+uint32_t last_psn(const SendWqe &w) {
+    return wire::psn_add(w.first_psn, w.npkts - 1);
+}
 
 // Pops finished WQEs off the tail, generating their completions.
 void retire(Qp *qp) {
@@ -280,9 +282,9 @@ void on_atomic_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
 
 uint64_t rnr_timer_ns(uint8_t code) {
     // IBTA table 45, in microseconds; code 0 means 655.36 ms.
-    static const uint32_t us[32] = {655360, 10,  20,  30,   40,   60,   80,   120,
-                                    160,    240, 320, 480,  640,  960,  1280, 1920,
-                                    2560,   3840, 5120, 7680, 10240, 15360, 20480, 30720,
+    static const uint32_t us[32] = {655360, 10,    20,    30,     40,     60,     80,     120,
+                                    160,    240,   320,   480,    640,    960,    1280,   1920,
+                                    2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
                                     40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
     return uint64_t(us[code & 31]) * 1000;
 }

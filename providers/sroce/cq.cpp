@@ -78,19 +78,43 @@ int next_poll(ibv_cq_ex *cqx) {
     return 0;
 }
 
-void end_poll(ibv_cq_ex *cqx) { reinterpret_cast<Cq *>(cqx)->mu.unlock(); }
+void end_poll(ibv_cq_ex *cqx) {
+    reinterpret_cast<Cq *>(cqx)->mu.unlock();
+}
 
-Cq *cur(ibv_cq_ex *c) { return reinterpret_cast<Cq *>(c); }
-ibv_wc_opcode read_opcode(ibv_cq_ex *c) { return cur(c)->cur.opcode; }
-uint32_t read_vendor_err(ibv_cq_ex *c) { return cur(c)->cur.vendor_err; }
-uint32_t read_byte_len(ibv_cq_ex *c) { return cur(c)->cur.byte_len; }
-__be32 read_imm_data(ibv_cq_ex *c) { return cur(c)->cur.imm_data; }
-uint32_t read_qp_num(ibv_cq_ex *c) { return cur(c)->cur.qp_num; }
-uint32_t read_src_qp(ibv_cq_ex *c) { return cur(c)->cur.src_qp; }
-unsigned int read_wc_flags(ibv_cq_ex *c) { return cur(c)->cur.wc_flags; }
-uint32_t read_slid(ibv_cq_ex *c) { return cur(c)->cur.slid; }
-uint8_t read_sl(ibv_cq_ex *c) { return cur(c)->cur.sl; }
-uint8_t read_dlid_path_bits(ibv_cq_ex *c) { return cur(c)->cur.dlid_path_bits; }
+Cq *cur(ibv_cq_ex *c) {
+    return reinterpret_cast<Cq *>(c);
+}
+ibv_wc_opcode read_opcode(ibv_cq_ex *c) {
+    return cur(c)->cur.opcode;
+}
+uint32_t read_vendor_err(ibv_cq_ex *c) {
+    return cur(c)->cur.vendor_err;
+}
+uint32_t read_byte_len(ibv_cq_ex *c) {
+    return cur(c)->cur.byte_len;
+}
+__be32 read_imm_data(ibv_cq_ex *c) {
+    return cur(c)->cur.imm_data;
+}
+uint32_t read_qp_num(ibv_cq_ex *c) {
+    return cur(c)->cur.qp_num;
+}
+uint32_t read_src_qp(ibv_cq_ex *c) {
+    return cur(c)->cur.src_qp;
+}
+unsigned int read_wc_flags(ibv_cq_ex *c) {
+    return cur(c)->cur.wc_flags;
+}
+uint32_t read_slid(ibv_cq_ex *c) {
+    return cur(c)->cur.slid;
+}
+uint8_t read_sl(ibv_cq_ex *c) {
+    return cur(c)->cur.sl;
+}
+uint8_t read_dlid_path_bits(ibv_cq_ex *c) {
+    return cur(c)->cur.dlid_path_bits;
+}
 
 Cq *make_cq(Context *ctx, int cqe, void *cq_context, ibv_comp_channel *channel) {
     if (cqe < 1 || uint32_t(cqe) > kMaxCqe) {
@@ -132,8 +156,12 @@ Cq *make_cq(Context *ctx, int cqe, void *cq_context, ibv_comp_channel *channel) 
 } // namespace
 
 // Installed into each context's ops by verbs.cpp.
-int cq_poll(ibv_cq *cq, int n, ibv_wc *wc) { return poll_cq(cq, n, wc); }
-int cq_req_notify(ibv_cq *cq, int solicited_only) { return req_notify_cq(cq, solicited_only); }
+int cq_poll(ibv_cq *cq, int n, ibv_wc *wc) {
+    return poll_cq(cq, n, wc);
+}
+int cq_req_notify(ibv_cq *cq, int solicited_only) {
+    return req_notify_cq(cq, solicited_only);
+}
 
 ibv_cq_ex *create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr) {
     constexpr uint64_t kSupported = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM |
@@ -192,7 +220,8 @@ int sroce_resize_cq(struct ibv_cq *ibcq, int cqe) {
     if (cqe < 1 || uint32_t(cqe) > kMaxCqe || uint32_t(cqe) < cq->count) return EINVAL;
     std::vector<ibv_wc> ring(size_t(cqe) + 1);
     uint32_t size = uint32_t(cq->ring.size());
-    for (uint32_t i = 0; i < cq->count; i++) ring[i] = cq->ring[(cq->head + i) % size];
+    for (uint32_t i = 0; i < cq->count; i++)
+        ring[i] = cq->ring[(cq->head + i) % size];
     cq->ring.swap(ring);
     cq->head = 0;
     ibcq->cqe = cqe;

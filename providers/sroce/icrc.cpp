@@ -45,15 +45,19 @@ struct Tables {
     constexpr Tables() {
         for (uint32_t i = 0; i < 256; i++) {
             uint32_t c = i;
-            for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+            for (int k = 0; k < 8; k++)
+                c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
             fwd[i] = c;
         }
-        for (uint32_t i = 0; i < 256; i++) by_top[fwd[i] >> 24] = uint8_t(i);
+        for (uint32_t i = 0; i < 256; i++)
+            by_top[fwd[i] >> 24] = uint8_t(i);
     }
 };
 constexpr Tables kT;
 
-inline uint32_t step_fwd(uint32_t s, uint8_t b) { return (s >> 8) ^ kT.fwd[(s ^ b) & 0xFF]; }
+inline uint32_t step_fwd(uint32_t s, uint8_t b) {
+    return (s >> 8) ^ kT.fwd[(s ^ b) & 0xFF];
+}
 inline uint32_t step_back(uint32_t s, uint8_t b) {
     uint8_t idx = kT.by_top[s >> 24];
     return ((s ^ kT.fwd[idx]) << 8) | uint8_t(idx ^ b);
@@ -65,11 +69,14 @@ bool solve_ip_id(const uint8_t *pseudo, const uint8_t *rest, size_t rest_len, ui
                  uint16_t *id) {
     // Forward to just before the ID (raw register, init all ones).
     uint32_t s12 = 0xFFFFFFFFu;
-    for (size_t i = 0; i < kIpIdOffset; i++) s12 = step_fwd(s12, pseudo[i]);
+    for (size_t i = 0; i < kIpIdOffset; i++)
+        s12 = step_fwd(s12, pseudo[i]);
     // Backward from the final register over every byte after the ID.
     uint32_t s = ~icrc;
-    for (size_t i = rest_len; i-- > 0;) s = step_back(s, rest[i]);
-    for (size_t i = kPseudoLen; i-- > kIpIdOffset + 2;) s = step_back(s, pseudo[i]);
+    for (size_t i = rest_len; i-- > 0;)
+        s = step_back(s, rest[i]);
+    for (size_t i = kPseudoLen; i-- > kIpIdOffset + 2;)
+        s = step_back(s, pseudo[i]);
     // s is the register after both ID bytes; undo them symbolically.
     uint32_t s14 = s;
     uint8_t idx13 = kT.by_top[s14 >> 24];

@@ -26,7 +26,9 @@ struct Ipv4Header {
 // icrc_final().  udp_payload_len includes the ICRC itself.
 uint32_t icrc_begin(const Ipv4Header &ip, size_t udp_payload_len, const uint8_t *bth);
 uint32_t icrc_update(uint32_t state, const void *data, size_t len);
-inline uint32_t icrc_final(uint32_t state) { return state; }
+inline uint32_t icrc_final(uint32_t state) {
+    return state;
+}
 
 // ICRC of a whole datagram whose last 4 bytes are the ICRC field.
 uint32_t icrc_compute(const Ipv4Header &ip, const uint8_t *pkt, size_t len);

@@ -87,7 +87,7 @@ class Nic {
     std::mutex qp_alloc_mu_;
     uint32_t qp_next_ = 0;
     std::atomic<uint32_t> qp_top_{0}; // one past the highest slot ever used
-    std::vector<Qp *> acks_;           // QPs with a coalesced ACK to send
+    std::vector<Qp *> acks_;          // QPs with a coalesced ACK to send
     FaultConfig fault_;
     uint64_t rng_ = 0;
     bool busy_poll_ = false;

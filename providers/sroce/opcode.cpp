@@ -88,7 +88,9 @@ static_assert(kTable[kFlush].reth == kBthLen + kFethLen);
 
 } // namespace
 
-const OpInfo &op_info(uint8_t opcode) { return kTable[opcode]; }
+const OpInfo &op_info(uint8_t opcode) {
+    return kTable[opcode];
+}
 
 const char *parse_error_str(ParseError e) {
     switch (e) {

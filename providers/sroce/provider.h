@@ -23,9 +23,8 @@ extern "C" {
  * whole process.  Returns the count, sets *devs (never NULL). */
 int sroce_device_list(struct ibv_device ***devs);
 int sroce_owns_device(const struct ibv_device *dev);
-static inline int sroce_owns_context(const struct ibv_context *ctx)
-{
-	return ctx && sroce_owns_device(ctx->device);
+static inline int sroce_owns_context(const struct ibv_context *ctx) {
+    return ctx && sroce_owns_device(ctx->device);
 }
 
 __be64 sroce_get_device_guid(struct ibv_device *dev);
@@ -40,11 +39,11 @@ int sroce_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr);
 int sroce_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr);
 int sroce_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid);
 int sroce_query_gid_type(struct ibv_context *ctx, uint8_t port, unsigned int index,
-			 enum ibv_gid_type *type);
+                         enum ibv_gid_type *type);
 int sroce_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index,
-		       struct ibv_gid_entry *entry, uint32_t flags);
+                       struct ibv_gid_entry *entry, uint32_t flags);
 ssize_t sroce_query_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *entries,
-			      size_t max_entries, uint32_t flags);
+                              size_t max_entries, uint32_t flags);
 int sroce_query_pkey(struct ibv_context *ctx, uint8_t port, int index, __be16 *pkey);
 int sroce_get_pkey_index(struct ibv_context *ctx, uint8_t port, __be16 pkey);
 
@@ -55,15 +54,15 @@ struct ibv_pd *sroce_alloc_pd(struct ibv_context *ctx);
 int sroce_dealloc_pd(struct ibv_pd *pd);
 
 struct ibv_mr *sroce_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
-			    unsigned int access);
-int sroce_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr,
-		   size_t length, int access);
+                            unsigned int access);
+int sroce_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length,
+                   int access);
 int sroce_dereg_mr(struct ibv_mr *mr);
 
 struct ibv_comp_channel *sroce_create_comp_channel(struct ibv_context *ctx);
 int sroce_destroy_comp_channel(struct ibv_comp_channel *channel);
 struct ibv_cq *sroce_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
-			       struct ibv_comp_channel *channel, int comp_vector);
+                               struct ibv_comp_channel *channel, int comp_vector);
 int sroce_resize_cq(struct ibv_cq *cq, int cqe);
 int sroce_destroy_cq(struct ibv_cq *cq);
 int sroce_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context);
@@ -76,7 +75,7 @@ int sroce_destroy_srq(struct ibv_srq *srq);
 
 struct ibv_qp *sroce_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
 int sroce_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask,
-		   struct ibv_qp_init_attr *init_attr);
+                   struct ibv_qp_init_attr *init_attr);
 int sroce_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);
 int sroce_destroy_qp(struct ibv_qp *qp);
 struct ibv_qp_ex *sroce_qp_to_qp_ex(struct ibv_qp *qp);

@@ -124,7 +124,8 @@ void reset_state(Qp *qp) {
     qp->in_msg = 0;
     qp->recv_taken = false;
     qp->last_nak_rewind = UINT32_MAX;
-    for (RdResource &r : qp->rd_res) r.valid = false;
+    for (RdResource &r : qp->rd_res)
+        r.valid = false;
 }
 
 // Required and optional attributes of each RC transition (IBTA 11.2.4.2).
@@ -239,7 +240,8 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
     if (mask & IBV_QP_RETRY_CNT) qp->retry_cnt = qp->retries_left = attr->retry_cnt;
     if (mask & IBV_QP_RNR_RETRY) qp->rnr_retry = qp->rnr_left = attr->rnr_retry;
     if (mask & IBV_QP_MIN_RNR_TIMER) qp->min_rnr_timer = attr->min_rnr_timer;
-    if (mask & IBV_QP_MAX_QP_RD_ATOMIC) qp->max_rd_atomic = std::max<uint8_t>(1, attr->max_rd_atomic);
+    if (mask & IBV_QP_MAX_QP_RD_ATOMIC)
+        qp->max_rd_atomic = std::max<uint8_t>(1, attr->max_rd_atomic);
     if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) {
         qp->max_dest_rd_atomic = std::max<uint8_t>(1, attr->max_dest_rd_atomic);
         qp->rd_res.assign(qp->max_dest_rd_atomic, RdResource{});
@@ -291,8 +293,8 @@ void wr_start(ibv_qp_ex *qpx) {
 int wr_complete(ibv_qp_ex *qpx) {
     Qp *qp = to_qp(qpx);
     int err = t_wr.error;
-    if (!err && (qp->state == IBV_QPS_RESET || qp->state == IBV_QPS_INIT ||
-                 qp->state == IBV_QPS_RTR))
+    if (!err &&
+        (qp->state == IBV_QPS_RESET || qp->state == IBV_QPS_INIT || qp->state == IBV_QPS_RTR))
         err = EINVAL;
     if (!err) {
         qp->sq_head += t_wr.pending;
@@ -315,12 +317,18 @@ void wr_rdma(ibv_qp_ex *qpx, ibv_wr_opcode op, uint32_t rkey, uint64_t addr, __b
         w->imm = imm;
     }
 }
-void wr_rdma_write(ibv_qp_ex *q, uint32_t rkey, uint64_t a) { wr_rdma(q, IBV_WR_RDMA_WRITE, rkey, a, 0); }
+void wr_rdma_write(ibv_qp_ex *q, uint32_t rkey, uint64_t a) {
+    wr_rdma(q, IBV_WR_RDMA_WRITE, rkey, a, 0);
+}
 void wr_rdma_write_imm(ibv_qp_ex *q, uint32_t rkey, uint64_t a, __be32 imm) {
     wr_rdma(q, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, a, imm);
 }
-void wr_rdma_read(ibv_qp_ex *q, uint32_t rkey, uint64_t a) { wr_rdma(q, IBV_WR_RDMA_READ, rkey, a, 0); }
-void wr_send(ibv_qp_ex *q) { wr_begin(q, IBV_WR_SEND); }
+void wr_rdma_read(ibv_qp_ex *q, uint32_t rkey, uint64_t a) {
+    wr_rdma(q, IBV_WR_RDMA_READ, rkey, a, 0);
+}
+void wr_send(ibv_qp_ex *q) {
+    wr_begin(q, IBV_WR_SEND);
+}
 void wr_send_imm(ibv_qp_ex *q, __be32 imm) {
     if (SendWqe *w = wr_begin(q, IBV_WR_SEND_WITH_IMM)) w->imm = imm;
 }
@@ -357,8 +365,12 @@ void wr_set_inline_data(ibv_qp_ex *q, void *addr, size_t length) {
     ibv_data_buf b{addr, length};
     wr_set_inline_data_list(q, 1, &b);
 }
-void wr_unsupported_ud(ibv_qp_ex *, ibv_ah *, uint32_t, uint32_t) { t_wr.error = EOPNOTSUPP; }
-void wr_unsupported_xrc(ibv_qp_ex *, uint32_t) { t_wr.error = EOPNOTSUPP; }
+void wr_unsupported_ud(ibv_qp_ex *, ibv_ah *, uint32_t, uint32_t) {
+    t_wr.error = EOPNOTSUPP;
+}
+void wr_unsupported_xrc(ibv_qp_ex *, uint32_t) {
+    t_wr.error = EOPNOTSUPP;
+}
 
 int post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad) {
     return req_post_send(to_qp(ibqp), wr, bad);
@@ -369,8 +381,12 @@ int post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
 
 } // namespace
 
-int qp_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) { return post_send(qp, wr, bad); }
-int qp_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad) { return post_recv(qp, wr, bad); }
+int qp_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
+    return post_send(qp, wr, bad);
+}
+int qp_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
+    return post_recv(qp, wr, bad);
+}
 
 ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) {
     constexpr uint64_t kSendOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
@@ -549,6 +565,8 @@ int sroce_destroy_qp(struct ibv_qp *ibqp) {
     return 0;
 }
 
-struct ibv_qp_ex *sroce_qp_to_qp_ex(struct ibv_qp *qp) { return &to_qp(qp)->qpx; }
+struct ibv_qp_ex *sroce_qp_to_qp_ex(struct ibv_qp *qp) {
+    return &to_qp(qp)->qpx;
+}
 
 } // extern "C"

@@ -16,13 +16,19 @@ constexpr uint32_t kAckReqEvery = 32;
 
 thread_local TxBatch t_tx;
 
-bool is_read(const SendWqe &w) { return w.opcode == IBV_WR_RDMA_READ; }
+bool is_read(const SendWqe &w) {
+    return w.opcode == IBV_WR_RDMA_READ;
+}
 bool is_atomic(const SendWqe &w) {
     return w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
-bool needs_credit(const SendWqe &w) { return is_read(w) || is_atomic(w); }
+bool needs_credit(const SendWqe &w) {
+    return is_read(w) || is_atomic(w);
+}
 
-uint32_t div_up(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+uint32_t div_up(uint32_t a, uint32_t b) {
+    return (a + b - 1) / b;
+}
 
 // Fills iov with the bytes [off, off+len) of the WQE's gather list.
 int gather(const SendWqe &w, uint32_t off, uint32_t len, iovec *iov) {
@@ -49,8 +55,7 @@ uint8_t send_write_opcode(const SendWqe &w, uint32_t i) {
     if (first && last)
         return write ? (imm ? kWriteOnlyImm : kWriteOnly) : (imm ? kSendOnlyImm : kSendOnly);
     if (first) return write ? kWriteFirst : kSendFirst;
-    if (last)
-        return write ? (imm ? kWriteLastImm : kWriteLast) : (imm ? kSendLastImm : kSendLast);
+    if (last) return write ? (imm ? kWriteLastImm : kWriteLast) : (imm ? kSendLastImm : kSendLast);
     return write ? kWriteMiddle : kSendMiddle;
 }
 
@@ -248,7 +253,8 @@ bool req_fill_inline(Qp *qp, SendWqe &w, uint32_t slot, const ibv_data_buf *bufs
         w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
         return false;
     uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) total += bufs[i].length;
+    for (size_t i = 0; i < n; i++)
+        total += bufs[i].length;
     if (total > qp->max_inline) return false;
     // data(), not operator[]: with max_inline_data 0 the pool is empty and
     // only zero-length inline sends get here.

@@ -78,10 +78,10 @@ bool place_recv(Qp *qp, const uint8_t *src, uint32_t len) {
 void send_read_responses(Qp *qp, TxBatch &tx, uint32_t psn, const uint8_t *src, uint32_t len) {
     uint32_t n = std::max(1u, (len + qp->mtu - 1) / qp->mtu);
     for (uint32_t i = 0; i < n; i++) {
-        uint8_t op = n == 1        ? kReadRespOnly
-                     : i == 0      ? kReadRespFirst
+        uint8_t op = n == 1       ? kReadRespOnly
+                     : i == 0     ? kReadRespFirst
                      : i + 1 == n ? kReadRespLast
-                                   : kReadRespMiddle;
+                                  : kReadRespMiddle;
         const OpInfo &info = op_info(op);
         uint8_t hdr[kBthLen + kAethLen];
         bth::build(hdr, op, false, 0, kDefaultPkey, qp->dest_qpn, false, psn_add(psn, i));

@@ -128,7 +128,9 @@ struct Cq {
     bool push(const ibv_wc &wc, bool solicited);
 };
 
-inline Cq *to_cq(ibv_cq *c) { return reinterpret_cast<Cq *>(c); }
+inline Cq *to_cq(ibv_cq *c) {
+    return reinterpret_cast<Cq *>(c);
+}
 
 // Send queue entry.
 struct SendWqe {
@@ -146,10 +148,10 @@ struct SendWqe {
     // transport state
     bool started = false;
     uint32_t first_psn = 0;
-    uint32_t npkts = 0;     // PSNs this WQE consumes
-    uint32_t sent_pkts = 0; // packets (re)transmitted so far in the current pass
-    uint32_t read_next = 0; // READ: index of the next response packet expected
-    bool done = false;      // acknowledged
+    uint32_t npkts = 0;                    // PSNs this WQE consumes
+    uint32_t sent_pkts = 0;                // packets (re)transmitted so far in the current pass
+    uint32_t read_next = 0;                // READ: index of the next response packet expected
+    bool done = false;                     // acknowledged
     ibv_wc_status status = IBV_WC_SUCCESS; // a local error found when posting
 };
 
@@ -206,9 +208,9 @@ struct Qp {
     std::vector<SendWqe> sq;
     std::vector<ibv_sge> sq_sge;
     std::vector<uint8_t> sq_inline;
-    uint32_t sq_head = 0;  // next free slot (posted count)
-    uint32_t sq_tail = 0;  // oldest not completed
-    uint32_t sq_cur = 0;   // next to transmit
+    uint32_t sq_head = 0; // next free slot (posted count)
+    uint32_t sq_tail = 0; // oldest not completed
+    uint32_t sq_cur = 0;  // next to transmit
     // ibv_wr_* batch in progress
     uint32_t wr_batch_start = 0;
     bool wr_batch_error = false;
@@ -235,7 +237,7 @@ struct Qp {
     bool ack_pending = false;
     bool ack_listed = false; // on the NIC's list of ACKs to send after this batch
     uint32_t ack_psn = 0;
-    uint8_t in_msg = 0;     // 0, kOpSend or kOpWrite: multi-packet message in progress
+    uint8_t in_msg = 0;      // 0, kOpSend or kOpWrite: multi-packet message in progress
     uint32_t msg_offset = 0; // bytes placed in the current message
     uint8_t *write_ptr = nullptr;
     uint64_t write_remaining = 0;
@@ -246,8 +248,12 @@ struct Qp {
     bool in_error() const { return state == IBV_QPS_ERR; }
 };
 
-inline Qp *to_qp(ibv_qp *q) { return reinterpret_cast<Qp *>(q); }
-inline Qp *to_qp(ibv_qp_ex *q) { return reinterpret_cast<Qp *>(q); }
+inline Qp *to_qp(ibv_qp *q) {
+    return reinterpret_cast<Qp *>(q);
+}
+inline Qp *to_qp(ibv_qp_ex *q) {
+    return reinterpret_cast<Qp *>(q);
+}
 
 uint64_t now_ns();
 

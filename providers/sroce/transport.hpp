@@ -38,7 +38,9 @@ void post_async_event(Qp *qp, ibv_event_type type);
 void post_cq_overflow(Context *ctx, Cq *cq);
 
 // Retransmit timeout of the QP's `timeout` attribute: 4.096 us * 2^timeout.
-inline uint64_t timeout_ns(uint8_t t) { return t ? 4096ull << t : 0; }
+inline uint64_t timeout_ns(uint8_t t) {
+    return t ? 4096ull << t : 0;
+}
 // IBTA RNR timer encoding (5 bits) to nanoseconds.
 uint64_t rnr_timer_ns(uint8_t code);
 

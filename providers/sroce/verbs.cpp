@@ -22,7 +22,9 @@ int qp_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad);
 int qp_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad);
 ibv_qp *create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr);
 
-int mtu_bytes(ibv_mtu m) { return 128 << int(m); }
+int mtu_bytes(ibv_mtu m) {
+    return 128 << int(m);
+}
 
 namespace {
 
@@ -50,9 +52,10 @@ void read_mac(const std::string &netdev, uint8_t mac[6]) {
     std::ifstream f("/sys/class/net/" + netdev + "/address");
     unsigned v[6];
     std::string s;
-    if (f >> s && sscanf(s.c_str(), "%x:%x:%x:%x:%x:%x", &v[0], &v[1], &v[2], &v[3], &v[4],
-                         &v[5]) == 6)
-        for (int i = 0; i < 6; i++) mac[i] = uint8_t(v[i]);
+    if (f >> s &&
+        sscanf(s.c_str(), "%x:%x:%x:%x:%x:%x", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) == 6)
+        for (int i = 0; i < 6; i++)
+            mac[i] = uint8_t(v[i]);
 }
 
 void load_devices() {
@@ -92,8 +95,8 @@ void load_devices() {
             d.mac[1] = 0x00;
             std::memcpy(d.mac + 2, &d.addr, 4);
         }
-        uint8_t eui[8] = {uint8_t(d.mac[0] ^ 2), d.mac[1], d.mac[2], 0xFF, 0xFE,
-                          d.mac[3],              d.mac[4], d.mac[5]};
+        uint8_t eui[8] = {
+            uint8_t(d.mac[0] ^ 2), d.mac[1], d.mac[2], 0xFF, 0xFE, d.mac[3], d.mac[4], d.mac[5]};
         std::memcpy(&d.guid, eui, 8);
         // GID table as Linux rxe builds it: link-local first, then the
         // IPv4-mapped address, both RoCE v2.
@@ -144,7 +147,9 @@ ibv_qp *ctx_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr) {
 
 } // namespace
 
-Device *to_dev(ibv_device *d) { return reinterpret_cast<Device *>(d); }
+Device *to_dev(ibv_device *d) {
+    return reinterpret_cast<Device *>(d);
+}
 
 } // namespace sroce
 
@@ -163,8 +168,12 @@ int sroce_owns_device(const struct ibv_device *dev) {
     return p >= g_devs && p < g_devs + g_ndevs;
 }
 
-__be64 sroce_get_device_guid(struct ibv_device *dev) { return to_dev(dev)->guid; }
-int sroce_get_device_index(struct ibv_device *dev) { return 1000 + to_dev(dev)->index; }
+__be64 sroce_get_device_guid(struct ibv_device *dev) {
+    return to_dev(dev)->guid;
+}
+int sroce_get_device_index(struct ibv_device *dev) {
+    return 1000 + to_dev(dev)->index;
+}
 
 int sroce_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size) {
     std::call_once(g_once, load_devices);
@@ -254,8 +263,8 @@ int sroce_query_device(struct ibv_context *ctx, struct ibv_device_attr *a) {
     a->hw_ver = 0;
     a->max_qp = int(kMaxQps);
     a->max_qp_wr = int(kMaxWr);
-    a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
-                          IBV_DEVICE_PORT_ACTIVE_EVENT;
+    a->device_cap_flags =
+        IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT;
     a->max_sge = int(kMaxSge);
     a->max_sge_rd = int(kMaxSge);
     a->max_cq = 1 << 16;
@@ -286,8 +295,8 @@ int sroce_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr
     a->max_msg_sz = uint32_t(kMaxMsgSize);
     a->pkey_tbl_len = 1;
     a->max_vl_num = 1;
-    a->active_width = 1;  // 1X
-    a->active_speed = 1;  // 2.5 Gb/s, what rxe reports
+    a->active_width = 1;        // 1X
+    a->active_speed = 1;        // 2.5 Gb/s, what rxe reports
     a->phys_state = up ? 5 : 3; // LinkUp / Disabled
     a->link_layer = IBV_LINK_LAYER_ETHERNET;
     return 0;
@@ -329,7 +338,8 @@ ssize_t sroce_query_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *ent
                               size_t max_entries, uint32_t flags) {
     if (flags) return -EINVAL;
     if (max_entries < size_t(kNumGids)) return -EINVAL;
-    for (int i = 0; i < kNumGids; i++) sroce_query_gid_ex(ctx, 1, uint32_t(i), &entries[i], 0);
+    for (int i = 0; i < kNumGids; i++)
+        sroce_query_gid_ex(ctx, 1, uint32_t(i), &entries[i], 0);
     return kNumGids;
 }
 
@@ -370,14 +380,22 @@ struct ibv_ah *sroce_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *) {
     return nullptr;
 }
 
-int sroce_destroy_ah(struct ibv_ah *) { return EOPNOTSUPP; }
+int sroce_destroy_ah(struct ibv_ah *) {
+    return EOPNOTSUPP;
+}
 
 struct ibv_srq *sroce_create_srq(struct ibv_pd *, struct ibv_srq_init_attr *) {
     errno = EOPNOTSUPP;
     return nullptr;
 }
-int sroce_modify_srq(struct ibv_srq *, struct ibv_srq_attr *, int) { return EOPNOTSUPP; }
-int sroce_query_srq(struct ibv_srq *, struct ibv_srq_attr *) { return EOPNOTSUPP; }
-int sroce_destroy_srq(struct ibv_srq *) { return EOPNOTSUPP; }
+int sroce_modify_srq(struct ibv_srq *, struct ibv_srq_attr *, int) {
+    return EOPNOTSUPP;
+}
+int sroce_query_srq(struct ibv_srq *, struct ibv_srq_attr *) {
+    return EOPNOTSUPP;
+}
+int sroce_destroy_srq(struct ibv_srq *) {
+    return EOPNOTSUPP;
+}
 
 } // extern "C"

@@ -30,12 +30,18 @@ constexpr size_t kUdpHdrLen = 8;
 // Largest transport header stack any opcode carries (BTH + AtomicETH).
 constexpr size_t kMaxHdrLen = kBthLen + kAtomicEthLen;
 
-inline uint16_t get16(const uint8_t *p) { return uint16_t(p[0] << 8 | p[1]); }
-inline uint32_t get24(const uint8_t *p) { return uint32_t(p[0]) << 16 | uint32_t(p[1]) << 8 | p[2]; }
+inline uint16_t get16(const uint8_t *p) {
+    return uint16_t(p[0] << 8 | p[1]);
+}
+inline uint32_t get24(const uint8_t *p) {
+    return uint32_t(p[0]) << 16 | uint32_t(p[1]) << 8 | p[2];
+}
 inline uint32_t get32(const uint8_t *p) {
     return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3];
 }
-inline uint64_t get64(const uint8_t *p) { return uint64_t(get32(p)) << 32 | get32(p + 4); }
+inline uint64_t get64(const uint8_t *p) {
+    return uint64_t(get32(p)) << 32 | get32(p + 4);
+}
 inline void put16(uint8_t *p, uint16_t v) {
     p[0] = uint8_t(v >> 8);
     p[1] = uint8_t(v);
@@ -55,22 +61,44 @@ inline void put64(uint8_t *p, uint64_t v) {
 }
 
 // 24-bit PSN arithmetic: a - b as a signed distance.
-inline int32_t psn_diff(uint32_t a, uint32_t b) { return int32_t((a - b) << 8) >> 8; }
-inline uint32_t psn_add(uint32_t a, uint32_t n) { return (a + n) & kPsnMask; }
+inline int32_t psn_diff(uint32_t a, uint32_t b) {
+    return int32_t((a - b) << 8) >> 8;
+}
+inline uint32_t psn_add(uint32_t a, uint32_t n) {
+    return (a + n) & kPsnMask;
+}
 
 // Base Transport Header, 12 bytes.
 //  0 opcode | 1 SE M Pad(2) TVer(4) | 2-3 P_Key | 4 FECN BECN resv6 | 5-7 DestQP
 //  8 A resv7 | 9-11 PSN
 namespace bth {
-inline uint8_t opcode(const uint8_t *h) { return h[0]; }
-inline bool se(const uint8_t *h) { return h[1] & 0x80; }
-inline bool mig(const uint8_t *h) { return h[1] & 0x40; }
-inline uint8_t pad(const uint8_t *h) { return (h[1] >> 4) & 3; }
-inline uint8_t tver(const uint8_t *h) { return h[1] & 0xF; }
-inline uint16_t pkey(const uint8_t *h) { return get16(h + 2); }
-inline uint32_t qpn(const uint8_t *h) { return get24(h + 5); }
-inline bool ackreq(const uint8_t *h) { return h[8] & 0x80; }
-inline uint32_t psn(const uint8_t *h) { return get24(h + 9); }
+inline uint8_t opcode(const uint8_t *h) {
+    return h[0];
+}
+inline bool se(const uint8_t *h) {
+    return h[1] & 0x80;
+}
+inline bool mig(const uint8_t *h) {
+    return h[1] & 0x40;
+}
+inline uint8_t pad(const uint8_t *h) {
+    return (h[1] >> 4) & 3;
+}
+inline uint8_t tver(const uint8_t *h) {
+    return h[1] & 0xF;
+}
+inline uint16_t pkey(const uint8_t *h) {
+    return get16(h + 2);
+}
+inline uint32_t qpn(const uint8_t *h) {
+    return get24(h + 5);
+}
+inline bool ackreq(const uint8_t *h) {
+    return h[8] & 0x80;
+}
+inline uint32_t psn(const uint8_t *h) {
+    return get24(h + 9);
+}
 inline void build(uint8_t *h, uint8_t opcode, bool se, uint8_t pad, uint16_t pkey, uint32_t qpn,
                   bool ackreq, uint32_t psn) {
     h[0] = opcode;

@@ -128,7 +128,8 @@ int main(int argc, char **argv) {
                 ;
         }
         pthread_join(t, NULL);
-        double gbps = ra.seconds > 0 ? (double)ra.received * (double)size * 8 / ra.seconds / 1e9 : 0;
+        double gbps =
+            ra.seconds > 0 ? (double)ra.received * (double)size * 8 / ra.seconds / 1e9 : 0;
         printf("udp_loopback bw: size %zu sent %ld received %ld (%.1f%%) %.3f Gb/s %.1f MB/s\n",
                size, iters, ra.received, 100.0 * (double)ra.received / (double)iters, gbps,
                gbps * 1e3 / 8);
@@ -145,7 +146,8 @@ int main(int argc, char **argv) {
         pthread_join(t, NULL);
         qsort(rtt, (size_t)iters, sizeof(double), cmp_double);
         double sum = 0;
-        for (long i = 0; i < iters; i++) sum += rtt[i];
+        for (long i = 0; i < iters; i++)
+            sum += rtt[i];
         // perftest reports half the round trip as latency; so do we.
         printf("udp_loopback lat: size %zu iters %ld t_min %.2f t_typical %.2f t_avg %.2f "
                "t_99 %.2f usec (one way = RTT/2)\n",
