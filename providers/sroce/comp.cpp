@@ -9,8 +9,7 @@ namespace sroce {
 namespace {
 
 bool needs_response(const SendWqe &w) {
-    return w.opcode == IBV_WR_RDMA_READ || w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-           w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+    return wr_needs_response(w.opcode);
 }
 
 uint32_t last_psn(const SendWqe &w) {
@@ -219,9 +218,16 @@ SendWqe *find_wqe(Qp *qp, uint32_t psn, uint32_t *index) {
     return nullptr;
 }
 
+void on_single_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx, bool atomic);
+
 void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     uint32_t idx;
     SendWqe *w = find_wqe(qp, pkt.psn, &idx);
+    // FLUSH and ATOMIC WRITE are answered by an empty READ RESPONSE ONLY.
+    if (w && wr_ack_only(w->opcode)) {
+        if (pkt.opcode == wire::kReadRespOnly) on_single_response(qp, pkt, tx, false);
+        return;
+    }
     if (!w || w->opcode != IBV_WR_RDMA_READ || w->done) return;
     uint32_t expect = wire::psn_add(w->first_psn, w->read_next);
     int32_t d = wire::psn_diff(pkt.psn, expect);
@@ -259,7 +265,9 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     req_run(qp, tx);
 }
 
-void on_atomic_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
+// Completes the single-PSN request at pkt.psn: an atomic (its original value
+// goes to the local buffer) or a FLUSH / ATOMIC WRITE (nothing to place).
+void on_single_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx, bool atomic) {
     if ((pkt.syndrome() & wire::aeth::kKindMask) != wire::aeth::kAck) {
         on_ack(qp, pkt, tx);
         return;
@@ -267,10 +275,17 @@ void on_atomic_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     uint32_t idx;
     SendWqe *w = find_wqe(qp, pkt.psn, &idx);
     if (!w || w->done || !needs_response(*w) || w->opcode == IBV_WR_RDMA_READ) return;
+    if (wr_ack_only(w->opcode) == atomic) return; // the wrong kind of response
+    if (!atomic && pkt.payload_len != 0) {
+        fail_at(qp, pkt.psn, IBV_WC_BAD_RESP_ERR);
+        return;
+    }
     if (wire::psn_diff(pkt.psn, qp->una_psn) < 0) return;
     uint32_t first_open = ack_below(qp, w->first_psn);
-    uint64_t orig = pkt.orig();
-    std::memcpy(reinterpret_cast<void *>(uintptr_t(w->sge[0].addr)), &orig, 8);
+    if (atomic) {
+        uint64_t orig = pkt.orig();
+        std::memcpy(reinterpret_cast<void *>(uintptr_t(w->sge[0].addr)), &orig, 8);
+    }
     w->done = true;
     retire(qp);
     progress(qp, wire::psn_add(pkt.psn, 1));
@@ -296,7 +311,7 @@ void comp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
         on_ack(qp, pkt, tx);
         break;
     case wire::kAtomicAcknowledge:
-        on_atomic_ack(qp, pkt, tx);
+        on_single_response(qp, pkt, tx, true);
         break;
     case wire::kReadRespFirst:
     case wire::kReadRespMiddle:

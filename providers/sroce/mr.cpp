@@ -75,7 +75,8 @@ struct ibv_mr *sroce_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64
                             unsigned int access) {
     constexpr unsigned kKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                 IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                                IBV_ACCESS_MW_BIND;
+                                IBV_ACCESS_MW_BIND | IBV_ACCESS_FLUSH_GLOBAL |
+                                IBV_ACCESS_FLUSH_PERSISTENT;
     // Optional access bits are hints a provider may ignore (rdma-core's rule).
     unsigned mandatory = access & (IBV_ACCESS_OPTIONAL_FIRST - 1);
     if (mandatory & ~kKnown) {
@@ -92,8 +93,16 @@ struct ibv_mr *sroce_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64
         errno = EINVAL;
         return nullptr;
     }
+    // FLUSH_PERSISTENT promises durability, so memory that cannot be made
+    // durable (anonymous, tmpfs) is refused, as Linux rxe does.
+    MemClass cls = length ? classify_memory(addr, length) : MemClass::kVolatile;
+    if ((access & IBV_ACCESS_FLUSH_PERSISTENT) && cls == MemClass::kVolatile) {
+        errno = EINVAL;
+        return nullptr;
+    }
     Context *ctx = to_ctx(pd->context);
     auto *mr = new Mr;
+    mr->cls = cls;
     mr->addr = static_cast<uint8_t *>(addr);
     mr->iova = iova;
     mr->length = length;

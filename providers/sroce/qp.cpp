@@ -13,6 +13,8 @@ namespace sroce {
 namespace {
 
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
+    // rdma-core 44's enum lacks FLUSH, so it cannot be a case label.
+    if (op == IBV_WR_FLUSH) return IBV_WC_FLUSH;
     switch (op) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
@@ -23,6 +25,8 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
         return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
         return IBV_WC_FETCH_ADD;
+    case IBV_WR_ATOMIC_WRITE:
+        return IBV_WC_ATOMIC_WRITE;
     default:
         return IBV_WC_SEND;
     }
@@ -219,7 +223,8 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
         return EINVAL;
     if ((mask & IBV_QP_ACCESS_FLAGS) &&
         (attr->qp_access_flags & ~unsigned(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                           IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)))
+                                           IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                                           IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT)))
         return EINVAL;
 
     if (mask & IBV_QP_ACCESS_FLAGS) qp->access = attr->qp_access_flags;
@@ -347,6 +352,30 @@ void wr_atomic_fetch_add(ibv_qp_ex *q, uint32_t rkey, uint64_t a, uint64_t add) 
         w->compare_add = add;
     }
 }
+void wr_atomic_write(ibv_qp_ex *q, uint32_t rkey, uint64_t a, const void *value) {
+    if (SendWqe *w = wr_begin(q, IBV_WR_ATOMIC_WRITE)) {
+        w->rkey = rkey;
+        w->remote_addr = a;
+        w->length = 8;
+        std::memcpy(w->atomic_data, value, 8);
+    }
+}
+void wr_flush(ibv_qp_ex *q, uint32_t rkey, uint64_t a, size_t len, uint8_t type, uint8_t level) {
+    // IBTA A19: at least one placement type, and a selectivity level the
+    // FETH can carry; the length travels in a 32-bit DMA length.
+    if (!type || (type & ~(IBV_FLUSH_GLOBAL | IBV_FLUSH_PERSISTENT)) ||
+        (level != IBV_FLUSH_RANGE && level != IBV_FLUSH_MR) || len > UINT32_MAX) {
+        if (!t_wr.error) t_wr.error = EINVAL;
+        return;
+    }
+    if (SendWqe *w = wr_begin(q, IBV_WR_FLUSH)) {
+        w->rkey = rkey;
+        w->remote_addr = a;
+        w->length = uint32_t(len);
+        w->flush_type = type;
+        w->flush_level = level;
+    }
+}
 void wr_set_sge_list(ibv_qp_ex *q, size_t n, const ibv_sge *sg) {
     uint32_t slot;
     if (SendWqe *w = wr_last(q, &slot))
@@ -392,7 +421,8 @@ ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) {
     constexpr uint64_t kSendOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
                                   IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
                                   IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-                                  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+                                  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_FLUSH |
+                                  IBV_QP_EX_WITH_ATOMIC_WRITE;
     Context *ctx = to_ctx(ibctx);
     if (attr->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
         errno = EOPNOTSUPP;
@@ -475,6 +505,8 @@ ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) {
     x.wr_set_sge_list = wr_set_sge_list;
     x.wr_set_inline_data = wr_set_inline_data;
     x.wr_set_inline_data_list = wr_set_inline_data_list;
+    x.wr_atomic_write = wr_atomic_write;
+    qp->wr_flush = wr_flush;
     x.wr_set_ud_addr = wr_unsupported_ud;
     x.wr_set_xrc_srqn = wr_unsupported_xrc;
     return &b;

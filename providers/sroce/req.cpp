@@ -23,7 +23,7 @@ bool is_atomic(const SendWqe &w) {
     return w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 bool needs_credit(const SendWqe &w) {
-    return is_read(w) || is_atomic(w);
+    return wr_needs_response(w.opcode);
 }
 
 uint32_t div_up(uint32_t a, uint32_t b) {
@@ -89,6 +89,24 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx) {
         nic->queue(tx, qp->dest_addr, hdr, kBthLen + kAtomicEthLen, nullptr, 0, 0);
         return;
     }
+    if (w.opcode == IBV_WR_FLUSH) {
+        bth::build(hdr, kFlush, false, 0, kDefaultPkey, qp->dest_qpn, true, psn);
+        put32(hdr + kBthLen, uint32_t(w.flush_level) << 4 | w.flush_type);
+        put64(hdr + kBthLen + kFethLen, w.remote_addr);
+        put32(hdr + kBthLen + kFethLen + 8, w.rkey);
+        put32(hdr + kBthLen + kFethLen + 12, w.length);
+        nic->queue(tx, qp->dest_addr, hdr, kBthLen + kFethLen + kRethLen, nullptr, 0, 0);
+        return;
+    }
+    if (w.opcode == IBV_WR_ATOMIC_WRITE) {
+        bth::build(hdr, kAtomicWrite, false, 0, kDefaultPkey, qp->dest_qpn, true, psn);
+        put64(hdr + kBthLen, w.remote_addr);
+        put32(hdr + kBthLen + 8, w.rkey);
+        put32(hdr + kBthLen + 12, 8);
+        iovec iov{w.atomic_data, 8};
+        nic->queue(tx, qp->dest_addr, hdr, kBthLen + kRethLen, &iov, 1, 8);
+        return;
+    }
     uint8_t op = send_write_opcode(w, i);
     const OpInfo &info = op_info(op);
     bool last = info.flags & kOpLast;
@@ -145,7 +163,10 @@ void req_run(Qp *qp, TxBatch &tx) {
             if (needs_credit(w) && qp->rd_outstanding >= qp->max_rd_atomic) break;
             if (wire::psn_diff(qp->next_psn, qp->una_psn) >= kWindow) break;
             w.first_psn = qp->next_psn;
-            w.npkts = is_atomic(w) ? 1 : std::max(1u, div_up(w.length, qp->mtu));
+            // Atomics, FLUSH and ATOMIC WRITE take one PSN; a READ one per
+            // response packet; SEND/WRITE one per packet.
+            bool single = wr_needs_response(w.opcode) && !is_read(w);
+            w.npkts = single ? 1 : std::max(1u, div_up(w.length, qp->mtu));
             w.sent_pkts = 0;
             w.read_next = 0;
             w.started = true;
@@ -248,6 +269,21 @@ bool req_fill_sges(Qp *qp, SendWqe &w, const ibv_sge *sg, size_t n) {
     return true;
 }
 
+bool req_take_atomic_write_value(SendWqe &w) {
+    // The 8 bytes are captured when posted, like inline data: the wire
+    // carries them exactly as the application laid them out.
+    if (w.length != 8) return false;
+    uint32_t off = 0;
+    for (uint32_t i = 0; i < w.num_sge; i++) {
+        if (w.sge[i].length && w.sge[i].addr)
+            std::memcpy(w.atomic_data + off, reinterpret_cast<void *>(uintptr_t(w.sge[i].addr)),
+                        w.sge[i].length);
+        off += w.sge[i].length;
+    }
+    w.num_sge = 0;
+    return true;
+}
+
 bool req_fill_inline(Qp *qp, SendWqe &w, uint32_t slot, const ibv_data_buf *bufs, size_t n) {
     if (w.opcode == IBV_WR_RDMA_READ || w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
         w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
@@ -316,8 +352,10 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
         case IBV_WR_RDMA_WRITE:
         case IBV_WR_RDMA_WRITE_WITH_IMM:
         case IBV_WR_RDMA_READ:
+        case IBV_WR_ATOMIC_WRITE:
             break;
         default:
+            // FLUSH has no fields in ibv_send_wr: it is posted with ibv_wr_flush().
             err = EINVAL;
             break;
         }
@@ -351,6 +389,7 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
         } else {
             ok = req_fill_sges(qp, w, wr->sg_list, size_t(wr->num_sge));
         }
+        if (ok && wr->opcode == IBV_WR_ATOMIC_WRITE) ok = req_take_atomic_write_value(w);
         if (!ok) {
             err = EINVAL;
             break;

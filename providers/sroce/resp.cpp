@@ -36,8 +36,9 @@ void fatal_nak(Qp *qp, TxBatch &tx, uint8_t code, uint32_t psn) {
         qp->recv_taken = false;
     }
     qp_enter_error(qp);
-    post_async_event(qp, code == aeth::kNakInvalidRequest ? IBV_EVENT_QP_REQ_ERR
-                                                          : IBV_EVENT_QP_ACCESS_ERR);
+    post_async_event(qp, code == aeth::kNakInvalidRequest      ? IBV_EVENT_QP_REQ_ERR
+                         : code == aeth::kNakRemoteAccessError ? IBV_EVENT_QP_ACCESS_ERR
+                                                               : IBV_EVENT_QP_FATAL);
 }
 
 void send_rnr(Qp *qp, TxBatch &tx, uint32_t psn) {
@@ -132,7 +133,7 @@ void duplicate(Qp *qp, const Packet &pkt, TxBatch &tx) {
     if (!r) return;
     if (f & kOpRead) {
         // Reads are idempotent: serve the (possibly partial) re-request again.
-        if (r->atomic) return;
+        if (r->atomic || r->ack_only) return;
         uint64_t va = pkt.va();
         uint32_t len = pkt.dma_len();
         uint8_t *src = len ? check_remote(qp, r->rkey, va, len, IBV_ACCESS_REMOTE_READ) : nullptr;
@@ -142,6 +143,75 @@ void duplicate(Qp *qp, const Packet &pkt, TxBatch &tx) {
     }
     if ((f & kOpAtomic) && r->atomic && r->first_psn == pkt.psn)
         send_atomic_ack(qp, tx, pkt.psn, r->orig); // never executed twice
+    if ((f & (kOpFlush | kOpAtomicWrite)) && r->ack_only && r->first_psn == pkt.psn)
+        send_read_responses(qp, tx, pkt.psn, nullptr, 0); // nor are these
+}
+
+// FLUSH (IBTA A19): QP access decides Invalid Request, MR access Remote
+// Access; every write before it in PSN order is already placed, so making
+// the range durable covers all of them.
+void do_flush(Qp *qp, const Packet &pkt, TxBatch &tx) {
+    uint32_t feth = pkt.feth();
+    unsigned type = feth & 0xF, level = (feth >> 4) & 0x3;
+    unsigned need = ((type & IBV_FLUSH_GLOBAL) ? unsigned(IBV_ACCESS_FLUSH_GLOBAL) : 0u) |
+                    ((type & IBV_FLUSH_PERSISTENT) ? unsigned(IBV_ACCESS_FLUSH_PERSISTENT) : 0u);
+    if (!type || (type & ~3u) || level > IBV_FLUSH_MR || (qp->access & need) != need) {
+        fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+        return;
+    }
+    Mr *mr = qp->nic->mrs.lookup(pkt.rkey());
+    if (!mr || mr->pd != reinterpret_cast<Pd *>(qp->qpx.qp_base.pd)) {
+        fatal_nak(qp, tx, aeth::kNakRemoteAccessError, pkt.psn);
+        return;
+    }
+    uint64_t va = level == IBV_FLUSH_MR ? mr->iova : pkt.va();
+    uint64_t len = level == IBV_FLUSH_MR ? mr->length : pkt.dma_len();
+    uint8_t *p = mr_range(mr, va, len, need);
+    if (!p && (len || (mr->access & need) != need)) {
+        fatal_nak(qp, tx, aeth::kNakRemoteAccessError, pkt.psn);
+        return;
+    }
+    int err = 0;
+    if ((type & IBV_FLUSH_PERSISTENT) && len)
+        err = persist_range(mr->cls, p, len);
+    else
+        visibility_fence();
+    if (err) {
+        fatal_nak(qp, tx, aeth::kNakRemoteOpError, pkt.psn);
+        return;
+    }
+    RdResource &r = new_resource(qp);
+    r.ack_only = true;
+    r.first_psn = r.last_psn = pkt.psn;
+    qp->msn = (qp->msn + 1) & 0xFFFFFF;
+    qp->ack_pending = false;
+    send_read_responses(qp, tx, pkt.psn, nullptr, 0);
+    qp->epsn = psn_add(pkt.psn, 1);
+}
+
+// ATOMIC WRITE (IBTA A19): one naturally aligned 64-bit store, ordered after
+// the writes before it, durable only through a later FLUSH.
+void do_atomic_write(Qp *qp, const Packet &pkt, TxBatch &tx) {
+    uint64_t va = pkt.va();
+    if ((va & 7) || pkt.dma_len() != 8 || pkt.payload_len != 8) {
+        fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+        return;
+    }
+    uint8_t *p = check_remote(qp, pkt.rkey(), va, 8, IBV_ACCESS_REMOTE_WRITE);
+    if (!p) {
+        fatal_nak(qp, tx, aeth::kNakRemoteAccessError, pkt.psn);
+        return;
+    }
+    uint64_t v;
+    std::memcpy(&v, pkt.payload, 8);
+    __atomic_store_n(reinterpret_cast<uint64_t *>(p), v, __ATOMIC_RELEASE);
+    RdResource &r = new_resource(qp);
+    r.ack_only = true;
+    r.first_psn = r.last_psn = pkt.psn;
+    qp->msn = (qp->msn + 1) & 0xFFFFFF;
+    qp->ack_pending = false;
+    send_read_responses(qp, tx, pkt.psn, nullptr, 0);
+    qp->epsn = psn_add(pkt.psn, 1);
 }
 
 } // namespace
@@ -376,9 +446,11 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
         send_atomic_ack(qp, tx, pkt.psn, orig);
         qp->epsn = psn_add(pkt.psn, 1);
         return;
+    } else if (f & kOpFlush) {
+        do_flush(qp, pkt, tx);
+        return;
     } else {
-        // FLUSH and ATOMIC WRITE are not enabled on this QP.
-        fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+        do_atomic_write(qp, pkt, tx);
         return;
     }
     qp->epsn = psn_add(pkt.psn, 1);

@@ -7,12 +7,14 @@
 #pragma once
 
 #include "config.hpp"
+#include "persist.hpp"
 #include "wire.hpp"
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
 #include <infiniband/verbs.h>
+#include <infiniband/verbs_ext.h>
 #include <mutex>
 #include <netinet/in.h>
 #include <string>
@@ -84,6 +86,7 @@ struct Mr {
     size_t length = 0;
     unsigned access = 0;
     Pd *pd = nullptr;
+    MemClass cls = MemClass::kVolatile; // how FLUSH makes this memory durable
 };
 
 // An rkey/lkey names a slot (low bits) plus random high bits, so keys are
@@ -144,6 +147,9 @@ struct SendWqe {
     uint32_t rkey = 0;
     __be32 imm = 0;
     uint64_t compare_add = 0, swap = 0;
+    uint8_t atomic_data[8] = {}; // ATOMIC WRITE payload, as the application gave it
+    uint8_t flush_type = 0;      // FLUSH placement type (IBV_FLUSH_GLOBAL/PERSISTENT)
+    uint8_t flush_level = 0;     // FLUSH selectivity (IBV_FLUSH_RANGE/MR)
     bool signaled = false;
     // transport state
     bool started = false;
@@ -166,7 +172,8 @@ struct RecvWqe {
 // Responder resource for replaying READ / ATOMIC duplicates.
 struct RdResource {
     bool valid = false;
-    bool atomic = false;
+    bool atomic = false;   // replay the saved original value
+    bool ack_only = false; // FLUSH / ATOMIC WRITE: replay the empty READ response
     uint32_t first_psn = 0, last_psn = 0;
     uint64_t va = 0;
     uint32_t rkey = 0, length = 0;
@@ -177,7 +184,8 @@ struct TxBatch;
 
 struct Qp {
     ibv_qp_ex qpx; // first; qpx.qp_base is the ibv_qp
-    // rdma-core >= 45 appends wr_flush right after wr_atomic_write.
+    // rdma-core >= 45 appends wr_flush right after wr_atomic_write; programs
+    // built against it find ours there (see struct ibv_qp_ex_flush).
     void (*wr_flush)(ibv_qp_ex *, uint32_t, uint64_t, size_t, uint8_t, uint8_t) = nullptr;
 
     std::mutex mu;
@@ -247,6 +255,20 @@ struct Qp {
 
     bool in_error() const { return state == IBV_QPS_ERR; }
 };
+
+// Requests answered by a response packet (READ RESPONSE, ATOMIC ACKNOWLEDGE)
+// rather than an ACK: they take read/atomic credits and responder resources.
+inline bool wr_needs_response(ibv_wr_opcode op) {
+    return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP ||
+           op == IBV_WR_ATOMIC_FETCH_AND_ADD || op == IBV_WR_FLUSH || op == IBV_WR_ATOMIC_WRITE;
+}
+// Requests whose response carries no data (an empty READ RESPONSE ONLY).
+inline bool wr_ack_only(ibv_wr_opcode op) {
+    return op == IBV_WR_FLUSH || op == IBV_WR_ATOMIC_WRITE;
+}
+
+static_assert(sizeof(ibv_qp_ex) == offsetof(ibv_qp_ex, wr_atomic_write) + sizeof(void *),
+              "wr_atomic_write must be the last member of rdma-core 44's ibv_qp_ex");
 
 inline Qp *to_qp(ibv_qp *q) {
     return reinterpret_cast<Qp *>(q);

@@ -16,6 +16,8 @@ void req_arm_timer(Qp *qp);
 SendWqe &req_new_wqe(Qp *qp, uint32_t slot, uint64_t wr_id, ibv_wr_opcode op, unsigned flags);
 bool req_fill_sges(Qp *qp, SendWqe &w, const ibv_sge *sg, size_t n);
 bool req_fill_inline(Qp *qp, SendWqe &w, uint32_t slot, const ibv_data_buf *bufs, size_t n);
+// Moves an ATOMIC WRITE's 8-byte value from its gather list into the WQE.
+bool req_take_atomic_write_value(SendWqe &w);
 // Transmits what it can (or flushes everything when the QP is in error).
 void req_kick(Qp *qp);
 

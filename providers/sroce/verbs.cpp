@@ -136,7 +136,8 @@ int query_device_ex(ibv_context *ctx, const ibv_query_device_ex_input *input,
     ibv_device_attr_ex a{};
     int rc = sroce_query_device(ctx, &a.orig_attr);
     if (rc) return rc;
-    a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
+    a.device_cap_flags_ex = a.orig_attr.device_cap_flags | IB_UVERBS_DEVICE_FLUSH_GLOBAL |
+                            IB_UVERBS_DEVICE_FLUSH_PERSISTENT | IB_UVERBS_DEVICE_ATOMIC_WRITE;
     std::memcpy(attr, &a, std::min(attr_size, sizeof a));
     return 0;
 }

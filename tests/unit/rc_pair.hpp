@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
+#include <infiniband/verbs_ext.h>
 
 #include <algorithm>
 #include <arpa/inet.h>
@@ -419,7 +420,8 @@ class Pair {
             ia.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
                                 IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
                                 IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-                                IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+                                IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_FLUSH |
+                                IBV_QP_EX_WITH_ATOMIC_WRITE;
             s.qp = ibv_create_qp_ex(ctx, &ia);
             ASSERT_NE(s.qp, nullptr) << std::strerror(errno);
             s.qpx = ibv_qp_to_qp_ex(s.qp);

@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <infiniband/verbs.h>
+#include <infiniband/verbs_ext.h>
 #include <netinet/in.h>
 #include <optional>
 #include <poll.h>
@@ -167,9 +168,10 @@ class Env : public ::testing::Environment {
             w.fatal = "cannot allocate a PD or buffers";
             return;
         }
-        w.mr = ibv_reg_mr(w.pd, w.buf, kMrLen,
-                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                              IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+        w.mr =
+            ibv_reg_mr(w.pd, w.buf, kMrLen,
+                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                           IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_FLUSH_GLOBAL);
         w.mr_noread = ibv_reg_mr(w.pd, w.noread, kNoReadLen,
                                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
         if (!w.mr || !w.mr_noread) w.fatal = std::string("ibv_reg_mr: ") + strerror(errno);
@@ -387,7 +389,8 @@ class FakePeer : public ::testing::Test {
         cq = nullptr;
     }
 
-    void create_qp(uint32_t rq_psn, uint32_t sq_psn, uint8_t timeout = 0) {
+    void create_qp(uint32_t rq_psn, uint32_t sq_psn, uint8_t timeout = 0,
+                   unsigned extra_access = 0) {
         if (qp) {
             drain_async_events();
             ibv_destroy_qp(qp);
@@ -409,7 +412,7 @@ class FakePeer : public ::testing::Test {
         a.pkey_index = 0;
         a.port_num = 1;
         a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                            IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+                            IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC | extra_access;
         ASSERT_EQ(ibv_modify_qp(
                       qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
                   0);
@@ -1088,18 +1091,65 @@ TEST_F(FakePeer, ZeroLengthReadAndWriteNeedNoValidKey) {
     ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn + 2));
 }
 
-TEST_F(FakePeer, FlushAndAtomicWriteNotEnabledNakInvalidRequest) {
+TEST_F(FakePeer, FlushWithoutQpFlushAccessIsInvalidRequest) {
     Bytes feth(4);
-    put32(feth.data(), 1);
+    put32(feth.data(), 1); // placement: global visibility, selectivity: range
     send(packet(kFlush, qpn, kRqPsn, cat(feth, reth(va(0x100), rkey(), 64)), {}));
     ASSERT_NO_FATAL_FAILURE(
         expect_fatal_nak(aeth::kNak | aeth::kNakInvalidRequest, kRqPsn, IBV_EVENT_QP_REQ_ERR));
-    ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn));
-    drain_async_events();
-    send(packet(kAtomicWrite, qpn, kRqPsn, reth(va(0x100), rkey(), 8), pattern(8, 1)));
+}
+
+// FLUSH and ATOMIC WRITE are answered by an empty READ RESPONSE ONLY; a
+// duplicate is answered again from the responder resources, never executed
+// a second time.
+TEST_F(FakePeer, FlushIsAnsweredAndItsDuplicateReplayed) {
+    ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn, 0, IBV_ACCESS_FLUSH_GLOBAL));
+    Bytes feth(4);
+    put32(feth.data(), 1);
+    Bytes flush = packet(kFlush, qpn, kRqPsn, cat(feth, reth(va(0x100), rkey(), 64)), {});
+    for (int pass = 0; pass < 2; pass++) {
+        send(flush);
+        std::optional<Rx> r = reply();
+        ASSERT_TRUE(r) << "pass " << pass;
+        EXPECT_EQ(r->opcode, kReadRespOnly) << r->str();
+        EXPECT_EQ(r->psn, kRqPsn);
+        EXPECT_EQ(r->syndrome & aeth::kKindMask, aeth::kAck);
+        EXPECT_TRUE(r->payload.empty());
+    }
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn + 1));
+}
+
+TEST_F(FakePeer, AtomicWriteStoresOnceAndItsDuplicateIsReplayed) {
+    Bytes v1 = pattern(8, 1), v2 = pattern(8, 2);
+    Bytes aw = packet(kAtomicWrite, qpn, kRqPsn, reth(va(0x100), rkey(), 8), v1);
+    send(aw);
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kReadRespOnly) << r->str();
+    EXPECT_EQ(r->psn, kRqPsn);
+    EXPECT_EQ(r->syndrome & aeth::kKindMask, aeth::kAck);
+    EXPECT_TRUE(r->payload.empty());
+    qp_state(); // orders the engine's store before this thread's read
+    EXPECT_EQ(std::memcmp(w.buf + 0x100, v1.data(), 8), 0);
+    // A later WRITE changes the word; the duplicate must not undo it.
+    send(packet(kWriteOnly, qpn, kRqPsn + 1, reth(va(0x100), rkey(), 8), v2, true));
+    r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kAcknowledge) << r->str();
+    send(aw);
+    r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kReadRespOnly) << r->str();
+    EXPECT_EQ(r->psn, kRqPsn);
+    qp_state();
+    EXPECT_EQ(std::memcmp(w.buf + 0x100, v2.data(), 8), 0) << "duplicate ATOMIC WRITE re-executed";
+}
+
+TEST_F(FakePeer, MisalignedAtomicWriteIsInvalidRequest) {
+    send(packet(kAtomicWrite, qpn, kRqPsn, reth(va(0x104), rkey(), 8), pattern(8, 1)));
     ASSERT_NO_FATAL_FAILURE(
         expect_fatal_nak(aeth::kNak | aeth::kNakInvalidRequest, kRqPsn, IBV_EVENT_QP_REQ_ERR));
-    expect_untouched(0x100, 8);
+    expect_untouched(0x104, 8);
 }
 
 TEST_F(FakePeer, MisalignedAtomicIsRejected) {

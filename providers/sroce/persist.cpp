@@ -1,0 +1,190 @@
+#include "persist.hpp"
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <fstream>
+#include <libpmem.h>
+#include <linux/magic.h>
+#include <string>
+#include <string_view>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+
+namespace sroce {
+namespace {
+
+// Read on every persist, so it must cost one load when no hook is installed
+// (the normal case).  ctx is published before the hook (release/acquire): a
+// reader that sees a hook also sees the ctx installed with it.
+std::atomic<PersistHook> g_hook{nullptr};
+std::atomic<void *> g_hook_ctx{nullptr};
+
+inline void report(const void *addr, size_t len) {
+    PersistHook hook = g_hook.load(std::memory_order_acquire);
+    if (hook != nullptr) [[unlikely]]
+        hook(g_hook_ctx.load(std::memory_order_relaxed), addr, len);
+}
+
+// One line of /proc/self/maps, as far as classification needs it.
+struct Mapping {
+    uintptr_t lo = 0, hi = 0;
+    bool shared = false;
+    unsigned long ino = 0;
+    std::string_view path; // may be empty, "[heap]", or end in " (deleted)"
+};
+
+template <typename T>
+bool parse_num(std::string_view &s, T &out, int base) {
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out, base);
+    if (ec != std::errc() || p == s.data()) return false;
+    s.remove_prefix(size_t(p - s.data()));
+    return true;
+}
+
+bool eat(std::string_view &s, char c) {
+    if (s.empty() || s.front() != c) return false;
+    s.remove_prefix(1);
+    return true;
+}
+
+// "lo-hi perms offset major:minor inode   path".  A line we cannot read makes
+// the caller give up, never guess: vouching for durability needs certainty.
+bool parse_maps_line(std::string_view s, Mapping &m) {
+    unsigned long long off;
+    unsigned major, minor;
+    if (!parse_num(s, m.lo, 16) || !eat(s, '-') || !parse_num(s, m.hi, 16) || !eat(s, ' '))
+        return false;
+    if (s.size() < 5 || s[4] != ' ') return false;
+    m.shared = s[3] == 's';
+    s.remove_prefix(5);
+    if (!parse_num(s, off, 16) || !eat(s, ' ') || !parse_num(s, major, 16) || !eat(s, ':') ||
+        !parse_num(s, minor, 16) || !eat(s, ' ') || !parse_num(s, m.ino, 10))
+        return false;
+    size_t start = s.find_first_not_of(' ');
+    m.path = start == std::string_view::npos ? std::string_view() : s.substr(start);
+    return m.lo < m.hi;
+}
+
+// Filesystems whose files live in RAM (or are not files at all): msync on
+// them returns success without anything reaching storage.
+bool memory_filesystem(uint32_t magic) {
+    switch (magic) {
+    case TMPFS_MAGIC: // also devtmpfs, and shmem behind /dev/shm and memfd
+    case RAMFS_MAGIC:
+    case HUGETLBFS_MAGIC:
+    case PROC_SUPER_MAGIC:
+    case SYSFS_MAGIC:
+    case DEBUGFS_MAGIC:
+    case TRACEFS_MAGIC:
+    case SECURITYFS_MAGIC:
+    case CGROUP_SUPER_MAGIC:
+    case CGROUP2_SUPER_MAGIC:
+    case BPF_FS_MAGIC:
+    case DEVPTS_SUPER_MAGIC:
+    case ANON_INODE_FS_MAGIC:
+    case SECRETMEM_MAGIC:
+        return true;
+    default:
+        return false;
+    }
+}
+
+// Whether msync on this mapping puts its bytes on storage.  The kernel shows
+// a path, not the file; the path is trusted only while it still names the
+// mapped inode, so a renamed-over or unreachable (other mount namespace)
+// path makes the mapping volatile rather than borrowing another file's
+// filesystem.
+bool durable_file_mapping(const Mapping &m) {
+    constexpr std::string_view kDeleted = " (deleted)";
+    if (!m.shared || m.path.empty() || m.path.front() != '/' || m.path.ends_with(kDeleted))
+        return false;
+    std::string path(m.path);
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_ino != m.ino) return false;
+    struct statfs fs;
+    if (::statfs(path.c_str(), &fs) != 0) return false;
+    return !memory_filesystem(uint32_t(fs.f_type));
+}
+
+// True when [begin, end) is covered, without holes, by durable file mappings.
+// /proc/self/maps is sorted by address, so one pass suffices.
+bool covered_by_durable_files(uintptr_t begin, uintptr_t end) {
+    std::ifstream maps("/proc/self/maps");
+    if (!maps) return false;
+    std::string line;
+    uintptr_t next = begin; // first byte not yet known to be durable
+    while (std::getline(maps, line)) {
+        Mapping m;
+        if (!parse_maps_line(line, m)) return false;
+        if (m.hi <= next) continue;
+        if (m.lo > next || !durable_file_mapping(m)) return false;
+        next = m.hi;
+        if (next >= end) return true;
+    }
+    return false;
+}
+
+} // namespace
+
+const char *mem_class_name(MemClass c) {
+    switch (c) {
+    case MemClass::kVolatile:
+        return "volatile";
+    case MemClass::kFile:
+        return "file";
+    case MemClass::kPmem:
+        return "pmem";
+    }
+    return "?";
+}
+
+MemClass classify_memory(const void *addr, size_t len) {
+    auto begin = reinterpret_cast<uintptr_t>(addr);
+    if (len == 0 || len > UINTPTR_MAX - begin) return MemClass::kVolatile;
+    if (pmem_is_pmem(addr, len)) return MemClass::kPmem;
+    return covered_by_durable_files(begin, begin + len) ? MemClass::kFile : MemClass::kVolatile;
+}
+
+int persist_range(MemClass cls, const void *addr, size_t len) {
+    switch (len == 0 ? MemClass::kVolatile : cls) {
+    case MemClass::kPmem:
+        pmem_persist(addr, len);
+        break;
+    case MemClass::kFile:
+        // msync writes back what is in the page cache; non-temporal stores
+        // may still sit in write-combining buffers, which entering the kernel
+        // does not drain.
+        pmem_drain();
+        if (pmem_msync(addr, len) != 0) return errno != 0 ? errno : EIO;
+        break;
+    case MemClass::kVolatile:
+        pmem_drain();
+        break;
+    }
+    report(addr, len);
+    return 0;
+}
+
+void visibility_fence() {
+    // pmem_drain is the store fence libpmem pairs with its own non-temporal
+    // copies (sfence on x86, dmb ishst on ARM), and it is an opaque call, so
+    // the compiler cannot move stores across it either.
+    pmem_drain();
+    report(nullptr, 0);
+}
+
+void copy_nontemporal(void *dst, const void *src, size_t len) {
+    pmem_memcpy(dst, src, len, PMEM_F_MEM_NONTEMPORAL | PMEM_F_MEM_NODRAIN);
+}
+
+void set_persist_hook(PersistHook hook, void *ctx) {
+    // Clearing first means a reader that sees the new hook sees the new ctx.
+    // One that loaded the old hook just before may still read the new ctx,
+    // which is why the hook is only changed while no traffic runs.
+    g_hook.store(nullptr, std::memory_order_release);
+    g_hook_ctx.store(ctx, std::memory_order_relaxed);
+    g_hook.store(hook, std::memory_order_release);
+}
+
+} // namespace sroce
