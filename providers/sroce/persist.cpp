@@ -1,5 +1,7 @@
 #include "persist.hpp"
 
+#include "provider.h"
+
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -188,3 +190,8 @@ void set_persist_hook(PersistHook hook, void *ctx) {
 }
 
 } // namespace sroce
+
+extern "C" __attribute__((visibility("default"))) void
+sroce_set_persist_hook(void (*hook)(void *ctx, const void *addr, size_t len), void *ctx) {
+    sroce::set_persist_hook(hook, ctx);
+}

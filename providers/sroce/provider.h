@@ -83,6 +83,12 @@ struct ibv_qp_ex *sroce_qp_to_qp_ex(struct ibv_qp *qp);
 struct ibv_ah *sroce_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
 int sroce_destroy_ah(struct ibv_ah *ah);
 
+/* Test persistence domain: every range the engine makes durable (FLUSH,
+ * commits) is also reported to `hook` before the operation is acknowledged,
+ * so a harness can keep an image of what would survive power loss.  Set it
+ * before traffic starts; NULL removes it.  Exported as SROCE_PRIVATE_1. */
+void sroce_set_persist_hook(void (*hook)(void *ctx, const void *addr, size_t len), void *ctx);
+
 #ifdef __cplusplus
 }
 #endif
