@@ -17,7 +17,8 @@
  * persistence domain: they survive a crash of the target.
  *
  * Build:  cc -o flush_example flush_example.c $(pkg-config --cflags --libs libibverbs-ext)
- * Run on two sroce links on loopback:
+ * Run on two sroce links on loopback (see sroce(8); SROCE_CONFIG may name a
+ * private link file instead):
  *         sroce link add sroce0 netdev lo addr 127.0.0.1
  *         sroce link add sroce1 netdev lo addr 127.0.0.2
  *         ./flush_example -i sroce0 -t sroce1
@@ -122,7 +123,7 @@ static struct ibv_qp *create_qp(struct end *e, uint64_t send_ops) {
 }
 
 /* RESET -> INIT -> RTR -> RTS, aimed at the peer's QP. */
-static int connect_qp(struct end *e, const struct end *peer, int gid_index, int access) {
+static int connect_qp(struct end *e, const struct end *peer, int gid_index, unsigned access) {
     struct ibv_qp_attr a;
 
     memset(&a, 0, sizeof(a));

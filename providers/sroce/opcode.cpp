@@ -7,7 +7,7 @@ namespace sroce::wire {
 namespace {
 
 constexpr OpInfo make(const char *name, uint16_t hdrs, uint16_t flags) {
-    OpInfo o{name, hdrs, flags, 0, 0, 0, 0, 0, 0, 0, 0};
+    OpInfo o{name, hdrs, flags, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     // IBTA fixes the order of extended headers: RETH/AtomicETH, AETH, AtomicAckETH, ImmDt, IETH.
     // FLUSH carries FETH before RETH.
     uint8_t off = kBthLen;
@@ -18,6 +18,10 @@ constexpr OpInfo make(const char *name, uint16_t hdrs, uint16_t flags) {
     if (hdrs & kHasReth) {
         o.reth = off;
         off += kRethLen;
+    }
+    if (hdrs & kHasCeth) {
+        o.ceth = off;
+        off += kCethLen;
     }
     if (hdrs & kHasAtomicEth) {
         o.atomic_eth = off;
@@ -76,6 +80,14 @@ constexpr std::array<OpInfo, 256> build_table() {
     t[kSendOnlyInv] = make("SEND_ONLY_WITH_INVALIDATE", P | kHasIeth, RQ | kOpSend | F | L | C);
     t[kFlush] = make("FLUSH", kHasFeth | kHasReth, RQ | kOpFlush | F | L | C);
     t[kAtomicWrite] = make("ATOMIC_WRITE", P | kHasReth, RQ | kOpAtomicWrite | F | L | C);
+    constexpr uint16_t CW = RQ | kOpWrite | kOpCommit;
+    t[kCommitWriteFirst] = make("COMMIT_WRITE_FIRST", P | kHasReth | kHasCeth, CW | F);
+    t[kCommitWriteMiddle] = make("COMMIT_WRITE_MIDDLE", P, CW | M);
+    t[kCommitWriteLast] = make("COMMIT_WRITE_LAST", P, CW | L | C);
+    t[kCommitWriteLastImm] = make("COMMIT_WRITE_LAST_WITH_IMMEDIATE", P | kHasImmDt, CW | L | C);
+    t[kCommitWriteOnly] = make("COMMIT_WRITE_ONLY", P | kHasReth | kHasCeth, CW | F | L | C);
+    t[kCommitWriteOnlyImm] = make("COMMIT_WRITE_ONLY_WITH_IMMEDIATE",
+                                  P | kHasReth | kHasCeth | kHasImmDt, CW | F | L | C);
     return t;
 }
 
@@ -85,6 +97,8 @@ static_assert(kTable[kWriteOnlyImm].hdr_len == kBthLen + kRethLen + kImmDtLen);
 static_assert(kTable[kAtomicAcknowledge].hdr_len == kBthLen + kAethLen + kAtomicAckEthLen);
 static_assert(kTable[kCompareSwap].hdr_len == kMaxHdrLen);
 static_assert(kTable[kFlush].reth == kBthLen + kFethLen);
+static_assert(kTable[kCommitWriteOnlyImm].ceth == kBthLen + kRethLen);
+static_assert(kTable[kCommitWriteOnlyImm].immdt == kBthLen + kRethLen + kCethLen);
 
 } // namespace
 

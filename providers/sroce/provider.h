@@ -12,6 +12,7 @@
 #define SROCE_PROVIDER_H
 
 #include <infiniband/verbs.h>
+#include <infiniband/verbs_ext.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -82,6 +83,11 @@ struct ibv_qp_ex *sroce_qp_to_qp_ex(struct ibv_qp *qp);
 
 struct ibv_ah *sroce_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
 int sroce_destroy_ah(struct ibv_ah *ah);
+
+/* Write-commit (see <infiniband/verbs_ext.h>). */
+int sroce_query_commit_caps(struct ibv_context *ctx, struct ibv_commit_caps *caps);
+int sroce_qp_set_commit_peer(struct ibv_qp *qp, uint32_t peer_commit_caps);
+const struct ibv_qp_commit_ops *sroce_qp_to_commit_ops(struct ibv_qp_ex *qp);
 
 /* Test persistence domain: every range the engine makes durable (FLUSH,
  * commits) is also reported to `hook` before the operation is acknowledged,

@@ -34,13 +34,32 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
 
 } // namespace
 
+// A write-commit sent as an IBTA sequence reports once: when one part fails,
+// the parts after it up to the final one stay silent.
+void silence_rest_of_commit(Qp *qp, const SendWqe &w) {
+    uint32_t cap = qp->max_send_wr;
+    uint32_t slot = uint32_t(&w - qp->sq.data());
+    for (uint32_t k = 1; k < cap; k++) {
+        SendWqe &x = qp->sq[(slot + k) % cap];
+        if (x.commit_part == kCommitNone) break;
+        x.suppressed = true;
+        if (x.commit_part == kCommitFinal) break;
+    }
+}
+
 void complete_send(Qp *qp, const SendWqe &w, ibv_wc_status status) {
+    if (w.suppressed) return;
+    if (w.commit_part == kCommitInner) {
+        if (status == IBV_WC_SUCCESS) return;
+        silence_rest_of_commit(qp, w);
+    }
     ibv_wc wc{};
     wc.wr_id = w.wr_id;
     wc.status = status;
-    wc.opcode = wc_opcode(w.opcode);
+    wc.opcode = w.commit_part != kCommitNone ? IBV_WC_RDMA_WRITE_COMMIT : wc_opcode(w.opcode);
     wc.qp_num = qp->qpx.qp_base.qp_num;
-    wc.byte_len = w.length; // what Linux rxe reports for every send-side opcode
+    // byte_len: what Linux rxe reports for every send-side opcode.
+    wc.byte_len = w.commit_part != kCommitNone ? w.report_len : w.length;
     if (!qp->scq->push(wc, false)) post_cq_overflow(qp->ctx, qp->scq);
 }
 
@@ -99,8 +118,9 @@ void post_cq_overflow(Context *ctx, Cq *cq) {
 
 void qp_flush_queues(Qp *qp) {
     uint32_t scap = qp->max_send_wr, rcap = qp->max_recv_wr;
-    for (uint32_t i = qp->sq_tail; i != qp->sq_head; i++)
+    for (uint32_t i = qp->sq_tail; i != qp->sq_head; i++) {
         complete_send(qp, qp->sq[i % scap], IBV_WC_WR_FLUSH_ERR);
+    }
     qp->sq_tail = qp->sq_cur = qp->sq_head;
     qp->rd_outstanding = 0;
     for (uint32_t i = qp->rq_tail; i != qp->rq_head; i++)
@@ -130,6 +150,8 @@ void reset_state(Qp *qp) {
     qp->last_nak_rewind = UINT32_MAX;
     for (RdResource &r : qp->rd_res)
         r.valid = false;
+    qp->dirty.clear();
+    qp->in_msg_commit = false;
 }
 
 // Required and optional attributes of each RC transition (IBTA 11.2.4.2).
@@ -265,10 +287,12 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
 struct WrBatch {
     uint32_t pending = 0;
     int error = 0;
+    uint32_t sge_slot = 0;            // the WQE ibv_wr_set_sge* fills
+    uint32_t final_slot = UINT32_MAX; // the WQE reporting the current commit
 };
 thread_local WrBatch t_wr;
 
-SendWqe *wr_begin(ibv_qp_ex *qpx, ibv_wr_opcode op) {
+SendWqe *wr_begin_flags(ibv_qp_ex *qpx, ibv_wr_opcode op, unsigned flags) {
     Qp *qp = to_qp(qpx);
     if (t_wr.error) return nullptr;
     if (qp->sq_head + t_wr.pending - qp->sq_tail >= qp->max_send_wr) {
@@ -277,7 +301,13 @@ SendWqe *wr_begin(ibv_qp_ex *qpx, ibv_wr_opcode op) {
     }
     uint32_t slot = (qp->sq_head + t_wr.pending) % qp->max_send_wr;
     t_wr.pending++;
-    return &req_new_wqe(qp, slot, qpx->wr_id, op, qpx->wr_flags);
+    t_wr.sge_slot = slot;
+    t_wr.final_slot = UINT32_MAX;
+    return &req_new_wqe(qp, slot, qpx->wr_id, op, flags);
+}
+
+SendWqe *wr_begin(ibv_qp_ex *qpx, ibv_wr_opcode op) {
+    return wr_begin_flags(qpx, op, qpx->wr_flags);
 }
 
 SendWqe *wr_last(ibv_qp_ex *qpx, uint32_t *slot) {
@@ -286,8 +316,14 @@ SendWqe *wr_last(ibv_qp_ex *qpx, uint32_t *slot) {
         if (!t_wr.error) t_wr.error = EINVAL;
         return nullptr;
     }
-    *slot = (qp->sq_head + t_wr.pending - 1) % qp->max_send_wr;
+    *slot = t_wr.sge_slot;
     return &qp->sq[*slot];
+}
+
+// The gather list of a commit's write is known only now: its completion
+// reports that length.
+void note_commit_length(Qp *qp, const SendWqe &w) {
+    if (t_wr.final_slot != UINT32_MAX) qp->sq[t_wr.final_slot].report_len = w.length;
 }
 
 void wr_start(ibv_qp_ex *qpx) {
@@ -378,8 +414,10 @@ void wr_flush(ibv_qp_ex *q, uint32_t rkey, uint64_t a, size_t len, uint8_t type,
 }
 void wr_set_sge_list(ibv_qp_ex *q, size_t n, const ibv_sge *sg) {
     uint32_t slot;
-    if (SendWqe *w = wr_last(q, &slot))
+    if (SendWqe *w = wr_last(q, &slot)) {
         if (!req_fill_sges(to_qp(q), *w, sg, n)) t_wr.error = EINVAL;
+        note_commit_length(to_qp(q), *w);
+    }
 }
 void wr_set_sge(ibv_qp_ex *q, uint32_t lkey, uint64_t addr, uint32_t length) {
     ibv_sge sge{addr, length, lkey};
@@ -387,9 +425,82 @@ void wr_set_sge(ibv_qp_ex *q, uint32_t lkey, uint64_t addr, uint32_t length) {
 }
 void wr_set_inline_data_list(ibv_qp_ex *q, size_t n, const ibv_data_buf *bufs) {
     uint32_t slot;
-    if (SendWqe *w = wr_last(q, &slot))
+    if (SendWqe *w = wr_last(q, &slot)) {
         if (!req_fill_inline(to_qp(q), *w, slot, bufs, n)) t_wr.error = EINVAL;
+        note_commit_length(to_qp(q), *w);
+    }
 }
+
+// Write-commit.  To a peer that declared the native opcodes: one WQE.  To any
+// other peer the same promise as IBTA sequences (DESIGN.md §2.5):
+//   WRITE + FLUSH(MR); ordered: FLUSH(MR) + WRITE + FLUSH(MR);
+//   with immediate data, a final zero-length WRITE WITH IMMEDIATE.
+// FLUSH with MR selectivity covers every earlier write to the rkey.
+void wr_commit(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint32_t flags, bool imm,
+               __be32 immv) {
+    Qp *qp = to_qp(qpx);
+    if (flags & ~uint32_t(IBV_WRITE_COMMIT_ORDERED | IBV_WRITE_COMMIT_GLOBAL)) {
+        if (!t_wr.error) t_wr.error = EINVAL;
+        return;
+    }
+    unsigned user = qpx->wr_flags;
+    if (qp->peer_native_commit) {
+        if (SendWqe *w = wr_begin_flags(qpx, kWrWriteCommit, user)) {
+            w->rkey = rkey;
+            w->remote_addr = addr;
+            w->imm = immv;
+            w->commit_flags = flags | (imm ? kCommitImmFlag : 0);
+            w->commit_part = kCommitFinal;
+            t_wr.final_slot = t_wr.sge_slot;
+        }
+        return;
+    }
+    uint8_t type = (flags & IBV_WRITE_COMMIT_GLOBAL) ? IBV_FLUSH_GLOBAL : IBV_FLUSH_PERSISTENT;
+    // Inner parts are unsignaled and the final one carries the application's
+    // flags; a fence belongs to the first part only.
+    unsigned inner = user & ~unsigned(IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_FENCE);
+    bool first = true;
+    auto part = [&](ibv_wr_opcode op, uint8_t role) -> SendWqe * {
+        unsigned f = role == kCommitFinal ? user & ~unsigned(IBV_SEND_FENCE) : inner;
+        if (first) f |= user & IBV_SEND_FENCE;
+        SendWqe *w = wr_begin_flags(qpx, op, f);
+        if (!w) return nullptr;
+        first = false;
+        w->commit_part = role;
+        w->rkey = rkey;
+        w->remote_addr = addr;
+        return w;
+    };
+    auto flush_mr = [&](uint8_t role) {
+        if (SendWqe *w = part(IBV_WR_FLUSH, role)) {
+            w->flush_type = type;
+            w->flush_level = IBV_FLUSH_MR;
+            w->remote_addr = 0;
+        }
+    };
+    if (flags & IBV_WRITE_COMMIT_ORDERED) flush_mr(kCommitInner);
+    if (!part(IBV_WR_RDMA_WRITE, kCommitInner)) return;
+    uint32_t write_slot = t_wr.sge_slot;
+    if (!imm) {
+        flush_mr(kCommitFinal);
+    } else {
+        flush_mr(kCommitInner);
+        if (SendWqe *w = part(IBV_WR_RDMA_WRITE_WITH_IMM, kCommitFinal)) w->imm = immv;
+    }
+    if (t_wr.error) return;
+    t_wr.final_slot = t_wr.sge_slot;
+    t_wr.sge_slot = write_slot;
+}
+
+void wr_rdma_write_commit(ibv_qp_ex *q, uint32_t rkey, uint64_t addr, uint32_t flags) {
+    wr_commit(q, rkey, addr, flags, false, 0);
+}
+void wr_rdma_write_commit_imm(ibv_qp_ex *q, uint32_t rkey, uint64_t addr, uint32_t flags,
+                              __be32 imm) {
+    wr_commit(q, rkey, addr, flags, true, imm);
+}
+
+const ibv_qp_commit_ops kCommitOps = {wr_rdma_write_commit, wr_rdma_write_commit_imm};
 void wr_set_inline_data(ibv_qp_ex *q, void *addr, size_t length) {
     ibv_data_buf b{addr, length};
     wr_set_inline_data_list(q, 1, &b);
@@ -422,7 +533,7 @@ ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) {
                                   IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
                                   IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
                                   IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_FLUSH |
-                                  IBV_QP_EX_WITH_ATOMIC_WRITE;
+                                  IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_COMMIT;
     Context *ctx = to_ctx(ibctx);
     if (attr->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
         errno = EOPNOTSUPP;
@@ -455,7 +566,10 @@ ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) {
     qp->scq = to_cq(attr->send_cq);
     qp->rcq = to_cq(attr->recv_cq);
     qp->sq_sig_all = attr->sq_sig_all;
-    qp->max_send_wr = std::max(1u, cap.max_send_wr);
+    // A write-commit to a peer without native opcodes takes up to four WQEs.
+    uint32_t per_wr = (ops & IBV_QP_EX_WITH_RDMA_WRITE_COMMIT) ? 4 : 1;
+    qp->max_send_wr = std::max(1u, cap.max_send_wr) * per_wr;
+    qp->cap_send_wr = cap.max_send_wr;
     qp->max_recv_wr = std::max(1u, cap.max_recv_wr);
     qp->max_send_sge = std::max(1u, cap.max_send_sge);
     qp->max_recv_sge = std::max(1u, cap.max_recv_sge);
@@ -467,6 +581,7 @@ ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) {
     qp->rq.resize(qp->max_recv_wr);
     qp->rq_sge.resize(size_t(qp->max_recv_wr) * qp->max_recv_sge);
     qp->rd_res.assign(1, RdResource{});
+    qp->dirty.reserve(32); // bounded (resp.cpp), so the data path never allocates
     qp->mtu = uint32_t(mtu_bytes(qp->path_mtu));
 
     ibv_qp &b = qp->qpx.qp_base;
@@ -549,7 +664,7 @@ int sroce_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
     attr->sq_psn = qp->next_psn;
     attr->dest_qp_num = qp->dest_qpn;
     attr->qp_access_flags = qp->access;
-    attr->cap.max_send_wr = qp->max_send_wr;
+    attr->cap.max_send_wr = qp->cap_send_wr;
     attr->cap.max_recv_wr = qp->max_recv_wr;
     attr->cap.max_send_sge = qp->max_send_sge;
     attr->cap.max_recv_sge = qp->max_recv_sge;
@@ -594,6 +709,22 @@ int sroce_destroy_qp(struct ibv_qp *ibqp) {
     pthread_mutex_destroy(&ibqp->mutex);
     pthread_cond_destroy(&ibqp->cond);
     delete qp;
+    return 0;
+}
+
+const struct ibv_qp_commit_ops *sroce_qp_to_commit_ops(struct ibv_qp_ex *qpx) {
+    // Like any ibv_wr_* operation, only on QPs created with it.
+    if (!(to_qp(qpx)->send_ops_flags & IBV_QP_EX_WITH_RDMA_WRITE_COMMIT)) {
+        errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    return &kCommitOps;
+}
+
+int sroce_qp_set_commit_peer(struct ibv_qp *ibqp, uint32_t peer_commit_caps) {
+    Qp *qp = to_qp(ibqp);
+    std::lock_guard<std::mutex> g(qp->mu);
+    qp->peer_native_commit = peer_commit_caps & IBV_COMMIT_CAP_NATIVE;
     return 0;
 }
 

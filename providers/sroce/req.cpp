@@ -49,9 +49,16 @@ int gather(const SendWqe &w, uint32_t off, uint32_t len, iovec *iov) {
 
 uint8_t send_write_opcode(const SendWqe &w, uint32_t i) {
     bool first = i == 0, last = i + 1 == w.npkts;
+    using namespace wire;
+    if (w.opcode == kWrWriteCommit) {
+        bool imm = w.commit_flags & kCommitImmFlag;
+        if (first && last) return imm ? kCommitWriteOnlyImm : kCommitWriteOnly;
+        if (first) return kCommitWriteFirst;
+        if (last) return imm ? kCommitWriteLastImm : kCommitWriteLast;
+        return kCommitWriteMiddle;
+    }
     bool write = w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
     bool imm = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM || w.opcode == IBV_WR_SEND_WITH_IMM;
-    using namespace wire;
     if (first && last)
         return write ? (imm ? kWriteOnlyImm : kWriteOnly) : (imm ? kSendOnlyImm : kSendOnly);
     if (first) return write ? kWriteFirst : kSendFirst;
@@ -118,6 +125,13 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx) {
         put64(hdr + info.reth, w.remote_addr);
         put32(hdr + info.reth + 8, w.rkey);
         put32(hdr + info.reth + 12, w.length);
+    }
+    if (info.ceth) {
+        hdr[info.ceth] =
+            uint8_t(((w.commit_flags & IBV_WRITE_COMMIT_ORDERED) ? ceth::kOrdered : 0) |
+                    ((w.commit_flags & kCommitImmFlag) ? ceth::kImmed : 0) |
+                    ((w.commit_flags & IBV_WRITE_COMMIT_GLOBAL) ? ceth::kGlobal : 0));
+        hdr[info.ceth + 1] = hdr[info.ceth + 2] = hdr[info.ceth + 3] = 0;
     }
     if (info.immdt) std::memcpy(hdr + info.immdt, &w.imm, 4); // already network order
     uint32_t off = i * qp->mtu;

@@ -102,6 +102,65 @@ void send_atomic_ack(Qp *qp, TxBatch &tx, uint32_t psn, uint64_t orig) {
     qp->nic->queue(tx, qp->dest_addr, hdr, sizeof hdr, nullptr, 0, 0);
 }
 
+// Dirty ranges: what a later commit on this QP must make durable.  Bounded,
+// so no allocation per packet: past kMaxDirty ranges they merge (a commit
+// then persists a little more than it must) or the oldest is persisted now.
+constexpr size_t kMaxDirty = 32;
+
+int persist_entry(Qp *qp, const DirtyRange &d) {
+    Mr *mr = qp->nic->mrs.lookup(d.rkey);
+    if (!mr) return 0; // deregistered: nothing left to make durable
+    return persist_range(mr->cls, reinterpret_cast<const void *>(uintptr_t(d.lo)), d.hi - d.lo);
+}
+
+void note_dirty(Qp *qp, uint32_t rkey, const uint8_t *p, uint32_t len) {
+    uint64_t lo = uintptr_t(p), hi = lo + len;
+    DirtyRange *same = nullptr;
+    for (DirtyRange &d : qp->dirty) {
+        if (d.rkey != rkey) continue;
+        if (lo <= d.hi && hi >= d.lo) {
+            d.lo = std::min(d.lo, lo);
+            d.hi = std::max(d.hi, hi);
+            return;
+        }
+        same = &d;
+    }
+    if (qp->dirty.size() < kMaxDirty) {
+        qp->dirty.push_back({rkey, lo, hi});
+    } else if (same) {
+        same->lo = std::min(same->lo, lo);
+        same->hi = std::max(same->hi, hi);
+    } else {
+        persist_entry(qp, qp->dirty.front());
+        qp->dirty.front() = {rkey, lo, hi};
+    }
+}
+
+// Makes every write to `rkey` placed so far durable.  Returns 0 or an errno.
+int persist_dirty(Qp *qp, uint32_t rkey) {
+    int err = 0;
+    for (size_t i = 0; i < qp->dirty.size();) {
+        if (qp->dirty[i].rkey != rkey) {
+            i++;
+            continue;
+        }
+        if (int e = persist_entry(qp, qp->dirty[i])) err = e;
+        qp->dirty[i] = qp->dirty.back();
+        qp->dirty.pop_back();
+    }
+    if (!err) visibility_fence();
+    return err;
+}
+
+void forget_dirty(Qp *qp, uint32_t rkey) {
+    std::erase_if(qp->dirty, [rkey](const DirtyRange &d) { return d.rkey == rkey; });
+}
+
+Mr *lookup_mr(Qp *qp, uint32_t rkey) {
+    Mr *mr = qp->nic->mrs.lookup(rkey);
+    return (mr && mr->pd == reinterpret_cast<Pd *>(qp->qpx.qp_base.pd)) ? mr : nullptr;
+}
+
 RdResource *find_resource(Qp *qp, uint32_t psn) {
     for (RdResource &r : qp->rd_res) {
         if (!r.valid) continue;
@@ -180,6 +239,8 @@ void do_flush(Qp *qp, const Packet &pkt, TxBatch &tx) {
         fatal_nak(qp, tx, aeth::kNakRemoteOpError, pkt.psn);
         return;
     }
+    // A persistent FLUSH of the whole MR leaves nothing of it dirty.
+    if ((type & IBV_FLUSH_PERSISTENT) && level == IBV_FLUSH_MR) forget_dirty(qp, mr->ibmr.rkey);
     RdResource &r = new_resource(qp);
     r.ack_only = true;
     r.first_psn = r.last_psn = pkt.psn;
@@ -346,24 +407,55 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
         }
     } else if (f & kOpWrite) {
         bool imm = pkt.info->hdrs & kHasImmDt;
+        bool commit = f & kOpCommit;
         if (f & kOpFirst) {
+            uint8_t ce = commit ? pkt.ceth() : 0;
             // Check a receive WQE is there before placing anything.
-            if (imm && qp->rq_head == qp->rq_tail) {
+            if ((imm || (ce & ceth::kImmed)) && qp->rq_head == qp->rq_tail) {
                 send_rnr(qp, tx, pkt.psn);
                 return;
             }
             uint32_t len = pkt.dma_len();
+            unsigned access = IBV_ACCESS_REMOTE_WRITE;
+            if (commit) {
+                // The same access rules as the IBTA FLUSH a non-native peer
+                // would send: QP access decides Invalid Request, MR access
+                // Remote Access Error.
+                unsigned need = (ce & ceth::kGlobal) ? unsigned(IBV_ACCESS_FLUSH_GLOBAL)
+                                                     : unsigned(IBV_ACCESS_FLUSH_PERSISTENT);
+                if ((ce & ~(ceth::kOrdered | ceth::kImmed | ceth::kGlobal)) ||
+                    (qp->access & need) != need) {
+                    fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+                    return;
+                }
+                access |= need;
+            }
+            Mr *mr = lookup_mr(qp, pkt.rkey());
             uint8_t *dst = nullptr;
-            if (len) {
-                dst = check_remote(qp, pkt.rkey(), pkt.va(), len, IBV_ACCESS_REMOTE_WRITE);
+            if (len || commit) {
+                dst = (mr && (qp->access & IBV_ACCESS_REMOTE_WRITE))
+                          ? mr_range(mr, pkt.va(), len, access)
+                          : nullptr;
                 if (!dst) {
                     fatal_nak(qp, tx, aeth::kNakRemoteAccessError, pkt.psn);
                     return;
                 }
             }
+            // ORDERED: what was written to this rkey before becomes durable
+            // before this write's data is placed.
+            if ((ce & ceth::kOrdered) && persist_dirty(qp, pkt.rkey())) {
+                fatal_nak(qp, tx, aeth::kNakRemoteOpError, pkt.psn);
+                return;
+            }
             qp->write_ptr = dst;
             qp->write_remaining = len;
             qp->msg_offset = 0;
+            qp->write_rkey = pkt.rkey();
+            qp->write_tracked = mr && mr->cls != MemClass::kVolatile;
+            qp->commit_ceth = ce;
+        } else if (bool(qp->in_msg_commit) != commit) {
+            fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+            return;
         }
         if (pkt.payload_len > qp->write_remaining) {
             fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
@@ -373,7 +465,10 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
             send_rnr(qp, tx, pkt.psn);
             return;
         }
-        if (pkt.payload_len) std::memcpy(qp->write_ptr, pkt.payload, pkt.payload_len);
+        if (pkt.payload_len) {
+            std::memcpy(qp->write_ptr, pkt.payload, pkt.payload_len);
+            if (qp->write_tracked) note_dirty(qp, qp->write_rkey, qp->write_ptr, pkt.payload_len);
+        }
         qp->write_ptr += pkt.payload_len;
         qp->write_remaining -= pkt.payload_len;
         qp->msg_offset += pkt.payload_len;
@@ -381,6 +476,16 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
             if (qp->write_remaining) {
                 fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
                 return;
+            }
+            // The commit point: this write and every earlier one to the rkey
+            // are durable before the ACK (and the immediate) can go out.
+            if (commit) {
+                int err = (qp->commit_ceth & ceth::kGlobal) ? (visibility_fence(), 0)
+                                                            : persist_dirty(qp, qp->write_rkey);
+                if (err) {
+                    fatal_nak(qp, tx, aeth::kNakRemoteOpError, pkt.psn);
+                    return;
+                }
             }
             if (imm) {
                 RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
@@ -391,9 +496,11 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
                 qp->rq_tail++;
             }
             qp->in_msg = 0;
+            qp->in_msg_commit = false;
             qp->msn = (qp->msn + 1) & 0xFFFFFF;
         } else {
             qp->in_msg = kOpWrite;
+            qp->in_msg_commit = commit;
         }
     } else if (f & kOpRead) {
         uint32_t len = pkt.dma_len();

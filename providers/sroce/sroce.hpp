@@ -150,6 +150,12 @@ struct SendWqe {
     uint8_t atomic_data[8] = {}; // ATOMIC WRITE payload, as the application gave it
     uint8_t flush_type = 0;      // FLUSH placement type (IBV_FLUSH_GLOBAL/PERSISTENT)
     uint8_t flush_level = 0;     // FLUSH selectivity (IBV_FLUSH_RANGE/MR)
+    uint32_t commit_flags = 0;   // enum ibv_write_commit_flags of a native commit
+    // A write-commit sent as an IBTA sequence is several WQEs: the inner ones
+    // complete silently, the final one reports the commit.
+    uint8_t commit_part = 0; // kCommitNone / kCommitInner / kCommitFinal
+    bool suppressed = false; // an earlier part of its commit already reported
+    uint32_t report_len = 0; // byte_len a commit's completion reports
     bool signaled = false;
     // transport state
     bool started = false;
@@ -159,6 +165,19 @@ struct SendWqe {
     uint32_t read_next = 0;                // READ: index of the next response packet expected
     bool done = false;                     // acknowledged
     ibv_wc_status status = IBV_WC_SUCCESS; // a local error found when posting
+};
+
+constexpr uint8_t kCommitNone = 0, kCommitInner = 1, kCommitFinal = 2;
+// Work-request opcode of a native write-commit (not an ibv_wr_opcode value).
+constexpr ibv_wr_opcode kWrWriteCommit = ibv_wr_opcode(0x40);
+// SendWqe::commit_flags bit (beside enum ibv_write_commit_flags): with immediate.
+constexpr uint32_t kCommitImmFlag = 1u << 31;
+
+// Bytes written but not yet made durable, per rkey, so a commit persists what
+// it must (earlier writes to its rkey) and no more.
+struct DirtyRange {
+    uint32_t rkey;
+    uint64_t lo, hi; // host addresses [lo, hi)
 };
 
 struct RecvWqe {
@@ -194,6 +213,7 @@ struct Qp {
     Cq *scq = nullptr, *rcq = nullptr;
     bool sq_sig_all = false;
     uint32_t max_send_wr = 0, max_recv_wr = 0, max_send_sge = 0, max_recv_sge = 0;
+    uint32_t cap_send_wr = 0; // what the application asked for (max_send_wr may be larger)
     uint32_t max_inline = 0;
     uint64_t send_ops_flags = 0;
 
@@ -252,6 +272,13 @@ struct Qp {
     bool recv_taken = false; // the current SEND owns rq[rq_tail]
     std::vector<RdResource> rd_res;
     uint32_t rd_res_next = 0;
+    uint8_t commit_ceth = 0;    // CETH flags of the native commit being received
+    bool in_msg_commit = false; // the multi-packet write in progress is a commit
+    uint32_t write_rkey = 0;    // rkey of the write being placed
+    bool write_tracked = false; // its MR keeps dirty ranges (not volatile)
+    std::vector<DirtyRange> dirty;
+    // The peer declared native write-commit support (ibv_qp_set_commit_peer).
+    bool peer_native_commit = false;
 
     bool in_error() const { return state == IBV_QPS_ERR; }
 };

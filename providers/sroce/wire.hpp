@@ -24,6 +24,7 @@ constexpr size_t kAtomicAckEthLen = 8;
 constexpr size_t kImmDtLen = 4;
 constexpr size_t kIethLen = 4;
 constexpr size_t kFethLen = 4;
+constexpr size_t kCethLen = 4; // sroce's Commit Extended Transport Header
 constexpr size_t kIcrcLen = 4;
 constexpr size_t kIpv4HdrLen = 20;
 constexpr size_t kUdpHdrLen = 8;
@@ -140,6 +141,7 @@ enum HdrMask : uint16_t {
     kHasIeth = 1 << 5,
     kHasFeth = 1 << 6,
     kHasPayload = 1 << 7,
+    kHasCeth = 1 << 8,
 };
 
 // Role bits of the opcode table.
@@ -157,6 +159,7 @@ enum OpFlags : uint16_t {
     kOpFlush = 1 << 10,
     kOpAtomicWrite = 1 << 11,
     kOpComplete = 1 << 12, // completes a message at the responder (consumes MSN)
+    kOpCommit = 1 << 13,   // native write-commit (also kOpWrite)
 };
 
 // RC opcodes (transport bits 000).
@@ -186,7 +189,22 @@ enum Opcode : uint8_t {
     kSendOnlyInv = 0x17,
     kFlush = 0x1C,
     kAtomicWrite = 0x1D,
+    // Manufacturer-specific space (0xC0-0xFF): sent only to peers that
+    // declared support; see docs/wire-protocol.md.
+    kCommitWriteFirst = 0xC0,
+    kCommitWriteMiddle = 0xC1,
+    kCommitWriteLast = 0xC2,
+    kCommitWriteLastImm = 0xC3,
+    kCommitWriteOnly = 0xC4,
+    kCommitWriteOnlyImm = 0xC5,
 };
+
+// CETH byte 0.
+namespace ceth {
+constexpr uint8_t kOrdered = 1 << 0; // persist earlier writes to the rkey before placing
+constexpr uint8_t kImmed = 1 << 1;   // the message ends with immediate data
+constexpr uint8_t kGlobal = 1 << 2;  // global visibility instead of persistence
+} // namespace ceth
 
 struct OpInfo {
     const char *name; // nullptr: opcode not supported
@@ -194,7 +212,7 @@ struct OpInfo {
     uint16_t flags;   // OpFlags
     uint8_t hdr_len;  // BTH + extended headers
     // Offsets from the start of the BTH; 0 when absent.
-    uint8_t reth, aeth, atomic_eth, atomic_ack_eth, immdt, ieth, feth;
+    uint8_t reth, aeth, atomic_eth, atomic_ack_eth, immdt, ieth, feth, ceth;
 };
 
 const OpInfo &op_info(uint8_t opcode);
@@ -225,6 +243,7 @@ struct Packet {
     uint32_t imm() const { return get32(hdr + info->immdt); } // kept in network order by caller
     uint32_t ieth() const { return get32(hdr + info->ieth); }
     uint32_t feth() const { return get32(hdr + info->feth); }
+    uint8_t ceth() const { return hdr[info->ceth]; }
 };
 
 enum class ParseError {

@@ -14,6 +14,7 @@
 
 #include <infiniband/verbs.h>
 #include <infiniband/verbs_ext_config.h>
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,6 +70,102 @@ static inline void ibv_wr_flush(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t re
 }
 
 #endif /* !PMOF_VERBS_HAVE_UPSTREAM_FLUSH */
+
+
+/*
+ * Part 2 - write-commit: a remote write made durable at the target with one
+ * verb.  Completion (IBV_WC_RDMA_WRITE_COMMIT) means this write's data and
+ * every earlier write on the QP to the same rkey are durable at the target:
+ * persistent (the default; the target MR must be registered with
+ * IBV_ACCESS_FLUSH_PERSISTENT) or, with IBV_WRITE_COMMIT_GLOBAL, globally
+ * visible (the target MR needs IBV_ACCESS_FLUSH_GLOBAL).  The target QP needs
+ * the matching IBV_ACCESS_FLUSH_* access flag.
+ *
+ * A peer that declared IBV_COMMIT_CAP_NATIVE (ibv_qp_set_commit_peer) gets
+ * the native opcodes; any other peer gets the same semantics as IBTA
+ * sequences: WRITE + FLUSH(MR); ordered: FLUSH(MR) + WRITE + FLUSH(MR); with
+ * immediate data a final zero-length WRITE WITH IMMEDIATE.
+ */
+
+/* ibv_qp_init_attr_ex.send_ops_flags */
+#define IBV_QP_EX_WITH_RDMA_WRITE_COMMIT (1ULL << 32)
+
+/* Completion opcode of a write-commit at the initiator. */
+#define IBV_WC_RDMA_WRITE_COMMIT ((enum ibv_wc_opcode)64)
+
+enum ibv_write_commit_flags {
+	/* The target makes every earlier write to the rkey durable before it
+	 * places this one (log records, then the commit record). */
+	IBV_WRITE_COMMIT_ORDERED = 1 << 0,
+	/* Global visibility is the durability asked for (volatile target MR). */
+	IBV_WRITE_COMMIT_GLOBAL = 1 << 1,
+};
+
+enum ibv_commit_cap_flags {
+	IBV_COMMIT_CAP_NATIVE = 1 << 0,	 /* native write-commit opcodes */
+	IBV_COMMIT_CAP_ORDERED = 1 << 1, /* IBV_WRITE_COMMIT_ORDERED */
+	IBV_COMMIT_CAP_IMMED = 1 << 2,	 /* ibv_wr_rdma_write_commit_imm */
+	IBV_COMMIT_CAP_FLUSH = 1 << 3,	 /* IBTA FLUSH and ATOMIC WRITE */
+};
+
+enum ibv_commit_method {
+	IBV_COMMIT_METHOD_CACHE_FLUSH = 1 << 0, /* persistent memory: cache-line write-back */
+	IBV_COMMIT_METHOD_MSYNC = 1 << 1,	/* file mappings: msync */
+	IBV_COMMIT_METHOD_FENCE = 1 << 2,	/* volatile memory: global visibility */
+};
+
+struct ibv_commit_caps {
+	uint32_t comp_mask;	      /* must be 0 */
+	uint32_t flags;		      /* enum ibv_commit_cap_flags */
+	uint32_t atomicity_unit;      /* bytes written single-copy atomically (8) */
+	uint32_t persistence_methods; /* enum ibv_commit_method */
+};
+
+/* What the device can do; EOPNOTSUPP for devices without write-commit. */
+int ibv_query_commit_caps(struct ibv_context *context, struct ibv_commit_caps *caps);
+
+/* Declares the connected peer's capabilities (its ibv_query_commit_caps()
+ * flags, exchanged by the application with the QP number); until a peer
+ * declares IBV_COMMIT_CAP_NATIVE only IBTA opcodes are sent to it. */
+int ibv_qp_set_commit_peer(struct ibv_qp *qp, uint32_t peer_commit_caps);
+
+/* The write-commit work requests of a QP's provider (NULL and errno
+ * EOPNOTSUPP when it has none). */
+struct ibv_qp_commit_ops {
+	void (*wr_rdma_write_commit)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr,
+				     uint32_t flags);
+	void (*wr_rdma_write_commit_imm)(struct ibv_qp_ex *qp, uint32_t rkey,
+					 uint64_t remote_addr, uint32_t flags, __be32 imm_data);
+};
+const struct ibv_qp_commit_ops *ibv_qp_to_commit_ops(struct ibv_qp_ex *qp);
+
+/* Between ibv_wr_start() and ibv_wr_complete(), followed by
+ * ibv_wr_set_sge*() or ibv_wr_set_inline_data*().  Returns EOPNOTSUPP (and
+ * posts nothing) when the QP's provider lacks write-commit. */
+static inline int ibv_wr_rdma_write_commit(struct ibv_qp_ex *qp, uint32_t rkey,
+					   uint64_t remote_addr, uint32_t flags)
+{
+	const struct ibv_qp_commit_ops *ops = ibv_qp_to_commit_ops(qp);
+
+	if (!ops)
+		return EOPNOTSUPP;
+	ops->wr_rdma_write_commit(qp, rkey, remote_addr, flags);
+	return 0;
+}
+
+/* Write-commit whose target also gets a receive completion carrying
+ * imm_data once the data is durable. */
+static inline int ibv_wr_rdma_write_commit_imm(struct ibv_qp_ex *qp, uint32_t rkey,
+					       uint64_t remote_addr, uint32_t flags,
+					       __be32 imm_data)
+{
+	const struct ibv_qp_commit_ops *ops = ibv_qp_to_commit_ops(qp);
+
+	if (!ops)
+		return EOPNOTSUPP;
+	ops->wr_rdma_write_commit_imm(qp, rkey, remote_addr, flags, imm_data);
+	return 0;
+}
 
 #ifdef __cplusplus
 }
