@@ -266,10 +266,11 @@ struct PairOpts {
     uint8_t rd_atomic = 16;
     bool sq_sig_all = true;
     int cqe = 4096;
-    bool qp_ex = false;     // QPs from ibv_create_qp_ex with every RC send op
-    bool cq_ex = false;     // CQs from ibv_create_cq_ex
-    bool b_channel = false; // B's receive CQ reports to a completion channel
-    bool connect = true;    // bring both QPs to RTS
+    bool qp_ex = false;          // QPs from ibv_create_qp_ex with every RC send op
+    uint64_t extra_send_ops = 0; // e.g. IBV_QP_EX_WITH_RDMA_WRITE_COMMIT
+    bool cq_ex = false;          // CQs from ibv_create_cq_ex
+    bool b_channel = false;      // B's receive CQ reports to a completion channel
+    bool connect = true;         // bring both QPs to RTS
     // Start PSNs near the 24-bit wrap so ordinary traffic crosses it.
     uint32_t a_psn = 0xFFFFF0, b_psn = 0xFFFF80;
 };
@@ -421,7 +422,7 @@ class Pair {
                                 IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
                                 IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
                                 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_FLUSH |
-                                IBV_QP_EX_WITH_ATOMIC_WRITE;
+                                IBV_QP_EX_WITH_ATOMIC_WRITE | o.extra_send_ops;
             s.qp = ibv_create_qp_ex(ctx, &ia);
             ASSERT_NE(s.qp, nullptr) << std::strerror(errno);
             s.qpx = ibv_qp_to_qp_ex(s.qp);

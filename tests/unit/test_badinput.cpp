@@ -395,7 +395,7 @@ class FakePeer : public ::testing::Test {
             drain_async_events();
             ibv_destroy_qp(qp);
         }
-        ibv_qp_init_attr ia{};
+        ibv_qp_init_attr_ex ia{};
         ia.send_cq = cq;
         ia.recv_cq = cq;
         ia.qp_type = IBV_QPT_RC;
@@ -403,7 +403,11 @@ class FakePeer : public ::testing::Test {
         ia.cap.max_recv_wr = 64;
         ia.cap.max_send_sge = 4;
         ia.cap.max_recv_sge = 4;
-        qp = ibv_create_qp(w.pd, &ia);
+        ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        ia.pd = w.pd;
+        ia.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ |
+                            IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE_COMMIT;
+        qp = ibv_create_qp_ex(w.pd->context, &ia);
         ASSERT_NE(qp, nullptr) << strerror(errno);
         qpn = qp->qp_num;
 
@@ -1167,6 +1171,65 @@ TEST_F(FakePeer, MisalignedAtomicIsRejected) {
 
 // ---------------------------------------------------------------------------
 // Requester: what sroce sends, and how it takes forged responses
+
+// DESIGN.md §2.5: no manufacturer-specific opcode ever reaches a peer that
+// has not declared support; the commit travels as IBTA FLUSH(MR) + WRITE +
+// FLUSH(MR) + zero-length WRITE WITH IMMEDIATE instead.
+TEST_F(FakePeer, WriteCommitToAnUndeclaredPeerIsAnIbtaSequence) {
+    ibv_qp_ex *qpx = ibv_qp_to_qp_ex(qp);
+    ASSERT_NE(qpx, nullptr);
+    ibv_wr_start(qpx);
+    qpx->wr_id = 1;
+    qpx->wr_flags = IBV_SEND_SIGNALED;
+    ASSERT_EQ(ibv_wr_rdma_write_commit_imm(qpx, 0xAABBCCDD, 0x10000, IBV_WRITE_COMMIT_ORDERED,
+                                           htonl(0x1234)),
+              0);
+    ibv_wr_set_sge(qpx, w.mr->lkey, uint64_t(uintptr_t(w.buf)), 99);
+    ASSERT_EQ(ibv_wr_complete(qpx), 0);
+    const uint8_t want[] = {kFlush, kWriteOnly, kFlush, kWriteOnlyImm};
+    for (int i = 0; i < 4; i++) {
+        std::optional<Rx> r = reply();
+        ASSERT_TRUE(r) << "packet " << i;
+        EXPECT_LT(r->opcode, 0xC0) << r->str();
+        EXPECT_EQ(r->opcode, want[i]) << r->str();
+        EXPECT_EQ(r->psn, (kSqPsn + uint32_t(i)) & kPsnMask);
+        EXPECT_EQ(r->rkey, 0xAABBCCDDu);
+        if (r->opcode == kFlush) { // selectivity MR, placement persistent
+            EXPECT_EQ(get32(r->raw.data() + kBthLen), 0x12u) << r->str();
+        }
+        if (r->opcode == kWriteOnly) {
+            EXPECT_EQ(r->dma_len, 99u);
+        }
+        if (r->opcode == kWriteOnlyImm) {
+            EXPECT_EQ(r->dma_len, 0u);
+            EXPECT_EQ(get32(r->raw.data() + kBthLen + kRethLen), 0x1234u);
+        }
+    }
+    EXPECT_FALSE(reply()) << "more than the IBTA sequence was sent";
+}
+
+TEST_F(FakePeer, WriteCommitToADeclaredPeerIsOneNativeMessage) {
+    ASSERT_EQ(ibv_qp_set_commit_peer(qp, IBV_COMMIT_CAP_NATIVE), 0);
+    ibv_qp_ex *qpx = ibv_qp_to_qp_ex(qp);
+    ibv_wr_start(qpx);
+    qpx->wr_id = 1;
+    qpx->wr_flags = IBV_SEND_SIGNALED;
+    ASSERT_EQ(ibv_wr_rdma_write_commit_imm(qpx, 0xAABBCCDD, 0x10000, IBV_WRITE_COMMIT_ORDERED,
+                                           htonl(0x1234)),
+              0);
+    ibv_wr_set_sge(qpx, w.mr->lkey, uint64_t(uintptr_t(w.buf)), 99);
+    ASSERT_EQ(ibv_wr_complete(qpx), 0);
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kCommitWriteOnlyImm) << r->str();
+    EXPECT_TRUE(r->ackreq);
+    EXPECT_EQ(r->dma_len, 99u);
+    const uint8_t *ceth = r->raw.data() + kBthLen + kRethLen;
+    EXPECT_EQ(ceth[0], ceth::kOrdered | ceth::kImmed);
+    EXPECT_EQ(get32(r->raw.data() + kBthLen + kRethLen + kCethLen), 0x1234u);
+    EXPECT_EQ(r->payload.size(), 99u);
+    EXPECT_FALSE(reply());
+}
 
 TEST_F(FakePeer, RequesterWritePacketsAreWellFormed) {
     Bytes data = pattern(99, 11);

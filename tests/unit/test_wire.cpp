@@ -70,6 +70,13 @@ const Layout kLayouts[] = {
     {0x1C, "FLUSH", 32, 16, 0, 0, 0, 0, 0, 12, false},
     // ATOMIC WRITE: BTH, RETH, then the 8-byte value as payload.
     {0x1D, "ATOMIC_WRITE", 28, 12, 0, 0, 0, 0, 0, 0, true},
+    // Native write-commit (manufacturer-specific space): CETH after RETH.
+    {0xC0, "COMMIT_WRITE_FIRST", 32, 12, 0, 0, 0, 0, 0, 0, true},
+    {0xC1, "COMMIT_WRITE_MIDDLE", 12, 0, 0, 0, 0, 0, 0, 0, true},
+    {0xC2, "COMMIT_WRITE_LAST", 12, 0, 0, 0, 0, 0, 0, 0, true},
+    {0xC3, "COMMIT_WRITE_LAST_WITH_IMMEDIATE", 16, 0, 0, 0, 0, 12, 0, 0, true},
+    {0xC4, "COMMIT_WRITE_ONLY", 32, 12, 0, 0, 0, 0, 0, 0, true},
+    {0xC5, "COMMIT_WRITE_ONLY_WITH_IMMEDIATE", 36, 12, 0, 0, 0, 32, 0, 0, true},
 };
 
 const Layout *layout(uint8_t op) {
@@ -103,6 +110,17 @@ TEST(OpcodeTable, HeaderOffsetsOfEverySupportedOpcode) {
         // Exactly one of requester / responder.
         EXPECT_NE(bool(o.flags & kOpReq), bool(o.flags & kOpResp));
     }
+}
+
+TEST(OpcodeTable, CommitOpcodesCarryCethAfterReth) {
+    for (uint8_t op : {kCommitWriteFirst, kCommitWriteOnly, kCommitWriteOnlyImm}) {
+        EXPECT_TRUE(op_info(op).hdrs & kHasCeth) << int(op);
+        EXPECT_EQ(op_info(op).ceth, kBthLen + kRethLen) << int(op);
+        EXPECT_TRUE(op_info(op).flags & kOpCommit);
+        EXPECT_TRUE(op_info(op).flags & kOpWrite);
+    }
+    for (uint8_t op : {kCommitWriteMiddle, kCommitWriteLast, kCommitWriteLastImm})
+        EXPECT_FALSE(op_info(op).hdrs & kHasCeth) << int(op);
 }
 
 TEST(OpcodeTable, EverythingElseIsUnsupported) {
@@ -331,7 +349,7 @@ TEST(Parse, RejectsUnknownOpcodes) {
     Packet pkt;
     // Reserved RC codes, UC / RD / UD / CNP codes, and 0xFF.
     for (int op : {0x15, 0x18, 0x19, 0x1A, 0x1B, 0x1E, 0x1F, 0x20, 0x24, 0x2A, 0x40, 0x4C, 0x64,
-                   0x65, 0x81, 0xC0, 0xFF}) {
+                   0x65, 0x81, 0xC6, 0xE0, 0xFF}) {
         Bytes p = build(uint8_t(op), 1, 2, 64);
         EXPECT_EQ(parse(p.data(), p.size(), pkt), ParseError::kBadOpcode) << op;
     }

@@ -9,7 +9,8 @@
 # with the shared libraries they load.
 #
 # Usage: build_guest.sh OUTDIR
-# Prints the directory holding `vmlinuz` and `initrd.img`.  The result is
+# Prints the directory holding `vmlinuz`, `initrd.img` and `files.txt` (the
+# initramfs's file list).  The result is
 # cached under OUTDIR keyed by the kernel version and a hash of everything
 # that goes into it (this script, init, pmem_check.c and the versions of the
 # packages copied), so a repeated run only prints the cached path.
@@ -44,7 +45,7 @@ moddir=/lib/modules/$kver
 # Programs copied into the guest (absolute paths after lookup).
 progs=(ibv_devinfo ibv_devices ibv_rc_pingpong ibv_srq_pingpong ibv_uc_pingpong ibv_ud_pingpong
 	ib_write_bw ib_write_lat ib_read_bw ib_read_lat ib_send_bw ib_send_lat ib_atomic_bw ib_atomic_lat
-	rdma ndctl daxctl mke2fs)
+	rdma ndctl mke2fs)
 need_pkgs=(busybox-static cpio kmod ibverbs-utils ibverbs-providers libibverbs1 perftest iproute2
 	ndctl e2fsprogs libpmem-dev)
 for p in "${need_pkgs[@]}"; do
@@ -71,7 +72,7 @@ modules=(virtio_pci virtio_net
 
 key_input() {
 	echo "$kver"
-	sha256sum "${BASH_SOURCE[0]}" "$here/init" "$here/pmem_check.c" /boot/vmlinuz-"$kver"
+	sha256sum "${BASH_SOURCE[0]}" "$here/init" "$here/guest-lib.sh" "$here/pmem_check.c" /boot/vmlinuz-"$kver"
 	dpkg-query -W "${need_pkgs[@]}" libc6 linux-image-"$kver" 2>/dev/null || true
 	"$cc" --version | head -n 1
 }
@@ -164,7 +165,7 @@ copy_closure() {
 		cp -L "$lib" "$root$lib"
 	done < <(ldd "$@" 2>/dev/null | awk '
 		$2 == "=>" && $3 ~ /^\// { print $3 }
-		$1 ~ /^\// { print $1 }' | sort -u)
+		$1 ~ /^\// && $1 !~ /:$/ { print $1 }' | sort -u)
 }
 copy_closure "$root"/usr/bin/* "$root$provider"
 # ldd lists no library twice, but a library copied for one program may need
@@ -182,15 +183,21 @@ ldconfig -r "$root" 2>/dev/null || true
 # --- the rest of a minimal system.
 cp "$here/init" "$root/init"
 chmod 755 "$root/init"
+cp "$here/guest-lib.sh" "$root/etc/guest-lib.sh"
+# The kernel opens /dev/console before init mounts devtmpfs.
+mknod -m 600 "$root/dev/console" c 5 1 2>/dev/null || true
 echo "root:x:0:0:root:/root:/bin/sh" >"$root/etc/passwd"
 echo "root:x:0:" >"$root/etc/group"
 printf '127.0.0.1 localhost\n' >"$root/etc/hosts"
+[[ -f /etc/mke2fs.conf ]] && cp /etc/mke2fs.conf "$root/etc/"
 
+# What the guest already has, so that vm.sh adds only missing libraries.
+(cd "$root" && find . \( -type f -o -type l \) | sed 's/^\.//' | LC_ALL=C sort) >"$stage/files.txt"
 (cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet) | gzip -1 >"$stage/initrd.img"
 cp /boot/vmlinuz-"$kver" "$stage/vmlinuz"
 
 mkdir -p "$stage/out"
-mv "$stage/vmlinuz" "$stage/initrd.img" "$stage/out/"
+mv "$stage/vmlinuz" "$stage/initrd.img" "$stage/files.txt" "$stage/out/"
 echo "$kver" >"$stage/out/kernel-version"
 rm -rf "$dest"
 mv "$stage/out" "$dest"

@@ -12,14 +12,22 @@
 #ifndef INFINIBAND_VERBS_EXT_H
 #define INFINIBAND_VERBS_EXT_H
 
+#include <errno.h>
 #include <infiniband/verbs.h>
 #include <infiniband/verbs_ext_config.h>
-#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+/* ibv_device_attr_ex.device_cap_flags_ex: these come with the kernel's uapi
+ * headers (Linux >= 6.2), not with rdma-core, so they are checked apart. */
+#if !PMOF_VERBS_HAVE_DEVICE_FLUSH_BITS
+#define IB_UVERBS_DEVICE_FLUSH_GLOBAL (1ULL << 38)
+#define IB_UVERBS_DEVICE_FLUSH_PERSISTENT (1ULL << 39)
+#define IB_UVERBS_DEVICE_ATOMIC_WRITE (1ULL << 40)
 #endif
 
 #if !PMOF_VERBS_HAVE_UPSTREAM_FLUSH
@@ -35,21 +43,16 @@ extern "C" {
 #define IBV_WR_FLUSH ((enum ibv_wr_opcode)14)
 #define IBV_WC_FLUSH ((enum ibv_wc_opcode)8)
 
-/* ibv_device_attr_ex.device_cap_flags_ex */
-#define IB_UVERBS_DEVICE_FLUSH_GLOBAL (1ULL << 38)
-#define IB_UVERBS_DEVICE_FLUSH_PERSISTENT (1ULL << 39)
-#define IB_UVERBS_DEVICE_ATOMIC_WRITE (1ULL << 40)
-
 /* Placement type of a FLUSH (may be combined). */
 enum ibv_placement_type {
-	IBV_FLUSH_GLOBAL = 1U << 0,
-	IBV_FLUSH_PERSISTENT = 1U << 1,
+    IBV_FLUSH_GLOBAL = 1U << 0,
+    IBV_FLUSH_PERSISTENT = 1U << 1,
 };
 
 /* Selectivity level of a FLUSH. */
 enum ibv_selectivity_level {
-	IBV_FLUSH_RANGE = 0,
-	IBV_FLUSH_MR,
+    IBV_FLUSH_RANGE = 0,
+    IBV_FLUSH_MR,
 };
 
 /*
@@ -58,19 +61,17 @@ enum ibv_selectivity_level {
  * the member is reached at the same offset here.
  */
 struct ibv_qp_ex_flush {
-	struct ibv_qp_ex qpx;
-	void (*wr_flush)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, size_t len,
-			 uint8_t type, uint8_t level);
+    struct ibv_qp_ex qpx;
+    void (*wr_flush)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, size_t len,
+                     uint8_t type, uint8_t level);
 };
 
 static inline void ibv_wr_flush(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr,
-				size_t len, uint8_t type, uint8_t level)
-{
-	((struct ibv_qp_ex_flush *)qp)->wr_flush(qp, rkey, remote_addr, len, type, level);
+                                size_t len, uint8_t type, uint8_t level) {
+    ((struct ibv_qp_ex_flush *)qp)->wr_flush(qp, rkey, remote_addr, len, type, level);
 }
 
 #endif /* !PMOF_VERBS_HAVE_UPSTREAM_FLUSH */
-
 
 /*
  * Part 2 - write-commit: a remote write made durable at the target with one
@@ -94,31 +95,31 @@ static inline void ibv_wr_flush(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t re
 #define IBV_WC_RDMA_WRITE_COMMIT ((enum ibv_wc_opcode)64)
 
 enum ibv_write_commit_flags {
-	/* The target makes every earlier write to the rkey durable before it
-	 * places this one (log records, then the commit record). */
-	IBV_WRITE_COMMIT_ORDERED = 1 << 0,
-	/* Global visibility is the durability asked for (volatile target MR). */
-	IBV_WRITE_COMMIT_GLOBAL = 1 << 1,
+    /* The target makes every earlier write to the rkey durable before it
+     * places this one (log records, then the commit record). */
+    IBV_WRITE_COMMIT_ORDERED = 1 << 0,
+    /* Global visibility is the durability asked for (volatile target MR). */
+    IBV_WRITE_COMMIT_GLOBAL = 1 << 1,
 };
 
 enum ibv_commit_cap_flags {
-	IBV_COMMIT_CAP_NATIVE = 1 << 0,	 /* native write-commit opcodes */
-	IBV_COMMIT_CAP_ORDERED = 1 << 1, /* IBV_WRITE_COMMIT_ORDERED */
-	IBV_COMMIT_CAP_IMMED = 1 << 2,	 /* ibv_wr_rdma_write_commit_imm */
-	IBV_COMMIT_CAP_FLUSH = 1 << 3,	 /* IBTA FLUSH and ATOMIC WRITE */
+    IBV_COMMIT_CAP_NATIVE = 1 << 0,  /* native write-commit opcodes */
+    IBV_COMMIT_CAP_ORDERED = 1 << 1, /* IBV_WRITE_COMMIT_ORDERED */
+    IBV_COMMIT_CAP_IMMED = 1 << 2,   /* ibv_wr_rdma_write_commit_imm */
+    IBV_COMMIT_CAP_FLUSH = 1 << 3,   /* IBTA FLUSH and ATOMIC WRITE */
 };
 
 enum ibv_commit_method {
-	IBV_COMMIT_METHOD_CACHE_FLUSH = 1 << 0, /* persistent memory: cache-line write-back */
-	IBV_COMMIT_METHOD_MSYNC = 1 << 1,	/* file mappings: msync */
-	IBV_COMMIT_METHOD_FENCE = 1 << 2,	/* volatile memory: global visibility */
+    IBV_COMMIT_METHOD_CACHE_FLUSH = 1 << 0, /* persistent memory: cache-line write-back */
+    IBV_COMMIT_METHOD_MSYNC = 1 << 1,       /* file mappings: msync */
+    IBV_COMMIT_METHOD_FENCE = 1 << 2,       /* volatile memory: global visibility */
 };
 
 struct ibv_commit_caps {
-	uint32_t comp_mask;	      /* must be 0 */
-	uint32_t flags;		      /* enum ibv_commit_cap_flags */
-	uint32_t atomicity_unit;      /* bytes written single-copy atomically (8) */
-	uint32_t persistence_methods; /* enum ibv_commit_method */
+    uint32_t comp_mask;           /* must be 0 */
+    uint32_t flags;               /* enum ibv_commit_cap_flags */
+    uint32_t atomicity_unit;      /* bytes written single-copy atomically (8) */
+    uint32_t persistence_methods; /* enum ibv_commit_method */
 };
 
 /* What the device can do; EOPNOTSUPP for devices without write-commit. */
@@ -132,10 +133,10 @@ int ibv_qp_set_commit_peer(struct ibv_qp *qp, uint32_t peer_commit_caps);
 /* The write-commit work requests of a QP's provider (NULL and errno
  * EOPNOTSUPP when it has none). */
 struct ibv_qp_commit_ops {
-	void (*wr_rdma_write_commit)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr,
-				     uint32_t flags);
-	void (*wr_rdma_write_commit_imm)(struct ibv_qp_ex *qp, uint32_t rkey,
-					 uint64_t remote_addr, uint32_t flags, __be32 imm_data);
+    void (*wr_rdma_write_commit)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr,
+                                 uint32_t flags);
+    void (*wr_rdma_write_commit_imm)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr,
+                                     uint32_t flags, __be32 imm_data);
 };
 const struct ibv_qp_commit_ops *ibv_qp_to_commit_ops(struct ibv_qp_ex *qp);
 
@@ -143,28 +144,24 @@ const struct ibv_qp_commit_ops *ibv_qp_to_commit_ops(struct ibv_qp_ex *qp);
  * ibv_wr_set_sge*() or ibv_wr_set_inline_data*().  Returns EOPNOTSUPP (and
  * posts nothing) when the QP's provider lacks write-commit. */
 static inline int ibv_wr_rdma_write_commit(struct ibv_qp_ex *qp, uint32_t rkey,
-					   uint64_t remote_addr, uint32_t flags)
-{
-	const struct ibv_qp_commit_ops *ops = ibv_qp_to_commit_ops(qp);
+                                           uint64_t remote_addr, uint32_t flags) {
+    const struct ibv_qp_commit_ops *ops = ibv_qp_to_commit_ops(qp);
 
-	if (!ops)
-		return EOPNOTSUPP;
-	ops->wr_rdma_write_commit(qp, rkey, remote_addr, flags);
-	return 0;
+    if (!ops) return EOPNOTSUPP;
+    ops->wr_rdma_write_commit(qp, rkey, remote_addr, flags);
+    return 0;
 }
 
 /* Write-commit whose target also gets a receive completion carrying
  * imm_data once the data is durable. */
 static inline int ibv_wr_rdma_write_commit_imm(struct ibv_qp_ex *qp, uint32_t rkey,
-					       uint64_t remote_addr, uint32_t flags,
-					       __be32 imm_data)
-{
-	const struct ibv_qp_commit_ops *ops = ibv_qp_to_commit_ops(qp);
+                                               uint64_t remote_addr, uint32_t flags,
+                                               __be32 imm_data) {
+    const struct ibv_qp_commit_ops *ops = ibv_qp_to_commit_ops(qp);
 
-	if (!ops)
-		return EOPNOTSUPP;
-	ops->wr_rdma_write_commit_imm(qp, rkey, remote_addr, flags, imm_data);
-	return 0;
+    if (!ops) return EOPNOTSUPP;
+    ops->wr_rdma_write_commit_imm(qp, rkey, remote_addr, flags, imm_data);
+    return 0;
 }
 
 #ifdef __cplusplus

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# The real persistent-memory path: Debian's kernel under qemu (software
+# emulation) with an emulated NVDIMM backed by a file.  Inside the guest the
+# NVDIMM's namespace is switched to fsdax with ndctl, /dev/pmem0 gets an
+# ext4 mounted with -o dax, and tests/vm/pmem_check (linked with libpmem)
+# maps a file there, requires that libpmem sees persistent memory
+# (pmem_is_pmem), writes, persists and verifies a pattern.
+#
+# When run as root with /dev/net/tun, the guest also runs sroce itself: a
+# sroce_xfer server on a sroce device bound to the guest's eth0, driven over
+# a tap device (inside a network namespace created here) by a sroce_xfer
+# client on the host.
+#
+# Usage: test_vm_pmem.sh BUILD-DIR
+# Exits 77 without qemu or the Debian kernel packages (scripts/setup.sh).
+#
+# ctest: TIMEOUT=400 LABELS=vm PROCESSORS=2
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+sroce_init "${1:?usage: test_vm_pmem.sh BUILD-DIR}"
+# shellcheck source=../vm/vm.sh
+. "$here/../vm/vm.sh"
+require_cmds timeout
+vm_init "$BUILD_DIR"
+
+host_ip=10.202.0.1
+guest_ip=10.202.0.2
+xfer_port=18600
+xfer_iters=${SROCE_TEST_XFER_ITERS:-300}
+seed=${SROCE_TEST_XFER_SEED:-$$}
+xfer=$BUILD_DIR/tests/progs/sroce_xfer
+
+ns=
+net=0
+why_no_net=
+if ((EUID != 0)); then
+	why_no_net="not root"
+elif [[ ! -c /dev/net/tun ]]; then
+	why_no_net="no /dev/net/tun"
+elif [[ ! -x $xfer ]]; then
+	why_no_net="$xfer not built"
+else
+	net=1
+fi
+
+kill_ns() {
+	local p
+	# Whatever runs inside the namespace was started by this script.
+	for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+}
+cleanup() {
+	vm_cleanup
+	if [[ -n $ns ]]; then
+		kill_ns
+		ip netns del "$ns" 2>/dev/null
+	fi
+	_sroce_cleanup
+}
+trap cleanup EXIT
+
+in_ns() { ip netns exec "$ns" "$@"; }
+
+qemu_net=()
+append=
+if ((net)); then
+	ns=sroce-pmem-$$
+	if ip netns add "$ns" 2>"$WORK/err" &&
+		in_ns ip link set lo up &&
+		in_ns ip tuntap add dev tap0 mode tap 2>"$WORK/err" &&
+		in_ns ip addr add "$host_ip/24" dev tap0 &&
+		in_ns ip link set tap0 up &&
+		in_ns "$SROCE_BIN" --config "$WORK/links.conf" link add sroce0 netdev tap0 addr "$host_ip"; then
+		export SROCE_CONFIG=$WORK/links.conf
+		qemu_net=(-netdev tap,id=n0,ifname=tap0,script=no,downscript=no -device virtio-net-pci,netdev=n0)
+		append="guest.ip=$guest_ip/24"
+	else
+		why_no_net="cannot set up the namespace and tap: $(cat "$WORK/err")"
+		net=0
+	fi
+fi
+((net)) || echo "sroce in the guest: not run ($why_no_net)"
+
+overlay=$WORK/overlay
+mkdir -p "$overlay/test"
+if ((net)); then
+	vm_add_program "$overlay" "$SROCE_BIN"
+	vm_add_program "$overlay" "$SROCE_SHIM" /usr/lib/sroce/libsroce.so
+	vm_add_program "$overlay" "$xfer"
+fi
+cat >"$overlay/test/run.sh" <<EOF
+. /etc/guest-lib.sh
+failed=0
+[ -b /dev/pmem0 ] || { echo "no /dev/pmem0"; ls /sys/bus/nd/devices; exit 10; }
+step ndctl_before 30 ndctl list -N
+# The label-less NVDIMM comes up as a raw namespace, which has no DAX.
+step fsdax 60 ndctl create-namespace -f -e namespace0.0 -m fsdax || exit 11
+step mkfs 60 mke2fs -t ext4 -b 4096 -F -q /dev/pmem0 || exit 12
+mount -t ext4 -o dax /dev/pmem0 /mnt || exit 13
+mark "MOUNT \$(grep ' /mnt ' /proc/mounts) dax=\$(cat /sys/block/pmem0/queue/dax)"
+step pmem_check 60 pmem_check /mnt/pmem_check.pool 16 || failed=\$((failed + 1))
+if [ -x /usr/bin/sroce ]; then
+	export SROCE_CONFIG=/tmp/links.conf SROCE_SHIM=/usr/lib/sroce/libsroce.so
+	sroce link add sroce_g netdev eth0 addr $guest_ip || exit 14
+	serve xfer $xfer_port 120 sroce exec -- sroce_xfer -d sroce_g -g 1 -p $xfer_port || failed=\$((failed + 1))
+fi
+umount /mnt
+exit \$failed
+EOF
+vm_initrd "$overlay"
+
+backing=$WORK/nvdimm.img
+t0=$SECONDS
+vm_start ${ns:+--ns "$ns"} --append "$append" -- \
+	-machine pc,nvdimm=on -m 2G,slots=2,maxmem=4G \
+	-object "memory-backend-file,id=mem1,share=on,mem-path=$backing,size=256M" \
+	-device nvdimm,memdev=mem1 "${qemu_net[@]}"
+
+if ((net)); then
+	if vm_wait 'READY xfer|NOTREADY xfer|GUEST-EXIT' 150 && [[ $(vm_marker 'READY xfer|NOTREADY xfer|GUEST-EXIT') == "READY xfer" ]]; then
+		hrc=0
+		in_ns timeout -k 5 120 "$SROCE_BIN" exec -- "$xfer" -d sroce0 -g 1 -p "$xfer_port" \
+			-n "$xfer_iters" --seed "$seed" --depth 8 "$guest_ip" >"$WORK/xfer.host.log" 2>&1 || hrc=$?
+		vm_wait 'DONE xfer rc=' 150 || true
+		grc=$(vm_marker 'DONE xfer rc=' | sed -n 's/.*rc=\([0-9]*\).*/\1/p')
+		if [[ $hrc == 0 && $grc == 0 ]] && grep -q ' OK$' "$WORK/xfer.host.log"; then
+			pass "sroce in the guest: sroce_xfer ($xfer_iters operations, seed $seed) against sroce on the host"
+			grep -E 'xfer:' "$WORK/xfer.host.log" | sed 's/^/  host: /'
+		else
+			fail "sroce in the guest: host client exited $hrc, guest server exited ${grc:-none} (seed $seed)"
+			sed 's/^/  host: /' "$WORK/xfer.host.log"
+			vm_step_output xfer | sed 's/^/  guest: /'
+		fi
+	else
+		fail "sroce in the guest: the guest's sroce_xfer server did not start"
+	fi
+fi
+
+vm_finish 200
+echo "guest exited $VM_RC after ${VM_SECONDS}s"
+vm_step_output ndctl_before | sed 's/^/  ndctl list: /'
+vm_step_output fsdax | sed 's/^/  fsdax: /'
+vm_marker MOUNT | sed 's/^/  /'
+out=$(vm_step_output pmem_check)
+printf '%s\n' "$out" | sed 's/^/  /'
+if grep -q 'is_pmem=1, pmem_is_pmem=1' <<<"$out" && grep -q ': OK$' <<<"$out"; then
+	pass "pmem_check: libpmem maps a file on ext4 -o dax over /dev/pmem0 as persistent memory"
+else
+	fail "pmem_check on the emulated NVDIMM"
+fi
+if [[ $VM_RC != 0 ]]; then
+	fail "guest script exited $VM_RC"
+	vm_dump 60 >&2
+fi
+echo "whole test $((SECONDS - t0)) s"
+finish

@@ -1,0 +1,422 @@
+// SPDX-License-Identifier: MIT
+//
+// Write-commit (DESIGN.md §3: WRITE_COMMIT, IMMED, ORDERED) through public
+// verbs, in one process: devices on 127.0.1.11 / 127.0.1.12 (used by no other
+// test).  Every test runs twice: with the native opcodes (the peer declared
+// IBV_COMMIT_CAP_NATIVE) and with the IBTA fallback sequences, which must
+// keep exactly the same promises.  The engine's test persistence hook shows
+// what was made durable, and when.
+#include "rc_pair.hpp"
+
+#include <fcntl.h>
+#include <infiniband/verbs_ext.h>
+#include <mutex>
+#include <sys/mman.h>
+#include <unistd.h>
+
+extern "C" void sroce_set_persist_hook(void (*hook)(void *ctx, const void *addr, size_t len),
+                                       void *ctx);
+
+using namespace rctest;
+
+namespace {
+
+ibv_context *g_ctx[2];
+
+// Every range the engine made durable, with a probe taken at that moment.
+struct PersistLog {
+    struct Event {
+        uintptr_t lo, hi;
+        uint64_t probe; // the word at `probe_at` when this range was persisted
+    };
+    std::mutex mu;
+    std::vector<Event> events;
+    const uint64_t *probe_at = nullptr;
+
+    static void hook(void *ctx, const void *addr, size_t len) {
+        auto *l = static_cast<PersistLog *>(ctx);
+        if (!addr || !len) return; // a bare fence
+        std::lock_guard<std::mutex> g(l->mu);
+        uint64_t probe = l->probe_at ? __atomic_load_n(l->probe_at, __ATOMIC_ACQUIRE) : 0;
+        l->events.push_back({uintptr_t(addr), uintptr_t(addr) + len, probe});
+    }
+    void clear() {
+        std::lock_guard<std::mutex> g(mu);
+        events.clear();
+    }
+    // True when [p, p+n) lies within the union of the persisted ranges.
+    bool covers(const void *p, size_t n) {
+        std::lock_guard<std::mutex> g(mu);
+        uintptr_t lo = uintptr_t(p), hi = lo + n;
+        while (lo < hi) {
+            uintptr_t best = lo;
+            for (const Event &e : events)
+                if (e.lo <= lo && e.hi > best) best = e.hi;
+            if (best == lo) return false;
+            lo = best;
+        }
+        return true;
+    }
+    bool touches(const void *p, size_t n) {
+        std::lock_guard<std::mutex> g(mu);
+        uintptr_t lo = uintptr_t(p), hi = lo + n;
+        for (const Event &e : events)
+            if (e.lo < hi && e.hi > lo) return true;
+        return false;
+    }
+};
+
+PersistLog g_log;
+
+class Devices : public ::testing::Environment {
+  public:
+    void SetUp() override {
+        sroce_set_persist_hook(&PersistLog::hook, &g_log);
+        ibv_device *dev[2];
+        ASSERT_EQ(find_devices("cm0", "127.0.1.11", "cm1", "127.0.1.12", dev), "");
+        for (int i = 0; i < 2; i++) {
+            g_ctx[i] = open_device(dev[i]);
+            ASSERT_NE(g_ctx[i], nullptr) << std::strerror(errno);
+        }
+    }
+    void TearDown() override {
+        for (ibv_context *&c : g_ctx) {
+            if (c) {
+                EXPECT_EQ(ibv_close_device(c), 0);
+            }
+        }
+        sroce_set_persist_hook(nullptr, nullptr);
+    }
+};
+
+[[maybe_unused]] ::testing::Environment *const g_env =
+    ::testing::AddGlobalTestEnvironment(new Devices);
+
+constexpr unsigned kFlushAccess = IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT;
+
+// A shared file mapping on /var/tmp: memory a commit can make durable.
+class FileMr {
+  public:
+    FileMr(ibv_pd *pd, size_t len, unsigned access) : len_(len) {
+        std::string tmpl = "/var/tmp/sroce-commit-XXXXXX";
+        fd_ = mkstemp(tmpl.data());
+        if (fd_ < 0) return;
+        path_ = tmpl;
+        if (ftruncate(fd_, off_t(len)) != 0) return;
+        void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+        if (p == MAP_FAILED) return;
+        mem_ = static_cast<uint8_t *>(p);
+        mr_ = ibv_reg_mr(pd, mem_, len, int(access));
+    }
+    ~FileMr() {
+        if (mr_) ibv_dereg_mr(mr_);
+        if (mem_) munmap(mem_, len_);
+        if (fd_ >= 0) close(fd_);
+        if (!path_.empty()) unlink(path_.c_str());
+    }
+    bool ok() const { return mr_ != nullptr; }
+    uint8_t *data() { return mem_; }
+    uint64_t addr(size_t off = 0) const { return uint64_t(uintptr_t(mem_ + off)); }
+    uint32_t rkey() const { return mr_->rkey; }
+
+  private:
+    std::string path_;
+    int fd_ = -1;
+    size_t len_;
+    uint8_t *mem_ = nullptr;
+    ibv_mr *mr_ = nullptr;
+};
+
+class Commit : public ::testing::TestWithParam<bool> {
+  protected:
+    bool native() const { return GetParam(); }
+    void make(unsigned b_access = kAllAccess | kFlushAccess) {
+        PairOpts o;
+        o.qp_ex = true;
+        o.extra_send_ops = IBV_QP_EX_WITH_RDMA_WRITE_COMMIT;
+        o.sq_sig_all = false;
+        o.b_access = b_access;
+        ASSERT_NO_FATAL_FAILURE(p.setup(g_ctx[0], g_ctx[1], o));
+        ibv_commit_caps caps{};
+        ASSERT_EQ(ibv_query_commit_caps(g_ctx[1], &caps), 0);
+        if (native()) {
+            ASSERT_EQ(ibv_qp_set_commit_peer(p.a.qp, caps.flags), 0);
+        }
+        g_log.clear();
+    }
+    // One signaled write-commit of src[off, off+len) to raddr.
+    int commit(Buf &src, size_t off, size_t len, uint64_t raddr, uint32_t rkey, uint32_t flags,
+               uint64_t id, const uint32_t *imm = nullptr) {
+        ibv_qp_ex *q = p.a.qpx;
+        ibv_wr_start(q);
+        q->wr_id = id;
+        q->wr_flags = IBV_SEND_SIGNALED;
+        int rc = imm ? ibv_wr_rdma_write_commit_imm(q, rkey, raddr, flags, htonl(*imm))
+                     : ibv_wr_rdma_write_commit(q, rkey, raddr, flags);
+        if (rc) {
+            ibv_wr_abort(q);
+            return rc;
+        }
+        ibv_wr_set_sge(q, src.lkey(), src.addr(off), uint32_t(len));
+        return ibv_wr_complete(q);
+    }
+    Pair p;
+};
+
+TEST(CommitCaps, DeviceReportsWhatItCanDo) {
+    ibv_commit_caps caps{};
+    ASSERT_EQ(ibv_query_commit_caps(g_ctx[0], &caps), 0);
+    EXPECT_EQ(caps.flags & (IBV_COMMIT_CAP_NATIVE | IBV_COMMIT_CAP_ORDERED | IBV_COMMIT_CAP_IMMED |
+                            IBV_COMMIT_CAP_FLUSH),
+              uint32_t(IBV_COMMIT_CAP_NATIVE | IBV_COMMIT_CAP_ORDERED | IBV_COMMIT_CAP_IMMED |
+                       IBV_COMMIT_CAP_FLUSH));
+    EXPECT_EQ(caps.atomicity_unit, 8u);
+    EXPECT_TRUE(caps.persistence_methods & IBV_COMMIT_METHOD_MSYNC);
+    EXPECT_TRUE(caps.persistence_methods & IBV_COMMIT_METHOD_FENCE);
+    ibv_commit_caps bad{};
+    bad.comp_mask = 1;
+    EXPECT_EQ(ibv_query_commit_caps(g_ctx[0], &bad), EINVAL);
+}
+
+TEST(CommitCaps, QpWithoutTheSendOpHasNoCommitVerbs) {
+    Pair q;
+    PairOpts o;
+    o.qp_ex = true;
+    o.connect = false;
+    ASSERT_NO_FATAL_FAILURE(q.setup(g_ctx[0], g_ctx[1], o));
+    // rc_pair creates QPs with every send op but write-commit.
+    errno = 0;
+    EXPECT_EQ(ibv_qp_to_commit_ops(q.a.qpx), nullptr);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    ibv_wr_start(q.a.qpx);
+    EXPECT_EQ(ibv_wr_rdma_write_commit(q.a.qpx, 1, 0, 0), EOPNOTSUPP);
+    ibv_wr_abort(q.a.qpx);
+}
+
+TEST_P(Commit, CompletesOnlyWhenTheWriteIsDurable) {
+    make();
+    FileMr dst(p.b.pd, 1 << 20, kAllAccess | kFlushAccess);
+    ASSERT_TRUE(dst.ok()) << std::strerror(errno);
+    Buf src(p.a.pd, 1 << 20);
+    src.fill(5);
+    for (size_t len : {size_t(1), size_t(64), size_t(4096), size_t(300001)}) {
+        SCOPED_TRACE(len);
+        g_log.clear();
+        ASSERT_EQ(commit(src, 0, len, dst.addr(4096), dst.rkey(), 0, len), 0);
+        expect_one(p.a.scq,
+                   {len, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE_COMMIT, p.a.qpn(), int64_t(len)});
+        EXPECT_TRUE(g_log.covers(dst.data() + 4096, len));
+        Pair::sync_with(p.b);
+        EXPECT_TRUE(same_bytes(dst.data() + 4096, src.data(), len));
+    }
+}
+
+// "...and all earlier writes on the same QP to the same R_Key", and nothing
+// of other R_Keys.
+TEST_P(Commit, CoversEarlierWritesToTheRkeyOnly) {
+    make();
+    FileMr r1(p.b.pd, 65536, kAllAccess | kFlushAccess),
+        r2(p.b.pd, 65536, kAllAccess | kFlushAccess);
+    ASSERT_TRUE(r1.ok() && r2.ok());
+    Buf src(p.a.pd, 65536);
+    src.fill(9);
+    ASSERT_EQ(post_rdma(p.a.qp, 1, IBV_WR_RDMA_WRITE, {src.sge(0, 1000)}, r1.addr(0), r1.rkey(), 0),
+              0);
+    ASSERT_EQ(
+        post_rdma(p.a.qp, 2, IBV_WR_RDMA_WRITE, {src.sge(0, 3000)}, r1.addr(20000), r1.rkey(), 0),
+        0);
+    ASSERT_EQ(post_rdma(p.a.qp, 3, IBV_WR_RDMA_WRITE, {src.sge(0, 500)}, r2.addr(0), r2.rkey(), 0),
+              0);
+    ASSERT_EQ(commit(src, 100, 64, r1.addr(40000), r1.rkey(), 0, 4), 0);
+    expect_one(p.a.scq, {4, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE_COMMIT, p.a.qpn(), 64});
+    EXPECT_TRUE(g_log.covers(r1.data(), 1000));
+    EXPECT_TRUE(g_log.covers(r1.data() + 20000, 3000));
+    EXPECT_TRUE(g_log.covers(r1.data() + 40000, 64));
+    EXPECT_FALSE(g_log.touches(r2.data(), 65536)) << "a commit on one rkey persisted another";
+}
+
+// IMMED: the target learns, through a receive completion carrying the
+// immediate data, that the write is durable.
+TEST_P(Commit, ImmediateArrivesOnlyAfterDurability) {
+    make();
+    FileMr dst(p.b.pd, 65536, kAllAccess | kFlushAccess);
+    ASSERT_TRUE(dst.ok());
+    Buf src(p.a.pd, 65536);
+    src.fill(13);
+    Buf rbuf(p.b.pd, 64);
+    ASSERT_EQ(post_recv(p.b.qp, 77, {rbuf.sge(0, 64)}), 0);
+    uint32_t imm = 0xC0FFEE;
+    ASSERT_EQ(commit(src, 0, 10000, dst.addr(0), dst.rkey(), 0, 5, &imm), 0);
+    std::vector<ibv_wc> rc = poll_n(p.b.rcq, 1);
+    ASSERT_EQ(rc.size(), 1u);
+    EXPECT_EQ(rc[0].wr_id, 77u);
+    EXPECT_EQ(rc[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(rc[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+    EXPECT_TRUE(rc[0].wc_flags & IBV_WC_WITH_IMM);
+    EXPECT_EQ(ntohl(rc[0].imm_data), imm);
+    // By the time the target sees the immediate, the data is durable.
+    EXPECT_TRUE(g_log.covers(dst.data(), 10000));
+    EXPECT_TRUE(same_bytes(dst.data(), src.data(), 10000));
+    expect_one(p.a.scq, {5, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE_COMMIT, p.a.qpn(), 10000});
+}
+
+// ORDERED: earlier writes to the rkey are durable before this write's data
+// is placed.  The persistence hook samples the commit word each time it
+// persists something: when the log record became durable, the commit word
+// must not yet have been written.
+TEST_P(Commit, OrderedMakesEarlierWritesDurableBeforePlacing) {
+    make();
+    FileMr log(p.b.pd, 1 << 20, kAllAccess | kFlushAccess);
+    ASSERT_TRUE(log.ok());
+    Buf src(p.a.pd, 1 << 20);
+    src.fill(17);
+    auto *word = reinterpret_cast<uint64_t *>(log.data());
+    for (uint64_t round = 1; round <= 10; round++) {
+        SCOPED_TRACE(round);
+        {
+            std::lock_guard<std::mutex> g(g_log.mu);
+            g_log.events.clear();
+            g_log.probe_at = word;
+        }
+        size_t off = 4096 * round * 8;
+        ASSERT_EQ(post_rdma(p.a.qp, round, IBV_WR_RDMA_WRITE, {src.sge(off, 20000)}, log.addr(off),
+                            log.rkey(), 0),
+                  0);
+        Buf rec(p.a.pd, 8);
+        rec.word(0) = round;
+        ibv_qp_ex *q = p.a.qpx;
+        ibv_wr_start(q);
+        q->wr_id = 100 + round;
+        q->wr_flags = IBV_SEND_SIGNALED;
+        ASSERT_EQ(ibv_wr_rdma_write_commit(q, log.rkey(), log.addr(0), IBV_WRITE_COMMIT_ORDERED),
+                  0);
+        ibv_wr_set_sge(q, rec.lkey(), rec.addr(), 8);
+        ASSERT_EQ(ibv_wr_complete(q), 0);
+        expect_one(p.a.scq, {100 + round, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE_COMMIT, p.a.qpn(), 8});
+        std::lock_guard<std::mutex> g(g_log.mu);
+        bool saw_record = false;
+        for (const PersistLog::Event &e : g_log.events) {
+            if (e.lo <= uintptr_t(log.data() + off) &&
+                e.hi >= uintptr_t(log.data() + off + 20000)) {
+                saw_record = true;
+                EXPECT_EQ(e.probe, round - 1) << "the commit word was placed before the record "
+                                                 "it orders after was durable";
+                break;
+            }
+        }
+        EXPECT_TRUE(saw_record);
+        g_log.probe_at = nullptr;
+    }
+}
+
+// The control for the test above: without ORDERED the commit word may be
+// placed before the record is durable, and the probe does see that, so the
+// ordered test cannot pass vacuously.
+TEST_P(Commit, WithoutOrderedTheProbeSeesTheWordPlacedFirst) {
+    make();
+    FileMr log(p.b.pd, 1 << 20, kAllAccess | kFlushAccess);
+    ASSERT_TRUE(log.ok());
+    Buf src(p.a.pd, 1 << 20);
+    auto *word = reinterpret_cast<uint64_t *>(log.data());
+    {
+        std::lock_guard<std::mutex> g(g_log.mu);
+        g_log.events.clear();
+        g_log.probe_at = word;
+    }
+    ASSERT_EQ(post_rdma(p.a.qp, 1, IBV_WR_RDMA_WRITE, {src.sge(65536, 20000)}, log.addr(65536),
+                        log.rkey(), 0),
+              0);
+    Buf rec(p.a.pd, 8);
+    rec.word(0) = 42;
+    ASSERT_EQ(commit(rec, 0, 8, log.addr(0), log.rkey(), 0, 2), 0);
+    expect_one(p.a.scq, {2, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE_COMMIT, p.a.qpn(), 8});
+    std::lock_guard<std::mutex> g(g_log.mu);
+    bool placed_first = false;
+    for (const PersistLog::Event &e : g_log.events)
+        if (e.lo <= uintptr_t(log.data() + 65536) && e.hi >= uintptr_t(log.data() + 85536))
+            placed_first |= e.probe == 42;
+    EXPECT_TRUE(placed_first);
+    g_log.probe_at = nullptr;
+}
+
+TEST_P(Commit, GlobalVisibilityOnVolatileMemory) {
+    make();
+    Buf dst(p.b.pd, 8192, kAllAccess | IBV_ACCESS_FLUSH_GLOBAL);
+    ASSERT_TRUE(dst.ok());
+    Buf src(p.a.pd, 8192);
+    src.fill(23);
+    ASSERT_EQ(commit(src, 0, 8192, dst.addr(), dst.rkey(), IBV_WRITE_COMMIT_GLOBAL, 6), 0);
+    expect_one(p.a.scq, {6, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE_COMMIT, p.a.qpn(), 8192});
+    Pair::sync_with(p.b);
+    EXPECT_TRUE(same_bytes(dst.data(), src.data(), 8192));
+}
+
+// Persistence asked of memory registered for global visibility only: the
+// same Remote Access Error on both paths, and exactly one completion.
+TEST_P(Commit, PersistentCommitToAGlobalOnlyMrIsRemoteAccessError) {
+    make();
+    Buf dst(p.b.pd, 8192, kAllAccess | IBV_ACCESS_FLUSH_GLOBAL);
+    ASSERT_TRUE(dst.ok());
+    Buf src(p.a.pd, 64);
+    ASSERT_EQ(commit(src, 0, 64, dst.addr(), dst.rkey(), 0, 7), 0);
+    std::vector<ibv_wc> wc = poll_n(p.a.scq, 1);
+    ASSERT_EQ(wc.size(), 1u);
+    EXPECT_EQ(wc[0].wr_id, 7u);
+    EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+    EXPECT_TRUE(drain(p.a.scq, 100ms).empty()) << "one commit, one completion";
+    EXPECT_EQ(qp_state(p.a.qp), IBV_QPS_ERR);
+}
+
+TEST_P(Commit, TargetQpWithoutFlushAccessIsInvalidRequest) {
+    make(kAllAccess);
+    FileMr dst(p.b.pd, 8192, kAllAccess | kFlushAccess);
+    ASSERT_TRUE(dst.ok());
+    Buf src(p.a.pd, 64);
+    ASSERT_EQ(commit(src, 0, 64, dst.addr(), dst.rkey(), 0, 8), 0);
+    std::vector<ibv_wc> wc = poll_n(p.a.scq, 1);
+    ASSERT_EQ(wc.size(), 1u);
+    EXPECT_EQ(wc[0].status, IBV_WC_REM_INV_REQ_ERR);
+    EXPECT_TRUE(drain(p.a.scq, 100ms).empty());
+}
+
+TEST_P(Commit, UnknownFlagsFailTheBatch) {
+    make();
+    Buf src(p.a.pd, 64);
+    ibv_qp_ex *q = p.a.qpx;
+    ibv_wr_start(q);
+    ASSERT_EQ(ibv_wr_rdma_write_commit(q, 1, 0, 1u << 7), 0);
+    ibv_wr_set_sge(q, src.lkey(), src.addr(), 64);
+    EXPECT_EQ(ibv_wr_complete(q), EINVAL);
+    EXPECT_TRUE(drain(p.a.scq, 50ms).empty());
+}
+
+TEST_P(Commit, ManyCommitsInFlight) {
+    make();
+    FileMr dst(p.b.pd, 1 << 20, kAllAccess | kFlushAccess);
+    ASSERT_TRUE(dst.ok());
+    Buf src(p.a.pd, 1 << 20);
+    src.fill(31);
+    for (uint64_t i = 0; i < 32; i++) {
+        ibv_qp_ex *q = p.a.qpx;
+        ibv_wr_start(q);
+        q->wr_id = i;
+        q->wr_flags = IBV_SEND_SIGNALED;
+        ASSERT_EQ(ibv_wr_rdma_write_commit(q, dst.rkey(), dst.addr(i * 8192), 0), 0);
+        ibv_wr_set_sge(q, src.lkey(), src.addr(i * 8192), 8192);
+        ASSERT_EQ(ibv_wr_complete(q), 0);
+    }
+    std::vector<ibv_wc> wc = poll_n(p.a.scq, 32);
+    ASSERT_EQ(wc.size(), 32u);
+    for (uint64_t i = 0; i < 32; i++)
+        expect_wc(wc[i], {i, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE_COMMIT, p.a.qpn(), 8192});
+    EXPECT_TRUE(g_log.covers(dst.data(), 32 * 8192));
+    Pair::sync_with(p.b);
+    EXPECT_TRUE(same_bytes(dst.data(), src.data(), 32 * 8192));
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, Commit, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool> &i) {
+                             return i.param ? "native" : "ibta_fallback";
+                         });
+
+} // namespace
