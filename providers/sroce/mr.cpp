@@ -103,6 +103,7 @@ struct ibv_mr *sroce_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64
     Context *ctx = to_ctx(pd->context);
     auto *mr = new Mr;
     mr->cls = cls;
+    mr->uncached = access & IBV_ACCESS_UNCACHED;
     mr->addr = static_cast<uint8_t *>(addr);
     mr->iova = iova;
     mr->length = length;

@@ -452,6 +452,7 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
             qp->msg_offset = 0;
             qp->write_rkey = pkt.rkey();
             qp->write_tracked = mr && mr->cls != MemClass::kVolatile;
+            qp->write_uncached = mr && mr->uncached;
             qp->commit_ceth = ce;
         } else if (bool(qp->in_msg_commit) != commit) {
             fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
@@ -466,7 +467,10 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
             return;
         }
         if (pkt.payload_len) {
-            std::memcpy(qp->write_ptr, pkt.payload, pkt.payload_len);
+            if (qp->write_uncached)
+                copy_nontemporal(qp->write_ptr, pkt.payload, pkt.payload_len);
+            else
+                std::memcpy(qp->write_ptr, pkt.payload, pkt.payload_len);
             if (qp->write_tracked) note_dirty(qp, qp->write_rkey, qp->write_ptr, pkt.payload_len);
         }
         qp->write_ptr += pkt.payload_len;

@@ -87,6 +87,7 @@ struct Mr {
     unsigned access = 0;
     Pd *pd = nullptr;
     MemClass cls = MemClass::kVolatile; // how FLUSH makes this memory durable
+    bool uncached = false;              // IBV_ACCESS_UNCACHED: non-temporal placement
 };
 
 // An rkey/lkey names a slot (low bits) plus random high bits, so keys are
@@ -272,10 +273,11 @@ struct Qp {
     bool recv_taken = false; // the current SEND owns rq[rq_tail]
     std::vector<RdResource> rd_res;
     uint32_t rd_res_next = 0;
-    uint8_t commit_ceth = 0;    // CETH flags of the native commit being received
-    bool in_msg_commit = false; // the multi-packet write in progress is a commit
-    uint32_t write_rkey = 0;    // rkey of the write being placed
-    bool write_tracked = false; // its MR keeps dirty ranges (not volatile)
+    uint8_t commit_ceth = 0;     // CETH flags of the native commit being received
+    bool in_msg_commit = false;  // the multi-packet write in progress is a commit
+    uint32_t write_rkey = 0;     // rkey of the write being placed
+    bool write_tracked = false;  // its MR keeps dirty ranges (not volatile)
+    bool write_uncached = false; // its MR asked for non-temporal placement
     std::vector<DirtyRange> dirty;
     // The peer declared native write-commit support (ibv_qp_set_commit_peer).
     bool peer_native_commit = false;

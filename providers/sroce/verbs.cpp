@@ -288,8 +288,8 @@ int sroce_query_commit_caps(struct ibv_context *, struct ibv_commit_caps *caps) 
     caps->flags = IBV_COMMIT_CAP_NATIVE | IBV_COMMIT_CAP_ORDERED | IBV_COMMIT_CAP_IMMED |
                   IBV_COMMIT_CAP_FLUSH;
     caps->atomicity_unit = 8;
-    caps->persistence_methods =
-        IBV_COMMIT_METHOD_CACHE_FLUSH | IBV_COMMIT_METHOD_MSYNC | IBV_COMMIT_METHOD_FENCE;
+    caps->persistence_methods = IBV_COMMIT_METHOD_CACHE_FLUSH | IBV_COMMIT_METHOD_MSYNC |
+                                IBV_COMMIT_METHOD_FENCE | IBV_COMMIT_METHOD_NONTEMPORAL;
     return 0;
 }
 

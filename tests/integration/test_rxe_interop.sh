@@ -8,8 +8,9 @@
 # the guest's eth0 10.201.0.2 (rxe0).
 #
 # Every case runs once with the rxe side as the server and once with sroce
-# as the server: ibv_rc_pingpong, then perftest's ib_write_bw, ib_read_bw,
-# ib_send_bw and ib_atomic_bw.  Both programs of every pair must exit 0.
+# as the server: ibv_rc_pingpong, sroce_xfer (tests/progs: a seeded random
+# mix of RC operations with every byte checked, plain libibverbs), then
+# perftest's ib_write_bw, ib_read_bw, ib_send_bw and ib_atomic_bw.  Both programs of every pair must exit 0.
 # This checks sroce's ICRC verification of rxe's packets (whose IP ID is a
 # hash sroce cannot see), rxe's verification of sroce's, and the RC
 # protocol of each against the other.
@@ -104,6 +105,21 @@ cases=(
 	"pingpong_rxe_server|guest|ibv_rc_pingpong -d rxe0 -g @GID@ -p @PORT@|ibv_rc_pingpong -d sroce0 -g 1 -p @PORT@ $guest_ip"
 	"pingpong_sroce_server|host|ibv_rc_pingpong -d rxe0 -g @GID@ -p @PORT@ $host_ip|ibv_rc_pingpong -d sroce0 -g 1 -p @PORT@"
 )
+# sroce_xfer: a seeded random mix of RC operations, every byte checked, on
+# plain libibverbs (so it runs on rxe unchanged).
+xfer=$BUILD_DIR/tests/progs/sroce_xfer
+xfer_iters=${SROCE_TEST_XFER_ITERS:-400}
+seed=${SROCE_TEST_XFER_SEED:-$$}
+if [[ -x $xfer ]]; then
+	xargs_client="-n $xfer_iters --seed $seed --depth 8"
+	cases+=(
+		"xfer_rxe_server|guest|sroce_xfer -d rxe0 -g @GID@ -p @PORT@|$xfer -d sroce0 -g 1 -p @PORT@ $xargs_client $guest_ip"
+		"xfer_sroce_server|host|sroce_xfer -d rxe0 -g @GID@ -p @PORT@ $xargs_client $host_ip|$xfer -d sroce0 -g 1 -p @PORT@"
+	)
+	echo "sroce_xfer: $xfer_iters operations each way, seed $seed"
+else
+	log "$xfer not built: the sroce_xfer cases are skipped"
+fi
 for bw in ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw; do
 	args=$pt
 	[[ $bw == ib_atomic_bw ]] && args="-F -n 200"
@@ -138,11 +154,12 @@ mkdir -p "$WORK/overlay/test"
 	done
 	echo 'exit $failed'
 } >"$WORK/overlay/test/run.sh"
+[[ -x $xfer ]] && vm_add_program "$WORK/overlay" "$xfer"
 vm_initrd "$WORK/overlay"
 
 start_all=$SECONDS
 vm_start --ns "$ns" --append "guest.ip=$guest_ip/24" -- \
-	-netdev tap,id=n0,ifname=tap0,script=no,downscript=no -device virtio-net-pci,netdev=n0
+	-netdev tap,id=n0,ifname=tap0,script=no,downscript=no -device virtio-net-pci,netdev=n0,romfile=
 if ! vm_wait 'GID ' 120; then
 	vm_dump >&2
 	die "the guest did not bring up rxe0"
@@ -164,6 +181,11 @@ summary() {
 	if [[ -n $r ]]; then
 		set -- $r
 		echo "$1 Mbit/s, $2 usec/iter"
+		return
+	fi
+	r=$(grep -E '^xfer: .* OK$' "$2" | tail -n 1)
+	if [[ -n $r ]]; then
+		echo "$r"
 		return
 	fi
 	r=$(perftest_result "$2")
@@ -212,6 +234,10 @@ for c in "${cases[@]}"; do
 	fi
 	vm_step_output "$name" >"$glog"
 	secs=$(elapsed "$t0")
+	if [[ $name == xfer_* && $hrc == 0 && $grc == 0 ]] &&
+		! { grep -q '^xfer: .* OK$' "$hlog" && grep -q '^xfer: .* OK$' "$glog"; }; then
+		hrc="$hrc (no OK line)"
+	fi
 	if [[ $hrc == 0 && $grc == 0 ]]; then
 		if [[ $side == guest ]]; then client_log=$hlog; else client_log=$glog; fi
 		results[$name]=$(summary "$name" "$client_log")

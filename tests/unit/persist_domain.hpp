@@ -110,14 +110,20 @@ class Domain {
         len_ = 0;
     }
 
-    // Power off: what survives is the shadow at this instant.
-    void power_off(std::vector<uint8_t> &out) {
+    // Power off: what survives is the shadow at this instant.  Returns
+    // whether the power failed in the middle of persisting a range.
+    bool power_off(std::vector<uint8_t> &out) {
         waiting_.store(true, std::memory_order_relaxed);
         std::lock_guard<std::mutex> g(mu_);
         waiting_.store(false, std::memory_order_relaxed);
         out.resize(shadow_.size());
         if (!shadow_.empty()) std::memcpy(out.data(), shadow_.data(), shadow_.size());
+        return copying_.load(std::memory_order_relaxed);
     }
+
+    // A range is being persisted right now (a power-off aimed at the middle
+    // of a flush waits for this).
+    bool copying() const { return copying_.load(std::memory_order_relaxed); }
 
     DomainStats stats() {
         std::lock_guard<std::mutex> g(mu_);
@@ -156,6 +162,7 @@ class Domain {
             end = std::min(b, hi) - lo;
             stats_.ranges++;
             stats_.bytes += end - off;
+            copying_.store(true, std::memory_order_relaxed);
         }
         while (off < end) {
             // A mutex is not fair: without stepping aside, this thread would
@@ -164,9 +171,13 @@ class Domain {
                 std::this_thread::yield();
             size_t next = std::min(end, (off / kPiece + 1) * kPiece);
             std::lock_guard<std::mutex> g(mu_);
-            if (base_ == nullptr || next > len_) return; // detached under traffic: a test bug
+            if (base_ == nullptr || next > len_) { // detached under traffic: a test bug
+                copying_.store(false, std::memory_order_relaxed);
+                return;
+            }
             std::memcpy(shadow_.data() + off, base_ + off, next - off);
             off = next;
+            if (off == end) copying_.store(false, std::memory_order_relaxed);
         }
     }
 
@@ -177,6 +188,7 @@ class Domain {
     DomainStats stats_;
     std::atomic<uint64_t> fences_{0};
     std::atomic<bool> waiting_{false}; // a power-off wants the mutex
+    std::atomic<bool> copying_{false}; // set and cleared under mu_
 };
 
 // ---------------------------------------------------------------------------
@@ -778,6 +790,7 @@ struct RunOpts {
     const Plan *believed = nullptr;
     unsigned target_access = rctest::kAllAccess | kFlushAccess; // of the target MR
     Clock::duration stall = 30s; // no completion for this long fails the run
+    uint64_t min_power_offs = 0; // posting waits for power-offs to keep up
 };
 
 struct RunResult {
@@ -786,6 +799,7 @@ struct RunResult {
     CheckStats check;
     DomainStats domain;
     uint64_t ops = 0, points = 0, power_offs = 0, inflight_power_offs = 0;
+    uint64_t mid_flush_power_offs = 0;
     uint64_t by_kind[std::size(kKinds)] = {};
     double seconds = 0;
 
@@ -799,13 +813,14 @@ struct RunResult {
             kinds += strf("%s%" PRIu64 " %s", k ? ", " : "", by_kind[k], kKinds[k].name);
         return strf("%zu records (%.1f MiB in a %.1f MiB MR), %" PRIu64 " ops (%s), %" PRIu64
                     " durability points; %" PRIu64 " power-offs (%" PRIu64
-                    " with points in flight, %" PRIu64 " with records durable before their "
-                    "completion, %" PRIu64 " torn records seen); hook: %" PRIu64
-                    " ranges, %.1f MiB, %" PRIu64 " fences; %.2f s",
+                    " with points in flight, %" PRIu64 " in the middle of a flush, %" PRIu64
+                    " with records durable before their completion, %" PRIu64
+                    " torn records seen); hook: %" PRIu64 " ranges, %.1f MiB, %" PRIu64
+                    " fences; %.2f s",
                     plan.records.size(), double(bytes) / 1048576, double(plan.mr_len) / 1048576,
                     ops, kinds.c_str(), points, power_offs, inflight_power_offs,
-                    check.images_with_early, check.torn_records, domain.ranges,
-                    double(domain.bytes) / 1048576, domain.fences, seconds);
+                    mid_flush_power_offs, check.images_with_early, check.torn_records,
+                    domain.ranges, double(domain.bytes) / 1048576, domain.fences, seconds);
     }
 };
 
@@ -854,6 +869,7 @@ inline void run_plan(Domain &dom, ibv_context *ctx_a, ibv_context *ctx_b, const 
     std::atomic<int64_t> polled{-1};
     std::atomic<uint64_t> posted_points{0};
     std::atomic<bool> done{false};
+    std::atomic<uint64_t> powered{0}; // power-offs checked so far
     auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
 
     std::thread power([&] {
@@ -861,14 +877,22 @@ inline void run_plan(Domain &dom, ibv_context *ctx_a, ibv_context *ctx_b, const 
         std::vector<uint8_t> img;
         while (!done.load(std::memory_order_acquire)) {
             std::this_thread::sleep_for(std::chrono::microseconds(r.below(o.gap_us + 1)));
+            // A quarter of the power-offs aim at the middle of a flush.
+            if (r.chance(0.25)) {
+                auto until = Clock::now() + 5ms;
+                while (!dom.copying() && Clock::now() < until &&
+                       !done.load(std::memory_order_relaxed))
+                    std::this_thread::yield();
+            }
             // The polled state is read first: whatever it names was
             // acknowledged, and so reported to the hook, before the image.
             PowerOff at{res.power_offs++, 0, polled.load(std::memory_order_acquire),
                         posted_points.load(std::memory_order_acquire)};
-            dom.power_off(img);
+            if (dom.power_off(img)) res.mid_flush_power_offs++;
             at.t = seconds();
             if (at.posted_points > uint64_t(at.polled + 1)) res.inflight_power_offs++;
             checker.check(img, at, res.during);
+            powered.fetch_add(1, std::memory_order_relaxed);
         }
     });
 
@@ -880,7 +904,11 @@ inline void run_plan(Domain &dom, ibv_context *ctx_a, ibv_context *ctx_b, const 
     while (size_t(last + 1) < npoints) {
         // Post a batch of 1-8 ops, as far as the queue and the window allow.
         bool busy = false;
-        if (next < end) {
+        // Hold back while power-offs lag behind the plan, so a slow host or
+        // a sanitizer build still spreads min_power_offs over the run.
+        bool paced = powered.load(std::memory_order_relaxed) * end < o.min_power_offs * next;
+        if (paced) progress = Clock::now();
+        if (next < end && !paced) {
             size_t batch = std::min<size_t>(r.range(1, 8), end - next);
             size_t n = 0;
             uint64_t pts = posted_points.load(std::memory_order_relaxed);

@@ -414,6 +414,26 @@ TEST_P(Commit, ManyCommitsInFlight) {
     EXPECT_TRUE(same_bytes(dst.data(), src.data(), 32 * 8192));
 }
 
+// IBV_ACCESS_UNCACHED: writes and commits land byte-exact through the
+// non-temporal placement path, and the commit still makes them durable.
+TEST_P(Commit, UncachedRegionTakesWritesAndCommits) {
+    make();
+    FileMr dst(p.b.pd, 1 << 20, kAllAccess | kFlushAccess | IBV_ACCESS_UNCACHED);
+    ASSERT_TRUE(dst.ok()) << std::strerror(errno);
+    Buf src(p.a.pd, 1 << 20);
+    src.fill(37);
+    ASSERT_EQ(
+        post_rdma(p.a.qp, 1, IBV_WR_RDMA_WRITE, {src.sge(1, 70001)}, dst.addr(3), dst.rkey(), 0),
+        0);
+    ASSERT_EQ(commit(src, 100000, 5000, dst.addr(100000), dst.rkey(), 0, 2), 0);
+    expect_one(p.a.scq, {2, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE_COMMIT, p.a.qpn(), 5000});
+    EXPECT_TRUE(g_log.covers(dst.data() + 3, 70001));
+    EXPECT_TRUE(g_log.covers(dst.data() + 100000, 5000));
+    Pair::sync_with(p.b);
+    EXPECT_TRUE(same_bytes(dst.data() + 3, src.data() + 1, 70001));
+    EXPECT_TRUE(same_bytes(dst.data() + 100000, src.data() + 100000, 5000));
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, Commit, ::testing::Values(true, false),
                          [](const ::testing::TestParamInfo<bool> &i) {
                              return i.param ? "native" : "ibta_fallback";

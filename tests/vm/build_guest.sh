@@ -10,9 +10,9 @@
 #
 # Usage: build_guest.sh OUTDIR
 # Prints the directory holding `vmlinuz`, `initrd.img` and `files.txt` (the
-# initramfs's file list).  The result is
-# cached under OUTDIR keyed by the kernel version and a hash of everything
-# that goes into it (this script, init, pmem_check.c and the versions of the
+# initramfs's file list).  The result is cached under OUTDIR keyed by the
+# kernel version and a hash of everything that goes into it (this script,
+# init, guest-lib.sh, pmem_check.c, the kernel image and the versions of the
 # packages copied), so a repeated run only prints the cached path.
 # SROCE_VM_KERNEL=VERSION picks a kernel other than the newest one installed.
 #
@@ -167,16 +167,9 @@ copy_closure() {
 		$2 == "=>" && $3 ~ /^\// { print $3 }
 		$1 ~ /^\// && $1 !~ /:$/ { print $1 }' | sort -u)
 }
+# ldd prints the whole closure of each file; the provider is named
+# explicitly because libibverbs loads it with dlopen.
 copy_closure "$root"/usr/bin/* "$root$provider"
-# ldd lists no library twice, but a library copied for one program may need
-# one the others do not: go round until nothing new appears.
-while :; do
-	before=$(find "$root/lib" "$root/usr/lib" "$root/lib64" -type f | wc -l)
-	mapfile -t libs < <(find "$root/lib" "$root/usr/lib" -name '*.so*' -type f)
-	copy_closure "${libs[@]}"
-	after=$(find "$root/lib" "$root/usr/lib" "$root/lib64" -type f | wc -l)
-	((after == before)) && break
-done
 printf '%s\n' /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu >"$root/etc/ld.so.conf"
 ldconfig -r "$root" 2>/dev/null || true
 
@@ -201,4 +194,8 @@ mv "$stage/vmlinuz" "$stage/initrd.img" "$stage/files.txt" "$stage/out/"
 echo "$kver" >"$stage/out/kernel-version"
 rm -rf "$dest"
 mv "$stage/out" "$dest"
+# Guests built from older inputs are never used again.
+for d in "$out"/guest-*; do
+	[[ $d == "$dest" ]] || rm -rf "$d"
+done
 echo "$dest"

@@ -113,7 +113,16 @@ enum ibv_commit_method {
     IBV_COMMIT_METHOD_CACHE_FLUSH = 1 << 0, /* persistent memory: cache-line write-back */
     IBV_COMMIT_METHOD_MSYNC = 1 << 1,       /* file mappings: msync */
     IBV_COMMIT_METHOD_FENCE = 1 << 2,       /* volatile memory: global visibility */
+    IBV_COMMIT_METHOD_NONTEMPORAL = 1 << 3, /* IBV_ACCESS_UNCACHED placement */
 };
+
+/*
+ * Placement hint for ibv_reg_mr(): remote writes into this region are placed
+ * with non-temporal stores, bypassing the target's caches, so persisting them
+ * later costs no cache-line write-back.  An optional access flag: providers
+ * that do not know it ignore it, as rdma-core specifies for optional flags.
+ */
+#define IBV_ACCESS_UNCACHED (IBV_ACCESS_OPTIONAL_FIRST << 9)
 
 struct ibv_commit_caps {
     uint32_t comp_mask;           /* must be 0 */
