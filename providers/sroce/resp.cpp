@@ -266,6 +266,9 @@ void do_atomic_write(Qp *qp, const Packet &pkt, TxBatch &tx) {
     uint64_t v;
     std::memcpy(&v, pkt.payload, 8);
     __atomic_store_n(reinterpret_cast<uint64_t *>(p), v, __ATOMIC_RELEASE);
+    // A later commit to this rkey must make the word durable too.
+    if (Mr *mr = lookup_mr(qp, pkt.rkey()); mr && mr->cls != MemClass::kVolatile)
+        note_dirty(qp, pkt.rkey(), p, 8);
     RdResource &r = new_resource(qp);
     r.ack_only = true;
     r.first_psn = r.last_psn = pkt.psn;

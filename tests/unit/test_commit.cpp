@@ -434,6 +434,34 @@ TEST_P(Commit, UncachedRegionTakesWritesAndCommits) {
     EXPECT_TRUE(same_bytes(dst.data() + 100000, src.data() + 100000, 5000));
 }
 
+// ATOMIC WRITE is ordered after earlier writes but is not itself a flush:
+// nothing becomes durable until a FLUSH or a commit asks for it.
+TEST_P(Commit, AtomicWriteIsNotItselfAFlush) {
+    make();
+    FileMr dst(p.b.pd, 65536, kAllAccess | kFlushAccess);
+    ASSERT_TRUE(dst.ok());
+    Buf src(p.a.pd, 4096);
+    src.fill(41);
+    ASSERT_EQ(
+        post_rdma(p.a.qp, 1, IBV_WR_RDMA_WRITE, {src.sge(0, 4096)}, dst.addr(8192), dst.rkey(), 0),
+        0);
+    uint64_t v = 7;
+    ibv_qp_ex *q = p.a.qpx;
+    ibv_wr_start(q);
+    q->wr_id = 2;
+    q->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_atomic_write(q, dst.rkey(), dst.addr(0), &v);
+    ASSERT_EQ(ibv_wr_complete(q), 0);
+    expect_one(p.a.scq, {2, IBV_WC_SUCCESS, IBV_WC_ATOMIC_WRITE, p.a.qpn()});
+    EXPECT_FALSE(g_log.touches(dst.data(), 65536));
+    // The next commit to the rkey makes both durable.
+    ASSERT_EQ(commit(src, 0, 8, dst.addr(16), dst.rkey(), 0, 3), 0);
+    expect_one(p.a.scq, {3, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE_COMMIT, p.a.qpn(), 8});
+    EXPECT_TRUE(g_log.covers(dst.data() + 8192, 4096));
+    EXPECT_TRUE(g_log.covers(dst.data(), 8)) << "the ATOMIC WRITE is an earlier write too";
+    EXPECT_TRUE(g_log.covers(dst.data() + 16, 8));
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, Commit, ::testing::Values(true, false),
                          [](const ::testing::TestParamInfo<bool> &i) {
                              return i.param ? "native" : "ibta_fallback";

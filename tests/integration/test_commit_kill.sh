@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# A real target process killed while it is being written: docs/examples/
+# remote_log streams small records into a file-backed log on /var/tmp, each
+# followed by an ORDERED write-commit (with immediate) of the log's head
+# index, and prints `committed N` as each commit completes.  After about a
+# second the target is killed with SIGKILL.  Then:
+#   - the initiator ends with a transport error (exit 3, retry counter
+#     exceeded), not a hang;
+#   - the log file passes `remote_log --verify`: its head index H is at least
+#     the last N the initiator printed (an acknowledged commit is never lost),
+#     every record 1..H is complete (ORDERED placed no head before its
+#     record), and H exceeds N by at most the 16 records the initiator keeps
+#     in flight.
+# Once with the native commit opcodes and once with --no-native (IBTA FLUSH).
+#
+# SIGKILL leaves the page cache alone, so this proves the protocol: the
+# order of placement and that no acknowledgement runs ahead of the target's
+# persistence call.  Loss of power, where only what was persisted survives,
+# is the crash-consistency unit test (tests/unit/test_crash_consistency.cpp).
+#
+# Usage: test_commit_kill.sh BUILD-DIR
+#
+# ctest: TIMEOUT=300 RESOURCE_LOCK=lo-127.0.7.3,lo-127.0.7.4
+set -uo pipefail
+
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+sroce_init "${1:?usage: $0 BUILD-DIR}"
+require_loopback
+prog=$BUILD_DIR/tests/compile/remote_log
+[[ -x $prog ]] || die "$prog is not built"
+
+# Slots in flight at the initiator (DEPTH in remote_log.c).
+depth=16
+# The log files live on /var/tmp: registration for persistence refuses tmpfs.
+logs=()
+cleanup() {
+	((${#logs[@]})) && rm -f "${logs[@]}"
+	_sroce_cleanup
+}
+trap cleanup EXIT
+
+sroce_config ck0 127.0.7.3 ck1 127.0.7.4
+
+# Waits up to $2 seconds for file $1 to contain $3; fails early once process
+# $4 has exited.
+wait_for() {
+	local deadline=$((SECONDS + $2))
+	until grep -q -- "$3" "$1" 2>/dev/null; do
+		kill -0 "$4" 2>/dev/null || return 1
+		((SECONDS < deadline)) || return 1
+		sleep 0.05
+	done
+}
+
+show_logs() {
+	local f
+	for f in server client; do
+		[[ -s $WORK/$f.out ]] && tail -n 15 "$WORK/$f.out" | sed "s/^/  $f: /"
+	done
+	return 0
+}
+
+# crash MODE PATH [CLIENT-ARGS...]: PATH is how the initiator says it commits.
+crash() {
+	local mode=$1 path=$2 log port spid cpid killed_at ms last head
+	shift 2
+	log=$(mktemp /var/tmp/sroce-commit-kill.XXXXXX)
+	logs+=("$log")
+
+	# No `timeout` in between: `sroce exec` execs the program, so $! is the
+	# verbs process itself and the SIGKILL below reaches it.
+	"$SROCE_BIN" exec -- "$prog" --server -d ck0 -g 1 -p 0 --file "$log" --size 64M \
+		>"$WORK/server.out" 2>&1 &
+	spid=$!
+	SROCE_BG_PIDS+=("$spid")
+	if ! wait_for "$WORK/server.out" 30 "listening on port" "$spid"; then
+		fail "$mode: the target did not start"
+		show_logs
+		return
+	fi
+	port=$(sed -n 's/^remote_log: listening on port \([0-9]*\)$/\1/p' "$WORK/server.out")
+
+	# A million records would take minutes: the stream is still going when
+	# the target dies.
+	RP_TIMEOUT=120 sroce_bg "$WORK/client.out" "$prog" -d ck1 -g 1 -p "$port" -n 1000000 \
+		--record-size 32 127.0.7.3 "$@"
+	cpid=$BG_PID
+	if ! wait_for "$WORK/client.out" 60 "^committed " "$cpid"; then
+		fail "$mode: no record was committed"
+		show_logs
+		kill -9 "$spid" 2>/dev/null
+		bg_wait "$spid" 2>/dev/null
+		bg_wait "$cpid"
+		return
+	fi
+	sleep 1
+	if ! kill -0 "$cpid" 2>/dev/null || ! kill -0 "$spid" 2>/dev/null; then
+		fail "$mode: the stream ended before the target was killed"
+		show_logs
+		kill -9 "$spid" 2>/dev/null
+		bg_wait "$spid" 2>/dev/null
+		bg_wait "$cpid"
+		return
+	fi
+	kill -9 "$spid"
+	killed_at=$(now)
+	bg_wait "$spid" 2>/dev/null
+	bg_wait "$cpid"
+	ms=$(awk -v s="$(elapsed "$killed_at")" 'BEGIN { printf "%d", s * 1000 }')
+
+	if ! grep -qx "remote_log: $path" "$WORK/client.out"; then
+		fail "$mode: the initiator did not use the $path"
+	fi
+	last=$(awk '/^committed / { n = $2 } END { print n + 0 }' "$WORK/client.out")
+	echo "$mode: target killed after $last acknowledged commits;" \
+		"initiator exited $BG_RC after $ms ms"
+	case $BG_RC in
+	3) pass "$mode: the initiator stopped with a completion error" ;;
+	124 | 137) fail "$mode: the initiator hung after the target was killed" ;;
+	*) fail "$mode: the initiator exited $BG_RC, expected 3" ;;
+	esac
+	if grep -q 'transport retry counter exceeded' "$WORK/client.out"; then
+		pass "$mode: the error is IBV_WC_RETRY_EXC_ERR"
+	else
+		fail "$mode: no transport retry error reported"
+		show_logs
+	fi
+	if grep -q 'records committed$' "$WORK/client.out"; then
+		fail "$mode: the initiator reported a finished run"
+	fi
+	((last > 0)) || fail "$mode: nothing was committed before the kill"
+
+	if ! "$prog" --verify "$log" >"$WORK/verify.out" 2>&1; then
+		fail "$mode: --verify: $(cat "$WORK/verify.out")"
+		return
+	fi
+	head=$(sed -n 's/^log ok: \([0-9]*\) records$/\1/p' "$WORK/verify.out")
+	echo "$mode: $(cat "$WORK/verify.out")"
+	if [[ -z $head ]]; then
+		fail "$mode: --verify printed no head: $(cat "$WORK/verify.out")"
+	elif ((head < last)); then
+		fail "$mode: head $head < $last, the last acknowledged commit"
+	elif ((head > last + depth)); then
+		fail "$mode: head $head is more than $depth records past $last"
+	else
+		pass "$mode: head $head covers the $last acknowledged commits, every record valid"
+	fi
+}
+
+crash native "native write-commit"
+crash no-native "IBTA fallback (WRITE + FLUSH)" --no-native
+finish
