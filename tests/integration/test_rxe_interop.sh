@@ -211,6 +211,7 @@ for c in "${cases[@]}"; do
 		fi
 		hrc=0
 		host_run $hcmd >"$hlog" 2>&1 || hrc=$?
+		((hrc == 0)) || vm_send "abort-$name" || true
 	else
 		if ! vm_wait "WAIT $name" 150; then
 			fail "$name: the guest did not reach this case"

@@ -633,10 +633,13 @@ class Checker {
             }
         }
         uint64_t promised = at.polled >= 0 ? p_.promised_commit[size_t(at.polled)] : 0;
-        if (named < promised)
-            rep.add(when + strf(": the commit word names %" PRIu64 " records, but a polled "
-                                "completion promised a durable commit of %" PRIu64,
-                                named, promised));
+        if (named < promised) {
+            const Commit &c = *std::find_if(p_.commits.begin(), p_.commits.end(),
+                                            [&](const Commit &x) { return x.records == promised; });
+            rep.add(when + strf(": the commit word names %" PRIu64 " records, but %s was "
+                                "promised durable by polled %s",
+                                named, p_.op_desc(c.op).c_str(), p_.point_desc(c.point).c_str()));
+        }
         if (named < max_named_)
             rep.add(when + strf(": the commit word went back from %" PRIu64 " records (an "
                                 "earlier power-off) to %" PRIu64,

@@ -46,7 +46,7 @@ step() {
 
 # serve NAME PORT SECONDS CMD...: starts the server CMD, prints
 # "@@READY NAME" once it listens on TCP PORT (or "@@NOTREADY NAME"), then
-# waits for it like step.
+# waits for it like step; "abort-NAME" from the host stops it.
 serve() {
 	_name=$1
 	_port=$2
@@ -56,6 +56,13 @@ serve() {
 	_pid=$!
 	if listen_wait "$_port" "$_pid" "$_secs"; then
 		mark "READY $_name"
+		# The host sends "abort-NAME" when its client failed, so that a
+		# server nobody will connect to does not run into its timeout.
+		while kill -0 "$_pid" 2>/dev/null; do
+			if read -r -t 1 _line </dev/ttyS1 && [ "$_line" = "abort-$_name" ]; then
+				kill "$_pid" 2>/dev/null
+			fi
+		done
 	else
 		mark "NOTREADY $_name"
 	fi
