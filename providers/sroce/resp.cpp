@@ -113,7 +113,9 @@ int persist_entry(Qp *qp, const DirtyRange &d) {
     return persist_range(mr->cls, reinterpret_cast<const void *>(uintptr_t(d.lo)), d.hi - d.lo);
 }
 
-void note_dirty(Qp *qp, uint32_t rkey, const uint8_t *p, uint32_t len) {
+// Returns false when a range had to be made durable early and could not be:
+// the data it covers can no longer be promised, so the caller fails the QP.
+[[nodiscard]] bool note_dirty(Qp *qp, uint32_t rkey, const uint8_t *p, uint32_t len) {
     uint64_t lo = uintptr_t(p), hi = lo + len;
     DirtyRange *same = nullptr;
     for (DirtyRange &d : qp->dirty) {
@@ -121,7 +123,7 @@ void note_dirty(Qp *qp, uint32_t rkey, const uint8_t *p, uint32_t len) {
         if (lo <= d.hi && hi >= d.lo) {
             d.lo = std::min(d.lo, lo);
             d.hi = std::max(d.hi, hi);
-            return;
+            return true;
         }
         same = &d;
     }
@@ -131,9 +133,10 @@ void note_dirty(Qp *qp, uint32_t rkey, const uint8_t *p, uint32_t len) {
         same->lo = std::min(same->lo, lo);
         same->hi = std::max(same->hi, hi);
     } else {
-        persist_entry(qp, qp->dirty.front());
+        if (persist_entry(qp, qp->dirty.front())) return false;
         qp->dirty.front() = {rkey, lo, hi};
     }
+    return true;
 }
 
 // Makes every write to `rkey` placed so far durable.  Returns 0 or an errno.
@@ -214,7 +217,8 @@ void do_flush(Qp *qp, const Packet &pkt, TxBatch &tx) {
     unsigned type = feth & 0xF, level = (feth >> 4) & 0x3;
     unsigned need = ((type & IBV_FLUSH_GLOBAL) ? unsigned(IBV_ACCESS_FLUSH_GLOBAL) : 0u) |
                     ((type & IBV_FLUSH_PERSISTENT) ? unsigned(IBV_ACCESS_FLUSH_PERSISTENT) : 0u);
-    if (!type || (type & ~3u) || level > IBV_FLUSH_MR || (qp->access & need) != need) {
+    if (!type || (type & ~3u) || level > IBV_FLUSH_MR || (feth >> 6) ||
+        (qp->access & need) != need) {
         fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
         return;
     }
@@ -267,8 +271,11 @@ void do_atomic_write(Qp *qp, const Packet &pkt, TxBatch &tx) {
     std::memcpy(&v, pkt.payload, 8);
     __atomic_store_n(reinterpret_cast<uint64_t *>(p), v, __ATOMIC_RELEASE);
     // A later commit to this rkey must make the word durable too.
-    if (Mr *mr = lookup_mr(qp, pkt.rkey()); mr && mr->cls != MemClass::kVolatile)
-        note_dirty(qp, pkt.rkey(), p, 8);
+    if (Mr *mr = lookup_mr(qp, pkt.rkey());
+        mr && mr->cls != MemClass::kVolatile && !note_dirty(qp, pkt.rkey(), p, 8)) {
+        fatal_nak(qp, tx, aeth::kNakRemoteOpError, pkt.psn);
+        return;
+    }
     RdResource &r = new_resource(qp);
     r.ack_only = true;
     r.first_psn = r.last_psn = pkt.psn;
@@ -426,8 +433,11 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
                 // Remote Access Error.
                 unsigned need = (ce & ceth::kGlobal) ? unsigned(IBV_ACCESS_FLUSH_GLOBAL)
                                                      : unsigned(IBV_ACCESS_FLUSH_PERSISTENT);
-                if ((ce & ~(ceth::kOrdered | ceth::kImmed | ceth::kGlobal)) ||
-                    (qp->access & need) != need) {
+                // IMMED must agree with the opcode that ends the message
+                // (ONLY_WITH_IMMEDIATE carries both), and reserved bits are 0.
+                bool bad_imm = (f & kOpLast) && bool(ce & ceth::kImmed) != imm;
+                if ((ce & ~(ceth::kOrdered | ceth::kImmed | ceth::kGlobal)) || bad_imm ||
+                    get24(pkt.hdr + pkt.info->ceth + 1) != 0 || (qp->access & need) != need) {
                     fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
                     return;
                 }
@@ -474,7 +484,11 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
                 copy_nontemporal(qp->write_ptr, pkt.payload, pkt.payload_len);
             else
                 std::memcpy(qp->write_ptr, pkt.payload, pkt.payload_len);
-            if (qp->write_tracked) note_dirty(qp, qp->write_rkey, qp->write_ptr, pkt.payload_len);
+            if (qp->write_tracked &&
+                !note_dirty(qp, qp->write_rkey, qp->write_ptr, pkt.payload_len)) {
+                fatal_nak(qp, tx, aeth::kNakRemoteOpError, pkt.psn);
+                return;
+            }
         }
         qp->write_ptr += pkt.payload_len;
         qp->write_remaining -= pkt.payload_len;
@@ -486,6 +500,10 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
             }
             // The commit point: this write and every earlier one to the rkey
             // are durable before the ACK (and the immediate) can go out.
+            if (commit && bool(qp->commit_ceth & ceth::kImmed) != imm) {
+                fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+                return;
+            }
             if (commit) {
                 int err = (qp->commit_ceth & ceth::kGlobal) ? (visibility_fence(), 0)
                                                             : persist_dirty(qp, qp->write_rkey);
@@ -498,8 +516,11 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
                 RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
                 __be32 immv;
                 std::memcpy(&immv, pkt.hdr + pkt.info->immdt, 4);
-                complete_recv(qp, r, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, qp->msg_offset,
-                              immv, true, pkt.se);
+                // After a commit the immediate, not a length, says what is
+                // durable; byte_len is 0 as with the IBTA sequence's final
+                // zero-length WRITE WITH IMMEDIATE, so both paths look alike.
+                complete_recv(qp, r, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM,
+                              commit ? 0 : qp->msg_offset, immv, true, pkt.se);
                 qp->rq_tail++;
             }
             qp->in_msg = 0;

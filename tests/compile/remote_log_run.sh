@@ -25,6 +25,8 @@ taddr=${2:?} iaddr=${3:?} records=${4:?}
 work=$(mktemp -d "${TMPDIR:-/tmp}/remote_log_run.XXXXXX")
 logs=()
 server_pid=
+runs=0
+out=$work/run0
 cleanup() {
 	# Only the process this script started, by its id.
 	[[ -n $server_pid ]] && kill "$server_pid" 2>/dev/null
@@ -43,7 +45,7 @@ unset LD_PRELOAD SROCE_FAULT
 fail() {
 	echo "FAIL: $*"
 	for f in server client verify; do
-		[[ -s $work/$f.out ]] && sed "s/^/  $f: /" "$work/$f.out" | tail -n 30
+		[[ -s $out.$f ]] && sed "s/^/  $f: /" "$out.$f" | tail -n 30
 	done
 	exit 1
 }
@@ -64,38 +66,46 @@ wait_for() {
 run() {
 	local mode=$1 rsize=$2 start=$SECONDS port crc src
 	shift 2
+	# Output files of their own per run: a later run must never read an
+	# earlier run's lines before its own process has truncated the file.
+	runs=$((runs + 1))
+	out=$work/run$runs
 	log=$(mktemp /var/tmp/remote_log_run.XXXXXX)
 	logs+=("$log")
-	timeout -k 5 100 "$prog" --server -d rl0 -g 1 -p 0 --file "$log" >"$work/server.out" 2>&1 &
+	timeout -k 5 50 "$prog" --server -d rl0 -g 1 -p 0 --file "$log" >"$out.server" 2>&1 &
 	server_pid=$!
-	if ! wait_for "$work/server.out" 60 "listening on port" "$server_pid"; then
-		if grep -q 'FLUSH_PERSISTENT): Invalid argument' "$work/server.out"; then
+	if ! wait_for "$out.server" 30 "listening on port" "$server_pid"; then
+		if grep -q 'FLUSH_PERSISTENT): Invalid argument' "$out.server"; then
 			echo "SKIP: /var/tmp cannot be registered for persistence"
 			exit 77
 		fi
 		fail "$mode: the target did not start"
 	fi
-	port=$(sed -n 's/^remote_log: listening on port \([0-9]*\)$/\1/p' "$work/server.out")
+	port=$(sed -n 's/^remote_log: listening on port \([0-9]*\)$/\1/p' "$out.server")
+
+	[[ -n $port ]] || fail "$mode: the target printed no port"
 
 	crc=0
-	timeout -k 5 100 "$prog" -d rl1 -g 1 -p "$port" -n "$records" --record-size "$rsize" \
-		"$taddr" "$@" >"$work/client.out" 2>&1 || crc=$?
+	timeout -k 5 50 "$prog" -d rl1 -g 1 -p "$port" -n "$records" --record-size "$rsize" \
+		"$taddr" "$@" >"$out.client" 2>&1 || crc=$?
+	# A target whose initiator failed may wait for it forever.
+	((crc == 0)) || kill "$server_pid" 2>/dev/null
 	src=0
 	wait "$server_pid" || src=$?
 	server_pid=
 	((crc == 0)) || fail "$mode: initiator exited $crc"
 	((src == 0)) || fail "$mode: target exited $src"
 
-	grep -qx "remote_log: $mode" "$work/client.out" || fail "$mode was not the path taken"
+	grep -qx "remote_log: $mode" "$out.client" || fail "$mode was not the path taken"
 	# Every record committed once, in order, and reported as it happened.
 	awk -v n="$records" '/^committed / { if ($2 != ++k) exit 1 } END { exit k != n }' \
-		"$work/client.out" || fail "$mode: the 'committed N' lines are not 1..$records"
-	grep -qx "remote_log: $records records committed" "$work/client.out" ||
+		"$out.client" || fail "$mode: the 'committed N' lines are not 1..$records"
+	grep -qx "remote_log: $records records committed" "$out.client" ||
 		fail "$mode: no final report from the initiator"
-	grep -qx "remote_log: $records records durable in $log" "$work/server.out" ||
+	grep -qx "remote_log: $records records durable in $log" "$out.server" ||
 		fail "$mode: the target did not see $records commits"
-	"$prog" --verify "$log" >"$work/verify.out" 2>&1 || fail "$mode: --verify failed"
-	grep -qx "log ok: $records records" "$work/verify.out" || fail "$mode: --verify output"
+	"$prog" --verify "$log" >"$out.verify" 2>&1 || fail "$mode: --verify failed"
+	grep -qx "log ok: $records records" "$out.verify" || fail "$mode: --verify output"
 	echo "ok   $mode: $records records of $rsize bytes in $((SECONDS - start)) s"
 }
 
@@ -108,8 +118,8 @@ run "IBTA fallback (WRITE + FLUSH)" 3000 --no-native
 bad=$work/bad.log
 cp "$native_log" "$bad"
 printf 'X' | dd of="$bad" bs=1 seek=$((64 + 249 * 120 + 16 + 5)) conv=notrunc status=none
-"$prog" --verify "$bad" >"$work/verify.out" 2>&1 && fail "--verify accepted a damaged record"
-grep -q "record 250 at offset $((64 + 249 * 120)): bad checksum" "$work/verify.out" ||
+"$prog" --verify "$bad" >"$out.verify" 2>&1 && fail "--verify accepted a damaged record"
+grep -q "record 250 at offset $((64 + 249 * 120)): bad checksum" "$out.verify" ||
 	fail "--verify did not name the damaged record"
 
 cp "$native_log" "$bad"
@@ -119,7 +129,7 @@ for ((i = 0; i < 64; i += 8)); do
 done
 # shellcheck disable=SC2059 # the format is the little-endian head, as escapes
 printf "$head_le" | dd of="$bad" bs=1 seek=0 conv=notrunc status=none
-"$prog" --verify "$bad" >"$work/verify.out" 2>&1 && fail "--verify accepted a head past the log"
-grep -q "record $((records + 1)) at offset" "$work/verify.out" ||
+"$prog" --verify "$bad" >"$out.verify" 2>&1 && fail "--verify accepted a head past the log"
+grep -q "record $((records + 1)) at offset" "$out.verify" ||
 	fail "--verify did not name the record past the head"
 echo "ok   --verify finds a damaged record and a head past the last record"

@@ -57,7 +57,7 @@ wait_for() {
 show_logs() {
 	local f
 	for f in server client; do
-		[[ -s $WORK/$f.out ]] && tail -n 15 "$WORK/$f.out" | sed "s/^/  $f: /"
+		[[ -s $out.$f ]] && tail -n 15 "$out.$f" | sed "s/^/  $f: /"
 	done
 	return 0
 }
@@ -66,28 +66,32 @@ show_logs() {
 crash() {
 	local mode=$1 path=$2 log port spid cpid killed_at ms last head
 	shift 2
+	# Output files of their own per run: a later run must never read an
+	# earlier run's lines before its own process has truncated the file.
+	out=$WORK/$mode
 	log=$(mktemp /var/tmp/sroce-commit-kill.XXXXXX)
 	logs+=("$log")
 
 	# No `timeout` in between: `sroce exec` execs the program, so $! is the
 	# verbs process itself and the SIGKILL below reaches it.
 	"$SROCE_BIN" exec -- "$prog" --server -d ck0 -g 1 -p 0 --file "$log" --size 64M \
-		>"$WORK/server.out" 2>&1 &
+		>"$out.server" 2>&1 &
 	spid=$!
 	SROCE_BG_PIDS+=("$spid")
-	if ! wait_for "$WORK/server.out" 30 "listening on port" "$spid"; then
+	if ! wait_for "$out.server" 30 "listening on port" "$spid"; then
 		fail "$mode: the target did not start"
 		show_logs
 		return
 	fi
-	port=$(sed -n 's/^remote_log: listening on port \([0-9]*\)$/\1/p' "$WORK/server.out")
+	port=$(sed -n 's/^remote_log: listening on port \([0-9]*\)$/\1/p' "$out.server")
+	[[ -n $port ]] || die "$mode: the target printed no port"
 
 	# A million records would take minutes: the stream is still going when
 	# the target dies.
-	RP_TIMEOUT=120 sroce_bg "$WORK/client.out" "$prog" -d ck1 -g 1 -p "$port" -n 1000000 \
+	RP_TIMEOUT=120 sroce_bg "$out.client" "$prog" -d ck1 -g 1 -p "$port" -n 1000000 \
 		--record-size 32 127.0.7.3 "$@"
 	cpid=$BG_PID
-	if ! wait_for "$WORK/client.out" 60 "^committed " "$cpid"; then
+	if ! wait_for "$out.client" 60 "^committed " "$cpid"; then
 		fail "$mode: no record was committed"
 		show_logs
 		kill -9 "$spid" 2>/dev/null
@@ -110,10 +114,10 @@ crash() {
 	bg_wait "$cpid"
 	ms=$(awk -v s="$(elapsed "$killed_at")" 'BEGIN { printf "%d", s * 1000 }')
 
-	if ! grep -qx "remote_log: $path" "$WORK/client.out"; then
+	if ! grep -qx "remote_log: $path" "$out.client"; then
 		fail "$mode: the initiator did not use the $path"
 	fi
-	last=$(awk '/^committed / { n = $2 } END { print n + 0 }' "$WORK/client.out")
+	last=$(awk '/^committed / { n = $2 } END { print n + 0 }' "$out.client")
 	echo "$mode: target killed after $last acknowledged commits;" \
 		"initiator exited $BG_RC after $ms ms"
 	case $BG_RC in
@@ -121,25 +125,25 @@ crash() {
 	124 | 137) fail "$mode: the initiator hung after the target was killed" ;;
 	*) fail "$mode: the initiator exited $BG_RC, expected 3" ;;
 	esac
-	if grep -q 'transport retry counter exceeded' "$WORK/client.out"; then
+	if grep -q 'transport retry counter exceeded' "$out.client"; then
 		pass "$mode: the error is IBV_WC_RETRY_EXC_ERR"
 	else
 		fail "$mode: no transport retry error reported"
 		show_logs
 	fi
-	if grep -q 'records committed$' "$WORK/client.out"; then
+	if grep -q 'records committed$' "$out.client"; then
 		fail "$mode: the initiator reported a finished run"
 	fi
 	((last > 0)) || fail "$mode: nothing was committed before the kill"
 
-	if ! "$prog" --verify "$log" >"$WORK/verify.out" 2>&1; then
-		fail "$mode: --verify: $(cat "$WORK/verify.out")"
+	if ! "$prog" --verify "$log" >"$out.verify" 2>&1; then
+		fail "$mode: --verify: $(cat "$out.verify")"
 		return
 	fi
-	head=$(sed -n 's/^log ok: \([0-9]*\) records$/\1/p' "$WORK/verify.out")
-	echo "$mode: $(cat "$WORK/verify.out")"
+	head=$(sed -n 's/^log ok: \([0-9]*\) records$/\1/p' "$out.verify")
+	echo "$mode: $(cat "$out.verify")"
 	if [[ -z $head ]]; then
-		fail "$mode: --verify printed no head: $(cat "$WORK/verify.out")"
+		fail "$mode: --verify printed no head: $(cat "$out.verify")"
 	elif ((head < last)); then
 		fail "$mode: head $head < $last, the last acknowledged commit"
 	elif ((head > last + depth)); then

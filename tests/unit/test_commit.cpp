@@ -6,65 +6,15 @@
 // IBV_COMMIT_CAP_NATIVE) and with the IBTA fallback sequences, which must
 // keep exactly the same promises.  The engine's test persistence hook shows
 // what was made durable, and when.
-#include "rc_pair.hpp"
+#include "persist_log.hpp"
 
-#include <fcntl.h>
 #include <infiniband/verbs_ext.h>
-#include <mutex>
-#include <sys/mman.h>
-#include <unistd.h>
-
-extern "C" void sroce_set_persist_hook(void (*hook)(void *ctx, const void *addr, size_t len),
-                                       void *ctx);
 
 using namespace rctest;
 
 namespace {
 
 ibv_context *g_ctx[2];
-
-// Every range the engine made durable, with a probe taken at that moment.
-struct PersistLog {
-    struct Event {
-        uintptr_t lo, hi;
-        uint64_t probe; // the word at `probe_at` when this range was persisted
-    };
-    std::mutex mu;
-    std::vector<Event> events;
-    const uint64_t *probe_at = nullptr;
-
-    static void hook(void *ctx, const void *addr, size_t len) {
-        auto *l = static_cast<PersistLog *>(ctx);
-        if (!addr || !len) return; // a bare fence
-        std::lock_guard<std::mutex> g(l->mu);
-        uint64_t probe = l->probe_at ? __atomic_load_n(l->probe_at, __ATOMIC_ACQUIRE) : 0;
-        l->events.push_back({uintptr_t(addr), uintptr_t(addr) + len, probe});
-    }
-    void clear() {
-        std::lock_guard<std::mutex> g(mu);
-        events.clear();
-    }
-    // True when [p, p+n) lies within the union of the persisted ranges.
-    bool covers(const void *p, size_t n) {
-        std::lock_guard<std::mutex> g(mu);
-        uintptr_t lo = uintptr_t(p), hi = lo + n;
-        while (lo < hi) {
-            uintptr_t best = lo;
-            for (const Event &e : events)
-                if (e.lo <= lo && e.hi > best) best = e.hi;
-            if (best == lo) return false;
-            lo = best;
-        }
-        return true;
-    }
-    bool touches(const void *p, size_t n) {
-        std::lock_guard<std::mutex> g(mu);
-        uintptr_t lo = uintptr_t(p), hi = lo + n;
-        for (const Event &e : events)
-            if (e.lo < hi && e.hi > lo) return true;
-        return false;
-    }
-};
 
 PersistLog g_log;
 
@@ -93,39 +43,6 @@ class Devices : public ::testing::Environment {
     ::testing::AddGlobalTestEnvironment(new Devices);
 
 constexpr unsigned kFlushAccess = IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT;
-
-// A shared file mapping on /var/tmp: memory a commit can make durable.
-class FileMr {
-  public:
-    FileMr(ibv_pd *pd, size_t len, unsigned access) : len_(len) {
-        std::string tmpl = "/var/tmp/sroce-commit-XXXXXX";
-        fd_ = mkstemp(tmpl.data());
-        if (fd_ < 0) return;
-        path_ = tmpl;
-        if (ftruncate(fd_, off_t(len)) != 0) return;
-        void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-        if (p == MAP_FAILED) return;
-        mem_ = static_cast<uint8_t *>(p);
-        mr_ = ibv_reg_mr(pd, mem_, len, int(access));
-    }
-    ~FileMr() {
-        if (mr_) ibv_dereg_mr(mr_);
-        if (mem_) munmap(mem_, len_);
-        if (fd_ >= 0) close(fd_);
-        if (!path_.empty()) unlink(path_.c_str());
-    }
-    bool ok() const { return mr_ != nullptr; }
-    uint8_t *data() { return mem_; }
-    uint64_t addr(size_t off = 0) const { return uint64_t(uintptr_t(mem_ + off)); }
-    uint32_t rkey() const { return mr_->rkey; }
-
-  private:
-    std::string path_;
-    int fd_ = -1;
-    size_t len_;
-    uint8_t *mem_ = nullptr;
-    ibv_mr *mr_ = nullptr;
-};
 
 class Commit : public ::testing::TestWithParam<bool> {
   protected:
@@ -254,6 +171,7 @@ TEST_P(Commit, ImmediateArrivesOnlyAfterDurability) {
     EXPECT_EQ(rc[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
     EXPECT_TRUE(rc[0].wc_flags & IBV_WC_WITH_IMM);
     EXPECT_EQ(ntohl(rc[0].imm_data), imm);
+    EXPECT_EQ(rc[0].byte_len, 0u) << "the same on the native and the IBTA path";
     // By the time the target sees the immediate, the data is durable.
     EXPECT_TRUE(g_log.covers(dst.data(), 10000));
     EXPECT_TRUE(same_bytes(dst.data(), src.data(), 10000));

@@ -49,6 +49,12 @@ class Devices : public ::testing::Environment {
 [[maybe_unused]] ::testing::Environment *const g_env =
     ::testing::AddGlobalTestEnvironment(new Devices);
 
+// What a negative control caught, for the log.
+void show_caught(const Report &r) {
+    if (!r.first.empty()) std::printf("[ caught   ] %s\n", r.first.front().c_str());
+    std::fflush(stdout);
+}
+
 uint64_t seed_or(uint64_t fallback) {
     const char *s = getenv("SROCE_TEST_SEED");
     return s && *s ? std::strtoull(s, nullptr, 0) : fallback;
@@ -87,6 +93,7 @@ class CrashConsistency : public ::testing::Test {
 // durable through the hook).
 void expect_clean(const Plan &plan, const RunResult &res, uint64_t seed) {
     std::printf("[ crash    ] seed %" PRIu64 ": %s\n", seed, res.summary(plan).c_str());
+    std::fflush(stdout);
     EXPECT_EQ(res.during.count, 0u) << "seed " << seed << ": " << res.during.text();
     EXPECT_EQ(res.final.count, 0u) << "seed " << seed << ": " << res.final.text();
     EXPECT_EQ(res.points, plan.points.size());
@@ -144,6 +151,7 @@ TEST_F(CrashConsistency, NegativeGlobalFlushIsNotPersistence) {
     o.target_access = kAllAccess | IBV_ACCESS_FLUSH_GLOBAL;
     RunResult res;
     ASSERT_NO_FATAL_FAILURE(run(plan, o, res));
+    show_caught(res.final);
     EXPECT_EQ(res.points, plan.points.size()); // every GLOBAL FLUSH succeeded
     EXPECT_EQ(res.domain.ranges, 0u);
     EXPECT_GT(res.domain.fences, 0u);
@@ -169,6 +177,7 @@ TEST_F(CrashConsistency, NegativeFabricatedCompletionIsCaught) {
     o.claim = int64_t(plan.points.size()) - 1;
     RunResult res;
     ASSERT_NO_FATAL_FAILURE(run(plan, o, res));
+    show_caught(res.final);
     EXPECT_EQ(res.during.count, 0u) << res.during.text();
     ASSERT_GT(res.final.count, 0u);
     // The commit word comes first (it names fewer records than the last
@@ -199,6 +208,7 @@ TEST_F(CrashConsistency, NegativeCommitBeforeItsRecordsIsCaught) {
     o.gap_us = 200;
     RunResult res;
     ASSERT_NO_FATAL_FAILURE(run(plan, o, res));
+    show_caught(res.final);
     EXPECT_EQ(res.points, 1u);
     ASSERT_EQ(res.final.count, 2u) << res.final.text();
     for (const std::string &m : res.final.first)
@@ -220,6 +230,7 @@ TEST_F(CrashConsistency, NegativeBrokenOrderingPromiseIsCaught) {
     o.gap_us = 200;
     RunResult res;
     ASSERT_NO_FATAL_FAILURE(run(plan, o, res));
+    show_caught(res.final);
     ASSERT_EQ(res.final.count, 1u) << res.final.text();
     EXPECT_NE(res.final.first[0].find("record 1 MR[0x2000, +3000) (ops #1..#1) is (partly) "
                                       "durable, but record 0 is not"),
@@ -243,6 +254,7 @@ TEST_F(CrashConsistency, NegativeBytesNoOperationWroteAreCaught) {
     o.believed = &believed;
     RunResult res;
     ASSERT_NO_FATAL_FAILURE(run(plan, o, res));
+    show_caught(res.final);
     ASSERT_GT(res.final.count, 0u);
     EXPECT_EQ(res.final.count, 1u) << res.final.text();
     EXPECT_NE(
