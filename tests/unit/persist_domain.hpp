@@ -194,7 +194,14 @@ class Domain {
 // ---------------------------------------------------------------------------
 // Operations
 
-enum class Kind : uint8_t { kWrite, kAtomicWrite, kFlushRange, kFlushMr };
+enum class Kind : uint8_t {
+    kWrite,
+    kAtomicWrite,
+    kFlushRange,
+    kFlushMr,
+    kWriteCommit,        // the last piece of a record, as a write-commit
+    kWriteCommitOrdered, // ... with IBV_WRITE_COMMIT_ORDERED
+};
 
 struct Op {
     Kind kind;
@@ -262,9 +269,31 @@ inline constexpr KindInfo kKinds[] = {
          lo = 0;
          hi = std::numeric_limits<uint64_t>::max();
      }},
+    // A write-commit promises this write and every earlier one on the QP to
+    // the rkey (the harness has one MR): the whole MR, as far as placed.
+    {"WRITE COMMIT",
+     [](const Target &t, const Op &op) {
+         ibv_wr_rdma_write_commit(t.q, t.rkey, t.raddr + op.off, 0);
+         ibv_wr_set_sge(t.q, t.lkey, t.laddr + op.off, uint32_t(op.len));
+     },
+     true,
+     [](const Op &, uint64_t &lo, uint64_t &hi) {
+         lo = 0;
+         hi = std::numeric_limits<uint64_t>::max();
+     }},
+    {"WRITE COMMIT ORDERED",
+     [](const Target &t, const Op &op) {
+         ibv_wr_rdma_write_commit(t.q, t.rkey, t.raddr + op.off, IBV_WRITE_COMMIT_ORDERED);
+         ibv_wr_set_sge(t.q, t.lkey, t.laddr + op.off, uint32_t(op.len));
+     },
+     true,
+     [](const Op &, uint64_t &lo, uint64_t &hi) {
+         lo = 0;
+         hi = std::numeric_limits<uint64_t>::max();
+     }},
 };
 
-static_assert(std::size(kKinds) == size_t(Kind::kFlushMr) + 1, "one row per Kind");
+static_assert(std::size(kKinds) == size_t(Kind::kWriteCommitOrdered) + 1, "one row per Kind");
 
 inline const KindInfo &info(Kind k) {
     return kKinds[size_t(k)];
@@ -326,6 +355,10 @@ struct Plan {
                             placement_name(op.placement));
         case Kind::kFlushMr:
             return s + strf(" %s", placement_name(op.placement));
+        case Kind::kWriteCommit:
+        case Kind::kWriteCommitOrdered:
+            return s +
+                   strf(" MR[0x%" PRIx64 ", +%" PRIu64 ") of record %d", op.off, op.len, op.record);
         }
         return s;
     }
@@ -476,6 +509,9 @@ struct Shape {
     double flush_chance = 0.55;  // after each record
     double commit_chance = 0.35; // after each FLUSH of records
     uint8_t placement = IBV_FLUSH_PERSISTENT;
+    // Records whose last piece is a write-commit instead of a WRITE (half of
+    // them ordered: durable only after every record before them).
+    double commit_record_chance = 0;
 };
 
 // Sizes spread evenly over orders of magnitude (1 B ... max), with extra
@@ -509,6 +545,19 @@ inline Plan random_plan(uint64_t seed, const Shape &s) {
                 if (std::find(cuts.begin(), cuts.end(), c) == cuts.end()) cuts.push_back(c);
             }
             std::sort(cuts.begin(), cuts.end());
+        }
+        if (s.commit_record_chance > 0 && r.chance(s.commit_record_chance)) {
+            bool ordered = r.chance(0.5);
+            // An ordered commit promises: any byte of it durable => every
+            // earlier record durable.  The promise covers the commit's own
+            // bytes only, so an ordered record is that one write, uncut.
+            size_t idx = b.plan().records.size();
+            if (ordered) cuts.clear();
+            b.record(cur, len, cuts, ordered ? Kind::kWriteCommitOrdered : Kind::kWriteCommit,
+                     ordered ? idx : 0);
+            cur += len;
+            pending.clear(); // the commit covered them
+            continue;
         }
         pending.push_back(b.record(cur, len, cuts));
         cur += len;
@@ -791,6 +840,7 @@ struct RunOpts {
     // The plan the checker believes, when it must differ from the one
     // executed (a negative control); nullptr: the executed plan.
     const Plan *believed = nullptr;
+    bool native_commit = false; // declare the peer's native write-commit
     unsigned target_access = rctest::kAllAccess | kFlushAccess; // of the target MR
     Clock::duration stall = 30s; // no completion for this long fails the run
     uint64_t min_power_offs = 0; // posting waits for power-offs to keep up
@@ -840,7 +890,11 @@ inline void run_plan(Domain &dom, ibv_context *ctx_a, ibv_context *ctx_b, const 
     po.send_wr = o.send_wr;
     po.timeout = o.timeout;
     po.b_access = rctest::kAllAccess | kFlushAccess;
+    po.extra_send_ops = IBV_QP_EX_WITH_RDMA_WRITE_COMMIT;
     ASSERT_NO_FATAL_FAILURE(pair.setup(ctx_a, ctx_b, po));
+    if (o.native_commit) {
+        ASSERT_EQ(ibv_qp_set_commit_peer(pair.a.qp, IBV_COMMIT_CAP_NATIVE), 0);
+    }
 
     auto *src = const_cast<uint8_t *>(plan.image.data());
     ibv_mr *smr = ibv_reg_mr(pair.a.pd, src, plan.image.size(), IBV_ACCESS_LOCAL_WRITE);

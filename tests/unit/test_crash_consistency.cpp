@@ -134,6 +134,33 @@ TEST_F(CrashConsistency, LossyLink) {
     expect_clean(plan, res, seed);
 }
 
+// Write-commits, plain and ordered, mixed into the log, on the native and the
+// IBTA path, over a lossy link: every acknowledged commit is durable at every
+// power-off, and no ordered commit is ever durable ahead of the records it
+// was ordered after.
+class CrashConsistencyCommit : public CrashConsistency,
+                               public ::testing::WithParamInterface<bool> {};
+
+TEST_P(CrashConsistencyCommit, CommitsOnALossyLink) {
+    uint64_t seed = seed_or(3);
+    std::string fault = strf("drop=0.02,dup=0.02,reorder=0.02,seed=%" PRIu64, seed);
+    ASSERT_NO_FATAL_FAILURE(open(fault.c_str()));
+    Plan plan =
+        random_plan(seed, Shape{.records = kSanitized ? 400u : 1500u, .commit_record_chance = 0.4});
+    RunOpts o;
+    o.seed = seed;
+    o.min_power_offs = kMinPowerOffs;
+    o.native_commit = GetParam();
+    RunResult res;
+    ASSERT_NO_FATAL_FAILURE(run(plan, o, res));
+    expect_clean(plan, res, seed);
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, CrashConsistencyCommit, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool> &i) {
+                             return i.param ? "native" : "ibta_fallback";
+                         });
+
 // ---------------------------------------------------------------------------
 // Negative controls: the harness must be able to fail.
 
