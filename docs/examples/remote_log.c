@@ -260,9 +260,16 @@ static int tcp_connect(const char *host, int port) {
     snprintf(service, sizeof(service), "%d", port);
     rc = getaddrinfo(host, service, &hints, &ai);
     if (rc) die(1, "%s: %s", host, gai_strerror(rc));
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen))
-        die(1, "connect to %s port %d: %s", host, port, strerror(errno));
+    /* The target may still be starting: retry for about 10 s. */
+    for (int attempt = 0;; attempt++) {
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0) die(1, "socket: %s", strerror(errno));
+        if (!connect(fd, ai->ai_addr, ai->ai_addrlen)) break;
+        if (errno != ECONNREFUSED || attempt == 100)
+            die(1, "connect to %s port %d: %s", host, port, strerror(errno));
+        close(fd);
+        usleep(100 * 1000);
+    }
     freeaddrinfo(ai);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     return fd;
@@ -348,13 +355,15 @@ static void connect_qp(struct end *e, const struct conn_info *peer, int gid_inde
                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
         die(1, "QP to RTR: %s", strerror(errno));
 
-    /* Timeout 14 (about 67 ms) times 7 retries: a dead target is noticed
-     * within a second or so.  RNR retries are unlimited, since the target
+    /* A commit is acknowledged only after the target's msync, which can
+     * stall for a long time when the disk is busy: timeout 18 (about 1 s)
+     * and 7 retries give it some 8 s, and still bound how long a dead
+     * target goes unnoticed.  RNR retries are unlimited, since the target
      * reposts its receives as fast as it can. */
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTS;
     a.sq_psn = e->psn;
-    a.timeout = 14;
+    a.timeout = 18;
     a.retry_cnt = 7;
     a.rnr_retry = 7;
     a.max_rd_atomic = e->rd_atomic;
@@ -537,7 +546,7 @@ static int run_client(const struct options *o) {
     rkey = be64toh(peer.rkey);
     raddr = be64toh(peer.addr);
     caps = be64toh(peer.commit_caps);
-    if (LOG_START + o->records * slot > be64toh(peer.size))
+    if (o->records > (be64toh(peer.size) - LOG_START) / slot)
         die(1, "%llu records of %zu bytes do not fit in the target's %llu-byte log",
             (unsigned long long)o->records, slot, (unsigned long long)be64toh(peer.size));
 

@@ -22,7 +22,7 @@
 # scapy recomputes ICRCs from both sides, and rxe must have sent packets with
 # hashed IP IDs.  SROCE_VM_CAPTURE=FILE keeps that capture in FILE.
 #
-# ctest: TIMEOUT=600 LABELS=vm,netns PROCESSORS=2
+# ctest: TIMEOUT=420 LABELS=vm,netns PROCESSORS=2
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -133,6 +133,7 @@ done
 # host where the host's server has to be up first.
 step_secs=90
 mkdir -p "$WORK/overlay/test"
+# shellcheck disable=SC2016 # the guest's shell expands these
 {
 	echo '. /etc/guest-lib.sh'
 	echo 'rdma link add rxe0 type rxe netdev eth0 || exit 100'
@@ -179,8 +180,8 @@ summary() {
 	local r
 	r=$(pingpong_result "$2")
 	if [[ -n $r ]]; then
-		set -- $r
-		echo "$1 Mbit/s, $2 usec/iter"
+		read -r mbit usec <<<"$r"
+		echo "$mbit Mbit/s, $usec usec/iter"
 		return
 	fi
 	r=$(grep -E '^xfer: .* OK$' "$2" | tail -n 1)

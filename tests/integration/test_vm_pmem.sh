@@ -16,7 +16,7 @@
 # Usage: test_vm_pmem.sh BUILD-DIR
 # Exits 77 without qemu or the Debian kernel packages (scripts/setup.sh).
 #
-# ctest: TIMEOUT=400 LABELS=vm PROCESSORS=2
+# ctest: TIMEOUT=300 LABELS=vm PROCESSORS=2
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -76,6 +76,7 @@ if ((net)); then
 		in_ns ip link set tap0 up &&
 		in_ns "$SROCE_BIN" --config "$WORK/links.conf" link add sroce0 netdev tap0 addr "$host_ip"; then
 		export SROCE_CONFIG=$WORK/links.conf
+		# shellcheck disable=SC2054 # qemu options, commas included
 		qemu_net=(-netdev tap,id=n0,ifname=tap0,script=no,downscript=no -device virtio-net-pci,netdev=n0,romfile=)
 		append="guest.ip=$guest_ip/24"
 	else

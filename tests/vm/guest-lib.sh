@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-# shellcheck shell=sh
+# shellcheck shell=sh disable=SC3045 # busybox sh has read -t
 #
 # Helpers for test scripts running inside the guest (busybox sh), installed
 # as /etc/guest-lib.sh.  Every line starting with "@@" on the console is for

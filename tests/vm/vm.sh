@@ -81,7 +81,7 @@ vm_initrd() {
 # vm_start [--ns NS] [--append KERNEL-ARGS] [-- QEMU-ARGS...]: boots the
 # guest in the background (in network namespace NS if given).
 vm_start() {
-	local ns= append= pre=()
+	local ns='' append='' pre=()
 	while (($#)); do
 		case $1 in
 		--ns)
@@ -143,6 +143,7 @@ vm_step_output() { vm_console | sed -n "s/^$1| //p"; }
 
 # vm_send LINE: sends LINE to the guest's control port.
 vm_send() {
+	# shellcheck disable=SC2016 # expanded by the inner shell
 	timeout 5 bash -c 'printf "%s\n" "$1" >"$2"' _ "$1" "$VM_CTL.in"
 }
 
@@ -159,6 +160,7 @@ vm_finish() {
 	vm_cleanup
 	VM_RC=$(vm_marker GUEST-EXIT | sed -n 's/.*rc=\([0-9]*\).*/\1/p')
 	VM_RC=${VM_RC:-255}
+	# shellcheck disable=SC2034 # for the caller
 	VM_SECONDS=$((SECONDS - VM_START))
 }
 
