@@ -169,8 +169,13 @@ struct SendWqe {
 };
 
 constexpr uint8_t kCommitNone = 0, kCommitInner = 1, kCommitFinal = 2;
-// Work-request opcode of a native write-commit (not an ibv_wr_opcode value).
-constexpr ibv_wr_opcode kWrWriteCommit = ibv_wr_opcode(0x40);
+// Work-request opcode of a native write-commit, never handed to rdma-core.
+// It must lie inside the range of enum ibv_wr_opcode's values (0..15 in
+// rdma-core 44): converting anything else to the enum is undefined in C++.
+// 12 and 13 are unassigned (11 is DRIVER1, 14 FLUSH, 15 ATOMIC_WRITE).
+constexpr ibv_wr_opcode kWrWriteCommit = ibv_wr_opcode(13);
+static_assert(kWrWriteCommit != IBV_WR_DRIVER1 && kWrWriteCommit != IBV_WR_FLUSH &&
+              kWrWriteCommit != IBV_WR_ATOMIC_WRITE);
 // SendWqe::commit_flags bit (beside enum ibv_write_commit_flags): with immediate.
 constexpr uint32_t kCommitImmFlag = 1u << 31;
 
