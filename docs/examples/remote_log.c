@@ -25,12 +25,19 @@
  * head, and so the record, is durable; the target's receive completion with
  * the immediate tells the target's software the same thing.
  *
+ * With --pmem the target maps the file through libpmem's pmem_map_file().
+ * On a DAX file system over persistent memory libpmem then vouches for the
+ * mapping (pmem_is_pmem), and the RNIC makes each commit durable by writing
+ * back CPU cache lines instead of calling msync.  libpmem recognises only
+ * mappings it made itself, which is why an ordinary mmap never takes that
+ * path.
+ *
  * Native write-commit opcodes are used only when the target declared them:
  * it sends its ibv_query_commit_caps() flags along with its QP number, and
  * the initiator hands them to ibv_qp_set_commit_peer().  Without that (or
  * with --no-native) the same promise is kept with IBTA FLUSH sequences.
  *
- * Build:  cc -o remote_log remote_log.c $(pkg-config --cflags --libs libibverbs-ext)
+ * Build:  cc -o remote_log remote_log.c $(pkg-config --cflags --libs libibverbs-ext libpmem)
  * Run on two sroce links on loopback (see sroce(8)):
  *         sroce link add sroce0 netdev lo addr 127.0.0.1
  *         sroce link add sroce1 netdev lo addr 127.0.0.2
@@ -40,6 +47,7 @@
  */
 #define _GNU_SOURCE /* getopt_long, htole64 and friends */
 #include <infiniband/verbs_ext.h>
+#include <libpmem.h>
 
 #include <arpa/inet.h>
 #include <endian.h>
@@ -80,7 +88,7 @@ struct record_hdr {
 };
 
 struct options {
-    bool server, native;
+    bool server, native, pmem;
     const char *dev, *host, *file, *verify;
     int gid_index, port;
     uint64_t records, size;
@@ -425,21 +433,44 @@ static int run_server(const struct options *o) {
     bool client_done = false;
     time_t last_print = time(NULL);
     uint8_t *log;
-    int fd, sock;
+    int fd = -1, sock, is_pmem = 0;
+    uint64_t magic = htole64(log_magic);
 
-    /* A fresh, zeroed log on a file system that can make it durable
-     * (registration for persistence fails with EINVAL on tmpfs). */
-    fd = open(o->file, O_RDWR | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || ftruncate(fd, (off_t)o->size)) die(1, "%s: %s", o->file, strerror(errno));
-    log = mmap(NULL, o->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (log == MAP_FAILED) die(1, "mmap %s: %s", o->file, strerror(errno));
-    {
-        uint64_t magic = htole64(log_magic);
+    if (o->pmem) {
+        size_t mapped = 0;
+
+        /* pmem_map_file keeps what an existing file holds: start afresh,
+         * with a zeroed log, as without --pmem. */
+        if (unlink(o->file) && errno != ENOENT) die(1, "%s: %s", o->file, strerror(errno));
+        log = pmem_map_file(o->file, o->size, PMEM_FILE_CREATE, 0600, &mapped, &is_pmem);
+        if (!log) die(1, "pmem_map_file %s: %s", o->file, pmem_errormsg());
+        if (mapped != o->size)
+            die(1, "%s: mapped %zu bytes, not %llu", o->file, mapped, (unsigned long long)o->size);
         memcpy(log + 8, &magic, 8);
+        /* On persistent memory a cache-line write-back makes the empty log
+         * durable; anywhere else it takes msync, file size included. */
+        if (is_pmem)
+            pmem_persist(log, LOG_START);
+        else if (pmem_msync(log, LOG_START))
+            die(1, "msync %s: %s", o->file, strerror(errno));
+    } else {
+        /* A fresh, zeroed log on a file system that can make it durable
+         * (registration for persistence fails with EINVAL on tmpfs). */
+        fd = open(o->file, O_RDWR | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || ftruncate(fd, (off_t)o->size)) die(1, "%s: %s", o->file, strerror(errno));
+        log = mmap(NULL, o->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (log == MAP_FAILED) die(1, "mmap %s: %s", o->file, strerror(errno));
+        memcpy(log + 8, &magic, 8);
+        /* The empty log, and the file's size, are durable before anyone can
+         * commit into it. */
+        if (fsync(fd)) die(1, "fsync %s: %s", o->file, strerror(errno));
     }
-    /* The empty log, and the file's size, are durable before anyone can
-     * commit into it. */
-    if (fsync(fd)) die(1, "fsync %s: %s", o->file, strerror(errno));
+    /* The same test the RNIC applies when the log is registered: it decides
+     * whether commits persist by cache-line write-back or by msync. */
+    if (pmem_is_pmem(log, o->size))
+        printf("target memory: persistent memory (pmem_is_pmem=1)\n");
+    else
+        printf("target memory: not persistent memory (pmem_is_pmem=0)\n");
 
     open_end(&e, o->dev, o->gid_index, RQ_DEPTH + 1);
     e.mr = ibv_reg_mr(e.pd, log, o->size,
@@ -509,8 +540,12 @@ static int run_server(const struct options *o) {
 
     close(sock);
     close_end(&e);
-    munmap(log, o->size);
-    close(fd);
+    if (o->pmem) {
+        pmem_unmap(log, o->size);
+    } else {
+        munmap(log, o->size);
+        close(fd);
+    }
     return 0;
 }
 
@@ -627,6 +662,7 @@ static int run_client(const struct options *o) {
 static void usage(FILE *out) {
     fprintf(out,
             "Usage: remote_log --server -d DEV -g GID_INDEX [-p PORT] --file PATH [--size BYTES]\n"
+            "                  [--pmem]\n"
             "       remote_log -d DEV -g GID_INDEX [-p PORT] [-n RECORDS] [--record-size B]\n"
             "                  [--no-native] HOST\n"
             "       remote_log --verify PATH\n"
@@ -639,6 +675,9 @@ static void usage(FILE *out) {
             "                     0 at the target picks one and prints it)\n"
             "  --file PATH        the log file, created or truncated (not on tmpfs)\n"
             "  --size BYTES       size of the log file, suffix K, M or G (default 16M)\n"
+            "  --pmem             map the log with libpmem (pmem_map_file): on a DAX file\n"
+            "                     system over persistent memory, commits then persist by\n"
+            "                     cache-line write-back\n"
             "  -n RECORDS         records to append (default 1000)\n"
             "  --record-size B    payload bytes per record (default 100)\n"
             "  --no-native        do not declare the target's native commit opcodes:\n"
@@ -669,7 +708,7 @@ static uint64_t parse_num(const char *s, const char *what, uint64_t min, uint64_
 }
 
 int main(int argc, char **argv) {
-    enum { O_SERVER = 256, O_FILE, O_SIZE, O_RECORD_SIZE, O_NO_NATIVE, O_VERIFY };
+    enum { O_SERVER = 256, O_FILE, O_SIZE, O_RECORD_SIZE, O_NO_NATIVE, O_VERIFY, O_PMEM };
     static const struct option long_opts[] = {
         {"server", no_argument, NULL, O_SERVER},
         {"ib-dev", required_argument, NULL, 'd'},
@@ -681,6 +720,7 @@ int main(int argc, char **argv) {
         {"record-size", required_argument, NULL, O_RECORD_SIZE},
         {"no-native", no_argument, NULL, O_NO_NATIVE},
         {"verify", required_argument, NULL, O_VERIFY},
+        {"pmem", no_argument, NULL, O_PMEM},
         {"help", no_argument, NULL, 'h'},
         {0, 0, 0, 0},
     };
@@ -726,6 +766,9 @@ int main(int argc, char **argv) {
         case O_VERIFY:
             o.verify = optarg;
             break;
+        case O_PMEM:
+            o.pmem = true;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -739,7 +782,7 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
 
     if (o.verify && !o.server && !o.host && !o.dev) return verify_log(o.verify);
-    if (optind != argc || !o.dev || (o.server ? (o.host || !o.file) : !o.host)) {
+    if (optind != argc || !o.dev || (o.server ? (o.host || !o.file) : (!o.host || o.pmem))) {
         usage(stderr);
         return EXIT_USAGE;
     }

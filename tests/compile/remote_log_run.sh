@@ -6,7 +6,9 @@
 # Runs docs/examples/remote_log as its user would: the target and the
 # initiator as two processes on two sroce devices on lo, once with the native
 # write-commit opcodes and once with --no-native (IBTA FLUSH sequences), each
-# followed by an offline `--verify` of the log file.  Then two damaged copies
+# followed by an offline `--verify` of the log file; a third run maps the
+# target's log through libpmem (--pmem), which on a file system without DAX
+# must still work, persisting by msync.  Then two damaged copies
 # of a log show that --verify does find a bad record and a head pointing past
 # the last complete record.
 #
@@ -25,6 +27,7 @@ taddr=${2:?} iaddr=${3:?} records=${4:?}
 work=$(mktemp -d "${TMPDIR:-/tmp}/remote_log_run.XXXXXX")
 logs=()
 server_pid=
+server_args=()
 runs=0
 out=$work/run0
 cleanup() {
@@ -61,8 +64,8 @@ wait_for() {
 	done
 }
 
-# run MODE RECORD-SIZE [CLIENT-ARGS...]: one target/initiator pair; leaves the
-# log file's name in $log.
+# run MODE RECORD-SIZE [CLIENT-ARGS...]: one target/initiator pair, the target
+# with ${server_args[@]} in addition; leaves the log file's name in $log.
 run() {
 	local mode=$1 rsize=$2 start=$SECONDS port crc src
 	shift 2
@@ -72,7 +75,8 @@ run() {
 	out=$work/run$runs
 	log=$(mktemp /var/tmp/remote_log_run.XXXXXX)
 	logs+=("$log")
-	timeout -k 5 50 "$prog" --server -d rl0 -g 1 -p 0 --file "$log" >"$out.server" 2>&1 &
+	timeout -k 5 50 "$prog" --server -d rl0 -g 1 -p 0 --file "$log" "${server_args[@]}" \
+		>"$out.server" 2>&1 &
 	server_pid=$!
 	if ! wait_for "$out.server" 30 "listening on port" "$server_pid"; then
 		if grep -q 'FLUSH_PERSISTENT): Invalid argument' "$out.server"; then
@@ -81,6 +85,8 @@ run() {
 		fi
 		fail "$mode: the target did not start"
 	fi
+	grep -q '^target memory: .*(pmem_is_pmem=[01])$' "$out.server" ||
+		fail "$mode: the target did not say what memory the log is in"
 	port=$(sed -n 's/^remote_log: listening on port \([0-9]*\)$/\1/p' "$out.server")
 
 	[[ -n $port ]] || fail "$mode: the target printed no port"
@@ -106,12 +112,15 @@ run() {
 		fail "$mode: the target did not see $records commits"
 	"$prog" --verify "$log" >"$out.verify" 2>&1 || fail "$mode: --verify failed"
 	grep -qx "log ok: $records records" "$out.verify" || fail "$mode: --verify output"
-	echo "ok   $mode: $records records of $rsize bytes in $((SECONDS - start)) s"
+	echo "ok   $mode${server_args[*]:+ (target ${server_args[*]})}: $records records of $rsize bytes in $((SECONDS - start)) s"
 }
 
 run "native write-commit" 100
 native_log=$log
 run "IBTA fallback (WRITE + FLUSH)" 3000 --no-native
+server_args=(--pmem)
+run "native write-commit" 100
+server_args=()
 
 # --verify must not pass vacuously.  Records of 100 bytes take 120 in the log
 # (16-byte header, padded to 8) from offset 64.

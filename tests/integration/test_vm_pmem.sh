@@ -11,7 +11,12 @@
 # When run as root with /dev/net/tun, the guest also runs sroce itself: a
 # sroce_xfer server on a sroce device bound to the guest's eth0, driven over
 # a tap device (inside a network namespace created here) by a sroce_xfer
-# client on the host.
+# client on the host.  Then the remote log of docs/examples/remote_log.c
+# keeps its file on the DAX mount: the guest's target maps it with
+# pmem_map_file (--pmem), so libpmem must call it persistent memory and every
+# commit persists by cache-line write-back; the host's initiator appends
+# records with the native write-commit opcodes, then with the IBTA FLUSH
+# fallback, and the guest checks each log with --verify.
 #
 # Usage: test_vm_pmem.sh BUILD-DIR
 # Exits 77 without qemu or the Debian kernel packages (scripts/setup.sh).
@@ -34,6 +39,9 @@ xfer_port=18600
 xfer_iters=${SROCE_TEST_XFER_ITERS:-300}
 seed=${SROCE_TEST_XFER_SEED:-$$}
 xfer=$BUILD_DIR/tests/progs/sroce_xfer
+rlog=$BUILD_DIR/tests/compile/remote_log
+rlog_port=18601
+rlog_records=2000
 
 ns=
 net=0
@@ -44,6 +52,8 @@ elif [[ ! -c /dev/net/tun ]]; then
 	why_no_net="no /dev/net/tun"
 elif [[ ! -x $xfer ]]; then
 	why_no_net="$xfer not built"
+elif [[ ! -x $rlog ]]; then
+	why_no_net="$rlog not built"
 else
 	net=1
 fi
@@ -64,6 +74,39 @@ cleanup() {
 trap cleanup EXIT
 
 in_ns() { ip netns exec "$ns" "$@"; }
+
+# rlog_case NAME MODE [CLIENT-ARGS...]: the host's remote_log initiator
+# against the guest's target NAME; MODE is the path the initiator must report.
+rlog_case() {
+	local name=$1 mode=$2 hrc=0 grc vrc t=$SECONDS
+	shift 2
+	local hlog=$WORK/$name.host.log
+	if ! vm_wait "READY $name|NOTREADY $name|GUEST-EXIT" 150 ||
+		[[ $(vm_marker "READY $name|NOTREADY $name|GUEST-EXIT") != "READY $name" ]]; then
+		fail "remote_log on pmem ($mode): the guest's target did not start"
+		vm_step_output "$name" | sed 's/^/  guest: /'
+		return
+	fi
+	in_ns timeout -k 5 120 "$SROCE_BIN" exec -- "$rlog" -d sroce0 -g 1 -p "$rlog_port" \
+		-n "$rlog_records" "$@" "$guest_ip" >"$hlog" 2>&1 || hrc=$?
+	# A target whose initiator failed would wait for it until its timeout.
+	((hrc == 0)) || vm_send "abort-$name"
+	vm_wait "DONE ${name}_verify rc=" 150 || true
+	grc=$(vm_marker "DONE $name rc=" | sed -n 's/.*rc=\([0-9]*\).*/\1/p')
+	vrc=$(vm_marker "DONE ${name}_verify rc=" | sed -n 's/.*rc=\([0-9]*\).*/\1/p')
+	if [[ $hrc == 0 && $grc == 0 && $vrc == 0 ]] &&
+		vm_step_output "$name" | grep -qx 'target memory: persistent memory (pmem_is_pmem=1)' &&
+		grep -qx "remote_log: $mode" "$hlog" &&
+		grep -qx "remote_log: $rlog_records records committed" "$hlog" &&
+		vm_step_output "${name}_verify" | grep -qx "log ok: $rlog_records records"; then
+		pass "remote_log on pmem ($mode): $rlog_records records committed into a pmem_map_file'd log on DAX, verified in the guest ($((SECONDS - t)) s)"
+	else
+		fail "remote_log on pmem ($mode): host initiator exited $hrc, guest target ${grc:-none}, --verify ${vrc:-none}"
+		grep -v '^committed ' "$hlog" | sed 's/^/  host: /'
+		vm_step_output "$name" | grep -v '^durable up to' | sed 's/^/  guest: /'
+		vm_step_output "${name}_verify" | sed 's/^/  guest verify: /'
+	fi
+}
 
 qemu_net=()
 append=
@@ -92,6 +135,7 @@ if ((net)); then
 	vm_add_program "$overlay" "$SROCE_BIN"
 	vm_add_program "$overlay" "$SROCE_SHIM" /usr/lib/sroce/libsroce.so
 	vm_add_program "$overlay" "$xfer"
+	vm_add_program "$overlay" "$rlog"
 fi
 cat >"$overlay/test/run.sh" <<EOF
 . /etc/guest-lib.sh
@@ -113,6 +157,12 @@ if [ -x /usr/bin/sroce ]; then
 	export SROCE_CONFIG=/tmp/links.conf SROCE_SHIM=/usr/lib/sroce/libsroce.so
 	sroce link add sroce_g netdev eth0 addr $guest_ip || exit 14
 	serve xfer $xfer_port 120 sroce exec -- sroce_xfer -d sroce_g -g 1 -p $xfer_port || failed=\$((failed + 1))
+	# remote_log is linked with libsroce.so: no sroce exec.
+	mkdir -p /mnt/pmem
+	serve rlog_native $rlog_port 120 remote_log --server --pmem -d sroce_g -g 1 -p $rlog_port --file /mnt/pmem/log || failed=\$((failed + 1))
+	step rlog_native_verify 60 remote_log --verify /mnt/pmem/log || failed=\$((failed + 1))
+	serve rlog_fallback $rlog_port 120 remote_log --server --pmem -d sroce_g -g 1 -p $rlog_port --file /mnt/pmem/log || failed=\$((failed + 1))
+	step rlog_fallback_verify 60 remote_log --verify /mnt/pmem/log || failed=\$((failed + 1))
 fi
 umount /mnt
 exit \$failed
@@ -144,6 +194,8 @@ if ((net)); then
 	else
 		fail "sroce in the guest: the guest's sroce_xfer server did not start"
 	fi
+	rlog_case rlog_native "native write-commit"
+	rlog_case rlog_fallback "IBTA fallback (WRITE + FLUSH)" --no-native
 fi
 
 vm_finish 200
