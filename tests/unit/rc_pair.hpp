@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <thread>
@@ -79,6 +80,42 @@ inline ibv_context *open_device(ibv_device *dev, Clock::duration patience = 60s)
         std::this_thread::sleep_for(500ms);
     }
 }
+
+// Opens two sroce devices (at addresses unique to the test binary) before
+// its tests and closes them after.  `before` runs first, for what must be in
+// place before a device exists (fault injector settings, persistence hooks);
+// `after` runs last.
+class DevicePairEnv : public ::testing::Environment {
+  public:
+    DevicePairEnv(const char *name0, const char *addr0, const char *name1, const char *addr1,
+                  ibv_context **ctx, std::function<void()> before = {},
+                  std::function<void()> after = {})
+        : names_{name0, name1}, addrs_{addr0, addr1}, ctx_(ctx), before_(std::move(before)),
+          after_(std::move(after)) {}
+    void SetUp() override {
+        if (before_) before_();
+        ibv_device *dev[2];
+        ASSERT_EQ(find_devices(names_[0], addrs_[0], names_[1], addrs_[1], dev), "");
+        for (int i = 0; i < 2; i++) {
+            ctx_[i] = open_device(dev[i]);
+            ASSERT_NE(ctx_[i], nullptr) << std::strerror(errno);
+        }
+    }
+    void TearDown() override {
+        for (int i = 0; i < 2; i++) {
+            if (ctx_[i]) {
+                EXPECT_EQ(ibv_close_device(ctx_[i]), 0);
+            }
+            ctx_[i] = nullptr;
+        }
+        if (after_) after_();
+    }
+
+  private:
+    const char *names_[2], *addrs_[2];
+    ibv_context **ctx_;
+    std::function<void()> before_, after_;
+};
 
 // Deterministic bytes for buffer contents.
 inline void fill_pattern(uint8_t *p, size_t n, uint64_t seed) {

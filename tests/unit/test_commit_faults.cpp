@@ -17,30 +17,14 @@ namespace {
 ibv_context *g_ctx[2];
 PersistLog g_log;
 
-class Devices : public ::testing::Environment {
-  public:
-    void SetUp() override {
-        setenv("SROCE_FAULT", "drop=0.03,dup=0.03,reorder=0.03,seed=11", 1);
-        sroce_set_persist_hook(&PersistLog::hook, &g_log);
-        ibv_device *dev[2];
-        ASSERT_EQ(find_devices("cf0", "127.0.1.13", "cf1", "127.0.1.14", dev), "");
-        for (int i = 0; i < 2; i++) {
-            g_ctx[i] = open_device(dev[i]);
-            ASSERT_NE(g_ctx[i], nullptr) << std::strerror(errno);
-        }
-    }
-    void TearDown() override {
-        for (ibv_context *&c : g_ctx) {
-            if (c) {
-                EXPECT_EQ(ibv_close_device(c), 0);
-            }
-        }
-        sroce_set_persist_hook(nullptr, nullptr);
-    }
-};
-
 [[maybe_unused]] ::testing::Environment *const g_env =
-    ::testing::AddGlobalTestEnvironment(new Devices);
+    ::testing::AddGlobalTestEnvironment(new DevicePairEnv(
+        "cf0", "127.0.1.13", "cf1", "127.0.1.14", g_ctx,
+        [] {
+            setenv("SROCE_FAULT", "drop=0.03,dup=0.03,reorder=0.03,seed=11", 1);
+            sroce_set_persist_hook(&PersistLog::hook, &g_log);
+        },
+        [] { sroce_set_persist_hook(nullptr, nullptr); }));
 
 constexpr unsigned kFlushAccess = IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT;
 

@@ -17,27 +17,8 @@ namespace {
 
 ibv_context *g_ctx[2];
 
-class Devices : public ::testing::Environment {
-  public:
-    void SetUp() override {
-        ibv_device *dev[2];
-        ASSERT_EQ(find_devices("fl0", "127.0.1.5", "fl1", "127.0.1.6", dev), "");
-        for (int i = 0; i < 2; i++) {
-            g_ctx[i] = open_device(dev[i]);
-            ASSERT_NE(g_ctx[i], nullptr) << std::strerror(errno);
-        }
-    }
-    void TearDown() override {
-        for (ibv_context *&c : g_ctx) {
-            if (c) {
-                EXPECT_EQ(ibv_close_device(c), 0);
-            }
-        }
-    }
-};
-
-[[maybe_unused]] ::testing::Environment *const g_env =
-    ::testing::AddGlobalTestEnvironment(new Devices);
+[[maybe_unused]] ::testing::Environment *const g_env = ::testing::AddGlobalTestEnvironment(
+    new DevicePairEnv("fl0", "127.0.1.5", "fl1", "127.0.1.6", g_ctx));
 
 constexpr unsigned kFlushAccess = IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT;
 
