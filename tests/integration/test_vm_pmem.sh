@@ -95,10 +95,12 @@ rlog_case() {
 	grc=$(vm_marker "DONE $name rc=" | sed -n 's/.*rc=\([0-9]*\).*/\1/p')
 	vrc=$(vm_marker "DONE ${name}_verify rc=" | sed -n 's/.*rc=\([0-9]*\).*/\1/p')
 	if [[ $hrc == 0 && $grc == 0 && $vrc == 0 ]] &&
-		vm_step_output "$name" | grep -qx 'target memory: persistent memory (pmem_is_pmem=1)' &&
+		# grep without -q: under pipefail, a grep that quits early could
+		# fail the pipeline through its writer's SIGPIPE.
+		vm_step_output "$name" | grep -x 'target memory: persistent memory (pmem_is_pmem=1)' >/dev/null &&
 		grep -qx "remote_log: $mode" "$hlog" &&
 		grep -qx "remote_log: $rlog_records records committed" "$hlog" &&
-		vm_step_output "${name}_verify" | grep -qx "log ok: $rlog_records records"; then
+		vm_step_output "${name}_verify" | grep -x "log ok: $rlog_records records" >/dev/null; then
 		pass "remote_log on pmem ($mode): $rlog_records records committed into a pmem_map_file'd log on DAX, verified in the guest ($((SECONDS - t)) s)"
 	else
 		fail "remote_log on pmem ($mode): host initiator exited $hrc, guest target ${grc:-none}, --verify ${vrc:-none}"
