@@ -1095,6 +1095,49 @@ TEST_F(FakePeer, ZeroLengthReadAndWriteNeedNoValidKey) {
     ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn + 2));
 }
 
+// A native commit's CETH IMMED flag and its opcode must agree: immediate
+// data exists only together with a commit, and a commit that announces one
+// must carry it.  Either mismatch is an Invalid Request, and nothing lands.
+TEST_F(FakePeer, CommitImmediateFlagMustMatchTheOpcode) {
+    ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn, 0, IBV_ACCESS_FLUSH_GLOBAL));
+    Bytes ce(4);
+    ce[0] = ceth::kImmed | ceth::kGlobal;
+    post_recv(1, 0x9000, 64);
+    send(packet(kCommitWriteOnly, qpn, kRqPsn, cat(reth(va(0x100), rkey(), 8), ce), pattern(8, 3)));
+    ASSERT_NO_FATAL_FAILURE(
+        expect_fatal_nak(aeth::kNak | aeth::kNakInvalidRequest, kRqPsn, IBV_EVENT_QP_REQ_ERR));
+    expect_untouched(0x100, 8);
+
+    ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn, 0, IBV_ACCESS_FLUSH_GLOBAL));
+    drain_async_events();
+    ce[0] = ceth::kGlobal; // no IMMED, yet the opcode carries immediate data
+    Bytes imm(4);
+    put32(imm.data(), 0x55);
+    post_recv(2, 0x9000, 64);
+    send(packet(kCommitWriteOnlyImm, qpn, kRqPsn, cat(cat(reth(va(0x100), rkey(), 8), ce), imm),
+                pattern(8, 3)));
+    ASSERT_NO_FATAL_FAILURE(
+        expect_fatal_nak(aeth::kNak | aeth::kNakInvalidRequest, kRqPsn, IBV_EVENT_QP_REQ_ERR));
+    expect_untouched(0x100, 8);
+}
+
+// A well-formed native commit with immediate data, for contrast: placed,
+// acknowledged, and the immediate delivered.
+TEST_F(FakePeer, NativeCommitWithImmediateIsAcceptedFromAPeer) {
+    ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn, 0, IBV_ACCESS_FLUSH_GLOBAL));
+    Bytes ce(4);
+    ce[0] = ceth::kImmed | ceth::kGlobal;
+    Bytes imm(4);
+    put32(imm.data(), 0x55);
+    post_recv(3, 0x9000, 64);
+    Bytes data = pattern(8, 4);
+    send(packet(kCommitWriteOnlyImm, qpn, kRqPsn, cat(cat(reth(va(0x100), rkey(), 8), ce), imm),
+                data));
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn));
+    EXPECT_EQ(qp_state(), IBV_QPS_RTS);
+    EXPECT_EQ(std::memcmp(w.buf + 0x100, data.data(), 8), 0);
+}
+
 TEST_F(FakePeer, FlushWithoutQpFlushAccessIsInvalidRequest) {
     Bytes feth(4);
     put32(feth.data(), 1); // placement: global visibility, selectivity: range
