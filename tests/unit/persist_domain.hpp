@@ -22,7 +22,7 @@
 // promises, and a line in the generator.
 #pragma once
 
-#include "rc_pair.hpp"
+#include "persist_log.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -37,10 +37,6 @@
 #include <thread>
 #include <unistd.h>
 #include <vector>
-
-// Exported by libsroce.so (version SROCE_PRIVATE_1); see providers/sroce/provider.h.
-extern "C" void sroce_set_persist_hook(void (*hook)(void *ctx, const void *addr, size_t len),
-                                       void *ctx);
 
 namespace crash {
 
@@ -777,46 +773,9 @@ class Checker {
     uint64_t max_named_ = 0;
 };
 
-// ---------------------------------------------------------------------------
 // The target MR: a shared mapping of a file on /var/tmp (ext4), which the
 // engine classifies as durable through msync.
-
-class FileMr {
-  public:
-    explicit FileMr(size_t len) : len_(len) {
-        std::string tmpl = "/var/tmp/sroce-crash-XXXXXX";
-        fd_ = mkstemp(tmpl.data());
-        if (fd_ < 0) return;
-        path_ = tmpl;
-        if (ftruncate(fd_, off_t(len)) != 0) return;
-        void *m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-        if (m != MAP_FAILED) mem_ = static_cast<uint8_t *>(m);
-    }
-    ~FileMr() {
-        if (mr_) ibv_dereg_mr(mr_);
-        if (mem_) munmap(mem_, len_);
-        if (fd_ >= 0) close(fd_);
-        // Only now: the engine vouches for a file mapping only while the
-        // file still has a name.
-        if (!path_.empty()) unlink(path_.c_str());
-    }
-    FileMr(const FileMr &) = delete;
-    FileMr &operator=(const FileMr &) = delete;
-
-    ibv_mr *reg(ibv_pd *pd, unsigned access) {
-        mr_ = mem_ ? ibv_reg_mr(pd, mem_, len_, int(access)) : nullptr;
-        return mr_;
-    }
-    const uint8_t *data() const { return mem_; }
-    ibv_mr *mr() const { return mr_; }
-
-  private:
-    std::string path_;
-    int fd_ = -1;
-    size_t len_;
-    uint8_t *mem_ = nullptr;
-    ibv_mr *mr_ = nullptr;
-};
+using rctest::FileMr;
 
 // ---------------------------------------------------------------------------
 // Running a plan

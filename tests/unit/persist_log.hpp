@@ -59,19 +59,23 @@ struct PersistLog {
     }
 };
 
-// A shared file mapping on /var/tmp: memory a commit can make durable.
+// A shared mapping of a file on /var/tmp (ext4 here): memory FLUSH and
+// commits can make durable, and whose file shows what reached it.  `dir`
+// picks another filesystem (/dev/shm: tmpfs, volatile).
 class FileMr {
   public:
-    FileMr(ibv_pd *pd, size_t len, unsigned access) : len_(len) {
-        std::string tmpl = "/var/tmp/sroce-commit-XXXXXX";
+    explicit FileMr(size_t len, const char *dir = "/var/tmp") : len_(len) {
+        std::string tmpl = std::string(dir) + "/sroce-test-XXXXXX";
         fd_ = mkstemp(tmpl.data());
         if (fd_ < 0) return;
+        // Kept until the end: a deleted file is memory nothing can recover.
         path_ = tmpl;
         if (ftruncate(fd_, off_t(len)) != 0) return;
         void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-        if (p == MAP_FAILED) return;
-        mem_ = static_cast<uint8_t *>(p);
-        mr_ = ibv_reg_mr(pd, mem_, len, int(access));
+        if (p != MAP_FAILED) mem_ = static_cast<uint8_t *>(p);
+    }
+    FileMr(ibv_pd *pd, size_t len, unsigned access) : FileMr(len) {
+        if (mem_) reg(pd, access);
     }
     ~FileMr() {
         if (mr_) ibv_dereg_mr(mr_);
@@ -79,10 +83,24 @@ class FileMr {
         if (fd_ >= 0) close(fd_);
         if (!path_.empty()) unlink(path_.c_str());
     }
+    FileMr(const FileMr &) = delete;
+    FileMr &operator=(const FileMr &) = delete;
+
+    ibv_mr *reg(ibv_pd *pd, unsigned access) {
+        mr_ = ibv_reg_mr(pd, mem_, len_, int(access));
+        return mr_;
+    }
     bool ok() const { return mr_ != nullptr; }
     uint8_t *data() { return mem_; }
     uint64_t addr(size_t off = 0) const { return uint64_t(uintptr_t(mem_ + off)); }
+    ibv_mr *mr() const { return mr_; }
     uint32_t rkey() const { return mr_->rkey; }
+    // What the file holds, read through the descriptor, not the mapping.
+    std::vector<uint8_t> file_bytes(size_t off, size_t n) const {
+        std::vector<uint8_t> v(n);
+        EXPECT_EQ(pread(fd_, v.data(), n, off_t(off)), ssize_t(n));
+        return v;
+    }
 
   private:
     std::string path_;

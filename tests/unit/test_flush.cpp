@@ -4,7 +4,7 @@
 // process: two sroce devices on 127.0.1.5 / 127.0.1.6 (used by no other
 // test).  Each promise of DESIGN.md §3 about these two verbs has a test here,
 // the negative ones included.
-#include "rc_pair.hpp"
+#include "persist_log.hpp"
 
 #include <fcntl.h>
 #include <infiniband/verbs_ext.h>
@@ -21,48 +21,6 @@ ibv_context *g_ctx[2];
     new DevicePairEnv("fl0", "127.0.1.5", "fl1", "127.0.1.6", g_ctx));
 
 constexpr unsigned kFlushAccess = IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT;
-
-// A shared mapping of a file on /var/tmp (ext4 here): memory FLUSH can make
-// durable, and whose file shows what reached it.
-class FileBuf {
-  public:
-    FileBuf(size_t len, const char *dir = "/var/tmp") : len_(len) {
-        std::string tmpl = std::string(dir) + "/sroce-flush-XXXXXX";
-        fd_ = mkstemp(tmpl.data());
-        if (fd_ < 0) return;
-        path_ = tmpl;
-        if (ftruncate(fd_, off_t(len)) != 0) return;
-        void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-        if (p != MAP_FAILED) mem_ = static_cast<uint8_t *>(p);
-    }
-    ~FileBuf() {
-        if (mr_) ibv_dereg_mr(mr_);
-        if (mem_) munmap(mem_, len_);
-        if (fd_ >= 0) close(fd_);
-        if (!path_.empty()) unlink(path_.c_str());
-    }
-    ibv_mr *reg(ibv_pd *pd, unsigned access) {
-        mr_ = ibv_reg_mr(pd, mem_, len_, int(access));
-        return mr_;
-    }
-    uint8_t *data() { return mem_; }
-    uint64_t addr(size_t off = 0) const { return uint64_t(uintptr_t(mem_ + off)); }
-    ibv_mr *mr() const { return mr_; }
-    // What the file holds, read through the file descriptor, not the mapping.
-    std::vector<uint8_t> file_bytes(size_t off, size_t n) const {
-        std::vector<uint8_t> v(n);
-        EXPECT_EQ(pread(fd_, v.data(), n, off_t(off)), ssize_t(n));
-        return v;
-    }
-
-  private:
-    // Kept until the end: a deleted file is memory nothing can recover.
-    std::string path_;
-    int fd_ = -1;
-    size_t len_;
-    uint8_t *mem_ = nullptr;
-    ibv_mr *mr_ = nullptr;
-};
 
 class Flush : public ::testing::Test {
   protected:
@@ -114,12 +72,12 @@ TEST_F(Flush, PersistentRegistrationNeedsDurableMemory) {
     EXPECT_EQ(ibv_reg_mr(p.b.pd, anon.data(), 4096, int(kAllAccess | IBV_ACCESS_FLUSH_PERSISTENT)),
               nullptr);
     EXPECT_EQ(errno, EINVAL);
-    FileBuf shm(4096, "/dev/shm"); // tmpfs: volatile
+    FileMr shm(4096, "/dev/shm"); // tmpfs: volatile
     ASSERT_NE(shm.data(), nullptr);
     errno = 0;
     EXPECT_EQ(shm.reg(p.b.pd, kAllAccess | IBV_ACCESS_FLUSH_PERSISTENT), nullptr);
     EXPECT_EQ(errno, EINVAL);
-    FileBuf file(4096);
+    FileMr file(4096);
     ASSERT_NE(file.data(), nullptr);
     EXPECT_NE(file.reg(p.b.pd, kAllAccess | IBV_ACCESS_FLUSH_PERSISTENT), nullptr)
         << std::strerror(errno);
@@ -131,7 +89,7 @@ TEST_F(Flush, PersistentRegistrationNeedsDurableMemory) {
 
 TEST_F(Flush, WriteThenPersistentFlushOfTheRange) {
     make();
-    FileBuf dst(1 << 20);
+    FileMr dst(1 << 20);
     ASSERT_NE(dst.reg(p.b.pd, kAllAccess | IBV_ACCESS_FLUSH_PERSISTENT), nullptr);
     Buf src(p.a.pd, 300000);
     src.fill(7);
@@ -148,7 +106,7 @@ TEST_F(Flush, WriteThenPersistentFlushOfTheRange) {
 
 TEST_F(Flush, FlushOfTheWholeMrCoversEveryEarlierWrite) {
     make();
-    FileBuf dst(65536);
+    FileMr dst(65536);
     ASSERT_NE(dst.reg(p.b.pd, kAllAccess | kFlushAccess), nullptr);
     Buf src(p.a.pd, 65536);
     src.fill(11);
@@ -187,7 +145,7 @@ TEST_F(Flush, GlobalVisibilityFlushOfVolatileMemory) {
 
 TEST_F(Flush, MrWithoutFlushAccessIsRemoteAccessError) {
     make();
-    FileBuf dst(8192);
+    FileMr dst(8192);
     ASSERT_NE(dst.reg(p.b.pd, kAllAccess), nullptr); // no FLUSH access
     Buf src(p.a.pd, 64);
     ASSERT_EQ(write_then_flush(src, 64, dst.addr(), dst.mr()->rkey, dst.addr(), 64,
@@ -203,7 +161,7 @@ TEST_F(Flush, MrWithoutFlushAccessIsRemoteAccessError) {
 
 TEST_F(Flush, GlobalOnlyMrRefusesPersistentFlush) {
     make();
-    FileBuf dst(8192);
+    FileMr dst(8192);
     ASSERT_NE(dst.reg(p.b.pd, kAllAccess | IBV_ACCESS_FLUSH_GLOBAL), nullptr);
     Buf src(p.a.pd, 64);
     ASSERT_EQ(write_then_flush(src, 64, dst.addr(), dst.mr()->rkey, dst.addr(), 64,
@@ -216,7 +174,7 @@ TEST_F(Flush, GlobalOnlyMrRefusesPersistentFlush) {
 
 TEST_F(Flush, QpWithoutFlushAccessIsInvalidRequest) {
     make(kAllAccess); // B's QP lacks the FLUSH access flags
-    FileBuf dst(8192);
+    FileMr dst(8192);
     ASSERT_NE(dst.reg(p.b.pd, kAllAccess | kFlushAccess), nullptr);
     Buf src(p.a.pd, 64);
     ASSERT_EQ(write_then_flush(src, 64, dst.addr(), dst.mr()->rkey, dst.addr(), 64,
@@ -229,7 +187,7 @@ TEST_F(Flush, QpWithoutFlushAccessIsInvalidRequest) {
 
 TEST_F(Flush, RangeOutsideTheMrIsRemoteAccessError) {
     make();
-    FileBuf dst(8192);
+    FileMr dst(8192);
     ASSERT_NE(dst.reg(p.b.pd, kAllAccess | kFlushAccess), nullptr);
     ibv_qp_ex *q = p.a.qpx;
     ibv_wr_start(q);
@@ -328,7 +286,7 @@ TEST_F(Flush, AtomicWriteWithoutRemoteWriteIsRemoteAccessError) {
 // also sees the records; a FLUSH afterwards makes both durable.
 TEST_F(Flush, AtomicWriteIsOrderedAfterEarlierWrites) {
     make();
-    FileBuf log(1 << 20);
+    FileMr log(1 << 20);
     ASSERT_NE(log.reg(p.b.pd, kAllAccess | kFlushAccess), nullptr);
     Buf rec(p.a.pd, 1 << 20);
     rec.fill(21);
