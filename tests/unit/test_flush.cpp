@@ -44,6 +44,29 @@ class Flush : public ::testing::Test {
         ibv_wr_flush(q, rkey, flush_addr, flush_len, type, level);
         return ibv_wr_complete(q);
     }
+    // One signaled ATOMIC WRITE / FLUSH as its own ibv_wr_* batch.
+    int atomic_write(uint64_t id, uint32_t rkey, uint64_t raddr, uint64_t value) {
+        ibv_qp_ex *q = p.a.qpx;
+        ibv_wr_start(q);
+        q->wr_id = id;
+        q->wr_flags = IBV_SEND_SIGNALED;
+        ibv_wr_atomic_write(q, rkey, raddr, &value);
+        return ibv_wr_complete(q);
+    }
+    int flush(uint64_t id, uint32_t rkey, uint64_t raddr, size_t len, uint8_t type, uint8_t level) {
+        ibv_qp_ex *q = p.a.qpx;
+        ibv_wr_start(q);
+        q->wr_id = id;
+        q->wr_flags = IBV_SEND_SIGNALED;
+        ibv_wr_flush(q, rkey, raddr, len, type, level);
+        return ibv_wr_complete(q);
+    }
+    // The status of the next send completion (failing the test if none comes).
+    ibv_wc_status next_status() {
+        std::vector<ibv_wc> wc = poll_n(p.a.scq, 1);
+        EXPECT_EQ(wc.size(), 1u);
+        return wc.empty() ? ibv_wc_status(-1) : wc[0].status;
+    }
     Pair p;
 };
 
@@ -115,13 +138,9 @@ TEST_F(Flush, FlushOfTheWholeMrCoversEveryEarlierWrite) {
                             {src.sge(size_t(i) * 8192, 8192)}, dst.addr(size_t(i) * 8192),
                             dst.mr()->rkey, 0),
                   0);
-    ibv_qp_ex *q = p.a.qpx;
-    ibv_wr_start(q);
-    q->wr_id = 99;
-    q->wr_flags = IBV_SEND_SIGNALED;
     // With IBV_FLUSH_MR the address and length are ignored.
-    ibv_wr_flush(q, dst.mr()->rkey, 0, 0, IBV_FLUSH_PERSISTENT | IBV_FLUSH_GLOBAL, IBV_FLUSH_MR);
-    ASSERT_EQ(ibv_wr_complete(q), 0);
+    ASSERT_EQ(
+        flush(99, dst.mr()->rkey, 0, 0, IBV_FLUSH_PERSISTENT | IBV_FLUSH_GLOBAL, IBV_FLUSH_MR), 0);
     expect_one(p.a.scq, {99, IBV_WC_SUCCESS, IBV_WC_FLUSH, p.a.qpn()});
     std::vector<uint8_t> f = dst.file_bytes(0, 65536);
     EXPECT_TRUE(same_bytes(f.data(), src.data(), 65536));
@@ -189,15 +208,9 @@ TEST_F(Flush, RangeOutsideTheMrIsRemoteAccessError) {
     make();
     FileMr dst(8192);
     ASSERT_NE(dst.reg(p.b.pd, kAllAccess | kFlushAccess), nullptr);
-    ibv_qp_ex *q = p.a.qpx;
-    ibv_wr_start(q);
-    q->wr_id = 5;
-    q->wr_flags = IBV_SEND_SIGNALED;
-    ibv_wr_flush(q, dst.mr()->rkey, dst.addr(4096), 8192, IBV_FLUSH_PERSISTENT, IBV_FLUSH_RANGE);
-    ASSERT_EQ(ibv_wr_complete(q), 0);
-    std::vector<ibv_wc> wc = poll_n(p.a.scq, 1);
-    ASSERT_EQ(wc.size(), 1u);
-    EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+    ASSERT_EQ(flush(5, dst.mr()->rkey, dst.addr(4096), 8192, IBV_FLUSH_PERSISTENT, IBV_FLUSH_RANGE),
+              0);
+    EXPECT_EQ(next_status(), IBV_WC_REM_ACCESS_ERR);
 }
 
 TEST_F(Flush, BadPlacementOrSelectivityFailsTheBatch) {
@@ -221,12 +234,7 @@ TEST_F(Flush, AtomicWriteStoresEightBytes) {
     Buf dst(p.b.pd, 64);
     dst.set(0);
     uint64_t v = 0x1122334455667788ull;
-    ibv_qp_ex *q = p.a.qpx;
-    ibv_wr_start(q);
-    q->wr_id = 7;
-    q->wr_flags = IBV_SEND_SIGNALED;
-    ibv_wr_atomic_write(q, dst.rkey(), dst.addr(8), &v);
-    ASSERT_EQ(ibv_wr_complete(q), 0);
+    ASSERT_EQ(atomic_write(7, dst.rkey(), dst.addr(8), v), 0);
     expect_one(p.a.scq, {7, IBV_WC_SUCCESS, IBV_WC_ATOMIC_WRITE, p.a.qpn()});
     Pair::sync_with(p.b);
     EXPECT_EQ(dst.word(8), v);
@@ -254,31 +262,15 @@ TEST_F(Flush, AtomicWriteThroughPostSend) {
 TEST_F(Flush, MisalignedAtomicWriteIsInvalidRequest) {
     make();
     Buf dst(p.b.pd, 64);
-    uint64_t v = 1;
-    ibv_qp_ex *q = p.a.qpx;
-    ibv_wr_start(q);
-    q->wr_id = 3;
-    q->wr_flags = IBV_SEND_SIGNALED;
-    ibv_wr_atomic_write(q, dst.rkey(), dst.addr(4), &v);
-    ASSERT_EQ(ibv_wr_complete(q), 0);
-    std::vector<ibv_wc> wc = poll_n(p.a.scq, 1);
-    ASSERT_EQ(wc.size(), 1u);
-    EXPECT_EQ(wc[0].status, IBV_WC_REM_INV_REQ_ERR);
+    ASSERT_EQ(atomic_write(3, dst.rkey(), dst.addr(4), 1), 0);
+    EXPECT_EQ(next_status(), IBV_WC_REM_INV_REQ_ERR);
 }
 
 TEST_F(Flush, AtomicWriteWithoutRemoteWriteIsRemoteAccessError) {
     make();
     Buf dst(p.b.pd, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
-    uint64_t v = 1;
-    ibv_qp_ex *q = p.a.qpx;
-    ibv_wr_start(q);
-    q->wr_id = 4;
-    q->wr_flags = IBV_SEND_SIGNALED;
-    ibv_wr_atomic_write(q, dst.rkey(), dst.addr(0), &v);
-    ASSERT_EQ(ibv_wr_complete(q), 0);
-    std::vector<ibv_wc> wc = poll_n(p.a.scq, 1);
-    ASSERT_EQ(wc.size(), 1u);
-    EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+    ASSERT_EQ(atomic_write(4, dst.rkey(), dst.addr(0), 1), 0);
+    EXPECT_EQ(next_status(), IBV_WC_REM_ACCESS_ERR);
 }
 
 // The log-append pattern: records by RDMA WRITE, then a commit flag by ATOMIC
