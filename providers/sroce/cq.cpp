@@ -1,4 +1,5 @@
 // Completion queues and completion channels.
+#include "nic.hpp"
 #include "provider.h"
 #include "sroce.hpp"
 
@@ -29,8 +30,7 @@ bool Cq::push(const ibv_wc &wc, bool solicited) {
 
 namespace {
 
-int poll_cq(ibv_cq *ibcq, int n, ibv_wc *wc) {
-    Cq *cq = to_cq(ibcq);
+int take(Cq *cq, int n, ibv_wc *wc) {
     std::lock_guard<std::mutex> g(cq->mu);
     int k = 0;
     uint32_t size = uint32_t(cq->ring.size());
@@ -39,6 +39,16 @@ int poll_cq(ibv_cq *ibcq, int n, ibv_wc *wc) {
         cq->head = (cq->head + 1) % size;
         cq->count--;
     }
+    return k;
+}
+
+int poll_cq(ibv_cq *ibcq, int n, ibv_wc *wc) {
+    Cq *cq = to_cq(ibcq);
+    int k = take(cq, n, wc);
+    // An application polling an empty CQ is waiting for packets: receiving
+    // them in this thread saves the progress thread's wake-up, which on a
+    // busy machine can wait for a whole scheduler tick.
+    if (!k && n > 0 && cq->ctx->nic->app_progress()) k = take(cq, n, wc);
     return k;
 }
 
@@ -57,7 +67,12 @@ int start_poll(ibv_cq_ex *cqx, ibv_poll_cq_attr *attr) {
     cq->mu.lock();
     if (!cq->count) {
         cq->mu.unlock();
-        return ENOENT;
+        if (!cq->ctx->nic->app_progress()) return ENOENT;
+        cq->mu.lock();
+        if (!cq->count) {
+            cq->mu.unlock();
+            return ENOENT;
+        }
     }
     cq->cur = cq->ring[cq->head];
     cq->head = (cq->head + 1) % uint32_t(cq->ring.size());

@@ -94,7 +94,21 @@ void Nic::release() {
     delete this;
 }
 
-Nic::Nic(Device *dev) : dev_(dev) {
+struct Nic::RxState {
+    static constexpr int kBatch = 64;
+    static constexpr size_t kBufLen = 4096 + 256;
+    std::vector<uint8_t> bufs = std::vector<uint8_t>(size_t(kBatch) * kBufLen);
+    mmsghdr msgs[kBatch];
+    iovec iovs[kBatch];
+    sockaddr_in froms[kBatch];
+    // Reorder injection holds one datagram back and delivers it after the next.
+    std::vector<uint8_t> held = std::vector<uint8_t>(kBufLen);
+    size_t held_len = 0;
+    sockaddr_in held_from{};
+};
+
+Nic::Nic(Device *dev)
+    : dev_(dev), rx_(std::make_unique<RxState>()), tx_(std::make_unique<TxBatch>()) {
     if (const char *f = getenv("SROCE_FAULT"); f && *f) {
         try {
             fault_ = parse_fault_config(f);
@@ -104,6 +118,7 @@ Nic::Nic(Device *dev) : dev_(dev) {
         rng_ = fault_.seed;
     }
     if (const char *b = getenv("SROCE_BUSY_POLL"); b && *b == '1') busy_poll_ = true;
+    if (const char *a = getenv("SROCE_APP_PROGRESS"); a && *a == '0') app_progress_ = false;
 }
 
 Nic::~Nic() {
@@ -291,20 +306,58 @@ void Nic::fire_timers(TxBatch &tx) {
     }
 }
 
-void Nic::run() {
-    constexpr int kBatch = 64;
-    constexpr size_t kBufLen = 4096 + 256;
-    std::vector<uint8_t> bufs(size_t(kBatch) * kBufLen);
-    mmsghdr msgs[kBatch];
-    iovec iovs[kBatch];
-    sockaddr_in froms[kBatch];
-    auto tx = std::make_unique<TxBatch>();
-    // Reorder injection holds one datagram back and delivers it after the next.
-    std::vector<uint8_t> held(kBufLen);
-    size_t held_len = 0;
-    sockaddr_in held_from{};
-    uint64_t last_timer_scan = 0;
+int Nic::rx_pass() {
+    RxState &rx = *rx_;
+    TxBatch &tx = *tx_;
+    for (int i = 0; i < RxState::kBatch; i++) {
+        rx.iovs[i] = {rx.bufs.data() + size_t(i) * RxState::kBufLen, RxState::kBufLen};
+        rx.msgs[i].msg_hdr = {};
+        rx.msgs[i].msg_hdr.msg_name = &rx.froms[i];
+        rx.msgs[i].msg_hdr.msg_namelen = sizeof rx.froms[i];
+        rx.msgs[i].msg_hdr.msg_iov = &rx.iovs[i];
+        rx.msgs[i].msg_hdr.msg_iovlen = 1;
+    }
+    int n = recvmmsg(fd_, rx.msgs, RxState::kBatch, MSG_DONTWAIT, nullptr);
+    if (n <= 0) return 0;
+    std::lock_guard<std::mutex> g(objects_mu);
+    for (int i = 0; i < n; i++) {
+        stats.rx_pkts.fetch_add(1, std::memory_order_relaxed);
+        const uint8_t *d = rx.bufs.data() + size_t(i) * RxState::kBufLen;
+        size_t len = rx.msgs[i].msg_len;
+        if (rx.msgs[i].msg_hdr.msg_flags & MSG_TRUNC) continue;
+        if (fault_.enabled()) {
+            if (next_uniform(rng_) < fault_.drop) {
+                stats.rx_dropped_fault.fetch_add(1, std::memory_order_relaxed);
+                continue;
+            }
+            if (next_uniform(rng_) < fault_.dup) dispatch(d, len, rx.froms[i], tx);
+            if (!rx.held_len && next_uniform(rng_) < fault_.reorder) {
+                std::memcpy(rx.held.data(), d, len);
+                rx.held_len = len;
+                rx.held_from = rx.froms[i];
+                continue;
+            }
+        }
+        dispatch(d, len, rx.froms[i], tx);
+        if (rx.held_len) {
+            dispatch(rx.held.data(), rx.held_len, rx.held_from, tx);
+            rx.held_len = 0;
+        }
+    }
+    // ACKs are coalesced over a receive batch and sent here.
+    if (!acks_.empty()) flush_acks(tx);
+    if (tx.n) flush(tx);
+    return n;
+}
 
+bool Nic::app_progress() {
+    if (!app_progress_) return false;
+    std::unique_lock<std::mutex> l(rx_mu_, std::try_to_lock);
+    return l.owns_lock() && rx_pass() > 0;
+}
+
+void Nic::run() {
+    uint64_t last_timer_scan = 0;
     while (!stop_.load(std::memory_order_relaxed)) {
         if (!busy_poll_) {
             pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -315,48 +368,15 @@ void Nic::run() {
                 }
             }
         }
-        for (int i = 0; i < kBatch; i++) {
-            iovs[i] = {bufs.data() + size_t(i) * kBufLen, kBufLen};
-            msgs[i].msg_hdr = {};
-            msgs[i].msg_hdr.msg_name = &froms[i];
-            msgs[i].msg_hdr.msg_namelen = sizeof froms[i];
-            msgs[i].msg_hdr.msg_iov = &iovs[i];
-            msgs[i].msg_hdr.msg_iovlen = 1;
-        }
-        int n = recvmmsg(fd_, msgs, kBatch, MSG_DONTWAIT, nullptr);
-        std::lock_guard<std::mutex> g(objects_mu);
-        for (int i = 0; i < n; i++) {
-            stats.rx_pkts.fetch_add(1, std::memory_order_relaxed);
-            const uint8_t *d = bufs.data() + size_t(i) * kBufLen;
-            size_t len = msgs[i].msg_len;
-            if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) continue;
-            if (fault_.enabled()) {
-                if (next_uniform(rng_) < fault_.drop) {
-                    stats.rx_dropped_fault.fetch_add(1, std::memory_order_relaxed);
-                    continue;
-                }
-                if (next_uniform(rng_) < fault_.dup) dispatch(d, len, froms[i], *tx);
-                if (!held_len && next_uniform(rng_) < fault_.reorder) {
-                    std::memcpy(held.data(), d, len);
-                    held_len = len;
-                    held_from = froms[i];
-                    continue;
-                }
-            }
-            dispatch(d, len, froms[i], *tx);
-            if (held_len) {
-                dispatch(held.data(), held_len, held_from, *tx);
-                held_len = 0;
-            }
-        }
-        // ACKs are coalesced over a receive batch and sent here.
-        if (!acks_.empty()) flush_acks(*tx);
+        std::lock_guard<std::mutex> l(rx_mu_);
+        rx_pass();
         uint64_t now = now_ns();
         if (now - last_timer_scan > 500000) {
-            fire_timers(*tx);
+            std::lock_guard<std::mutex> g(objects_mu);
+            fire_timers(*tx_);
             last_timer_scan = now;
         }
-        if (tx->n) flush(*tx);
+        if (tx_->n) flush(*tx_);
     }
 }
 

@@ -62,9 +62,17 @@ class Nic {
         return i < kMaxQps ? qps_[i].load(std::memory_order_acquire) : nullptr;
     }
 
+    // Called by an application thread that found its CQ empty: it is
+    // spinning anyway, so it receives and dispatches whatever the socket
+    // holds instead of waiting for the progress thread to be scheduled.
+    // Returns true when it dispatched anything.  Never blocks: when another
+    // thread is receiving, that thread does the work.
+    bool app_progress();
+
     MrTable mrs;
-    // Held by the progress thread while it touches QPs and MRs, and by
-    // destroy/dereg so nothing is freed under it.
+    // Held by whoever dispatches packets (the progress thread or an
+    // application thread in app_progress) while it touches QPs and MRs, and
+    // by destroy/dereg so nothing is freed under it.
     std::mutex objects_mu;
     NicStats stats;
 
@@ -73,6 +81,9 @@ class Nic {
     ~Nic();
     int open_socket();
     void run();
+    // One non-blocking recvmmsg() and the dispatch of what it returned;
+    // caller holds rx_mu_.  Returns the number of datagrams received.
+    int rx_pass();
     void dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, TxBatch &tx);
     void fire_timers(TxBatch &tx);
     void flush_acks(TxBatch &tx);
@@ -87,10 +98,17 @@ class Nic {
     std::mutex qp_alloc_mu_;
     uint32_t qp_next_ = 0;
     std::atomic<uint32_t> qp_top_{0}; // one past the highest slot ever used
-    std::vector<Qp *> acks_;          // QPs with a coalesced ACK to send
+    // Receive state shared by the progress thread and app_progress():
+    // everything below rx_mu_ is used only by its holder.
+    struct RxState;
+    std::mutex rx_mu_;
+    std::unique_ptr<RxState> rx_;
+    std::unique_ptr<TxBatch> tx_;
+    std::vector<Qp *> acks_; // QPs with a coalesced ACK to send
     FaultConfig fault_;
     uint64_t rng_ = 0;
     bool busy_poll_ = false;
+    bool app_progress_ = true;
 };
 
 } // namespace sroce
