@@ -109,6 +109,7 @@ class Nic {
     uint64_t rng_ = 0;
     bool busy_poll_ = false;
     bool app_progress_ = true;
+    uint64_t spin_ns_ = 50000; // how long the progress thread polls after traffic
 };
 
 } // namespace sroce
