@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <poll.h>
+#include <sched.h>
 #include <stdexcept>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -371,7 +372,13 @@ void Nic::run() {
                 }
             }
         }
-        std::lock_guard<std::mutex> l(rx_mu_);
+        // An application thread holding rx_mu_ is receiving right now;
+        // waiting for it would only make its unlock a futex wake-up.
+        std::unique_lock<std::mutex> l(rx_mu_, std::try_to_lock);
+        if (!l.owns_lock()) {
+            sched_yield();
+            continue;
+        }
         bool got = rx_pass() > 0;
         uint64_t now = now_ns();
         // While packets keep coming, sleeping in poll() costs a wake-up per
