@@ -106,6 +106,18 @@ struct Nic::RxState {
     std::vector<uint8_t> held = std::vector<uint8_t>(kBufLen);
     size_t held_len = 0;
     sockaddr_in held_from{};
+    int used = 0; // entries the last recvmmsg() filled
+
+    RxState() {
+        for (int i = 0; i < kBatch; i++) {
+            iovs[i] = {bufs.data() + size_t(i) * kBufLen, kBufLen};
+            msgs[i].msg_hdr = {};
+            msgs[i].msg_hdr.msg_name = &froms[i];
+            msgs[i].msg_hdr.msg_namelen = sizeof froms[i];
+            msgs[i].msg_hdr.msg_iov = &iovs[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+    }
 };
 
 Nic::Nic(Device *dev)
@@ -312,16 +324,16 @@ void Nic::fire_timers(TxBatch &tx) {
 int Nic::rx_pass() {
     RxState &rx = *rx_;
     TxBatch &tx = *tx_;
-    for (int i = 0; i < RxState::kBatch; i++) {
-        rx.iovs[i] = {rx.bufs.data() + size_t(i) * RxState::kBufLen, RxState::kBufLen};
-        rx.msgs[i].msg_hdr = {};
-        rx.msgs[i].msg_hdr.msg_name = &rx.froms[i];
+    // recvmmsg() rewrites only the name length and flags of the entries it
+    // filled: restore those, so that an empty poll costs no set-up.
+    for (int i = 0; i < rx.used; i++) {
         rx.msgs[i].msg_hdr.msg_namelen = sizeof rx.froms[i];
-        rx.msgs[i].msg_hdr.msg_iov = &rx.iovs[i];
-        rx.msgs[i].msg_hdr.msg_iovlen = 1;
+        rx.msgs[i].msg_hdr.msg_flags = 0;
     }
+    rx.used = 0;
     int n = recvmmsg(fd_, rx.msgs, RxState::kBatch, MSG_DONTWAIT, nullptr);
     if (n <= 0) return 0;
+    rx.used = n;
     std::lock_guard<std::mutex> g(objects_mu);
     for (int i = 0; i < n; i++) {
         stats.rx_pkts.fetch_add(1, std::memory_order_relaxed);
