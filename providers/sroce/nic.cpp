@@ -368,14 +368,36 @@ int Nic::rx_pass() {
 bool Nic::app_progress() {
     if (!app_progress_) return false;
     std::unique_lock<std::mutex> l(rx_mu_, std::try_to_lock);
-    return l.owns_lock() && rx_pass() > 0;
+    if (!l.owns_lock()) return false;
+    bool got = rx_pass() > 0;
+    // Tells the progress thread whether an application thread is spinning
+    // here (consecutive empty polls) and so receives for it.
+    app_empty_polls_.store(got ? 0 : app_empty_polls_.load(std::memory_order_relaxed) + 1,
+                           std::memory_order_relaxed);
+    app_poll_ns_.store(now_ns(), std::memory_order_relaxed);
+    return got;
+}
+
+bool Nic::app_is_spinning(uint64_t now) const {
+    return app_empty_polls_.load(std::memory_order_relaxed) >= kSpinningPolls &&
+           now - app_poll_ns_.load(std::memory_order_relaxed) < kSpinningGapNs;
 }
 
 void Nic::run() {
     uint64_t last_timer_scan = 0;
     uint64_t spin_until = 0;
     while (!stop_.load(std::memory_order_relaxed)) {
-        if (!busy_poll_ && now_ns() >= spin_until) {
+        uint64_t t = now_ns();
+        if (!busy_poll_ && app_is_spinning(t)) {
+            // Watching the socket too would only add a wake-up per datagram,
+            // each one preempting a spinning thread on a small machine.
+            // Look again after kParkNs: an application that stopped polling
+            // loses at most that much.
+            pollfd p = {wake_fd_, POLLIN, 0};
+            timespec ts = {0, long(kParkNs)};
+            ppoll(&p, 1, &ts, nullptr);
+            spin_until = 0;
+        } else if (!busy_poll_ && t >= spin_until) {
             pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
             int r = poll(p, 2, 1);
             if (r > 0 && (p[1].revents & POLLIN)) {
