@@ -1,0 +1,7 @@
+// SPDX-License-Identifier: MIT
+/* ib_flush_lat: see ib_write_commit_lat(1). */
+#include "perf_common.h"
+
+int main(int argc, char **argv) {
+    return perf_main(TOOL_FLUSH, false, argc, argv);
+}
