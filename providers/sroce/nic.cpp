@@ -206,7 +206,14 @@ void Nic::remove_qp(Qp *qp) {
 
 void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
                 int iovcnt, uint32_t payload_len) {
-    if (b.n == TxBatch::kSlots) flush(b);
+    if (b.n == TxBatch::kSlots) {
+        if (b.order) {
+            std::lock_guard<std::mutex> t(*b.order);
+            flush(b);
+        } else {
+            flush(b);
+        }
+    }
     TxBatch::Slot &s = b.slots[b.n];
     std::memcpy(s.hdr, hdr, hdr_len);
     uint32_t pad = (4 - (payload_len & 3)) & 3;
@@ -279,13 +286,14 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, TxB
         stats.rx_no_qp.fetch_add(1, std::memory_order_relaxed);
         return;
     }
-    std::lock_guard<std::mutex> g(qp->mu);
+    std::unique_lock<std::mutex> g(qp->mu);
     // Only the connected peer may talk to an RC QP.
     if (qp->state < IBV_QPS_RTR || qp->state == IBV_QPS_ERR ||
         from.sin_addr.s_addr != qp->dest_addr) {
         stats.rx_no_qp.fetch_add(1, std::memory_order_relaxed);
         return;
     }
+    tx.order = &qp->tx_mu;
     if (pkt.info->flags & wire::kOpReq) {
         resp_receive(qp, pkt, tx);
         if (qp->ack_pending && !qp->ack_listed) {
@@ -296,8 +304,9 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, TxB
         comp_receive(qp, pkt, tx);
     }
     // Requester packets must leave in PSN order even when the application
-    // thread also transmits on this QP, so send them before unlocking.
-    if (tx.n) flush(tx);
+    // thread also transmits on this QP.
+    tx.order = nullptr;
+    send_and_unlock(qp, tx, g);
 }
 
 void Nic::flush_acks(TxBatch &tx) {
@@ -315,9 +324,11 @@ void Nic::fire_timers(TxBatch &tx) {
     for (uint32_t i = 0; i < top; i++) {
         Qp *qp = qps_[i].load(std::memory_order_acquire);
         if (!qp) continue;
-        std::lock_guard<std::mutex> g(qp->mu);
+        std::unique_lock<std::mutex> g(qp->mu);
+        tx.order = &qp->tx_mu;
         if (qp->timer_deadline_ns || qp->rnr_deadline_ns) req_timers(qp, tx, now);
-        if (tx.n) flush(tx);
+        tx.order = nullptr;
+        send_and_unlock(qp, tx, g);
     }
 }
 

@@ -23,6 +23,9 @@ struct TxBatch {
     Slot slots[kSlots];
     mmsghdr msgs[kSlots];
     int n = 0;
+    // The QP whose packets are being built, when their order matters: a
+    // batch that fills up mid-build is sent under its tx_mu.
+    std::mutex *order = nullptr;
 };
 
 struct FaultConfig {

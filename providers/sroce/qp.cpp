@@ -342,7 +342,7 @@ int wr_complete(ibv_qp_ex *qpx) {
         req_kick(qp);
     }
     t_wr = WrBatch{};
-    qp->mu.unlock();
+    req_send_and_unlock(qp);
     return err;
 }
 

@@ -336,12 +336,28 @@ void req_kick(Qp *qp) {
         qp_flush_queues(qp);
         return;
     }
+    t_tx.order = &qp->tx_mu;
     req_run(qp, t_tx);
-    if (t_tx.n) qp->nic->flush(t_tx);
+    t_tx.order = nullptr;
+}
+
+void send_and_unlock(Qp *qp, TxBatch &tx, std::unique_lock<std::mutex> &held) {
+    if (!tx.n) {
+        held.unlock();
+        return;
+    }
+    std::lock_guard<std::mutex> t(qp->tx_mu);
+    held.unlock();
+    qp->nic->flush(tx);
+}
+
+void req_send_and_unlock(Qp *qp) {
+    std::unique_lock<std::mutex> held(qp->mu, std::adopt_lock);
+    send_and_unlock(qp, t_tx, held);
 }
 
 int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
-    std::lock_guard<std::mutex> g(qp->mu);
+    std::unique_lock<std::mutex> g(qp->mu);
     if (qp->state == IBV_QPS_RESET || qp->state == IBV_QPS_INIT || qp->state == IBV_QPS_RTR) {
         *bad_wr = wr;
         return EINVAL;
@@ -412,6 +428,7 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
     }
     if (err) *bad_wr = wr;
     req_kick(qp);
+    send_and_unlock(qp, t_tx, g);
     return err;
 }
 

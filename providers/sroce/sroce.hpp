@@ -214,6 +214,11 @@ struct Qp {
     void (*wr_flush)(ibv_qp_ex *, uint32_t, uint64_t, size_t, uint8_t, uint8_t) = nullptr;
 
     std::mutex mu;
+    // Orders this QP's transmissions.  Packets are built under `mu`, which
+    // is handed over to tx_mu for the send itself (see send_and_unlock), so
+    // that a long sendmmsg() never holds up the receive path's use of `mu`
+    // while packets still leave in the order they were built.
+    std::mutex tx_mu;
     Context *ctx = nullptr;
     Nic *nic = nullptr;
     Cq *scq = nullptr, *rcq = nullptr;

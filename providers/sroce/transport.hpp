@@ -18,8 +18,14 @@ bool req_fill_sges(Qp *qp, SendWqe &w, const ibv_sge *sg, size_t n);
 bool req_fill_inline(Qp *qp, SendWqe &w, uint32_t slot, const ibv_data_buf *bufs, size_t n);
 // Moves an ATOMIC WRITE's 8-byte value from its gather list into the WQE.
 bool req_take_atomic_write_value(SendWqe &w);
-// Transmits what it can (or flushes everything when the QP is in error).
+// Queues what it can transmit into the calling thread's batch (or flushes
+// every WQE when the QP is in error); the caller then calls send_and_unlock.
 void req_kick(Qp *qp);
+// Sends the calling thread's batch (if any) and releases qp->mu, which the
+// caller holds; the QP's tx_mu is taken before qp->mu is released.
+void req_send_and_unlock(Qp *qp);
+// The same for a batch of the caller's: `held` is its lock on qp->mu.
+void send_and_unlock(Qp *qp, TxBatch &tx, std::unique_lock<std::mutex> &held);
 
 // completer (comp.cpp)
 void comp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx);

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 /*
- * How one durable write is posted, per method.  Every operation is one
- * ibv_wr_start()/ibv_wr_complete() batch whose last work request alone is
- * signaled: RC completes in order, so that completion covers the whole
- * batch and frees all of its send-queue entries.  Every work request of an
+ * How one durable write is posted, per method.  Operations are posted in
+ * ibv_wr_start()/ibv_wr_complete() batches (one each, or --post_list at a
+ * time).  Within an operation the last work request alone is signaled: RC
+ * completes in order, so that completion covers the whole operation and
+ * frees all of its send-queue entries.  Every work request of an
  * operation carries the operation's number as wr_id.
  *
  *   write        WRITE                          (delivered, not durable)
@@ -90,7 +91,7 @@ static void post_write_imm0(struct perf_conn *c, uint64_t addr, __be32 imm) {
     ibv_wr_set_sge_list(c->qpx, 0, NULL);
 }
 
-unsigned perf_post_op(struct perf_conn *c, const struct perf_op *op) {
+static unsigned add_op(struct perf_conn *c, const struct perf_op *op) {
     const struct perf_opts *o = c->o;
     struct ibv_qp_ex *q = c->qpx;
     const uint64_t stride = perf_stride(op->size), off = op->slot * stride;
@@ -101,9 +102,7 @@ unsigned perf_post_op(struct perf_conn *c, const struct perf_op *op) {
     uint8_t *local = c->buf + off;
     const __be32 imm = htonl((uint32_t)op->index);
     unsigned n = 0;
-    int err;
 
-    ibv_wr_start(q);
     q->wr_id = op->index;
     switch (o->method) {
     case M_WRITE:
@@ -195,9 +194,19 @@ unsigned perf_post_op(struct perf_conn *c, const struct perf_op *op) {
         break;
     }
     }
-    err = ibv_wr_complete(q);
-    if (err)
-        perf_die("posting operation %llu (%s): %s", (unsigned long long)op->index,
-                 perf_method_name(o), strerror(err));
     return n;
+}
+
+unsigned perf_post_ops(struct perf_conn *c, const struct perf_op *ops, unsigned n) {
+    unsigned wrs = 0;
+    int err;
+
+    ibv_wr_start(c->qpx);
+    for (unsigned i = 0; i < n; i++)
+        wrs += add_op(c, &ops[i]);
+    err = ibv_wr_complete(c->qpx);
+    if (err)
+        perf_die("posting operations %llu..%llu (%s): %s", (unsigned long long)ops[0].index,
+                 (unsigned long long)ops[n - 1].index, perf_method_name(c->o), strerror(err));
+    return wrs;
 }

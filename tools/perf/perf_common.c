@@ -82,6 +82,7 @@ struct opt_desc {
 
 static const struct opt_desc opt_table[] = {
     {'t', "tx-depth", F_ALL | F_BW_ONLY},
+    {'l', "post_list", F_ALL | F_BW_ONLY},
     {'a', "all", F_COMMIT | F_FLUSH},
     {O_REPORT_GBITS, "report_gbits", F_ALL | F_BW_ONLY},
     {O_METHOD, "method", F_COMMIT},
@@ -131,7 +132,11 @@ static void usage(FILE *out, const struct perf_opts *o) {
             "  -D, --duration=<seconds>   run each size for a time instead of -n iterations\n",
             o->bw ? "5000" : "1000");
     if (o->bw)
-        fprintf(out, "  -t, --tx-depth=<n>         operations kept in flight (default 128)\n");
+        fprintf(
+            out,
+            "  -t, --tx-depth=<n>         operations kept in flight (default 128)\n"
+            "  -l, --post_list=<n>        post operations n at a time, in one\n"
+            "                             ibv_wr_start()/ibv_wr_complete() batch (default 1)\n");
     fprintf(out, "  -I, --inline_size=<bytes>  post writes up to this size inline (default 0)\n"
                  "  -e, --use_event            sleep on a completion channel instead of polling\n"
                  "  -F, --CPU-freq             accepted for perftest compatibility; no effect\n");
@@ -242,6 +247,7 @@ void perf_parse_args(struct perf_opts *o, enum perf_tool tool, bool bw, int argc
         {"iters", required_argument, NULL, 'n'},
         {"duration", required_argument, NULL, 'D'},
         {"tx-depth", required_argument, NULL, 't'},
+        {"post_list", required_argument, NULL, 'l'},
         {"inline_size", required_argument, NULL, 'I'},
         {"port", required_argument, NULL, 'p'},
         {"mtu", required_argument, NULL, 'm'},
@@ -286,10 +292,11 @@ void perf_parse_args(struct perf_opts *o, enum perf_tool tool, bool bw, int argc
     o->size = tool == TOOL_ATOMIC_WRITE ? 8 : bw ? 65536 : 2;
     o->iters = bw ? 5000 : 1000;
     o->tx_depth = bw ? 128 : 1;
+    o->post_list = 1;
     o->flush_level = IBV_FLUSH_RANGE;
 
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":d:i:x:s:an:D:t:I:p:m:Feh", long_opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":d:i:x:s:an:D:t:l:I:p:m:Feh", long_opts, NULL)) != -1) {
         for (size_t i = 0; i < sizeof(opt_table) / sizeof(opt_table[0]); i++) {
             if (opt_table[i].id != c) continue;
             if (!(opt_table[i].tools & tool_bit))
@@ -324,6 +331,9 @@ void perf_parse_args(struct perf_opts *o, enum perf_tool tool, bool bw, int argc
             break;
         case 't':
             o->tx_depth = (unsigned)parse_u64(o, "--tx-depth", optarg, 1, 8192);
+            break;
+        case 'l':
+            o->post_list = (unsigned)parse_u64(o, "--post_list", optarg, 1, 1024);
             break;
         case 'I':
             o->inline_size = (unsigned)parse_u64(o, "--inline_size", optarg, 0, 65536);
@@ -735,6 +745,7 @@ void perf_print_header(const struct perf_conn *c) {
                                               : "persistence");
     printf(" Commit caps     : local %#x, remote %#x\n", c->me.commit_caps, c->peer.commit_caps);
     printf(" TX depth        : %u\n", o->tx_depth);
+    if (o->bw) printf(" Post list       : %u\n", o->post_list);
     printf(" Mtu             : %d[B]\n", 128 << c->path_mtu);
     printf(" Link type       : %s\n", c->is_roce ? "Ethernet" : "IB");
     if (c->is_roce) printf(" GID index       : %d\n", c->gid_index);

@@ -69,7 +69,8 @@ struct perf_opts {
     bool out_json;
     const char *json_file;
     bool use_event;
-    const char *host; /* NULL at the server */
+    unsigned post_list; /* operations per ibv_wr_complete() (bandwidth) */
+    const char *host;   /* NULL at the server */
     enum perf_target target;
     const char *target_path;
     bool target_given;
@@ -280,14 +281,17 @@ void perf_persist(struct perf_conn *c, uint64_t off, uint64_t len);
 
 /* ---------------------------------------------------------- methods.c */
 
+#define PERF_MAX_POST_LIST 1024
+
 struct perf_op {
     uint64_t index; /* operation number within the size, from 0 */
     uint64_t slot;
     uint64_t size;
     uint64_t nslots;
 };
-/* Posts one durable write; returns the work requests it took. */
-unsigned perf_post_op(struct perf_conn *c, const struct perf_op *op);
+/* Posts n durable writes in one ibv_wr_start()/ibv_wr_complete() batch;
+ * returns the work requests they took. */
+unsigned perf_post_ops(struct perf_conn *c, const struct perf_op *ops, unsigned n);
 /* The completion opcode that ends an operation at the initiator (for
  * write-send: the one that frees its send-queue entries). */
 enum ibv_wc_opcode perf_final_opcode(const struct perf_opts *o);

@@ -149,23 +149,38 @@ static void client_handle_wc(struct perf_conn *c, struct run *r, const struct ib
     r->completed++;
 }
 
-static void client_post(struct perf_conn *c, struct run *r) {
-    const uint64_t slot = r->posted % r->nslots;
-    const struct perf_op op = {
-        .index = r->posted, .slot = slot, .size = r->size, .nslots = r->nslots};
-
-    if (writes_data(c->o) && c->o->method != M_ATOMIC_WRITE)
-        perf_stamp_slot(c->buf + slot * perf_stride(r->size), r->size, slot, r->posted);
-    r->t_post = perf_now_ns();
-    if (!r->posted) r->t_first = r->t_post;
-    if (r->tposted) r->tposted[r->posted] = r->t_post;
-    r->sq_used += perf_post_op(c, &op);
-    r->posted++;
+static bool can_post_n(const struct perf_conn *c, const struct run *r, unsigned n) {
+    /* One send-queue entry stays free for the READ of the data check. */
+    return r->posted - r->completed + n <= r->window && r->sq_used + n * r->k <= c->sq_len - 1;
 }
 
 static bool can_post(const struct perf_conn *c, const struct run *r) {
-    /* One send-queue entry stays free for the READ of the data check. */
-    return r->posted - r->completed < r->window && r->sq_used + r->k <= c->sq_len - 1;
+    return can_post_n(c, r, 1);
+}
+
+/* Posts n operations in one batch. */
+static void client_post_n(struct perf_conn *c, struct run *r, unsigned n) {
+    struct perf_op ops[PERF_MAX_POST_LIST];
+
+    for (unsigned i = 0; i < n; i++) {
+        const uint64_t index = r->posted + i, slot = index % r->nslots;
+
+        ops[i] =
+            (struct perf_op){.index = index, .slot = slot, .size = r->size, .nslots = r->nslots};
+        if (writes_data(c->o) && c->o->method != M_ATOMIC_WRITE)
+            perf_stamp_slot(c->buf + slot * perf_stride(r->size), r->size, slot, index);
+    }
+    r->t_post = perf_now_ns();
+    if (!r->posted) r->t_first = r->t_post;
+    if (r->tposted)
+        for (unsigned i = 0; i < n; i++)
+            r->tposted[r->posted + i] = r->t_post;
+    r->sq_used += perf_post_ops(c, ops, n);
+    r->posted += n;
+}
+
+static void client_post(struct perf_conn *c, struct run *r) {
+    client_post_n(c, r, 1);
 }
 
 /* Waits for completions and handles them. */
@@ -212,8 +227,12 @@ static void run_bandwidth(struct perf_conn *c, struct run *r) {
     bool stop = false;
 
     for (;;) {
-        while (!stop && can_post(c, r)) {
-            client_post(c, r);
+        for (;;) {
+            unsigned n = o->post_list < r->window ? o->post_list : r->window;
+
+            if (!o->duration && o->iters - r->posted < n) n = (unsigned)(o->iters - r->posted);
+            if (stop || !n || !can_post_n(c, r, n)) break;
+            client_post_n(c, r, n);
             if (o->duration ? r->t_post >= end : r->posted == o->iters) stop = true;
         }
         if (stop && r->completed == r->posted) break;

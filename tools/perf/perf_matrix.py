@@ -1,0 +1,447 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""Runs the remote-persistence benchmark matrix on loopback.
+
+Every way of making a remote write durable (the --method values of
+ib_write_commit_lat/bw) at sizes 8 B ... 1 MiB, over two sroce links on lo,
+together with the peers measured in the same run: raw UDP and TCP over
+loopback (socket_loopback) and libfabric's tcp provider writing with
+FI_COMMIT_COMPLETE (fi_commit_bench).  Writes results.md (tables, the target
+ratios, the exact commands), results.json (every figure) and results.png
+(latency and bandwidth against size) into --out.
+
+--short runs a reduced matrix with few iterations: the test suite runs it so
+that the tools cannot rot; its numbers mean nothing.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+METHODS = ["write", "native", "write-flush", "write-read", "write-send"]
+FULL_SIZES = [8, 64, 512, 4096, 65536, 1048576]
+SHORT_SIZES = [64, 65536]
+
+# Bytes of BTH + RETH + ICRC around a 4096-byte WRITE MIDDLE payload: the
+# datagram size a 64 KiB WRITE travels in, which the UDP ceiling must match.
+ROCE_MIDDLE_OVERHEAD = 12 + 4
+ROCE_ONLY_OVERHEAD = 12 + 16 + 4
+
+
+class Matrix:
+    def __init__(self, args):
+        self.args = args
+        self.build = os.path.abspath(args.build)
+        self.sroce = os.path.join(self.build, "tools/sroce/sroce")
+        self.perf = os.path.join(self.build, "tools/perf")
+        self.bench = os.path.join(self.build, "tools/bench")
+        self.work = tempfile.mkdtemp(prefix="perf-matrix.")
+        self.port = args.port
+        self.commands = []
+        self.results = {"lat": {}, "bw": {}, "peers": {}}
+        self.env = dict(os.environ)
+        for k in ("LD_PRELOAD", "SROCE_FAULT", "SROCE_BUSY_POLL", "SROCE_APP_PROGRESS",
+                  "SROCE_SPIN_US"):
+            self.env.pop(k, None)
+        self.env["SROCE_CONFIG"] = os.path.join(self.work, "links.conf")
+        for name, addr in (("pm0", args.addr[0]), ("pm1", args.addr[1])):
+            subprocess.run([self.sroce, "link", "add", name, "netdev", "lo", "addr", addr],
+                           env=self.env, check=True, stdout=subprocess.DEVNULL)
+
+    # ------------------------------------------------------------ running
+    def next_port(self):
+        self.port += 1
+        return self.port
+
+    @staticmethod
+    def listening(port):
+        # Connecting to find out would be taken for the client itself.
+        want = ":%04X " % port
+        for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                with open(path) as f:
+                    for line in f:
+                        fields = line.split()
+                        if len(fields) > 3 and (fields[1] + " ").endswith(want) and \
+                                fields[3] == "0A":
+                            return True
+            except OSError:
+                pass
+        return False
+
+    def wait_listen(self, port, proc, timeout=15.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                return False
+            if self.listening(port):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def run_pair(self, server, client, env_extra=None, label=""):
+        """Starts server, waits for its TCP port, runs client; returns the
+        client's JSON results."""
+        env = dict(self.env)
+        env.update(env_extra or {})
+        port = self.next_port()
+        out = os.path.join(self.work, "result-%d.json" % port)
+        server = [a.replace("@PORT@", str(port)) for a in server]
+        client = [a.replace("@PORT@", str(port)).replace("@JSON@", out) for a in client]
+        self.commands.append((label, env_extra or {}, server, client))
+        slog = open(os.path.join(self.work, "server-%d.log" % port), "w")
+        srv = subprocess.Popen(server, env=env, stdout=slog, stderr=subprocess.STDOUT)
+        try:
+            if not self.wait_listen(port, srv):
+                raise RuntimeError("%s: server did not listen: %s\n%s" %
+                                   (label, shlex.join(server), self.tail(slog.name)))
+            cp = subprocess.run(client, env=env, capture_output=True, text=True,
+                                timeout=self.args.timeout)
+            if cp.returncode != 0:
+                raise RuntimeError("%s: client failed (%d): %s\n%s%s\nserver:\n%s" %
+                                   (label, cp.returncode, shlex.join(client), cp.stdout,
+                                    cp.stderr, self.tail(slog.name)))
+            srv.wait(timeout=self.args.timeout)
+            if srv.returncode != 0:
+                raise RuntimeError("%s: server failed (%d): %s\n%s" %
+                                   (label, srv.returncode, shlex.join(server),
+                                    self.tail(slog.name)))
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.wait()
+            slog.close()
+        with open(out) as f:
+            return json.load(f)
+
+    def run_one(self, cmd, label=""):
+        out = os.path.join(self.work, "result-%d.json" % self.next_port())
+        cmd = [a.replace("@JSON@", out) for a in cmd]
+        self.commands.append((label, {}, None, cmd))
+        cp = subprocess.run(cmd, env=self.env, capture_output=True, text=True,
+                            timeout=self.args.timeout)
+        if cp.returncode != 0:
+            raise RuntimeError("%s: failed (%d): %s\n%s%s" %
+                               (label, cp.returncode, shlex.join(cmd), cp.stdout, cp.stderr))
+        with open(out) as f:
+            return json.load(f)
+
+    @staticmethod
+    def tail(path, n=20):
+        try:
+            with open(path) as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def verbs_pair(self, tool, size, args=(), server_only=(), env=None, label=""):
+        """One size of one tool; `args` go to both sides (the server checks
+        that they match), `server_only` to the server alone."""
+        iters = self.args.lat_iters if tool.endswith("_lat") else self.args.bw_iters
+        exe = os.path.join(self.perf, tool)
+        common = ["-x", "1", "-p", "@PORT@", "-s", str(size), "-n", str(iters)] + list(args)
+        server = [self.sroce, "exec", "--", exe, "-d", "pm0"] + common + list(server_only)
+        client = ([self.sroce, "exec", "--", exe, "-d", "pm1"] + common +
+                  ["--out_json", "--out_json_file=@JSON@", "127.0.0.1"])
+        res = self.run_pair(server, client, env, label or "%s %s" % (tool, " ".join(args)))
+        return res["results"][0]
+
+    # ------------------------------------------------------------- matrix
+    def sroce_matrix(self):
+        sizes = self.args.sizes
+        for method in METHODS:
+            for size in sizes:
+                for kind in ("lat", "bw"):
+                    tool = "ib_write_commit_" + kind
+                    r = self.verbs_pair(tool, size, ["--method", method])
+                    self.results[kind].setdefault(method, {})[size] = r
+                    self.progress(kind, method, size, r)
+        # The target CPU answering from a blocked thread rather than a
+        # spinning one: GPSPM as a server that does other work would run it.
+        variants = [
+            ("write-send (event server)", ["--method", "write-send"], ["-e"]),
+            ("native ordered", ["--method", "native", "--ordered"], []),
+            ("native imm", ["--method", "native", "--imm"], []),
+            ("write-flush ordered", ["--method", "write-flush", "--ordered"], []),
+        ]
+        for name, cargs, sargs in variants:
+            for kind in ("lat", "bw"):
+                r = self.verbs_pair("ib_write_commit_" + kind, 64, cargs, sargs)
+                self.results[kind].setdefault(name, {})[64] = r
+                self.progress(kind, name, 64, r)
+        # Modes of the small-message figure: the default, and every thread
+        # busy-polling.
+        for name, env in (("write (busy poll)", {"SROCE_BUSY_POLL": "1"}),):
+            r = self.verbs_pair("ib_write_commit_lat", 64, ["--method", "write"], env=env)
+            self.results["lat"].setdefault(name, {})[64] = r
+            self.progress("lat", name, 64, r)
+        for size in (64, 65536) if not self.args.short else (64,):
+            r = self.verbs_pair("ib_write_commit_bw", size, ["--method", "native"],
+                                ["--target-mem", "file:" + os.path.join(self.work, "target")])
+            self.results["bw"].setdefault("native (file target)", {})[size] = r
+            self.progress("bw", "native (file target)", size, r)
+
+    def peer_matrix(self):
+        sl = os.path.join(self.bench, "socket_loopback")
+        peers = self.results["peers"]
+        iters = str(self.args.peer_iters)
+        for size in self.args.sizes:
+            for proto in ("udp", "tcp"):
+                if proto == "udp" and size > 65000:
+                    continue
+                r = self.run_one([sl, "-P", proto, "-m", "lat", "-s", str(size), "-n", iters,
+                                  "--out_json_file", "@JSON@"], "%s lat" % proto)
+                peers.setdefault(proto + " lat", {})[size] = r["results"][0]
+                self.progress("lat", proto, size, r["results"][0])
+        # Ceilings for the 64 KiB WRITE: one datagram per RoCE packet.
+        for proto, size in (("udp", 4096 + ROCE_MIDDLE_OVERHEAD), ("tcp", 65536)):
+            r = self.run_one([sl, "-P", proto, "-m", "bw", "-s", str(size), "-D",
+                              str(self.args.peer_seconds), "--out_json_file", "@JSON@"],
+                             "%s bw" % proto)
+            peers.setdefault(proto + " bw", {})[size] = r["results"][0]
+            self.progress("bw", proto, size, r["results"][0])
+        # Small-message ping-pong at the size of a 64-byte WRITE ONLY datagram,
+        # blocking and busy.
+        for mode in ([], ["--busy"]):
+            size = 64 + ROCE_ONLY_OVERHEAD
+            r = self.run_one([sl, "-P", "udp", "-m", "lat", "-s", str(size), "-n", iters] + mode +
+                             ["--out_json_file", "@JSON@"], "udp lat")
+            name = "udp lat" + (" busy" if mode else "")
+            peers.setdefault(name, {})[size] = r["results"][0]
+            self.progress("lat", name, size, r["results"][0])
+        fi = os.path.join(self.bench, "fi_commit_bench")
+        if not os.path.exists(fi):
+            print("fi_commit_bench not built (libfabric-dev missing): libfabric peer skipped")
+            return
+        for size in self.args.sizes:
+            for kind in ("lat", "bw"):
+                iters = self.args.lat_iters if kind == "lat" else self.args.bw_iters
+                common = ["-p", "tcp", "-m", kind, "-s", str(size), "-n", str(iters),
+                          "-P", "@PORT@"]
+                r = self.run_pair([fi] + common,
+                                  [fi] + common + ["--out_json_file", "@JSON@", "127.0.0.1"],
+                                  label="fi_commit_bench tcp %s" % kind)
+                peers.setdefault("libfabric tcp commit " + kind, {})[size] = r["results"][0]
+                self.progress(kind, "libfabric tcp commit", size, r["results"][0])
+
+    def progress(self, kind, name, size, r):
+        if kind == "lat":
+            print("  lat %-28s %8d B  t_typical %9.2f us  t_avg %9.2f us" %
+                  (name, size, r["t_typical"], r["t_avg"]), flush=True)
+        else:
+            print("  bw  %-28s %8d B  %10.2f MB/s  %8.4f Mpps" %
+                  (name, size, r["bw_avg_MBps"], r["msg_rate_Mpps"]), flush=True)
+
+    # ------------------------------------------------------------- report
+    def ratios(self):
+        lat, bw, peers = self.results["lat"], self.results["bw"], self.results["peers"]
+
+        def get(table, name, size, key):
+            try:
+                return table[name][size][key]
+            except KeyError:
+                return None
+
+        small = 64 + ROCE_ONLY_OVERHEAD
+        rows = []
+
+        def add(what, num, den, target, sense, how):
+            if num is None or den is None or den == 0:
+                rows.append((what, None, target, sense, None, how))
+                return
+            r = num / den
+            met = r <= target if sense == "<=" else r >= target
+            rows.append((what, r, target, sense, met, how))
+
+        add("native commit 64 B latency / write+FLUSH", get(lat, "native", 64, "t_typical"),
+            get(lat, "write-flush", 64, "t_typical"), 0.9, "<=", "t_typical, RTT")
+        add("native commit 64 B latency / write+SEND (spinning target CPU)",
+            get(lat, "native", 64, "t_typical"), get(lat, "write-send", 64, "t_typical"), 0.6,
+            "<=", "t_typical, RTT")
+        add("native commit 64 B latency / write+SEND (target CPU woken by an event)",
+            get(lat, "native", 64, "t_typical"),
+            get(lat, "write-send (event server)", 64, "t_typical"), 0.6, "<=", "t_typical, RTT")
+        add("native commit 64 B message rate / write+FLUSH", get(bw, "native", 64, "msg_rate_Mpps"),
+            get(bw, "write-flush", 64, "msg_rate_Mpps"), 1.35, ">=", "MsgRate")
+        add("64 KiB RDMA WRITE bandwidth / raw UDP (%d B datagrams)" %
+            (4096 + ROCE_MIDDLE_OVERHEAD), get(bw, "write", 65536, "bw_avg_MBps"),
+            get(peers, "udp bw", 4096 + ROCE_MIDDLE_OVERHEAD, "bw_avg_MBps"), 0.6, ">=",
+            "BW average")
+        add("64 KiB write-commit to DRAM / RDMA WRITE bandwidth",
+            get(bw, "native", 65536, "bw_avg_MBps"), get(bw, "write", 65536, "bw_avg_MBps"), 0.9,
+            ">=", "BW average")
+        add("64 B RDMA WRITE latency / UDP ping-pong (%d B, blocking)" % small,
+            get(lat, "write", 64, "t_typical"), get(peers, "udp lat", small, "t_typical"), 1.5,
+            "<=", "t_typical, RTT; sroce default mode (app-driven receive)")
+        add("64 B RDMA WRITE latency, busy poll / UDP ping-pong (%d B, busy)" % small,
+            get(lat, "write (busy poll)", 64, "t_typical"),
+            get(peers, "udp lat busy", small, "t_typical"), 1.5, "<=",
+            "t_typical, RTT; SROCE_BUSY_POLL=1 and spinning sockets")
+        add("native commit 64 B latency / libfabric tcp FI_COMMIT_COMPLETE",
+            get(lat, "native", 64, "t_typical"),
+            get(peers, "libfabric tcp commit lat", 64, "t_typical"), 1.0, "<=", "t_typical, RTT")
+        return rows
+
+    def write_report(self):
+        out = self.args.out
+        os.makedirs(out, exist_ok=True)
+        rows = self.ratios()
+        with open(os.path.join(out, "results.json"), "w") as f:
+            json.dump({"host": self.host_info(), "sizes": self.args.sizes,
+                       "results": self.results,
+                       "ratios": [{"what": w, "ratio": r, "target": t, "sense": s, "met": m,
+                                   "figure": h} for (w, r, t, s, m, h) in rows]},
+                      f, indent=1, default=str)
+        md = []
+        md.append("# Remote persistence on sroce: the benchmark matrix\n")
+        md.append("Produced by `tools/perf/perf_matrix.py` (%s mode) on %s.\n" %
+                  ("short" if self.args.short else "full", self.host_info()))
+        md.append("Two sroce links on `lo` (%s, %s); every figure below comes from the same run. "
+                  "Latency is the round trip of one durable write (post to completion at the "
+                  "initiator), `t_typical` (median) in microseconds; bandwidth is perftest's "
+                  "BW average in MB/s (2^20 bytes) with %s operations in flight.\n" %
+                  (self.args.addr[0], self.args.addr[1], "the tools' default number of"))
+        md.append("## Target ratios\n")
+        md.append("| ratio | measured | target | met | figure |")
+        md.append("|---|---|---|---|---|")
+        for w, r, t, s, m, h in rows:
+            md.append("| %s | %s | %s %.2f | %s | %s |" %
+                      (w, "n/a" if r is None else "%.2f" % r, s, t,
+                       "n/a" if m is None else ("yes" if m else "**no**"), h))
+        md.append("")
+        for kind, title, key, fmt in (("lat", "Latency, t_typical [us]", "t_typical", "%.2f"),
+                                      ("lat", "Latency, t_avg [us]", "t_avg", "%.2f"),
+                                      ("lat", "Latency, 99.9%% [us]", "p99_9", "%.2f"),
+                                      ("bw", "Bandwidth, BW average [MB/s]", "bw_avg_MBps",
+                                       "%.1f"),
+                                      ("bw", "Message rate [Mpps]", "msg_rate_Mpps", "%.4f")):
+            table = self.results[kind]
+            names = [n for n in table]
+            peer_names = [n for n in self.results["peers"] if n.endswith(kind)]
+            md.append("## %s\n" % title)
+            md.append("| size | " + " | ".join(names + peer_names) + " |")
+            md.append("|---" * (1 + len(names) + len(peer_names)) + "|")
+            sizes = sorted({s for n in names for s in table[n]} |
+                           {s for n in peer_names for s in self.results["peers"][n]})
+            for size in sizes:
+                cells = []
+                for n in names:
+                    r = table[n].get(size)
+                    cells.append(fmt % r[key] if r and key in r else "")
+                for n in peer_names:
+                    r = self.results["peers"][n].get(size)
+                    cells.append(fmt % r[key] if r and key in r else "")
+                md.append("| %s | %s |" % (human(size), " | ".join(cells)))
+            md.append("")
+        md.append("![latency and bandwidth against size](results.png)\n")
+        md.append("## Commands\n")
+        md.append("Regenerate everything: `/usr/bin/python3 tools/perf/perf_matrix.py --build "
+                  "build --out docs/performance`. Each measurement, in order "
+                  "(`SROCE_CONFIG` names a file with the two links; `@PORT@` is a fresh TCP "
+                  "port):\n")
+        md.append("```sh")
+        for label, env, server, client in self.commands:
+            envs = "".join("%s=%s " % kv for kv in env.items())
+            if server:
+                md.append(envs + shlex.join(self.short_paths(server)) + " &")
+            md.append(envs + shlex.join(self.short_paths(client)))
+        md.append("```")
+        with open(os.path.join(out, "results.md"), "w") as f:
+            f.write("\n".join(md) + "\n")
+        self.plot(os.path.join(out, "results.png"))
+
+    def short_paths(self, cmd):
+        return [a.replace(self.build + "/", "build/").replace(self.work + "/", "$WORK/")
+                for a in cmd]
+
+    def plot(self, path):
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+        for name, series in self.results["lat"].items():
+            if len(series) > 1:
+                xs = sorted(series)
+                ax1.plot(xs, [series[x]["t_typical"] for x in xs], marker="o", label=name)
+        for name, series in self.results["peers"].items():
+            if name.endswith("lat") and len(series) > 1:
+                xs = sorted(series)
+                ax1.plot(xs, [series[x]["t_typical"] for x in xs], marker="x", linestyle="--",
+                         label=name)
+        for name, series in self.results["bw"].items():
+            if len(series) > 1:
+                xs = sorted(series)
+                ax2.plot(xs, [series[x]["bw_avg_MBps"] for x in xs], marker="o", label=name)
+        for name, series in self.results["peers"].items():
+            if name.endswith("bw") and len(series) > 1:
+                xs = sorted(series)
+                ax2.plot(xs, [series[x]["bw_avg_MBps"] for x in xs], marker="x", linestyle="--",
+                         label=name)
+        for ax, title, ylabel in ((ax1, "Durable write latency (RTT, median)", "microseconds"),
+                                  (ax2, "Durable write bandwidth", "MB/s")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("message size [bytes]")
+            ax.set_ylabel(ylabel)
+            ax.set_title(title)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+
+    @staticmethod
+    def host_info():
+        cpus = os.cpu_count()
+        return "%s, %d CPUs, Linux %s, %s" % (platform.node() and "this host", cpus,
+                                              platform.release(),
+                                              datetime.date.today().isoformat())
+
+
+def human(n):
+    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div and n % div == 0:
+            return "%d %s" % (n // div, unit)
+    return "%d B" % n
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build", default="build", help="build directory (default: build)")
+    p.add_argument("--out", default="docs/performance", help="output directory")
+    p.add_argument("--short", action="store_true", help="reduced matrix for the test suite")
+    p.add_argument("--addr", nargs=2, default=["127.0.12.1", "127.0.12.2"],
+                   help="loopback addresses of the two sroce links")
+    p.add_argument("--port", type=int, default=19400, help="first TCP port - 1")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds per program")
+    args = p.parse_args()
+    if args.short:
+        args.sizes, args.lat_iters, args.bw_iters = SHORT_SIZES, 300, 300
+        args.peer_iters, args.peer_seconds = 2000, 1
+    else:
+        args.sizes, args.lat_iters, args.bw_iters = FULL_SIZES, 5000, 5000
+        args.peer_iters, args.peer_seconds = 20000, 3
+    m = Matrix(args)
+    try:
+        print("sroce methods:", flush=True)
+        m.sroce_matrix()
+        print("peers:", flush=True)
+        m.peer_matrix()
+        m.write_report()
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print("perf_matrix: %s" % e, file=sys.stderr)
+        return 1
+    finally:
+        subprocess.run(["rm", "-rf", m.work])
+    print("wrote %s/results.md, results.json, results.png" % args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
