@@ -9,7 +9,7 @@ pkgs=(
   libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest
   libpmem-dev libfabric-dev libfabric-bin
   libgtest-dev googletest libcli11-dev nlohmann-json3-dev zlib1g-dev libisal-dev
-  python3 python3-scapy tshark
+  python3 python3-scapy python3-matplotlib tshark
   iproute2 nftables
   # The qemu guest of tests/vm: Debian's kernel as a Linux rxe peer and with
   # an emulated NVDIMM (tests/integration/test_rxe_interop.sh, test_vm_pmem.sh).

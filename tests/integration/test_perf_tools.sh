@@ -292,6 +292,12 @@ bench "lat -e" ib_write_commit_lat 64 $ITERS_LAT "" --method write-send --imm -s
 bench "bw -e" ib_write_commit_bw 64 $ITERS_BW "" --method native --imm -s 64 -n $ITERS_BW -e
 bench "lat -I 64" ib_write_commit_lat 64 $ITERS_LAT "" --method native -s 64 -n $ITERS_LAT -I 64
 bench "bw -t 4" ib_write_commit_bw 4096 $ITERS_BW "" --method write-read -s 4096 -n $ITERS_BW -t 4
+# Lists that do not divide -n, and a list longer than the window.
+bench "bw -l 16" ib_write_commit_bw 64 $ITERS_BW "" --method native --imm -s 64 -n $ITERS_BW -l 16
+bench "bw -l 7" ib_write_commit_bw 64 $ITERS_BW "" --method write-flush --ordered -s 64 \
+	-n $ITERS_BW -l 7
+bench "bw -l 64 -t 8" ib_write_commit_bw 4096 $ITERS_BW "" --method write-send -s 4096 \
+	-n $ITERS_BW -l 64 -t 8
 bench "lat --fence" ib_write_commit_lat 64 $ITERS_LAT "" --method write-flush --ordered --fence \
 	-s 64 -n $ITERS_LAT
 bench "bw --fence" ib_write_commit_bw 64 $ITERS_BW "" --method write-read --ordered --fence \
@@ -325,6 +331,8 @@ expect_fail "bad size" "invalid --size '0'" "$lat" -s 0
 expect_fail "bad mtu" "invalid --mtu '1000'" "$lat" -m 1000
 expect_fail "-n with -D" "cannot be used together" "$lat" -n 10 -D 1
 expect_fail "-t in a latency test" "bandwidth tests only" "$lat" -t 4
+expect_fail "-l in a latency test" "bandwidth tests only" "$lat" -l 4
+expect_fail "bad --post_list" "invalid --post_list '0'" "$PERF/ib_write_commit_bw" -l 0
 expect_fail "--imm in ib_flush_lat" "not available in ib_flush_lat" "$PERF/ib_flush_lat" --imm
 expect_fail "atomic write size" "exactly 8 bytes" "$PERF/ib_atomic_write_lat" -s 16
 expect_fail "atomic write -a" "not available in ib_atomic_write_lat" "$PERF/ib_atomic_write_lat" -a

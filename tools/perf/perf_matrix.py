@@ -57,7 +57,8 @@ class Matrix:
 
     # ------------------------------------------------------------ running
     def next_port(self):
-        self.port += 1
+        # fi_commit_bench also listens on PORT + 1.
+        self.port += 2
         return self.port
 
     @staticmethod

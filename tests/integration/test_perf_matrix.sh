@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# The benchmark matrix (tools/perf/perf_matrix.py) in its short mode: every
+# method of ib_write_commit_lat/bw and every peer benchmark runs once at two
+# sizes, and the Markdown table, the JSON and the PNG plot are produced.  The
+# numbers of a short run mean nothing; this keeps the tools and the script
+# from rotting.
+#
+# ctest: TIMEOUT=600 LABELS=perf RESOURCE_LOCK=lo-127.0.10.1,lo-127.0.10.2
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+sroce_init "${1:?usage: $0 BUILD-DIR}"
+require_loopback
+python=/usr/bin/python3
+[[ -x $python ]] || skip "no /usr/bin/python3"
+"$python" -c 'import matplotlib' 2>/dev/null || skip "python3-matplotlib missing (run scripts/setup.sh)"
+src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+
+out=$WORK/out
+"$python" "$src/tools/perf/perf_matrix.py" --build "$BUILD_DIR" --out "$out" --short \
+	--addr 127.0.10.1 127.0.10.2 --port 19600 || die "perf_matrix.py failed"
+
+for f in results.md results.json results.png; do
+	[[ -s $out/$f ]] || die "$f missing or empty"
+done
+# A real PNG, not an empty canvas written by mistake.
+[[ $(head -c 8 "$out/results.png" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]] ||
+	die "results.png is not a PNG"
+"$python" - "$out/results.json" <<'PY' || die "results.json is incomplete"
+import json, sys
+d = json.load(open(sys.argv[1]))
+r = d["results"]
+methods = ["write", "native", "write-flush", "write-read", "write-send"]
+for kind in ("lat", "bw"):
+    for m in methods:
+        for size in ("64", "65536"):
+            row = r[kind][m][size]
+            assert row["bytes"] == int(size), (kind, m, size, row)
+            key = "t_typical" if kind == "lat" else "bw_avg_MBps"
+            assert row[key] > 0, (kind, m, size, row)
+for peer in ("udp lat", "tcp lat", "udp bw", "tcp bw", "libfabric tcp commit lat",
+             "libfabric tcp commit bw"):
+    assert peer in r["peers"], peer
+ratios = d["ratios"]
+assert len(ratios) >= 9, ratios
+assert all(x["ratio"] is not None and x["ratio"] > 0 for x in ratios), ratios
+print("results.json: %d ratios, every method and peer present" % len(ratios))
+PY
+# The table lists every target ratio and every method.
+grep -q '^## Target ratios' "$out/results.md" || die "no ratio table"
+for m in native write-flush write-read write-send "libfabric tcp commit"; do
+	grep -q -- "$m" "$out/results.md" || die "results.md does not mention $m"
+done
+log "perf matrix (short): $(grep -c '^| ' "$out/results.md") table rows"
