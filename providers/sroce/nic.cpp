@@ -137,6 +137,17 @@ Nic::Nic(Device *dev)
 }
 
 Nic::~Nic() {
+    if (const char *s = getenv("SROCE_STATS"); s && *s == '1') {
+        auto v = [](const std::atomic<uint64_t> &a) {
+            return (unsigned long long)a.load(std::memory_order_relaxed);
+        };
+        fprintf(stderr,
+                "sroce: %s: rx_pkts %llu tx_pkts %llu rx_bad_icrc %llu rx_bad_hdr %llu "
+                "rx_no_qp %llu rx_dropped_fault %llu retransmits %llu timeouts %llu\n",
+                dev_->ibdev.name, v(stats.rx_pkts), v(stats.tx_pkts), v(stats.rx_bad_icrc),
+                v(stats.rx_bad_hdr), v(stats.rx_no_qp), v(stats.rx_dropped_fault),
+                v(stats.retransmits), v(stats.timeouts));
+    }
     if (thread_.joinable()) {
         stop_ = true;
         uint64_t one = 1;
