@@ -391,18 +391,22 @@ bool Nic::app_progress() {
     if (!app_progress_) return false;
     std::unique_lock<std::mutex> l(rx_mu_, std::try_to_lock);
     if (!l.owns_lock()) return false;
-    bool got = rx_pass() > 0;
     // Tells the progress thread whether an application thread is spinning
-    // here (consecutive empty polls) and so receives for it.
-    app_empty_polls_.store(got ? 0 : app_empty_polls_.load(std::memory_order_relaxed) + 1,
-                           std::memory_order_relaxed);
-    app_poll_ns_.store(now_ns(), std::memory_order_relaxed);
-    return got;
+    // here, polling again and again with no gap, and so receives for it.
+    uint64_t now = now_ns();
+    uint32_t streak =
+        int64_t(now - app_poll_ns_.load(std::memory_order_relaxed)) < int64_t(kSpinningGapNs)
+            ? app_polls_.load(std::memory_order_relaxed) + 1
+            : 1;
+    app_polls_.store(streak, std::memory_order_relaxed);
+    app_poll_ns_.store(now, std::memory_order_relaxed);
+    return rx_pass() > 0;
 }
 
 bool Nic::app_is_spinning(uint64_t now) const {
-    return app_empty_polls_.load(std::memory_order_relaxed) >= kSpinningPolls &&
-           now - app_poll_ns_.load(std::memory_order_relaxed) < kSpinningGapNs;
+    // The application may have polled after `now` was read.
+    return app_polls_.load(std::memory_order_relaxed) >= kSpinningPolls &&
+           int64_t(now - app_poll_ns_.load(std::memory_order_relaxed)) < int64_t(kSpinningGapNs);
 }
 
 void Nic::run() {
@@ -440,7 +444,10 @@ void Nic::run() {
         // While packets keep coming, sleeping in poll() costs a wake-up per
         // datagram (an inter-processor interrupt in a VM) that is dearer
         // than the datagram itself: poll the socket for a while instead.
-        if (got) spin_until = now + spin_ns_;
+        // Not when an application thread polls too: it receives for itself,
+        // and a spinning progress thread would take its CPU.
+        if (got && int64_t(now - app_poll_ns_.load(std::memory_order_relaxed)) > int64_t(kParkNs))
+            spin_until = now + spin_ns_;
         if (now - last_timer_scan > 500000) {
             std::lock_guard<std::mutex> g(objects_mu);
             fire_timers(*tx_);

@@ -114,13 +114,13 @@ class Nic {
     bool app_progress_ = true;
     uint64_t spin_ns_ = 50000; // how long the progress thread polls after traffic
     // An application thread counts as spinning on its CQ (app_progress)
-    // after this many consecutive empty polls, the last less than
-    // kSpinningGapNs ago; the progress thread then leaves the socket to it
-    // and looks again every kParkNs.
+    // after this many polls, each less than kSpinningGapNs after the one
+    // before, the last less than kSpinningGapNs ago; the progress thread
+    // then leaves the socket to it and looks again every kParkNs.
     static constexpr uint32_t kSpinningPolls = 8;
     static constexpr uint64_t kSpinningGapNs = 5000;
     static constexpr uint64_t kParkNs = 50000;
-    std::atomic<uint32_t> app_empty_polls_{0};
+    std::atomic<uint32_t> app_polls_{0};
     std::atomic<uint64_t> app_poll_ns_{0};
     bool app_is_spinning(uint64_t now) const;
 };
