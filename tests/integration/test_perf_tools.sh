@@ -303,6 +303,20 @@ bench "lat --fence" ib_write_commit_lat 64 $ITERS_LAT "" --method write-flush --
 bench "bw --fence" ib_write_commit_bw 64 $ITERS_BW "" --method write-read --ordered --fence \
 	-s 64 -n $ITERS_BW
 
+echo "== SROCE_STATS: counters at close agree with the traffic"
+# 200 native commits of 64 bytes: one request packet each at the client.
+if SROCE_STATS=1 bench "stats" ib_write_commit_lat 64 200 "" --method native -s 64 -n 200; then
+	stats=$(grep -h "^sroce: pt1: " "$RP_CLIENT_LOG" || true)
+	tx=$(sed -nE 's/.* tx_pkts ([0-9]+) .*/\1/p' <<<"$stats")
+	if [[ -z $tx ]]; then
+		fail "SROCE_STATS=1 printed no counters for pt1"
+	elif ((tx < 200)); then
+		fail "SROCE_STATS: tx_pkts $tx < 200 commits"
+	else
+		pass "SROCE_STATS: $stats"
+	fi
+fi
+
 echo "== --out_json"
 bench "lat json" ib_write_commit_lat 64 $ITERS_LAT "" --method native --ordered --imm -s 64 \
 	-n $ITERS_LAT --out_json --out_json_file="$WORK/lat.json" &&
