@@ -69,6 +69,48 @@ static inline bool bench_parse_seconds(const char *prog, const char *opt, const 
     return true;
 }
 
+// The measurement options every peer benchmark takes (-m bw|lat, -s SIZE,
+// -n ITERS, -D SECONDS), stored in the program's own fields.
+struct bench_run_opts {
+    bool *bw;
+    size_t *size;
+    uint64_t *iters;
+    double *seconds;
+    uint64_t max_size;
+    bool have_size, have_n, have_d;
+};
+
+// 1: `c` was one of them and is stored; 0: another option; -1: bad value
+// (the error is printed).
+static inline int bench_parse_run_opt(const char *prog, int c, const char *arg,
+                                      struct bench_run_opts *r) {
+    uint64_t v;
+
+    switch (c) {
+    case 'm':
+        if (strcmp(arg, "bw") && strcmp(arg, "lat")) {
+            fprintf(stderr, "%s: -m %s: expected bw or lat\n", prog, arg);
+            return -1;
+        }
+        *r->bw = !strcmp(arg, "bw");
+        return 1;
+    case 's':
+        if (!bench_parse_u64(prog, "-s", arg, 1, r->max_size, &v)) return -1;
+        *r->size = (size_t)v;
+        r->have_size = true;
+        return 1;
+    case 'n':
+        if (!bench_parse_u64(prog, "-n", arg, 1, UINT64_MAX / 2, r->iters)) return -1;
+        r->have_n = true;
+        return 1;
+    case 'D':
+        if (!bench_parse_seconds(prog, "-D", arg, r->seconds)) return -1;
+        r->have_d = true;
+        return 1;
+    }
+    return 0;
+}
+
 // ----------------------------------------------------------------- latency
 
 // Round-trip samples in microseconds, grown as needed for -D runs.

@@ -719,11 +719,19 @@ static bool parse_args(int argc, char **argv, struct opts *o) {
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     *o = (struct opts){.prov = "tcp", .addr = "127.0.0.1", .port = DEFAULT_PORT, .depth = 16};
-    bool have_size = false, have_n = false, have_d = false, have_t = false;
+    struct bench_run_opts run = {.bw = &o->bw,
+                                 .size = &o->size,
+                                 .iters = &o->iters,
+                                 .seconds = &o->seconds,
+                                 .max_size = MAX_SIZE};
+    bool have_t = false;
     uint64_t v;
     int c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":p:e:a:P:m:s:n:D:t:h", longopts, NULL)) != -1) {
+        int k = bench_parse_run_opt(PROG, c, optarg, &run);
+        if (k < 0) return false;
+        if (k) continue;
         switch (c) {
         case 'p':
             o->prov = optarg;
@@ -741,26 +749,6 @@ static bool parse_args(int argc, char **argv, struct opts *o) {
         case 'P':
             if (!bench_parse_u64(PROG, "-P", optarg, 1, 65534, &v)) return false;
             o->port = (uint16_t)v;
-            break;
-        case 'm':
-            if (strcmp(optarg, "lat") && strcmp(optarg, "bw")) {
-                fprintf(stderr, PROG ": -m %s: expected lat or bw\n", optarg);
-                return false;
-            }
-            o->bw = !strcmp(optarg, "bw");
-            break;
-        case 's':
-            if (!bench_parse_u64(PROG, "-s", optarg, 1, MAX_SIZE, &v)) return false;
-            o->size = (size_t)v;
-            have_size = true;
-            break;
-        case 'n':
-            if (!bench_parse_u64(PROG, "-n", optarg, 1, UINT64_MAX / 2, &o->iters)) return false;
-            have_n = true;
-            break;
-        case 'D':
-            if (!bench_parse_seconds(PROG, "-D", optarg, &o->seconds)) return false;
-            have_d = true;
             break;
         case 't':
             if (!bench_parse_u64(PROG, "-t", optarg, 1, 4096, &v)) return false;
@@ -802,7 +790,7 @@ static bool parse_args(int argc, char **argv, struct opts *o) {
         fprintf(stderr, PROG ": unexpected argument '%s' (see --help)\n", argv[optind]);
         return false;
     }
-    if (have_n && have_d) {
+    if (run.have_n && run.have_d) {
         fprintf(stderr, PROG ": -n and -D exclude each other\n");
         return false;
     }
@@ -811,8 +799,8 @@ static bool parse_args(int argc, char **argv, struct opts *o) {
         return false;
     }
     if (!o->bw) o->depth = 1;
-    if (!have_size) o->size = o->bw ? 65536 : 64;
-    if (!have_n && !have_d) o->iters = o->bw ? 5000 : 1000;
+    if (!run.have_size) o->size = o->bw ? 65536 : 64;
+    if (!run.have_n && !run.have_d) o->iters = o->bw ? 5000 : 1000;
     // Checked here as well as where used, so a typo fails before any setup.
     struct sockaddr_in unused =
         loopback_sockaddr(o->host ? "HOST" : "-a", o->host ? o->host : o->addr, 0);

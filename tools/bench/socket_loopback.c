@@ -82,11 +82,18 @@ static bool parse_args(int argc, char **argv, struct opts *o) {
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
     *o = (struct opts){.bw = true, .addr_text = "127.0.0.1"};
-    bool have_size = false, have_n = false, have_d = false;
+    struct bench_run_opts run = {.bw = &o->bw,
+                                 .size = &o->size,
+                                 .iters = &o->iters,
+                                 .seconds = &o->seconds,
+                                 .max_size = TCP_MAX_SIZE};
     uint64_t v;
     int c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":P:m:s:n:D:a:p:h", longopts, NULL)) != -1) {
+        int k = bench_parse_run_opt(PROG, c, optarg, &run);
+        if (k < 0) return false;
+        if (k) continue;
         switch (c) {
         case 'P':
             if (!strcmp(optarg, "udp"))
@@ -97,29 +104,6 @@ static bool parse_args(int argc, char **argv, struct opts *o) {
                 fprintf(stderr, PROG ": -P %s: expected udp or tcp\n", optarg);
                 return false;
             }
-            break;
-        case 'm':
-            if (!strcmp(optarg, "bw"))
-                o->bw = true;
-            else if (!strcmp(optarg, "lat"))
-                o->bw = false;
-            else {
-                fprintf(stderr, PROG ": -m %s: expected bw or lat\n", optarg);
-                return false;
-            }
-            break;
-        case 's':
-            if (!bench_parse_u64(PROG, "-s", optarg, 1, TCP_MAX_SIZE, &v)) return false;
-            o->size = (size_t)v;
-            have_size = true;
-            break;
-        case 'n':
-            if (!bench_parse_u64(PROG, "-n", optarg, 1, UINT64_MAX / 2, &o->iters)) return false;
-            have_n = true;
-            break;
-        case 'D':
-            if (!bench_parse_seconds(PROG, "-D", optarg, &o->seconds)) return false;
-            have_d = true;
             break;
         case 'a':
             o->addr_text = optarg;
@@ -153,7 +137,7 @@ static bool parse_args(int argc, char **argv, struct opts *o) {
         fprintf(stderr, PROG ": unexpected argument '%s' (see --help)\n", argv[optind]);
         return false;
     }
-    if (have_n && have_d) {
+    if (run.have_n && run.have_d) {
         fprintf(stderr, PROG ": -n and -D exclude each other\n");
         return false;
     }
@@ -166,8 +150,8 @@ static bool parse_args(int argc, char **argv, struct opts *o) {
                 o->addr_text);
         return false;
     }
-    if (!have_size) o->size = o->bw ? 4096 : 36;
-    if (!have_n && !have_d) o->iters = !o->bw ? 10000 : o->tcp ? 20000 : 200000;
+    if (!run.have_size) o->size = o->bw ? 4096 : 36;
+    if (!run.have_n && !run.have_d) o->iters = !o->bw ? 10000 : o->tcp ? 20000 : 200000;
     if (o->gso && (o->tcp || !o->bw)) {
         fprintf(stderr, PROG ": --gso applies to -P udp -m bw only\n");
         return false;

@@ -402,24 +402,15 @@ class Matrix:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
-        for name, series in self.results["lat"].items():
-            if len(series) > 1:
-                xs = sorted(series)
-                ax1.plot(xs, [series[x]["t_typical"] for x in xs], marker="o", label=name)
-        for name, series in self.results["peers"].items():
-            if name.endswith("lat") and len(series) > 1:
-                xs = sorted(series)
-                ax1.plot(xs, [series[x]["t_typical"] for x in xs], marker="x", linestyle="--",
-                         label=name)
-        for name, series in self.results["bw"].items():
-            if len(series) > 1:
-                xs = sorted(series)
-                ax2.plot(xs, [series[x]["bw_avg_MBps"] for x in xs], marker="o", label=name)
-        for name, series in self.results["peers"].items():
-            if name.endswith("bw") and len(series) > 1:
-                xs = sorted(series)
-                ax2.plot(xs, [series[x]["bw_avg_MBps"] for x in xs], marker="x", linestyle="--",
-                         label=name)
+        for ax, kind, key in ((ax1, "lat", "t_typical"), (ax2, "bw", "bw_avg_MBps")):
+            lines = [(n, v, "o", "-") for n, v in self.results[kind].items()]
+            lines += [(n, v, "x", "--") for n, v in self.results["peers"].items()
+                      if kind in n.split()]
+            for name, series, marker, style in lines:
+                if len(series) > 1:
+                    xs = sorted(series)
+                    ax.plot(xs, [series[x][key] for x in xs], marker=marker, linestyle=style,
+                            label=name)
         for ax, title, ylabel in ((ax1, "Durable write latency (RTT, median)", "microseconds"),
                                   (ax2, "Durable write bandwidth", "MB/s")):
             ax.set_xscale("log", base=2)
