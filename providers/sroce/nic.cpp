@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstring>
 #include <poll.h>
-#include <sched.h>
 #include <stdexcept>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -447,11 +446,15 @@ void Nic::run() {
                 }
             }
         }
-        // An application thread holding rx_mu_ is receiving right now;
-        // waiting for it would only make its unlock a futex wake-up.
+        // An application thread holding rx_mu_ is receiving right now.
+        // Waiting for the lock would make its unlock a futex wake-up,
+        // spinning would take its CPU, and yielding could hand the core to
+        // a thread spinning on memory for a whole time slice: nap briefly.
         std::unique_lock<std::mutex> l(rx_mu_, std::try_to_lock);
         if (!l.owns_lock()) {
-            sched_yield();
+            pollfd p = {wake_fd_, POLLIN, 0};
+            timespec ts = {0, long(kBusyNapNs)};
+            ppoll(&p, 1, &ts, nullptr);
             continue;
         }
         bool got = rx_pass() > 0;
@@ -459,9 +462,11 @@ void Nic::run() {
         // While packets keep coming, sleeping in poll() costs a wake-up per
         // datagram (an inter-processor interrupt in a VM) that is dearer
         // than the datagram itself: poll the socket for a while instead.
-        // Not when an application thread polls too: it receives for itself,
-        // and a spinning progress thread would take its CPU.
-        if (got && int64_t(now - app_poll_ns_.load(std::memory_order_relaxed)) > int64_t(kParkNs))
+        // Not while an application thread polls its CQ at all: it receives
+        // for itself, or it spins on memory (perftest's ib_write_lat) and a
+        // spinning progress thread would take the CPU it needs.
+        if (got &&
+            int64_t(now - app_poll_ns_.load(std::memory_order_relaxed)) > int64_t(kAppActiveNs))
             spin_until = now + spin_ns_;
         if (now - last_timer_scan > 500000) {
             std::lock_guard<std::mutex> g(objects_mu);

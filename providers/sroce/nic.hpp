@@ -120,6 +120,12 @@ class Nic {
     static constexpr uint32_t kSpinningPolls = 8;
     static constexpr uint64_t kSpinningGapNs = 5000;
     static constexpr uint64_t kParkNs = 50000;
+    // How long the progress thread naps when an application thread holds
+    // the receive lock.
+    static constexpr uint64_t kBusyNapNs = 10000;
+    // An application that polled its CQ less than this long ago is active:
+    // the progress thread does not spin after traffic (SROCE_SPIN_US).
+    static constexpr uint64_t kAppActiveNs = 1000000;
     std::atomic<uint32_t> app_polls_{0};
     std::atomic<uint64_t> app_poll_ns_{0};
     bool app_is_spinning(uint64_t now) const;
