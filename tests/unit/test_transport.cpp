@@ -781,6 +781,38 @@ TEST_F(Rc, CompletionChannelEvents) {
     EXPECT_EQ(poll(&pfd, 1, 0), 0);
 }
 
+// An application that spins on its CQ receives for itself, and the progress
+// thread leaves the socket to it; when the application stops polling to wait
+// on a completion channel instead, the progress thread must take over again
+// or the packet would never be received.
+TEST_F(Rc, ProgressThreadTakesOverWhenTheApplicationStopsPolling) {
+    PairOpts o;
+    o.b_channel = true;
+    make(o);
+    Buf src(p.a.pd, 256), dst(p.b.pd, 1024);
+    src.fill(61);
+    for (uint64_t i = 0; i < 3; i++)
+        ASSERT_EQ(post_recv(p.b.qp, 200 + i, {dst.sge(size_t(i) * 256, 256)}), 0);
+    pollfd pfd{p.b.channel->fd, POLLIN, 0};
+    for (uint64_t round = 0; round < 3; round++) {
+        // Long enough to count as a spinning application many times over.
+        auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(5);
+        ibv_wc wc;
+        while (std::chrono::steady_clock::now() < until)
+            ASSERT_EQ(ibv_poll_cq(p.b.rcq, 1, &wc), 0);
+        ASSERT_EQ(ibv_req_notify_cq(p.b.rcq, 0), 0);
+        ASSERT_EQ(post_send(p.a.qp, round, {src.sge(0, 64)}), 0);
+        ASSERT_EQ(poll(&pfd, 1, 10000), 1) << "round " << round;
+        ibv_cq *ev_cq = nullptr;
+        void *ev_ctx = nullptr;
+        ASSERT_EQ(ibv_get_cq_event(p.b.channel, &ev_cq, &ev_ctx), 0);
+        ibv_ack_cq_events(ev_cq, 1);
+        expect_one(p.b.rcq, {200 + round, IBV_WC_SUCCESS, IBV_WC_RECV, p.b.qpn(), 64});
+        expect_one(p.a.scq, {round, IBV_WC_SUCCESS, IBV_WC_SEND, p.a.qpn()});
+        EXPECT_EQ(0, std::memcmp(dst.data() + round * 256, src.data(), 64));
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Errors
 
