@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <poll.h>
+#include <sched.h>
 #include <stdexcept>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -446,15 +447,22 @@ void Nic::run() {
                 }
             }
         }
-        // An application thread holding rx_mu_ is receiving right now.
-        // Waiting for the lock would make its unlock a futex wake-up,
-        // spinning would take its CPU, and yielding could hand the core to
-        // a thread spinning on memory for a whole time slice: nap briefly.
+        // An application thread holding rx_mu_ is receiving right now;
+        // waiting for the lock would make its unlock a futex wake-up.  If
+        // it polls again and again (a server between requests), yield and
+        // look again: this thread then shares the receiving while that one
+        // works.  If it polled once (perftest's ib_write_lat, which then
+        // spins on memory), yielding could hand the core to that spin for a
+        // whole time slice: nap briefly instead.
         std::unique_lock<std::mutex> l(rx_mu_, std::try_to_lock);
         if (!l.owns_lock()) {
-            pollfd p = {wake_fd_, POLLIN, 0};
-            timespec ts = {0, long(kBusyNapNs)};
-            ppoll(&p, 1, &ts, nullptr);
+            if (app_polls_.load(std::memory_order_relaxed) >= 2) {
+                sched_yield();
+            } else {
+                pollfd p = {wake_fd_, POLLIN, 0};
+                timespec ts = {0, long(kBusyNapNs)};
+                ppoll(&p, 1, &ts, nullptr);
+            }
             continue;
         }
         bool got = rx_pass() > 0;
