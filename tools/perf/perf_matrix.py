@@ -87,15 +87,28 @@ class Matrix:
             time.sleep(0.05)
         return False
 
-    def median_of_rounds(self, fn):
-        """Runs one measurement --rounds times and keeps the run whose
-        central figure is the median: on a small shared machine a single
-        run can lose a scheduler tick or two."""
-        runs = [fn(i) for i in range(self.args.rounds)]
+    @staticmethod
+    def median_run(runs):
+        """The run whose central figure is the median: on a small shared
+        machine a single run can lose a scheduler tick or two."""
         first = runs[0]["results"][0]
         key = "t_typical" if "t_typical" in first else "bw_avg_MBps"
-        runs.sort(key=lambda r: r["results"][0][key])
+        runs = sorted(runs, key=lambda r: r["results"][0][key])
         return runs[len(runs) // 2]
+
+    def median_of_rounds(self, fn):
+        """Runs one measurement --rounds times; the median run."""
+        return self.median_run([fn(i) for i in range(self.args.rounds)])
+
+    def interleaved(self, jobs):
+        """Runs the measurements of `jobs` ([(name, fn(first_round))])
+        round-robin, --rounds times, so that a slow spell of the machine
+        falls on all of them alike; {name: median run}."""
+        runs = {name: [] for name, _ in jobs}
+        for i in range(self.args.rounds):
+            for name, fn in jobs:
+                runs[name].append(fn(i == 0))
+        return {name: self.median_run(r) for name, r in runs.items()}
 
     def run_pair(self, server, client, env_extra=None, label=""):
         """Starts server, waits for its TCP port, runs client; returns the
@@ -161,28 +174,44 @@ class Matrix:
         except OSError:
             return ""
 
-    def verbs_pair(self, tool, size, args=(), server_only=(), env=None, label=""):
-        """One size of one tool; `args` go to both sides (the server checks
-        that they match), `server_only` to the server alone."""
+    def verbs_job(self, tool, size, args=(), server_only=(), env=None):
+        """One run of one size of one tool, as fn(record) -> JSON; `args` go
+        to both sides (the server checks that they match), `server_only` to
+        the server alone."""
         iters = self.args.lat_iters if tool.endswith("_lat") else self.args.bw_iters
+        if tool.endswith("_bw") and not self.args.short:
+            # At least ~1.5 GB per run at large sizes, or a run lasts a
+            # fraction of a second and one scheduler hiccup decides it.
+            iters = max(iters, min(50000, int(1.5e9) // size))
         exe = os.path.join(self.perf, tool)
         common = ["-x", "1", "-p", "@PORT@", "-s", str(size), "-n", str(iters)] + list(args)
         server = [self.sroce, "exec", "--", exe, "-d", "pm0"] + common + list(server_only)
         client = ([self.sroce, "exec", "--", exe, "-d", "pm1"] + common +
                   ["--out_json", "--out_json_file=@JSON@", "127.0.0.1"])
-        res = self.run_pair(server, client, env, label or "%s %s" % (tool, " ".join(args)))
-        return res["results"][0]
+        label = "%s %s" % (tool, " ".join(args))
+        return lambda record: self.run_pair_once(server, client, env, label, record)
+
+    def verbs_pair(self, tool, size, args=(), server_only=(), env=None):
+        """The median of --rounds runs of verbs_job."""
+        return self.median_of_rounds(
+            lambda i: self.verbs_job(tool, size, args, server_only, env)(i == 0))["results"][0]
+
+    def verbs_set(self, tool, size, named_args):
+        """Several variants of one size, interleaved; {name: result}."""
+        runs = self.interleaved([(name, self.verbs_job(tool, size, args))
+                                 for name, args in named_args])
+        return {name: run["results"][0] for name, run in runs.items()}
 
     # ------------------------------------------------------------- matrix
     def sroce_matrix(self):
-        sizes = self.args.sizes
-        for method in METHODS:
-            for size in sizes:
-                for kind in ("lat", "bw"):
-                    tool = "ib_write_commit_" + kind
-                    r = self.verbs_pair(tool, size, ["--method", method])
-                    self.results[kind].setdefault(method, {})[size] = r
-                    self.progress(kind, method, size, r)
+        # Methods are compared with each other: measure them round-robin.
+        for size in self.args.sizes:
+            for kind in ("lat", "bw"):
+                res = self.verbs_set("ib_write_commit_" + kind, size,
+                                     [(m, ["--method", m]) for m in METHODS])
+                for method in METHODS:
+                    self.results[kind].setdefault(method, {})[size] = res[method]
+                    self.progress(kind, method, size, res[method])
         # The target CPU answering from a blocked thread rather than a
         # spinning one: GPSPM as a server that does other work would run it.
         variants = [
@@ -198,9 +227,10 @@ class Matrix:
                 self.progress(kind, name, 64, r)
         # Message rate with operations posted 16 at a time, as an application
         # streaming commits would post them.
-        for method in ("write", "native", "write-flush"):
-            name = "%s (post list 16)" % method
-            r = self.verbs_pair("ib_write_commit_bw", 64, ["--method", method, "-l", "16"])
+        res = self.verbs_set("ib_write_commit_bw", 64,
+                             [("%s (post list 16)" % m, ["--method", m, "-l", "16"])
+                              for m in ("write", "native", "write-flush")])
+        for name, r in res.items():
             self.results["bw"].setdefault(name, {})[64] = r
             self.progress("bw", name, 64, r)
         # Modes of the small-message figure: the default, and every thread
@@ -339,7 +369,8 @@ class Matrix:
         md.append("Produced by `tools/perf/perf_matrix.py` (%s mode) on %s.\n" %
                   ("short" if self.args.short else "full", self.host_info()))
         md.append("Two sroce links on `lo` (%s, %s); every figure below comes from the same run, "
-                  "each the median of %d runs of its benchmark. " % (self.args.addr[0], self.args.addr[1], self.args.rounds) +
+                  "each the median of %d runs of its benchmark (the methods of one size "
+                  "measured round-robin). " % (self.args.addr[0], self.args.addr[1], self.args.rounds) +
                   "Latency is the round trip of one durable write (post to completion at the "
                   "initiator), `t_typical` (median) in microseconds; bandwidth is perftest's "
                   "BW average in MB/s (2^20 bytes) with the tools' default 128 operations in "
