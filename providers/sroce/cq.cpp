@@ -30,16 +30,29 @@ bool Cq::push(const ibv_wc &wc, bool solicited) {
 
 namespace {
 
+// The oldest completion; caller holds cq->mu and has checked count.
+const ibv_wc &pop(Cq *cq) {
+    const ibv_wc &wc = cq->ring[cq->head];
+    cq->head = (cq->head + 1) % uint32_t(cq->ring.size());
+    cq->count--;
+    return wc;
+}
+
 int take(Cq *cq, int n, ibv_wc *wc) {
     std::lock_guard<std::mutex> g(cq->mu);
     int k = 0;
-    uint32_t size = uint32_t(cq->ring.size());
-    while (k < n && cq->count) {
-        wc[k++] = cq->ring[cq->head];
-        cq->head = (cq->head + 1) % size;
-        cq->count--;
-    }
+    while (k < n && cq->count)
+        wc[k++] = pop(cq);
     return k;
+}
+
+// ibv_cq_ex polling: the current completion becomes the next one.
+int advance(Cq *cq) {
+    if (!cq->count) return ENOENT;
+    cq->cur = pop(cq);
+    cq->cqx.wr_id = cq->cur.wr_id;
+    cq->cqx.status = cq->cur.status;
+    return 0;
 }
 
 int poll_cq(ibv_cq *ibcq, int n, ibv_wc *wc) {
@@ -66,31 +79,18 @@ int start_poll(ibv_cq_ex *cqx, ibv_poll_cq_attr *attr) {
     Cq *cq = reinterpret_cast<Cq *>(cqx);
     cq->mu.lock();
     if (!cq->count) {
+        // Receive without the CQ lock: dispatching pushes to this CQ.
         cq->mu.unlock();
         if (!cq->ctx->nic->app_progress()) return ENOENT;
         cq->mu.lock();
-        if (!cq->count) {
-            cq->mu.unlock();
-            return ENOENT;
-        }
     }
-    cq->cur = cq->ring[cq->head];
-    cq->head = (cq->head + 1) % uint32_t(cq->ring.size());
-    cq->count--;
-    cqx->wr_id = cq->cur.wr_id;
-    cqx->status = cq->cur.status;
-    return 0;
+    int err = advance(cq);
+    if (err) cq->mu.unlock(); // end_poll is not called after a failed start
+    return err;
 }
 
 int next_poll(ibv_cq_ex *cqx) {
-    Cq *cq = reinterpret_cast<Cq *>(cqx);
-    if (!cq->count) return ENOENT;
-    cq->cur = cq->ring[cq->head];
-    cq->head = (cq->head + 1) % uint32_t(cq->ring.size());
-    cq->count--;
-    cqx->wr_id = cq->cur.wr_id;
-    cqx->status = cq->cur.status;
-    return 0;
+    return advance(reinterpret_cast<Cq *>(cqx));
 }
 
 void end_poll(ibv_cq_ex *cqx) {

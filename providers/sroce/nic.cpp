@@ -123,7 +123,8 @@ struct Nic::RxState {
 };
 
 Nic::Nic(Device *dev)
-    : dev_(dev), rx_(std::make_unique<RxState>()), tx_(std::make_unique<TxBatch>()) {
+    : dev_(dev), rx_(std::make_unique<RxState>()), tx_(std::make_unique<TxBatch>()),
+      timer_tx_(std::make_unique<TxBatch>()) {
     if (const char *f = getenv("SROCE_FAULT"); f && *f) {
         try {
             fault_ = parse_fault_config(f);
@@ -220,12 +221,9 @@ void Nic::remove_qp(Qp *qp) {
 void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
                 int iovcnt, uint32_t payload_len) {
     if (b.n == TxBatch::kSlots) {
-        if (b.order) {
-            std::lock_guard<std::mutex> t(*b.order);
-            flush(b);
-        } else {
-            flush(b);
-        }
+        std::unique_lock<std::mutex> t;
+        if (b.order) t = std::unique_lock<std::mutex>(*b.order);
+        flush(b);
     }
     TxBatch::Slot &s = b.slots[b.n];
     std::memcpy(s.hdr, hdr, hdr_len);
@@ -424,29 +422,36 @@ bool Nic::app_is_spinning(uint64_t now) const {
            int64_t(now - app_poll_ns_.load(std::memory_order_relaxed)) < int64_t(kSpinningGapNs);
 }
 
+void Nic::wait_for_work(uint64_t spin_until) {
+    if (busy_poll_) return;
+    uint64_t now = now_ns();
+    if (app_is_spinning(now)) {
+        // Watching the socket too would only add a wake-up per datagram,
+        // each one preempting a spinning thread on a small machine.  Look
+        // again after kParkNs: an application that stopped polling loses at
+        // most that much.
+        nap(kParkNs);
+    } else if (now >= spin_until) {
+        pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+        if (poll(p, 2, 1) > 0 && (p[1].revents & POLLIN)) {
+            uint64_t v;
+            if (read(wake_fd_, &v, sizeof v) < 0) { /* spurious wake */
+            }
+        }
+    }
+}
+
+void Nic::nap(uint64_t ns) {
+    pollfd p = {wake_fd_, POLLIN, 0};
+    timespec ts = {0, long(ns)};
+    ppoll(&p, 1, &ts, nullptr);
+}
+
 void Nic::run() {
     uint64_t last_timer_scan = 0;
     uint64_t spin_until = 0;
     while (!stop_.load(std::memory_order_relaxed)) {
-        uint64_t t = now_ns();
-        if (!busy_poll_ && app_is_spinning(t)) {
-            // Watching the socket too would only add a wake-up per datagram,
-            // each one preempting a spinning thread on a small machine.
-            // Look again after kParkNs: an application that stopped polling
-            // loses at most that much.
-            pollfd p = {wake_fd_, POLLIN, 0};
-            timespec ts = {0, long(kParkNs)};
-            ppoll(&p, 1, &ts, nullptr);
-            spin_until = 0;
-        } else if (!busy_poll_ && t >= spin_until) {
-            pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-            int r = poll(p, 2, 1);
-            if (r > 0 && (p[1].revents & POLLIN)) {
-                uint64_t v;
-                if (read(wake_fd_, &v, sizeof v) < 0) { /* spurious wake */
-                }
-            }
-        }
+        wait_for_work(spin_until);
         // An application thread holding rx_mu_ is receiving right now;
         // waiting for the lock would make its unlock a futex wake-up.  If
         // it polls again and again (a server between requests), yield and
@@ -454,18 +459,13 @@ void Nic::run() {
         // works.  If it polled once (perftest's ib_write_lat, which then
         // spins on memory), yielding could hand the core to that spin for a
         // whole time slice: nap briefly instead.
-        std::unique_lock<std::mutex> l(rx_mu_, std::try_to_lock);
-        if (!l.owns_lock()) {
-            if (app_polls_.load(std::memory_order_relaxed) >= 2) {
-                sched_yield();
-            } else {
-                pollfd p = {wake_fd_, POLLIN, 0};
-                timespec ts = {0, long(kBusyNapNs)};
-                ppoll(&p, 1, &ts, nullptr);
-            }
-            continue;
-        }
-        bool got = rx_pass() > 0;
+        bool got = false;
+        if (std::unique_lock<std::mutex> l(rx_mu_, std::try_to_lock); l.owns_lock())
+            got = rx_pass() > 0;
+        else if (app_polls_.load(std::memory_order_relaxed) >= 2)
+            sched_yield();
+        else
+            nap(kBusyNapNs);
         uint64_t now = now_ns();
         // While packets keep coming, sleeping in poll() costs a wake-up per
         // datagram (an inter-processor interrupt in a VM) that is dearer
@@ -476,12 +476,13 @@ void Nic::run() {
         if (got &&
             int64_t(now - app_poll_ns_.load(std::memory_order_relaxed)) > int64_t(kAppActiveNs))
             spin_until = now + spin_ns_;
+        // Timers need no receive lock, so an application that keeps it busy
+        // cannot hold retransmissions back.
         if (now - last_timer_scan > 500000) {
             std::lock_guard<std::mutex> g(objects_mu);
-            fire_timers(*tx_);
+            fire_timers(*timer_tx_);
             last_timer_scan = now;
         }
-        if (tx_->n) flush(*tx_);
     }
 }
 

@@ -84,6 +84,10 @@ class Nic {
     ~Nic();
     int open_socket();
     void run();
+    // Sleeps until the socket may hold something (or not at all while the
+    // progress thread spins, or parks while an application spins).
+    void wait_for_work(uint64_t spin_until);
+    void nap(uint64_t ns);
     // One non-blocking recvmmsg() and the dispatch of what it returned;
     // caller holds rx_mu_.  Returns the number of datagrams received.
     int rx_pass();
@@ -107,7 +111,8 @@ class Nic {
     std::mutex rx_mu_;
     std::unique_ptr<RxState> rx_;
     std::unique_ptr<TxBatch> tx_;
-    std::vector<Qp *> acks_; // QPs with a coalesced ACK to send
+    std::unique_ptr<TxBatch> timer_tx_; // the progress thread's, for timers
+    std::vector<Qp *> acks_;            // QPs with a coalesced ACK to send
     FaultConfig fault_;
     uint64_t rng_ = 0;
     bool busy_poll_ = false;
