@@ -317,6 +317,34 @@ if SROCE_STATS=1 bench "stats" ib_write_commit_lat 64 200 "" --method native -s 
 	fi
 fi
 
+echo "== a server that dies mid-run"
+# kill -9 of the server while commits are in flight: the client must stop
+# with the transport's error and exit 1, not hang or report a result.
+next_port
+sroce_bg "$WORK/dead_server.log" "$PERF/ib_write_commit_bw" -d pt0 -x 1 -p "$PORT" --method native -D 30
+server=$BG_PID
+if ! wait_listen "$PORT" "$server"; then
+	fail "dead server: the server did not listen"
+else
+	sroce_bg "$WORK/dead_client.log" "$PERF/ib_write_commit_bw" -d pt1 -x 1 -p "$PORT" \
+		--method native -D 30 $SADDR
+	client=$BG_PID
+	sleep 2
+	pkill -9 -f "ib_write_commit_bw -d pt0 -x 1 -p $PORT " || true
+	bg_wait "$client"
+	if [[ $BG_RC != 1 ]]; then
+		fail "dead server: the client exited with $BG_RC, not 1"
+		cat "$WORK/dead_client.log"
+	elif ! grep -q "a durable write failed: completion status transport retry counter exceeded" \
+		"$WORK/dead_client.log"; then
+		fail "dead server: no retry-exceeded error from the client"
+		cat "$WORK/dead_client.log"
+	else
+		pass "dead server: $(grep -m1 'a durable write failed' "$WORK/dead_client.log")"
+	fi
+	bg_wait "$server"
+fi
+
 echo "== --out_json"
 bench "lat json" ib_write_commit_lat 64 $ITERS_LAT "" --method native --ordered --imm -s 64 \
 	-n $ITERS_LAT --out_json --out_json_file="$WORK/lat.json" &&
