@@ -182,26 +182,16 @@ TEST_F(Flush, GlobalOnlyMrRefusesPersistentFlush) {
     make();
     FileMr dst(8192);
     ASSERT_NE(dst.reg(p.b.pd, kAllAccess | IBV_ACCESS_FLUSH_GLOBAL), nullptr);
-    Buf src(p.a.pd, 64);
-    ASSERT_EQ(write_then_flush(src, 64, dst.addr(), dst.mr()->rkey, dst.addr(), 64,
-                               IBV_FLUSH_PERSISTENT, IBV_FLUSH_RANGE),
-              0);
-    std::vector<ibv_wc> wc = poll_n(p.a.scq, 2);
-    ASSERT_EQ(wc.size(), 2u);
-    EXPECT_EQ(wc[1].status, IBV_WC_REM_ACCESS_ERR);
+    ASSERT_EQ(flush(5, dst.mr()->rkey, dst.addr(), 64, IBV_FLUSH_PERSISTENT, IBV_FLUSH_RANGE), 0);
+    EXPECT_EQ(next_status(), IBV_WC_REM_ACCESS_ERR);
 }
 
 TEST_F(Flush, QpWithoutFlushAccessIsInvalidRequest) {
     make(kAllAccess); // B's QP lacks the FLUSH access flags
     FileMr dst(8192);
     ASSERT_NE(dst.reg(p.b.pd, kAllAccess | kFlushAccess), nullptr);
-    Buf src(p.a.pd, 64);
-    ASSERT_EQ(write_then_flush(src, 64, dst.addr(), dst.mr()->rkey, dst.addr(), 64,
-                               IBV_FLUSH_PERSISTENT, IBV_FLUSH_RANGE),
-              0);
-    std::vector<ibv_wc> wc = poll_n(p.a.scq, 2);
-    ASSERT_EQ(wc.size(), 2u);
-    EXPECT_EQ(wc[1].status, IBV_WC_REM_INV_REQ_ERR);
+    ASSERT_EQ(flush(5, dst.mr()->rkey, dst.addr(), 64, IBV_FLUSH_PERSISTENT, IBV_FLUSH_RANGE), 0);
+    EXPECT_EQ(next_status(), IBV_WC_REM_INV_REQ_ERR);
 }
 
 TEST_F(Flush, RangeOutsideTheMrIsRemoteAccessError) {
