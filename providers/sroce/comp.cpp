@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+//
 // Completer: processes ACKs, NAKs, READ responses and ATOMIC acknowledgements,
 // retires send WQEs in order and drives retry and RNR back-off.
 #include "transport.hpp"
@@ -18,25 +20,25 @@ uint32_t last_psn(const SendWqe &w) {
 
 // Pops finished WQEs off the tail, generating their completions.
 void retire(Qp *qp) {
-    uint32_t cap = qp->max_send_wr;
-    while (qp->sq_tail != qp->sq_head) {
-        SendWqe &w = qp->sq[qp->sq_tail % cap];
+    uint32_t cap = qp->req.max_wr;
+    while (qp->req.tail != qp->req.head) {
+        SendWqe &w = qp->req.wqe[qp->req.tail % cap];
         if (!w.done) break;
-        if (needs_response(w)) qp->rd_outstanding--;
+        if (needs_response(w)) qp->req.rd_outstanding--;
         if (w.signaled) complete_send(qp, w, IBV_WC_SUCCESS);
-        qp->sq_tail++;
+        qp->req.tail++;
     }
     // A rewind may have left the transmit cursor behind WQEs acknowledged since.
-    if (int32_t(qp->sq_cur - qp->sq_tail) < 0) qp->sq_cur = qp->sq_tail;
+    if (int32_t(qp->req.cur - qp->req.tail) < 0) qp->req.cur = qp->req.tail;
 }
 
 // una never passes a READ/ATOMIC still missing a response, whatever later
 // PSNs have been acknowledged: the retransmit timer must keep covering it, or
 // a lost response would leave it waiting forever.
 uint32_t clamp_una(Qp *qp, uint32_t una) {
-    uint32_t cap = qp->max_send_wr;
-    for (uint32_t i = qp->sq_tail; i != qp->sq_head; i++) {
-        const SendWqe &w = qp->sq[i % cap];
+    uint32_t cap = qp->req.max_wr;
+    for (uint32_t i = qp->req.tail; i != qp->req.head; i++) {
+        const SendWqe &w = qp->req.wqe[i % cap];
         if (!w.started || wire::psn_diff(w.first_psn, una) >= 0) break;
         if (w.done || !needs_response(w)) continue;
         uint32_t missing = wire::psn_add(w.first_psn, w.read_next);
@@ -49,17 +51,17 @@ uint32_t clamp_una(Qp *qp, uint32_t una) {
 void progress(Qp *qp, uint32_t una) {
     // Everything retired is acknowledged, also when a READ/ATOMIC completed
     // before an older one and both retired on the older one's response.
-    uint32_t retired_to = qp->next_psn;
-    if (qp->sq_tail != qp->sq_head) {
-        const SendWqe &t = qp->sq[qp->sq_tail % qp->max_send_wr];
+    uint32_t retired_to = qp->req.next_psn;
+    if (qp->req.tail != qp->req.head) {
+        const SendWqe &t = qp->req.wqe[qp->req.tail % qp->req.max_wr];
         if (t.started) retired_to = t.first_psn;
     }
     if (wire::psn_diff(retired_to, una) > 0) una = retired_to;
     una = clamp_una(qp, una);
-    if (wire::psn_diff(una, qp->una_psn) > 0) {
-        qp->una_psn = una;
-        qp->retries_left = qp->retry_cnt;
-        qp->rnr_left = qp->rnr_retry;
+    if (wire::psn_diff(una, qp->comp.una_psn) > 0) {
+        qp->comp.una_psn = una;
+        qp->comp.retries_left = qp->attr.retry_cnt;
+        qp->comp.rnr_left = qp->attr.rnr_retry;
         req_arm_timer(qp);
     }
 }
@@ -68,10 +70,10 @@ void progress(Qp *qp, uint32_t una) {
 // the first WQE still waiting for a response.  Returns that WQE's index or
 // sq_cur.
 uint32_t ack_below(Qp *qp, uint32_t psn) {
-    uint32_t cap = qp->max_send_wr;
-    uint32_t i = qp->sq_tail;
-    for (; i != qp->sq_head; i++) {
-        SendWqe &w = qp->sq[i % cap];
+    uint32_t cap = qp->req.max_wr;
+    uint32_t i = qp->req.tail;
+    for (; i != qp->req.head; i++) {
+        SendWqe &w = qp->req.wqe[i % cap];
         if (w.done) continue;
         if (!w.started || wire::psn_diff(last_psn(w), psn) >= 0) break;
         if (needs_response(w)) break;
@@ -83,12 +85,12 @@ uint32_t ack_below(Qp *qp, uint32_t psn) {
 void fail_at(Qp *qp, uint32_t psn, ibv_wc_status status) {
     uint32_t i = ack_below(qp, psn);
     retire(qp);
-    if (i != qp->sq_head && i == qp->sq_tail) {
-        SendWqe &w = qp->sq[i % qp->max_send_wr];
+    if (i != qp->req.head && i == qp->req.tail) {
+        SendWqe &w = qp->req.wqe[i % qp->req.max_wr];
         w.done = true;
         complete_send(qp, w, status);
-        if (needs_response(w)) qp->rd_outstanding--;
-        qp->sq_tail++;
+        if (needs_response(w)) qp->req.rd_outstanding--;
+        qp->req.tail++;
     }
     qp_enter_error(qp);
 }
@@ -99,8 +101,8 @@ void fail_at(Qp *qp, uint32_t psn, ibv_wc_status status) {
 // lost too, the retransmit timer (held at w by clamp_una) covers it.
 void resend_missing(Qp *qp, const SendWqe &w) {
     uint32_t psn = wire::psn_add(w.first_psn, w.read_next);
-    if (qp->last_nak_rewind == psn) return;
-    qp->last_nak_rewind = psn;
+    if (qp->comp.last_nak_rewind == psn) return;
+    qp->comp.last_nak_rewind = psn;
     req_rewind(qp, psn);
 }
 
@@ -117,39 +119,22 @@ ibv_wc_status nak_status(uint8_t code) {
     }
 }
 
-// Copies a response payload into the WQE's scatter list at byte offset `off`.
-bool scatter(SendWqe &w, uint32_t off, const uint8_t *src, uint32_t len) {
-    for (uint32_t i = 0; i < w.num_sge && len; i++) {
-        ibv_sge &s = w.sge[i];
-        if (off >= s.length) {
-            off -= s.length;
-            continue;
-        }
-        uint32_t take = std::min(s.length - off, len);
-        std::memcpy(reinterpret_cast<uint8_t *>(uintptr_t(s.addr)) + off, src, take);
-        src += take;
-        len -= take;
-        off = 0;
-    }
-    return len == 0;
-}
-
 void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     uint8_t syn = pkt.syndrome();
     uint8_t kind = syn & wire::aeth::kKindMask;
     // A response may only name a PSN this requester has sent; a NAK must name
     // one still outstanding.  Anything else is stale or forged: ignore it.
-    if (wire::psn_diff(pkt.psn, qp->next_psn) >= 0) return;
-    if (kind != wire::aeth::kAck && wire::psn_diff(pkt.psn, qp->una_psn) < 0) return;
+    if (wire::psn_diff(pkt.psn, qp->req.next_psn) >= 0) return;
+    if (kind != wire::aeth::kAck && wire::psn_diff(pkt.psn, qp->comp.una_psn) < 0) return;
     if (kind == wire::aeth::kAck) {
         uint32_t next = wire::psn_add(pkt.psn, 1);
-        if (wire::psn_diff(next, qp->una_psn) < 0) return; // stale
+        if (wire::psn_diff(next, qp->comp.una_psn) < 0) return; // stale
         uint32_t i = ack_below(qp, next);
         retire(qp);
         progress(qp, next);
         // An ACK past an outstanding READ/ATOMIC means its response was lost.
-        if (i != qp->sq_head) {
-            SendWqe &w = qp->sq[i % qp->max_send_wr];
+        if (i != qp->req.head) {
+            SendWqe &w = qp->req.wqe[i % qp->req.max_wr];
             if (needs_response(w) && !w.done && wire::psn_diff(last_psn(w), pkt.psn) <= 0)
                 resend_missing(qp, w);
         }
@@ -160,42 +145,42 @@ void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
         ack_below(qp, pkt.psn);
         retire(qp);
         progress(qp, pkt.psn);
-        if (qp->rnr_retry != 7) {
-            if (qp->rnr_left == 0) {
+        if (qp->attr.rnr_retry != 7) {
+            if (qp->comp.rnr_left == 0) {
                 fail_at(qp, pkt.psn, IBV_WC_RNR_RETRY_EXC_ERR);
                 return;
             }
-            qp->rnr_left--;
+            qp->comp.rnr_left--;
         }
         // Wait out the responder's RNR timer, then resend from the NAKed PSN.
         req_rewind(qp, pkt.psn);
-        qp->rnr_deadline_ns = now_ns() + rnr_timer_ns(syn & 0x1F);
-        qp->timer_deadline_ns = 0;
+        qp->comp.rnr_deadline_ns = now_ns() + rnr_timer_ns(syn & 0x1F);
+        qp->comp.timer_deadline_ns = 0;
         return;
     }
     if (kind == wire::aeth::kNak) {
         uint8_t code = syn & 0x1F;
         if (code == wire::aeth::kNakPsnSeqError) {
-            if (wire::psn_diff(pkt.psn, qp->una_psn) < 0) return; // stale
+            if (wire::psn_diff(pkt.psn, qp->comp.una_psn) < 0) return; // stale
             ack_below(qp, pkt.psn);
             retire(qp);
-            uint32_t before = qp->una_psn;
+            uint32_t before = qp->comp.una_psn;
             progress(qp, pkt.psn);
             // During an RNR back-off the resend from una is already due; a
             // sequence NAK for the rest of the burst is no lost packet.
-            if (qp->rnr_deadline_ns) return;
+            if (qp->comp.rnr_deadline_ns) return;
             // Resend from the NAKed PSN, or from an earlier READ/ATOMIC whose
             // response is missing (progress() holds una there).  Only the same
             // NAK again, with nothing acknowledged since, costs a retry.
-            uint32_t from = qp->una_psn;
-            if (from == pkt.psn && from == before && qp->last_nak_rewind == from) {
-                if (qp->retries_left == 0) {
+            uint32_t from = qp->comp.una_psn;
+            if (from == pkt.psn && from == before && qp->comp.last_nak_rewind == from) {
+                if (qp->comp.retries_left == 0) {
                     fail_at(qp, from, IBV_WC_RETRY_EXC_ERR);
                     return;
                 }
-                qp->retries_left--;
+                qp->comp.retries_left--;
             }
-            qp->last_nak_rewind = from;
+            qp->comp.last_nak_rewind = from;
             req_rewind(qp, from);
             req_run(qp, tx);
             return;
@@ -205,9 +190,9 @@ void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
 }
 
 SendWqe *find_wqe(Qp *qp, uint32_t psn, uint32_t *index) {
-    uint32_t cap = qp->max_send_wr;
-    for (uint32_t i = qp->sq_tail; i != qp->sq_head; i++) {
-        SendWqe &w = qp->sq[i % cap];
+    uint32_t cap = qp->req.max_wr;
+    for (uint32_t i = qp->req.tail; i != qp->req.head; i++) {
+        SendWqe &w = qp->req.wqe[i % cap];
         if (!w.started) break;
         int32_t d = wire::psn_diff(psn, w.first_psn);
         if (d >= 0 && uint32_t(d) < w.npkts) {
@@ -225,7 +210,7 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     SendWqe *w = find_wqe(qp, pkt.psn, &idx);
     // FLUSH and ATOMIC WRITE are answered by an empty READ RESPONSE ONLY.
     if (w && wr_ack_only(w->opcode)) {
-        if (pkt.opcode == wire::kReadRespOnly) on_single_response(qp, pkt, tx, false);
+        if (pkt.rc_opcode() == wire::kReadRespOnly) on_single_response(qp, pkt, tx, false);
         return;
     }
     if (!w || w->opcode != IBV_WR_RDMA_READ || w->done) return;
@@ -234,8 +219,8 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     if (d < 0) return; // duplicate
     if (d > 0) {
         // A response went missing: ask again from the first one not received.
-        if (qp->last_nak_rewind != expect) {
-            qp->last_nak_rewind = expect;
+        if (qp->comp.last_nak_rewind != expect) {
+            qp->comp.last_nak_rewind = expect;
             req_rewind(qp, expect);
             req_run(qp, tx);
         }
@@ -248,10 +233,11 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
             return;
         }
     }
-    uint32_t off = w->read_next * qp->mtu;
+    uint32_t off = w->read_next * qp->attr.mtu;
     bool last = w->read_next + 1 == w->npkts;
-    uint32_t want = last ? w->length - off : qp->mtu;
-    if (pkt.payload_len != want || !scatter(*w, off, pkt.payload, pkt.payload_len)) {
+    uint32_t want = last ? w->length - off : qp->attr.mtu;
+    if (pkt.payload_len != want ||
+        !sg_copy_to(w->sge, w->num_sge, off, pkt.payload, pkt.payload_len)) {
         fail_at(qp, pkt.psn, IBV_WC_BAD_RESP_ERR);
         return;
     }
@@ -261,7 +247,7 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     if (last) w->done = true;
     retire(qp);
     progress(qp, wire::psn_add(pkt.psn, 1));
-    if (first_open != idx) resend_missing(qp, qp->sq[first_open % qp->max_send_wr]);
+    if (first_open != idx) resend_missing(qp, qp->req.wqe[first_open % qp->req.max_wr]);
     req_run(qp, tx);
 }
 
@@ -280,7 +266,7 @@ void on_single_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx, bool atomi
         fail_at(qp, pkt.psn, IBV_WC_BAD_RESP_ERR);
         return;
     }
-    if (wire::psn_diff(pkt.psn, qp->una_psn) < 0) return;
+    if (wire::psn_diff(pkt.psn, qp->comp.una_psn) < 0) return;
     uint32_t first_open = ack_below(qp, w->first_psn);
     if (atomic) {
         uint64_t orig = pkt.orig();
@@ -289,7 +275,7 @@ void on_single_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx, bool atomi
     w->done = true;
     retire(qp);
     progress(qp, wire::psn_add(pkt.psn, 1));
-    if (first_open != idx) resend_missing(qp, qp->sq[first_open % qp->max_send_wr]);
+    if (first_open != idx) resend_missing(qp, qp->req.wqe[first_open % qp->req.max_wr]);
     req_run(qp, tx);
 }
 
@@ -305,8 +291,12 @@ uint64_t rnr_timer_ns(uint8_t code) {
 }
 
 void comp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
-    if (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_SQD) return;
-    switch (pkt.opcode) {
+    if (qp->attr.state != IBV_QPS_RTS && qp->attr.state != IBV_QPS_SQD) return;
+    // Only RC and XRC requesters are answered, each on its own transport.
+    uint8_t t = wire::transport_of(pkt.opcode);
+    if (t != (qp->type == IBV_QPT_XRC_SEND ? wire::kTransportXrc : wire::kTransportRc)) return;
+    if (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_XRC_SEND) return;
+    switch (pkt.rc_opcode()) {
     case wire::kAcknowledge:
         on_ack(qp, pkt, tx);
         break;
@@ -322,7 +312,7 @@ void comp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     default:
         break;
     }
-    if (qp->sq_tail == qp->sq_head) qp->timer_deadline_ns = 0;
+    if (qp->req.tail == qp->req.head) qp->comp.timer_deadline_ns = 0;
 }
 
 } // namespace sroce

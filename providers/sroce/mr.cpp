@@ -2,6 +2,7 @@
 // the range/access checks every local and remote access goes through.
 #include "nic.hpp"
 #include "provider.h"
+#include "transport.hpp"
 
 #include <cerrno>
 #include <sys/random.h>
@@ -50,6 +51,21 @@ uint8_t *mr_range(const Mr *mr, uint64_t va, uint64_t len, unsigned access) {
     uint64_t off = va - mr->iova;
     if (off > mr->length || len > mr->length - off) return nullptr;
     return mr->addr + off;
+}
+
+Mr *lookup_mr(Nic *nic, Pd *pd, uint32_t key) {
+    Mr *mr = nic->mrs.lookup(key);
+    return (mr && mr->pd == pd) ? mr : nullptr;
+}
+
+uint8_t *check_lkey(Nic *nic, Pd *pd, const ibv_sge &s, unsigned access) {
+    Mr *mr = lookup_mr(nic, pd, s.lkey);
+    return mr ? mr_range(mr, s.addr, s.length, access) : nullptr;
+}
+
+// sroce registers no memory windows yet: no rkey can be invalidated remotely.
+int invalidate_rkey(Qp *, uint32_t) {
+    return EINVAL;
 }
 
 } // namespace sroce

@@ -213,6 +213,22 @@ uint32_t Nic::add_qp(Qp *qp) {
     return 0;
 }
 
+uint32_t Nic::add_srq(Srq *srq) {
+    std::lock_guard<std::mutex> g(qp_alloc_mu_);
+    for (uint32_t i = 0; i < kMaxSrqs; i++) {
+        if (!srqs_[i].load(std::memory_order_relaxed)) {
+            srqs_[i].store(srq, std::memory_order_release);
+            return kSrqnBase + i;
+        }
+    }
+    return 0;
+}
+
+void Nic::remove_srq(Srq *srq) {
+    uint32_t i = srq->srq_num - kSrqnBase;
+    if (i < kMaxSrqs) srqs_[i].store(nullptr, std::memory_order_release);
+}
+
 void Nic::remove_qp(Qp *qp) {
     uint32_t i = qp->qpx.qp_base.qp_num - kQpnBase;
     if (i < kMaxQps) qps_[i].store(nullptr, std::memory_order_release);
@@ -297,18 +313,22 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, TxB
         stats.rx_no_qp.fetch_add(1, std::memory_order_relaxed);
         return;
     }
+    pkt.src_addr = from.sin_addr.s_addr;
+    pkt.src_port = ntohs(from.sin_port);
     std::unique_lock<std::mutex> g(qp->mu);
-    // Only the connected peer may talk to an RC QP.
-    if (qp->state < IBV_QPS_RTR || qp->state == IBV_QPS_ERR ||
-        from.sin_addr.s_addr != qp->dest_addr) {
+    bool request = pkt.info->flags & wire::kOpReq;
+    // Responses come only from the connected peer (the responder checks
+    // requests per transport).
+    if (qp->attr.state < IBV_QPS_RTR || qp->attr.state == IBV_QPS_ERR ||
+        (!request && pkt.src_addr != qp->attr.dest_addr)) {
         stats.rx_no_qp.fetch_add(1, std::memory_order_relaxed);
         return;
     }
     tx.order = &qp->tx_mu;
-    if (pkt.info->flags & wire::kOpReq) {
+    if (request) {
         resp_receive(qp, pkt, tx);
-        if (qp->ack_pending && !qp->ack_listed) {
-            qp->ack_listed = true;
+        if (qp->resp.ack_pending && !qp->resp.ack_listed) {
+            qp->resp.ack_listed = true;
             acks_.push_back(qp);
         }
     } else {
@@ -323,8 +343,8 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, TxB
 void Nic::flush_acks(TxBatch &tx) {
     for (Qp *qp : acks_) {
         std::lock_guard<std::mutex> g(qp->mu);
-        qp->ack_listed = false;
-        if (qp->ack_pending) resp_flush_ack(qp, tx);
+        qp->resp.ack_listed = false;
+        if (qp->resp.ack_pending) resp_flush_ack(qp, tx);
     }
     acks_.clear();
 }
@@ -337,7 +357,7 @@ void Nic::fire_timers(TxBatch &tx) {
         if (!qp) continue;
         std::unique_lock<std::mutex> g(qp->mu);
         tx.order = &qp->tx_mu;
-        if (qp->timer_deadline_ns || qp->rnr_deadline_ns) req_timers(qp, tx, now);
+        if (qp->comp.timer_deadline_ns || qp->comp.rnr_deadline_ns) req_timers(qp, tx, now);
         tx.order = nullptr;
         send_and_unlock(qp, tx, g);
     }

@@ -64,6 +64,13 @@ class Nic {
         uint32_t i = qpn - kQpnBase;
         return i < kMaxQps ? qps_[i].load(std::memory_order_acquire) : nullptr;
     }
+    // SRQ table, for the SRQ numbers XRC packets name: SRQN = kSrqnBase + slot.
+    uint32_t add_srq(Srq *srq); // 0 when full
+    void remove_srq(Srq *srq);
+    Srq *find_srq(uint32_t srqn) const {
+        uint32_t i = srqn - kSrqnBase;
+        return i < kMaxSrqs ? srqs_[i].load(std::memory_order_acquire) : nullptr;
+    }
 
     // Called by an application thread that found its CQ empty: it is
     // spinning anyway, so it receives and dispatches whatever the socket
@@ -102,6 +109,7 @@ class Nic {
     std::atomic<bool> stop_{false};
     std::thread thread_;
     std::atomic<Qp *> qps_[kMaxQps] = {};
+    std::atomic<Srq *> srqs_[kMaxSrqs] = {};
     std::mutex qp_alloc_mu_;
     uint32_t qp_next_ = 0;
     std::atomic<uint32_t> qp_top_{0}; // one past the highest slot ever used

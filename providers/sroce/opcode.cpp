@@ -7,10 +7,19 @@ namespace sroce::wire {
 namespace {
 
 constexpr OpInfo make(const char *name, uint16_t hdrs, uint16_t flags) {
-    OpInfo o{name, hdrs, flags, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    // IBTA fixes the order of extended headers: RETH/AtomicETH, AETH, AtomicAckETH, ImmDt, IETH.
-    // FLUSH carries FETH before RETH.
+    OpInfo o{name, hdrs, flags, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    // IBTA fixes the order of extended headers: XRCETH or DETH right after
+    // the BTH, then RETH/AtomicETH, AETH, AtomicAckETH, ImmDt, IETH.  FLUSH
+    // carries FETH before RETH.
     uint8_t off = kBthLen;
+    if (hdrs & kHasXrcEth) {
+        o.xrceth = off;
+        off += kXrcEthLen;
+    }
+    if (hdrs & kHasDeth) {
+        o.deth = off;
+        off += kDethLen;
+    }
     if (hdrs & kHasFeth) {
         o.feth = off;
         off += kFethLen;
@@ -47,6 +56,11 @@ constexpr OpInfo make(const char *name, uint16_t hdrs, uint16_t flags) {
     return o;
 }
 
+// The RC operation `rc` on another transport, which adds the headers `extra`.
+constexpr OpInfo on_transport(const OpInfo &rc, const char *name, uint16_t extra) {
+    return make(name, uint16_t(rc.hdrs | extra), rc.flags);
+}
+
 constexpr uint16_t P = kHasPayload;
 constexpr uint16_t RQ = kOpReq, RS = kOpResp, F = kOpFirst, M = kOpMiddle, L = kOpLast,
                    C = kOpComplete;
@@ -76,8 +90,10 @@ constexpr std::array<OpInfo, 256> build_table() {
         make("ATOMIC_ACKNOWLEDGE", kHasAeth | kHasAtomicAckEth, RS | kOpAtomic | F | L);
     t[kCompareSwap] = make("COMPARE_SWAP", kHasAtomicEth, RQ | kOpAtomic | F | L | C);
     t[kFetchAdd] = make("FETCH_ADD", kHasAtomicEth, RQ | kOpAtomic | F | L | C);
-    t[kSendLastInv] = make("SEND_LAST_WITH_INVALIDATE", P | kHasIeth, RQ | kOpSend | L | C);
-    t[kSendOnlyInv] = make("SEND_ONLY_WITH_INVALIDATE", P | kHasIeth, RQ | kOpSend | F | L | C);
+    t[kSendLastInv] =
+        make("SEND_LAST_WITH_INVALIDATE", P | kHasIeth, RQ | kOpSend | kOpInv | L | C);
+    t[kSendOnlyInv] =
+        make("SEND_ONLY_WITH_INVALIDATE", P | kHasIeth, RQ | kOpSend | kOpInv | F | L | C);
     t[kFlush] = make("FLUSH", kHasFeth | kHasReth, RQ | kOpFlush | F | L | C);
     t[kAtomicWrite] = make("ATOMIC_WRITE", P | kHasReth, RQ | kOpAtomicWrite | F | L | C);
     constexpr uint16_t CW = RQ | kOpWrite | kOpCommit;
@@ -88,6 +104,49 @@ constexpr std::array<OpInfo, 256> build_table() {
     t[kCommitWriteOnly] = make("COMMIT_WRITE_ONLY", P | kHasReth | kHasCeth, CW | F | L | C);
     t[kCommitWriteOnlyImm] = make("COMMIT_WRITE_ONLY_WITH_IMMEDIATE",
                                   P | kHasReth | kHasCeth | kHasImmDt, CW | F | L | C);
+    // UC carries SEND and RDMA WRITE only (IBTA 9.2.2, table 38).
+    constexpr const char *kUcNames[12] = {
+        "UC_SEND_FIRST",       "UC_SEND_MIDDLE",
+        "UC_SEND_LAST",        "UC_SEND_LAST_WITH_IMMEDIATE",
+        "UC_SEND_ONLY",        "UC_SEND_ONLY_WITH_IMMEDIATE",
+        "UC_RDMA_WRITE_FIRST", "UC_RDMA_WRITE_MIDDLE",
+        "UC_RDMA_WRITE_LAST",  "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+        "UC_RDMA_WRITE_ONLY",  "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE"};
+    for (uint8_t op = kSendFirst; op <= kWriteOnlyImm; op++)
+        t[kUcBase | op] = on_transport(t[op], kUcNames[op], 0);
+    t[kUdSendOnly] = make("UD_SEND_ONLY", P | kHasDeth, RQ | kOpSend | F | L | C);
+    t[kUdSendOnlyImm] =
+        make("UD_SEND_ONLY_WITH_IMMEDIATE", P | kHasDeth | kHasImmDt, RQ | kOpSend | F | L | C);
+    // XRC: every RC opcode but FLUSH/ATOMIC WRITE; requests carry an XRCETH.
+    constexpr const char *kXrcNames[0x18] = {"XRC_SEND_FIRST",
+                                             "XRC_SEND_MIDDLE",
+                                             "XRC_SEND_LAST",
+                                             "XRC_SEND_LAST_WITH_IMMEDIATE",
+                                             "XRC_SEND_ONLY",
+                                             "XRC_SEND_ONLY_WITH_IMMEDIATE",
+                                             "XRC_RDMA_WRITE_FIRST",
+                                             "XRC_RDMA_WRITE_MIDDLE",
+                                             "XRC_RDMA_WRITE_LAST",
+                                             "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+                                             "XRC_RDMA_WRITE_ONLY",
+                                             "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+                                             "XRC_RDMA_READ_REQUEST",
+                                             "XRC_RDMA_READ_RESPONSE_FIRST",
+                                             "XRC_RDMA_READ_RESPONSE_MIDDLE",
+                                             "XRC_RDMA_READ_RESPONSE_LAST",
+                                             "XRC_RDMA_READ_RESPONSE_ONLY",
+                                             "XRC_ACKNOWLEDGE",
+                                             "XRC_ATOMIC_ACKNOWLEDGE",
+                                             "XRC_COMPARE_SWAP",
+                                             "XRC_FETCH_ADD",
+                                             nullptr,
+                                             "XRC_SEND_LAST_WITH_INVALIDATE",
+                                             "XRC_SEND_ONLY_WITH_INVALIDATE"};
+    for (uint8_t op = 0; op < 0x18; op++) {
+        if (!kXrcNames[op]) continue;
+        bool req = t[op].flags & kOpReq;
+        t[kXrcBase | op] = on_transport(t[op], kXrcNames[op], req ? kHasXrcEth : 0);
+    }
     return t;
 }
 
@@ -95,10 +154,14 @@ constexpr std::array<OpInfo, 256> kTable = build_table();
 
 static_assert(kTable[kWriteOnlyImm].hdr_len == kBthLen + kRethLen + kImmDtLen);
 static_assert(kTable[kAtomicAcknowledge].hdr_len == kBthLen + kAethLen + kAtomicAckEthLen);
-static_assert(kTable[kCompareSwap].hdr_len == kMaxHdrLen);
+static_assert(kTable[kCompareSwap].hdr_len == kBthLen + kAtomicEthLen);
 static_assert(kTable[kFlush].reth == kBthLen + kFethLen);
 static_assert(kTable[kCommitWriteOnlyImm].ceth == kBthLen + kRethLen);
 static_assert(kTable[kCommitWriteOnlyImm].immdt == kBthLen + kRethLen + kCethLen);
+static_assert(kTable[kUdSendOnlyImm].hdr_len == kBthLen + kDethLen + kImmDtLen);
+static_assert(kTable[kXrcBase | kCompareSwap].hdr_len == kMaxHdrLen);
+static_assert(kTable[kXrcBase | kWriteOnlyImm].reth == kBthLen + kXrcEthLen);
+static_assert(kTable[kUcBase | kWriteOnly].hdr_len == kBthLen + kRethLen);
 
 } // namespace
 

@@ -1,5 +1,8 @@
-// Queue pairs: creation, the IB QP state machine (modify/query), completions,
-// flushing on error, and the ibv_qp_ex work-request interface.
+// SPDX-License-Identifier: MIT
+//
+// Queue pairs: creation of every QP type (RC, UC, UD, XRC send and receive),
+// the IB QP state machine (modify/query), completions, flushing on error,
+// and the ibv_qp_ex work-request interface.
 #include "provider.h"
 #include "transport.hpp"
 
@@ -7,6 +10,7 @@
 #include <arpa/inet.h>
 #include <cerrno>
 #include <cstring>
+#include <new>
 #include <unistd.h>
 
 namespace sroce {
@@ -27,6 +31,10 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
         return IBV_WC_FETCH_ADD;
     case IBV_WR_ATOMIC_WRITE:
         return IBV_WC_ATOMIC_WRITE;
+    case IBV_WR_LOCAL_INV:
+        return IBV_WC_LOCAL_INV;
+    case IBV_WR_BIND_MW:
+        return IBV_WC_BIND_MW;
     default:
         return IBV_WC_SEND;
     }
@@ -37,10 +45,10 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
 // A write-commit sent as an IBTA sequence reports once: when one part fails,
 // the parts after it up to the final one stay silent.
 void silence_rest_of_commit(Qp *qp, const SendWqe &w) {
-    uint32_t cap = qp->max_send_wr;
-    uint32_t slot = uint32_t(&w - qp->sq.data());
+    uint32_t cap = qp->req.max_wr;
+    uint32_t slot = uint32_t(&w - qp->req.wqe.data());
     for (uint32_t k = 1; k < cap; k++) {
-        SendWqe &x = qp->sq[(slot + k) % cap];
+        SendWqe &x = qp->req.wqe[(slot + k) % cap];
         if (x.commit_part == kCommitNone) break;
         x.suppressed = true;
         if (x.commit_part == kCommitFinal) break;
@@ -63,21 +71,19 @@ void complete_send(Qp *qp, const SendWqe &w, ibv_wc_status status) {
     if (!qp->scq->push(wc, false)) post_cq_overflow(qp->ctx, qp->scq);
 }
 
-void complete_recv(Qp *qp, const RecvWqe &r, ibv_wc_status status, ibv_wc_opcode opcode,
-                   uint32_t byte_len, __be32 imm, bool with_imm, bool solicited) {
+void complete_recv(Qp *qp, const RecvWqe &r, const RecvCompletion &c) {
     ibv_wc wc{};
     wc.wr_id = r.wr_id;
-    wc.status = status;
-    wc.opcode = opcode;
-    wc.byte_len = byte_len;
+    wc.status = c.status;
+    wc.opcode = c.opcode;
+    wc.byte_len = c.byte_len;
     wc.qp_num = qp->qpx.qp_base.qp_num;
-    wc.src_qp = qp->dest_qpn;
-    if (with_imm) {
-        wc.imm_data = imm;
-        wc.wc_flags |= IBV_WC_WITH_IMM;
-    }
-    wc.pkey_index = qp->pkey_index;
-    if (!qp->rcq->push(wc, solicited)) post_cq_overflow(qp->ctx, qp->rcq);
+    wc.src_qp = qp->type == IBV_QPT_UD ? c.src_qp : qp->attr.dest_qpn;
+    wc.imm_data = c.imm;
+    wc.wc_flags = c.wc_flags;
+    wc.pkey_index = qp->attr.pkey_index;
+    Cq *cq = (c.srq && c.srq->cq) ? c.srq->cq : qp->rcq;
+    if (!cq->push(wc, c.solicited)) post_cq_overflow(qp->ctx, cq);
 }
 
 void Context::post_event(const ibv_async_event &ev) {
@@ -91,7 +97,7 @@ void Context::post_event(const ibv_async_event &ev) {
 void Context::forget_events(const void *obj) {
     std::lock_guard<std::mutex> g(async_mu);
     for (auto it = async_q.begin(); it != async_q.end();) {
-        if (it->element.qp == obj || it->element.cq == obj) {
+        if (it->element.qp == obj || it->element.cq == obj || it->element.srq == obj) {
             it = async_q.erase(it);
             uint8_t b;
             if (read(async_rd, &b, 1) != 1) { /* a reader already took the wake-up byte */
@@ -117,89 +123,128 @@ void post_cq_overflow(Context *ctx, Cq *cq) {
 }
 
 void qp_flush_queues(Qp *qp) {
-    uint32_t scap = qp->max_send_wr, rcap = qp->max_recv_wr;
-    for (uint32_t i = qp->sq_tail; i != qp->sq_head; i++) {
-        complete_send(qp, qp->sq[i % scap], IBV_WC_WR_FLUSH_ERR);
+    Requester &q = qp->req;
+    for (uint32_t i = q.tail; i != q.head; i++)
+        complete_send(qp, q.at(i), IBV_WC_WR_FLUSH_ERR);
+    q.tail = q.cur = q.head;
+    q.rd_outstanding = 0;
+    Responder &r = qp->resp;
+    RecvCompletion flushed;
+    flushed.status = IBV_WC_WR_FLUSH_ERR;
+    if (r.recv_taken) {
+        flushed.srq = r.recv_srq;
+        complete_recv(qp, r.recv, flushed);
+        r.recv_taken = false;
+        r.recv_srq = nullptr;
+        flushed.srq = nullptr;
     }
-    qp->sq_tail = qp->sq_cur = qp->sq_head;
-    qp->rd_outstanding = 0;
-    for (uint32_t i = qp->rq_tail; i != qp->rq_head; i++)
-        complete_recv(qp, qp->rq[i % rcap], IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, 0, false);
-    qp->rq_tail = qp->rq_head;
-    qp->recv_taken = false;
-    qp->timer_deadline_ns = qp->rnr_deadline_ns = 0;
+    // A shared receive queue outlives the QP: its WQEs stay for the others.
+    for (uint32_t i = r.rq.tail; i != r.rq.head; i++)
+        complete_recv(qp, r.rq.wqe[i % r.rq.max_wr], flushed);
+    r.rq.tail = r.rq.head;
+    qp->comp.timer_deadline_ns = qp->comp.rnr_deadline_ns = 0;
 }
 
 void qp_enter_error(Qp *qp) {
-    qp->state = IBV_QPS_ERR;
+    bool was = qp->in_error();
+    qp->attr.state = IBV_QPS_ERR;
     qp->qpx.qp_base.state = IBV_QPS_ERR;
     qp_flush_queues(qp);
+    // A QP on an SRQ that leaves service tells its owner when nothing more
+    // will be consumed from the SRQ on its behalf (IBTA 10.3.1).
+    if (!was && qp->srq) post_async_event(qp, IBV_EVENT_QP_LAST_WQE_REACHED);
 }
 
 namespace {
 
 void reset_state(Qp *qp) {
-    qp->sq_head = qp->sq_tail = qp->sq_cur = 0;
-    qp->rq_head = qp->rq_tail = 0;
-    qp->next_psn = qp->una_psn = qp->epsn = qp->msn = 0;
-    qp->rd_outstanding = 0;
-    qp->timer_deadline_ns = qp->rnr_deadline_ns = 0;
-    qp->nak_sent = qp->ack_pending = false;
-    qp->in_msg = 0;
-    qp->recv_taken = false;
-    qp->last_nak_rewind = UINT32_MAX;
-    for (RdResource &r : qp->rd_res)
-        r.valid = false;
-    qp->dirty.clear();
-    qp->in_msg_commit = false;
+    Requester &q = qp->req;
+    q.head = q.tail = q.cur = 0;
+    q.next_psn = 0;
+    q.rd_outstanding = 0;
+    q.pkts_since_ackreq = 0;
+    q.batch = WrBatch{};
+    qp->comp = Completer{};
+    qp->comp.retries_left = qp->attr.retry_cnt;
+    qp->comp.rnr_left = qp->attr.rnr_retry;
+    Responder &r = qp->resp;
+    r.rq.head = r.rq.tail = 0;
+    r.epsn = r.msn = 0;
+    r.nak_sent = r.ack_pending = false;
+    r.in_msg = 0;
+    r.drop_msg = false;
+    r.recv_taken = false;
+    r.recv_srq = nullptr;
+    for (RdResource &res : r.rd_res)
+        res.valid = false;
+    qp->commit.dirty.clear();
+    qp->commit.in_msg = false;
 }
 
-// Required and optional attributes of each RC transition (IBTA 11.2.4.2).
+// Required and optional attributes of each transition, per QP type, as the
+// kernel's ib_modify_qp_is_ok() table has them (IBTA 11.2.4.2).
 struct Transition {
     int required, optional;
     bool valid;
 };
 
-Transition transition(ibv_qp_state cur, ibv_qp_state next) {
-    constexpr int kRtsOpt = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
-                            IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE;
+Transition transition(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next) {
+    const bool ud = type == IBV_QPT_UD, uc = type == IBV_QPT_UC, rc = type == IBV_QPT_RC;
+    const bool ini = type == IBV_QPT_XRC_SEND, tgt = type == IBV_QPT_XRC_RECV;
+    const int conn_init = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+    const int ud_init = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+    const int rts_opt_uc =
+        IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PATH_MIG_STATE;
+    const int rts_opt = ud            ? IBV_QP_CUR_STATE | IBV_QP_QKEY
+                        : (uc || ini) ? rts_opt_uc
+                                      : rts_opt_uc | IBV_QP_MIN_RNR_TIMER;
     if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) return {0, 0, true};
     switch (cur) {
     case IBV_QPS_RESET:
-        if (next == IBV_QPS_INIT)
-            return {IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0, true};
+        if (next == IBV_QPS_INIT) return {ud ? ud_init : conn_init, 0, true};
         break;
     case IBV_QPS_INIT:
-        if (next == IBV_QPS_INIT)
-            return {0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, true};
-        if (next == IBV_QPS_RTR)
-            return {IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
-                    IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH, true};
+        if (next == IBV_QPS_INIT) return {0, ud ? ud_init : conn_init, true};
+        if (next == IBV_QPS_RTR) {
+            if (ud) return {0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY, true};
+            int req = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+            if (rc || tgt) req |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+            return {req, IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH, true};
+        }
         break;
     case IBV_QPS_RTR:
-        if (next == IBV_QPS_RTS)
-            return {IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                        IBV_QP_MAX_QP_RD_ATOMIC,
-                    kRtsOpt, true};
+        if (next == IBV_QPS_RTS) {
+            int req = IBV_QP_SQ_PSN;
+            if (rc || ini)
+                req |=
+                    IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+            if (tgt) req |= IBV_QP_TIMEOUT;
+            return {req, rts_opt, true};
+        }
         break;
     case IBV_QPS_RTS:
-        if (next == IBV_QPS_RTS) return {0, kRtsOpt, true};
+        if (next == IBV_QPS_RTS) return {0, rts_opt, true};
         if (next == IBV_QPS_SQD) return {0, IBV_QP_EN_SQD_ASYNC_NOTIFY, true};
         break;
     case IBV_QPS_SQD:
-        if (next == IBV_QPS_RTS) return {0, kRtsOpt, true};
-        if (next == IBV_QPS_SQD)
-            return {0,
-                    kRtsOpt | IBV_QP_AV | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                        IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_PKEY_INDEX,
-                    true};
+        if (next == IBV_QPS_RTS) return {0, rts_opt, true};
+        if (next == IBV_QPS_SQD) {
+            if (ud) return {0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY, true};
+            int opt = IBV_QP_AV | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
+                      IBV_QP_PATH_MIG_STATE;
+            if (!uc)
+                opt |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                       IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+            return {0, opt, true};
+        }
         break;
     case IBV_QPS_SQE:
         if (next == IBV_QPS_RTS)
-            return {0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER, true};
-        break;
-    case IBV_QPS_ERR:
+            return {0,
+                    ud ? IBV_QP_CUR_STATE | IBV_QP_QKEY
+                       : IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS |
+                             (uc ? 0 : int(IBV_QP_MIN_RNR_TIMER)),
+                    true};
         break;
     default:
         break;
@@ -215,10 +260,11 @@ bool dest_from_gid(const ibv_gid &gid, in_addr_t *addr) {
 }
 
 int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
-    ibv_qp_state cur = qp->state;
+    QpAttr &a = qp->attr;
+    ibv_qp_state cur = a.state;
     if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != cur) return EINVAL;
     ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
-    Transition t = transition(cur, next);
+    Transition t = transition(qp->type, cur, next);
     if (!t.valid) return EINVAL;
     int attrs = mask & ~IBV_QP_STATE;
     if ((attrs & t.required) != t.required) return EINVAL;
@@ -226,7 +272,7 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
 
     // Validate everything before changing anything.
     Device *dev = qp->ctx->dev;
-    in_addr_t dest = qp->dest_addr;
+    in_addr_t dest = a.dest_addr;
     if (mask & IBV_QP_AV) {
         if (!attr->ah_attr.is_global || attr->ah_attr.grh.sgid_index >= kNumGids ||
             !dest_from_gid(attr->ah_attr.grh.dgid, &dest))
@@ -244,65 +290,81 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
     if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > kMaxRdAtomic)
         return EINVAL;
     if ((mask & IBV_QP_ACCESS_FLAGS) &&
-        (attr->qp_access_flags & ~unsigned(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                           IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                                           IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT)))
+        (attr->qp_access_flags &
+         ~unsigned(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                   IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_FLUSH_GLOBAL |
+                   IBV_ACCESS_FLUSH_PERSISTENT)))
         return EINVAL;
+    if ((mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && next != IBV_QPS_SQD) return EINVAL;
 
-    if (mask & IBV_QP_ACCESS_FLAGS) qp->access = attr->qp_access_flags;
-    if (mask & IBV_QP_PKEY_INDEX) qp->pkey_index = attr->pkey_index;
-    if (mask & IBV_QP_PORT) qp->port_num = attr->port_num;
+    if (mask & IBV_QP_ACCESS_FLAGS) a.access = attr->qp_access_flags;
+    if (mask & IBV_QP_PKEY_INDEX) a.pkey_index = attr->pkey_index;
+    if (mask & IBV_QP_PORT) a.port_num = attr->port_num;
+    if (mask & IBV_QP_QKEY) a.qkey = attr->qkey;
     if (mask & IBV_QP_AV) {
-        qp->ah = attr->ah_attr;
-        qp->dest_addr = dest;
+        a.ah = attr->ah_attr;
+        a.dest_addr = dest;
     }
     if (mask & IBV_QP_PATH_MTU) {
-        qp->path_mtu = std::min(attr->path_mtu, dev->active_mtu);
-        qp->mtu = uint32_t(mtu_bytes(qp->path_mtu));
+        a.path_mtu = std::min(attr->path_mtu, dev->active_mtu);
+        a.mtu = uint32_t(mtu_bytes(a.path_mtu));
     }
-    if (mask & IBV_QP_DEST_QPN) qp->dest_qpn = attr->dest_qp_num & wire::kQpnMask;
-    if (mask & IBV_QP_RQ_PSN) qp->epsn = attr->rq_psn & wire::kPsnMask;
-    if (mask & IBV_QP_SQ_PSN) qp->next_psn = qp->una_psn = attr->sq_psn & wire::kPsnMask;
-    if (mask & IBV_QP_TIMEOUT) qp->timeout = attr->timeout;
-    if (mask & IBV_QP_RETRY_CNT) qp->retry_cnt = qp->retries_left = attr->retry_cnt;
-    if (mask & IBV_QP_RNR_RETRY) qp->rnr_retry = qp->rnr_left = attr->rnr_retry;
-    if (mask & IBV_QP_MIN_RNR_TIMER) qp->min_rnr_timer = attr->min_rnr_timer;
-    if (mask & IBV_QP_MAX_QP_RD_ATOMIC)
-        qp->max_rd_atomic = std::max<uint8_t>(1, attr->max_rd_atomic);
+    if (mask & IBV_QP_DEST_QPN) a.dest_qpn = attr->dest_qp_num & wire::kQpnMask;
+    if (mask & IBV_QP_RQ_PSN) qp->resp.epsn = attr->rq_psn & wire::kPsnMask;
+    if (mask & IBV_QP_SQ_PSN) qp->req.next_psn = qp->comp.una_psn = attr->sq_psn & wire::kPsnMask;
+    if (mask & IBV_QP_TIMEOUT) a.timeout = attr->timeout;
+    if (mask & IBV_QP_RETRY_CNT) a.retry_cnt = qp->comp.retries_left = attr->retry_cnt;
+    if (mask & IBV_QP_RNR_RETRY) a.rnr_retry = qp->comp.rnr_left = attr->rnr_retry;
+    if (mask & IBV_QP_MIN_RNR_TIMER) a.min_rnr_timer = attr->min_rnr_timer;
+    if (mask & IBV_QP_MAX_QP_RD_ATOMIC) a.max_rd_atomic = std::max<uint8_t>(1, attr->max_rd_atomic);
     if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) {
-        qp->max_dest_rd_atomic = std::max<uint8_t>(1, attr->max_dest_rd_atomic);
-        qp->rd_res.assign(qp->max_dest_rd_atomic, RdResource{});
-        qp->rd_res_next = 0;
+        a.max_dest_rd_atomic = std::max<uint8_t>(1, attr->max_dest_rd_atomic);
+        qp->resp.rd_res.assign(a.max_dest_rd_atomic, RdResource{});
+        qp->resp.rd_res_next = 0;
     }
     if (mask & IBV_QP_STATE) {
         if (next == IBV_QPS_RESET) reset_state(qp);
-        qp->state = next;
+        bool enter_error = next == IBV_QPS_ERR && cur != IBV_QPS_ERR;
+        a.state = next;
         qp->qpx.qp_base.state = next;
-        if (next == IBV_QPS_ERR) qp_flush_queues(qp);
+        a.sq_draining = next == IBV_QPS_SQD;
+        if (enter_error) {
+            a.state = cur; // qp_enter_error notices the change of state
+            qp_enter_error(qp);
+        }
+        if (next == IBV_QPS_SQD && (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY)) {
+            // Nothing is ever mid-message when the QP lock is free: the
+            // send queue is drained as soon as the transition is made.
+            a.sq_draining = false;
+            post_async_event(qp, IBV_EVENT_SQ_DRAINED);
+        }
     }
     return 0;
 }
 
-// ibv_qp_ex: WQEs are built in place past sq_head and published by wr_complete.
-struct WrBatch {
-    uint32_t pending = 0;
-    int error = 0;
-    uint32_t sge_slot = 0;            // the WQE ibv_wr_set_sge* fills
-    uint32_t final_slot = UINT32_MAX; // the WQE reporting the current commit
-};
-thread_local WrBatch t_wr;
+// ibv_qp_ex: WQEs are built in place past the queue's head and published by
+// wr_complete.  The batch lives in the QP (rdma-core defines it per QP).
+WrBatch &batch(ibv_qp_ex *qpx) {
+    return to_qp(qpx)->req.batch;
+}
+
+void batch_fail(ibv_qp_ex *qpx, int err) {
+    WrBatch &b = batch(qpx);
+    if (!b.error) b.error = err;
+}
 
 SendWqe *wr_begin_flags(ibv_qp_ex *qpx, ibv_wr_opcode op, unsigned flags) {
     Qp *qp = to_qp(qpx);
-    if (t_wr.error) return nullptr;
-    if (qp->sq_head + t_wr.pending - qp->sq_tail >= qp->max_send_wr) {
-        t_wr.error = ENOMEM;
+    WrBatch &b = qp->req.batch;
+    if (b.error) return nullptr;
+    if (qp->req.head + b.pending - qp->req.tail >= qp->req.max_wr) {
+        b.error = ENOMEM;
         return nullptr;
     }
-    uint32_t slot = (qp->sq_head + t_wr.pending) % qp->max_send_wr;
-    t_wr.pending++;
-    t_wr.sge_slot = slot;
-    t_wr.final_slot = UINT32_MAX;
+    uint32_t slot = (qp->req.head + b.pending) % qp->req.max_wr;
+    b.pending++;
+    b.sge_slot = slot;
+    b.final_slot = UINT32_MAX;
     return &req_new_wqe(qp, slot, qpx->wr_id, op, flags);
 }
 
@@ -311,44 +373,50 @@ SendWqe *wr_begin(ibv_qp_ex *qpx, ibv_wr_opcode op) {
 }
 
 SendWqe *wr_last(ibv_qp_ex *qpx, uint32_t *slot) {
-    Qp *qp = to_qp(qpx);
-    if (t_wr.error || !t_wr.pending) {
-        if (!t_wr.error) t_wr.error = EINVAL;
+    WrBatch &b = batch(qpx);
+    if (b.error || !b.pending) {
+        if (!b.error) b.error = EINVAL;
         return nullptr;
     }
-    *slot = t_wr.sge_slot;
-    return &qp->sq[*slot];
+    *slot = b.sge_slot;
+    return &to_qp(qpx)->req.wqe[*slot];
 }
 
 // The gather list of a commit's write is known only now: its completion
 // reports that length.
 void note_commit_length(Qp *qp, const SendWqe &w) {
-    if (t_wr.final_slot != UINT32_MAX) qp->sq[t_wr.final_slot].report_len = w.length;
+    if (qp->req.batch.final_slot != UINT32_MAX)
+        qp->req.wqe[qp->req.batch.final_slot].report_len = w.length;
 }
 
 void wr_start(ibv_qp_ex *qpx) {
-    to_qp(qpx)->mu.lock();
-    t_wr = WrBatch{};
+    Qp *qp = to_qp(qpx);
+    qp->mu.lock();
+    qp->req.batch = WrBatch{};
 }
 
 int wr_complete(ibv_qp_ex *qpx) {
     Qp *qp = to_qp(qpx);
-    int err = t_wr.error;
-    if (!err &&
-        (qp->state == IBV_QPS_RESET || qp->state == IBV_QPS_INIT || qp->state == IBV_QPS_RTR))
-        err = EINVAL;
+    WrBatch &b = qp->req.batch;
+    int err = b.error;
+    ibv_qp_state st = qp->attr.state;
+    if (!err && (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR)) err = EINVAL;
+    // Every WQE of the batch must be one its transport carries.
+    for (uint32_t i = 0; !err && i < b.pending; i++)
+        if (!req_check_wqe(qp, qp->req.at(qp->req.head + i))) err = EINVAL;
     if (!err) {
-        qp->sq_head += t_wr.pending;
+        qp->req.head += b.pending;
         req_kick(qp);
     }
-    t_wr = WrBatch{};
+    b = WrBatch{};
     req_send_and_unlock(qp);
     return err;
 }
 
 void wr_abort(ibv_qp_ex *qpx) {
-    t_wr = WrBatch{};
-    to_qp(qpx)->mu.unlock();
+    Qp *qp = to_qp(qpx);
+    qp->req.batch = WrBatch{};
+    qp->mu.unlock();
 }
 
 void wr_rdma(ibv_qp_ex *qpx, ibv_wr_opcode op, uint32_t rkey, uint64_t addr, __be32 imm) {
@@ -372,6 +440,9 @@ void wr_send(ibv_qp_ex *q) {
 }
 void wr_send_imm(ibv_qp_ex *q, __be32 imm) {
     if (SendWqe *w = wr_begin(q, IBV_WR_SEND_WITH_IMM)) w->imm = imm;
+}
+void wr_send_inv(ibv_qp_ex *q, uint32_t invalidate_rkey) {
+    if (SendWqe *w = wr_begin(q, IBV_WR_SEND_WITH_INV)) w->imm = htonl(invalidate_rkey);
 }
 void wr_atomic_cmp_swp(ibv_qp_ex *q, uint32_t rkey, uint64_t a, uint64_t compare, uint64_t swap) {
     if (SendWqe *w = wr_begin(q, IBV_WR_ATOMIC_CMP_AND_SWP)) {
@@ -401,7 +472,7 @@ void wr_flush(ibv_qp_ex *q, uint32_t rkey, uint64_t a, size_t len, uint8_t type,
     // FETH can carry; the length travels in a 32-bit DMA length.
     if (!type || (type & ~(IBV_FLUSH_GLOBAL | IBV_FLUSH_PERSISTENT)) ||
         (level != IBV_FLUSH_RANGE && level != IBV_FLUSH_MR) || len > UINT32_MAX) {
-        if (!t_wr.error) t_wr.error = EINVAL;
+        batch_fail(q, EINVAL);
         return;
     }
     if (SendWqe *w = wr_begin(q, IBV_WR_FLUSH)) {
@@ -415,7 +486,7 @@ void wr_flush(ibv_qp_ex *q, uint32_t rkey, uint64_t a, size_t len, uint8_t type,
 void wr_set_sge_list(ibv_qp_ex *q, size_t n, const ibv_sge *sg) {
     uint32_t slot;
     if (SendWqe *w = wr_last(q, &slot)) {
-        if (!req_fill_sges(to_qp(q), *w, sg, n)) t_wr.error = EINVAL;
+        if (!req_fill_sges(to_qp(q), *w, sg, n)) batch_fail(q, EINVAL);
         note_commit_length(to_qp(q), *w);
     }
 }
@@ -426,32 +497,55 @@ void wr_set_sge(ibv_qp_ex *q, uint32_t lkey, uint64_t addr, uint32_t length) {
 void wr_set_inline_data_list(ibv_qp_ex *q, size_t n, const ibv_data_buf *bufs) {
     uint32_t slot;
     if (SendWqe *w = wr_last(q, &slot)) {
-        if (!req_fill_inline(to_qp(q), *w, slot, bufs, n)) t_wr.error = EINVAL;
+        if (!req_fill_inline(to_qp(q), *w, slot, bufs, n)) batch_fail(q, EINVAL);
         note_commit_length(to_qp(q), *w);
     }
 }
+void wr_set_inline_data(ibv_qp_ex *q, void *addr, size_t length) {
+    ibv_data_buf b{addr, length};
+    wr_set_inline_data_list(q, 1, &b);
+}
+void wr_set_ud_addr(ibv_qp_ex *q, ibv_ah *ah, uint32_t remote_qpn, uint32_t remote_qkey) {
+    uint32_t slot;
+    Qp *qp = to_qp(q);
+    if (qp->type != IBV_QPT_UD) {
+        batch_fail(q, EOPNOTSUPP);
+        return;
+    }
+    if (SendWqe *w = wr_last(q, &slot))
+        if (!req_set_ud_addr(qp, *w, ah, remote_qpn, remote_qkey)) batch_fail(q, EINVAL);
+}
+void wr_set_xrc_srqn(ibv_qp_ex *q, uint32_t remote_srqn) {
+    uint32_t slot;
+    if (to_qp(q)->type != IBV_QPT_XRC_SEND) {
+        batch_fail(q, EOPNOTSUPP);
+        return;
+    }
+    if (SendWqe *w = wr_last(q, &slot)) w->xrc_srqn = remote_srqn;
+}
 
 // Write-commit.  To a peer that declared the native opcodes: one WQE.  To any
-// other peer the same promise as IBTA sequences (DESIGN.md §2.5):
+// other peer the same promise as IBTA sequences (docs/wire-protocol.md §5):
 //   WRITE + FLUSH(MR); ordered: FLUSH(MR) + WRITE + FLUSH(MR);
 //   with immediate data, a final zero-length WRITE WITH IMMEDIATE.
 // FLUSH with MR selectivity covers every earlier write to the rkey.
 void wr_commit(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint32_t flags, bool imm,
                __be32 immv) {
     Qp *qp = to_qp(qpx);
+    WrBatch &b = qp->req.batch;
     if (flags & ~uint32_t(IBV_WRITE_COMMIT_ORDERED | IBV_WRITE_COMMIT_GLOBAL)) {
-        if (!t_wr.error) t_wr.error = EINVAL;
+        batch_fail(qpx, EINVAL);
         return;
     }
     unsigned user = qpx->wr_flags;
-    if (qp->peer_native_commit) {
+    if (qp->commit.peer_native) {
         if (SendWqe *w = wr_begin_flags(qpx, kWrWriteCommit, user)) {
             w->rkey = rkey;
             w->remote_addr = addr;
             w->imm = immv;
             w->commit_flags = flags | (imm ? kCommitImmFlag : 0);
             w->commit_part = kCommitFinal;
-            t_wr.final_slot = t_wr.sge_slot;
+            b.final_slot = b.sge_slot;
         }
         return;
     }
@@ -480,16 +574,16 @@ void wr_commit(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint32_t flags, boo
     };
     if (flags & IBV_WRITE_COMMIT_ORDERED) flush_mr(kCommitInner);
     if (!part(IBV_WR_RDMA_WRITE, kCommitInner)) return;
-    uint32_t write_slot = t_wr.sge_slot;
+    uint32_t write_slot = b.sge_slot;
     if (!imm) {
         flush_mr(kCommitFinal);
     } else {
         flush_mr(kCommitInner);
         if (SendWqe *w = part(IBV_WR_RDMA_WRITE_WITH_IMM, kCommitFinal)) w->imm = immv;
     }
-    if (t_wr.error) return;
-    t_wr.final_slot = t_wr.sge_slot;
-    t_wr.sge_slot = write_slot;
+    if (b.error) return;
+    b.final_slot = b.sge_slot;
+    b.sge_slot = write_slot;
 }
 
 void wr_rdma_write_commit(ibv_qp_ex *q, uint32_t rkey, uint64_t addr, uint32_t flags) {
@@ -501,109 +595,9 @@ void wr_rdma_write_commit_imm(ibv_qp_ex *q, uint32_t rkey, uint64_t addr, uint32
 }
 
 const ibv_qp_commit_ops kCommitOps = {wr_rdma_write_commit, wr_rdma_write_commit_imm};
-void wr_set_inline_data(ibv_qp_ex *q, void *addr, size_t length) {
-    ibv_data_buf b{addr, length};
-    wr_set_inline_data_list(q, 1, &b);
-}
-void wr_unsupported_ud(ibv_qp_ex *, ibv_ah *, uint32_t, uint32_t) {
-    t_wr.error = EOPNOTSUPP;
-}
-void wr_unsupported_xrc(ibv_qp_ex *, uint32_t) {
-    t_wr.error = EOPNOTSUPP;
-}
 
-int post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad) {
-    return req_post_send(to_qp(ibqp), wr, bad);
-}
-int post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
-    return resp_post_recv(to_qp(ibqp), wr, bad);
-}
-
-} // namespace
-
-int qp_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
-    return post_send(qp, wr, bad);
-}
-int qp_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
-    return post_recv(qp, wr, bad);
-}
-
-ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) {
-    constexpr uint64_t kSendOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
-                                  IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
-                                  IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-                                  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_FLUSH |
-                                  IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_COMMIT;
-    Context *ctx = to_ctx(ibctx);
-    if (attr->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
-        errno = EOPNOTSUPP;
-        return nullptr;
-    }
-    if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd || attr->pd->context != ibctx) {
-        errno = EINVAL;
-        return nullptr;
-    }
-    if (attr->qp_type != IBV_QPT_RC || attr->srq) {
-        errno = EOPNOTSUPP;
-        return nullptr;
-    }
-    uint64_t ops = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) ? attr->send_ops_flags : 0;
-    if (ops & ~kSendOps) {
-        errno = EOPNOTSUPP;
-        return nullptr;
-    }
-    ibv_qp_cap &cap = attr->cap;
-    if (!attr->send_cq || !attr->recv_cq || attr->send_cq->context != ibctx ||
-        attr->recv_cq->context != ibctx || cap.max_send_wr > kMaxWr || cap.max_recv_wr > kMaxWr ||
-        cap.max_send_sge > kMaxSge || cap.max_recv_sge > kMaxSge ||
-        cap.max_inline_data > kMaxInline) {
-        errno = EINVAL;
-        return nullptr;
-    }
-    auto *qp = new Qp;
-    qp->ctx = ctx;
-    qp->nic = ctx->nic;
-    qp->scq = to_cq(attr->send_cq);
-    qp->rcq = to_cq(attr->recv_cq);
-    qp->sq_sig_all = attr->sq_sig_all;
-    // A write-commit to a peer without native opcodes takes up to four WQEs.
-    uint32_t per_wr = (ops & IBV_QP_EX_WITH_RDMA_WRITE_COMMIT) ? 4 : 1;
-    qp->max_send_wr = std::max(1u, cap.max_send_wr) * per_wr;
-    qp->cap_send_wr = cap.max_send_wr;
-    qp->max_recv_wr = std::max(1u, cap.max_recv_wr);
-    qp->max_send_sge = std::max(1u, cap.max_send_sge);
-    qp->max_recv_sge = std::max(1u, cap.max_recv_sge);
-    qp->max_inline = cap.max_inline_data;
-    qp->send_ops_flags = ops;
-    qp->sq.resize(qp->max_send_wr);
-    qp->sq_sge.resize(size_t(qp->max_send_wr) * qp->max_send_sge);
-    qp->sq_inline.resize(size_t(qp->max_send_wr) * qp->max_inline);
-    qp->rq.resize(qp->max_recv_wr);
-    qp->rq_sge.resize(size_t(qp->max_recv_wr) * qp->max_recv_sge);
-    qp->rd_res.assign(1, RdResource{});
-    qp->dirty.reserve(32); // bounded (resp.cpp), so the data path never allocates
-    qp->mtu = uint32_t(mtu_bytes(qp->path_mtu));
-
-    ibv_qp &b = qp->qpx.qp_base;
-    b.context = ibctx;
-    b.qp_context = attr->qp_context;
-    b.pd = attr->pd;
-    b.send_cq = attr->send_cq;
-    b.recv_cq = attr->recv_cq;
-    b.srq = nullptr;
-    b.state = IBV_QPS_RESET;
-    b.qp_type = IBV_QPT_RC;
-    pthread_mutex_init(&b.mutex, nullptr);
-    pthread_cond_init(&b.cond, nullptr);
-    uint32_t qpn = ctx->nic->add_qp(qp);
-    if (!qpn) {
-        delete qp;
-        errno = ENOMEM;
-        return nullptr;
-    }
-    b.qp_num = qpn;
-    b.handle = qpn;
-
+// The ibv_qp_ex operations, installed in one place.
+void init_qp_ex_ops(Qp *qp) {
     ibv_qp_ex &x = qp->qpx;
     x.comp_mask = 0;
     x.wr_start = wr_start;
@@ -614,6 +608,7 @@ ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) {
     x.wr_rdma_read = wr_rdma_read;
     x.wr_send = wr_send;
     x.wr_send_imm = wr_send_imm;
+    x.wr_send_inv = wr_send_inv;
     x.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
     x.wr_atomic_fetch_add = wr_atomic_fetch_add;
     x.wr_set_sge = wr_set_sge;
@@ -621,9 +616,166 @@ ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) {
     x.wr_set_inline_data = wr_set_inline_data;
     x.wr_set_inline_data_list = wr_set_inline_data_list;
     x.wr_atomic_write = wr_atomic_write;
+    x.wr_set_ud_addr = wr_set_ud_addr;
+    x.wr_set_xrc_srqn = wr_set_xrc_srqn;
     qp->wr_flush = wr_flush;
-    x.wr_set_ud_addr = wr_unsupported_ud;
-    x.wr_set_xrc_srqn = wr_unsupported_xrc;
+}
+
+// The send operations each QP type may enable through send_ops_flags.
+uint64_t send_ops_for(ibv_qp_type type) {
+    constexpr uint64_t kSends = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+    constexpr uint64_t kWrites = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+    constexpr uint64_t kRc = kSends | kWrites | IBV_QP_EX_WITH_SEND_WITH_INV |
+                             IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+                             IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+    switch (type) {
+    case IBV_QPT_RC:
+        return kRc | IBV_QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_ATOMIC_WRITE |
+               IBV_QP_EX_WITH_RDMA_WRITE_COMMIT;
+    case IBV_QPT_UC:
+        return kSends | kWrites | IBV_QP_EX_WITH_SEND_WITH_INV;
+    case IBV_QPT_UD:
+        return kSends;
+    case IBV_QPT_XRC_SEND:
+        return kRc;
+    default:
+        return 0;
+    }
+}
+
+int check_caps(const ibv_qp_cap &cap) {
+    return (cap.max_send_wr > kMaxWr || cap.max_recv_wr > kMaxWr || cap.max_send_sge > kMaxSge ||
+            cap.max_recv_sge > kMaxSge || cap.max_inline_data > kMaxInline)
+               ? EINVAL
+               : 0;
+}
+
+// Validates `attr` for a QP of this context; 0 or an errno.
+int check_create(Context *ctx, const ibv_qp_init_attr_ex *attr) {
+    ibv_context *ibctx = &ctx->vctx.context;
+    constexpr uint32_t kKnown = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD |
+                                IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    if (attr->comp_mask & ~kKnown) return EOPNOTSUPP;
+    // No creation flag is supported; asking for none is fine.
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags) return EOPNOTSUPP;
+    ibv_qp_type type = attr->qp_type;
+    if (type != IBV_QPT_RC && type != IBV_QPT_UC && type != IBV_QPT_UD &&
+        type != IBV_QPT_XRC_SEND && type != IBV_QPT_XRC_RECV)
+        return EOPNOTSUPP;
+    if (type == IBV_QPT_XRC_RECV) {
+        // A receive-only XRC QP belongs to a domain, not a PD, and has no queues.
+        if (!(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !attr->xrcd ||
+            attr->xrcd->context != ibctx)
+            return EINVAL;
+        return 0;
+    }
+    if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd || attr->pd->context != ibctx)
+        return EINVAL;
+    if (!attr->send_cq || attr->send_cq->context != ibctx) return EINVAL;
+    if (type != IBV_QPT_XRC_SEND && (!attr->recv_cq || attr->recv_cq->context != ibctx))
+        return EINVAL;
+    if (attr->srq && (type == IBV_QPT_XRC_SEND || attr->srq->context != ibctx ||
+                      to_srq(attr->srq)->type != IBV_SRQT_BASIC))
+        return EINVAL;
+    uint64_t ops = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) ? attr->send_ops_flags : 0;
+    if (ops & ~send_ops_for(type)) return EOPNOTSUPP;
+    return check_caps(attr->cap);
+}
+
+void init_queues(Qp *qp, ibv_qp_init_attr_ex *attr, uint64_t ops) {
+    ibv_qp_cap &cap = attr->cap;
+    Requester &q = qp->req;
+    bool sends = qp->type != IBV_QPT_XRC_RECV;
+    bool recvs = sends && !qp->srq && qp->type != IBV_QPT_XRC_SEND;
+    // A write-commit to a peer without native opcodes takes up to four WQEs.
+    uint32_t per_wr = (ops & IBV_QP_EX_WITH_RDMA_WRITE_COMMIT) ? 4 : 1;
+    q.cap_wr = sends ? cap.max_send_wr : 0;
+    q.max_wr = std::max(1u, q.cap_wr) * per_wr;
+    q.max_sge = std::max(1u, cap.max_send_sge);
+    q.max_inline = sends ? cap.max_inline_data : 0;
+    q.sig_all = attr->sq_sig_all;
+    q.ops_flags = ops;
+    q.wqe.resize(q.max_wr);
+    q.sge.resize(size_t(q.max_wr) * q.max_sge);
+    q.inline_buf.resize(size_t(q.max_wr) * q.max_inline);
+    if (recvs)
+        qp->resp.rq.init(std::max(1u, cap.max_recv_wr), std::max(1u, cap.max_recv_sge));
+    else
+        qp->resp.rq.init(1, 1);
+    qp->resp.rd_res.assign(1, RdResource{});
+    qp->commit.dirty.reserve(32); // bounded (resp.cpp), so the data path never allocates
+    // What the QP really has, as ibv_create_qp reports it back.
+    if (!recvs) cap.max_recv_wr = cap.max_recv_sge = 0;
+    if (!sends) cap.max_send_wr = cap.max_send_sge = cap.max_inline_data = 0;
+}
+
+} // namespace
+
+int qp_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
+    return req_post_send(to_qp(qp), wr, bad);
+}
+int qp_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
+    return resp_post_recv(to_qp(qp), wr, bad);
+}
+
+ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) {
+    Context *ctx = to_ctx(ibctx);
+    if (int err = check_create(ctx, attr)) {
+        errno = err;
+        return nullptr;
+    }
+    uint64_t ops = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) ? attr->send_ops_flags : 0;
+    Qp *qp = new (std::nothrow) Qp;
+    if (!qp) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    qp->ctx = ctx;
+    qp->nic = ctx->nic;
+    qp->type = attr->qp_type;
+    bool tgt = qp->type == IBV_QPT_XRC_RECV;
+    qp->scq = tgt ? nullptr : to_cq(attr->send_cq);
+    qp->rcq = tgt || qp->type == IBV_QPT_XRC_SEND ? nullptr : to_cq(attr->recv_cq);
+    qp->srq = tgt ? nullptr : (attr->srq ? to_srq(attr->srq) : nullptr);
+    if (tgt) qp->xrcd = reinterpret_cast<Xrcd *>(attr->xrcd);
+    try {
+        init_queues(qp, attr, ops);
+    } catch (const std::bad_alloc &) {
+        delete qp;
+        errno = ENOMEM;
+        return nullptr;
+    }
+    // Datagrams are bounded by the port's MTU rather than a path's.
+    if (qp->type == IBV_QPT_UD) {
+        qp->attr.path_mtu = ctx->dev->active_mtu;
+        qp->attr.mtu = uint32_t(mtu_bytes(qp->attr.path_mtu));
+    } else {
+        qp->attr.mtu = uint32_t(mtu_bytes(qp->attr.path_mtu));
+    }
+
+    ibv_qp &b = qp->qpx.qp_base;
+    b.context = ibctx;
+    b.qp_context = attr->qp_context;
+    b.pd = tgt ? nullptr : attr->pd;
+    b.send_cq = tgt ? nullptr : attr->send_cq;
+    b.recv_cq = qp->rcq ? attr->recv_cq : nullptr;
+    b.srq = qp->srq ? attr->srq : nullptr;
+    b.state = IBV_QPS_RESET;
+    b.qp_type = qp->type;
+    b.events_completed = 0;
+    pthread_mutex_init(&b.mutex, nullptr);
+    pthread_cond_init(&b.cond, nullptr);
+    uint32_t qpn = ctx->nic->add_qp(qp);
+    if (!qpn) {
+        delete qp;
+        errno = ENOMEM;
+        return nullptr;
+    }
+    b.qp_num = qpn;
+    b.handle = qpn;
+    if (qp->xrcd) qp->xrcd->refs++;
+    if (qp->srq) qp->srq->users++;
+    init_qp_ex_ops(qp);
     return &b;
 }
 
@@ -654,39 +806,46 @@ int sroce_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
     (void)mask; // everything is cheap to report
     Qp *qp = to_qp(ibqp);
     std::lock_guard<std::mutex> g(qp->mu);
+    const QpAttr &a = qp->attr;
     *attr = ibv_qp_attr{};
-    attr->qp_state = qp->state;
-    attr->cur_qp_state = qp->state;
-    attr->path_mtu = qp->path_mtu;
+    attr->qp_state = a.state;
+    attr->cur_qp_state = a.state;
+    attr->path_mtu = a.path_mtu;
     attr->path_mig_state = IBV_MIG_MIGRATED;
-    attr->qkey = qp->qkey;
-    attr->rq_psn = qp->epsn;
-    attr->sq_psn = qp->next_psn;
-    attr->dest_qp_num = qp->dest_qpn;
-    attr->qp_access_flags = qp->access;
-    attr->cap.max_send_wr = qp->cap_send_wr;
-    attr->cap.max_recv_wr = qp->max_recv_wr;
-    attr->cap.max_send_sge = qp->max_send_sge;
-    attr->cap.max_recv_sge = qp->max_recv_sge;
-    attr->cap.max_inline_data = qp->max_inline;
-    attr->ah_attr = qp->ah;
-    attr->pkey_index = qp->pkey_index;
-    attr->sq_draining = 0;
-    attr->max_rd_atomic = qp->max_rd_atomic;
-    attr->max_dest_rd_atomic = qp->max_dest_rd_atomic;
-    attr->min_rnr_timer = qp->min_rnr_timer;
-    attr->port_num = qp->port_num;
-    attr->timeout = qp->timeout;
-    attr->retry_cnt = qp->retry_cnt;
-    attr->rnr_retry = qp->rnr_retry;
+    attr->qkey = a.qkey;
+    attr->rq_psn = qp->resp.epsn;
+    attr->sq_psn = qp->req.next_psn;
+    attr->dest_qp_num = a.dest_qpn;
+    attr->qp_access_flags = a.access;
+    bool own_rq = !qp->srq && qp->type != IBV_QPT_XRC_SEND && qp->type != IBV_QPT_XRC_RECV;
+    if (qp->type != IBV_QPT_XRC_RECV) {
+        attr->cap.max_send_wr = qp->req.cap_wr;
+        attr->cap.max_send_sge = qp->req.max_sge;
+        attr->cap.max_inline_data = qp->req.max_inline;
+    }
+    if (own_rq) {
+        attr->cap.max_recv_wr = qp->resp.rq.max_wr;
+        attr->cap.max_recv_sge = qp->resp.rq.max_sge;
+    }
+    attr->ah_attr = a.ah;
+    attr->pkey_index = a.pkey_index;
+    attr->sq_draining = a.sq_draining;
+    attr->max_rd_atomic = a.max_rd_atomic;
+    attr->max_dest_rd_atomic = a.max_dest_rd_atomic;
+    attr->min_rnr_timer = a.min_rnr_timer;
+    attr->port_num = a.port_num;
+    attr->timeout = a.timeout;
+    attr->retry_cnt = a.retry_cnt;
+    attr->rnr_retry = a.rnr_retry;
     if (init) {
         *init = ibv_qp_init_attr{};
         init->qp_context = ibqp->qp_context;
         init->send_cq = ibqp->send_cq;
         init->recv_cq = ibqp->recv_cq;
+        init->srq = ibqp->srq;
         init->cap = attr->cap;
-        init->qp_type = IBV_QPT_RC;
-        init->sq_sig_all = qp->sq_sig_all;
+        init->qp_type = qp->type;
+        init->sq_sig_all = qp->req.sig_all;
     }
     return 0;
 }
@@ -706,6 +865,8 @@ int sroce_destroy_qp(struct ibv_qp *ibqp) {
         nic->remove_qp(qp);
     }
     qp->ctx->forget_events(ibqp);
+    if (qp->xrcd) qp->xrcd->refs--;
+    if (qp->srq) qp->srq->users--;
     pthread_mutex_destroy(&ibqp->mutex);
     pthread_cond_destroy(&ibqp->cond);
     delete qp;
@@ -714,7 +875,7 @@ int sroce_destroy_qp(struct ibv_qp *ibqp) {
 
 const struct ibv_qp_commit_ops *sroce_qp_to_commit_ops(struct ibv_qp_ex *qpx) {
     // Like any ibv_wr_* operation, only on QPs created with it.
-    if (!(to_qp(qpx)->send_ops_flags & IBV_QP_EX_WITH_RDMA_WRITE_COMMIT)) {
+    if (!(to_qp(qpx)->req.ops_flags & IBV_QP_EX_WITH_RDMA_WRITE_COMMIT)) {
         errno = EOPNOTSUPP;
         return nullptr;
     }
@@ -724,7 +885,7 @@ const struct ibv_qp_commit_ops *sroce_qp_to_commit_ops(struct ibv_qp_ex *qpx) {
 int sroce_qp_set_commit_peer(struct ibv_qp *ibqp, uint32_t peer_commit_caps) {
     Qp *qp = to_qp(ibqp);
     std::lock_guard<std::mutex> g(qp->mu);
-    qp->peer_native_commit = peer_commit_caps & IBV_COMMIT_CAP_NATIVE;
+    qp->commit.peer_native = peer_commit_caps & IBV_COMMIT_CAP_NATIVE;
     return 0;
 }
 

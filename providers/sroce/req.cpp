@@ -1,6 +1,9 @@
+// SPDX-License-Identifier: MIT
+//
 // Requester: turns send-queue WQEs into packets (segmentation at the path MTU,
 // PSN assignment, fences, read/atomic credits), keeps the go-back-N state and
-// the retransmit and RNR timers.
+// the retransmit and RNR timers.  UC and UD QPs use the same path without
+// acknowledgements: their WQEs retire once their packets have left.
 #include "transport.hpp"
 
 #include <algorithm>
@@ -30,23 +33,7 @@ uint32_t div_up(uint32_t a, uint32_t b) {
     return (a + b - 1) / b;
 }
 
-// Fills iov with the bytes [off, off+len) of the WQE's gather list.
-int gather(const SendWqe &w, uint32_t off, uint32_t len, iovec *iov) {
-    int n = 0;
-    for (uint32_t i = 0; i < w.num_sge && len; i++) {
-        const ibv_sge &s = w.sge[i];
-        if (off >= s.length) {
-            off -= s.length;
-            continue;
-        }
-        uint32_t take = std::min(s.length - off, len);
-        iov[n++] = {reinterpret_cast<uint8_t *>(uintptr_t(s.addr)) + off, take};
-        len -= take;
-        off = 0;
-    }
-    return n;
-}
-
+// The RC opcode of packet i of a SEND or WRITE WQE.
 uint8_t send_write_opcode(const SendWqe &w, uint32_t i) {
     bool first = i == 0, last = i + 1 == w.npkts;
     using namespace wire;
@@ -57,6 +44,10 @@ uint8_t send_write_opcode(const SendWqe &w, uint32_t i) {
         if (last) return imm ? kCommitWriteLastImm : kCommitWriteLast;
         return kCommitWriteMiddle;
     }
+    if (w.opcode == IBV_WR_SEND_WITH_INV) {
+        if (last) return first ? kSendOnlyInv : kSendLastInv;
+        return first ? kSendFirst : kSendMiddle;
+    }
     bool write = w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
     bool imm = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM || w.opcode == IBV_WR_SEND_WITH_IMM;
     if (first && last)
@@ -66,65 +57,67 @@ uint8_t send_write_opcode(const SendWqe &w, uint32_t i) {
     return write ? kWriteMiddle : kSendMiddle;
 }
 
+// The RC opcode of a WQE's packet i.
+uint8_t rc_opcode(const SendWqe &w, uint32_t i) {
+    using namespace wire;
+    if (is_read(w)) return kReadRequest;
+    if (is_atomic(w)) return w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? kCompareSwap : kFetchAdd;
+    if (w.opcode == IBV_WR_FLUSH) return kFlush;
+    if (w.opcode == IBV_WR_ATOMIC_WRITE) return kAtomicWrite;
+    return send_write_opcode(w, i);
+}
+
+// The opcode on the QP's transport.
+uint8_t wire_opcode(const Qp *qp, uint8_t rc) {
+    using namespace wire;
+    switch (qp->type) {
+    case IBV_QPT_UC:
+        return kUcBase | rc;
+    case IBV_QPT_UD:
+        return rc == kSendOnlyImm ? kUdSendOnlyImm : kUdSendOnly;
+    case IBV_QPT_XRC_SEND:
+        return kXrcBase | rc;
+    default:
+        return rc;
+    }
+}
+
 void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx) {
     using namespace wire;
+    const uint32_t mtu = qp->attr.mtu;
+    uint8_t op = wire_opcode(qp, rc_opcode(w, i));
+    const OpInfo &info = op_info(op);
     uint8_t hdr[kMaxHdrLen];
     uint32_t psn = psn_add(w.first_psn, i);
-    Nic *nic = qp->nic;
-    if (is_read(w)) {
-        // A re-sent READ asks only for the responses not yet received.
-        uint32_t off = i * qp->mtu;
-        bth::build(hdr, kReadRequest, false, 0, kDefaultPkey, qp->dest_qpn, true, psn);
-        put64(hdr + kBthLen, w.remote_addr + off);
-        put32(hdr + kBthLen + 8, w.rkey);
-        put32(hdr + kBthLen + 12, w.length - off);
-        nic->queue(tx, qp->dest_addr, hdr, kBthLen + kRethLen, nullptr, 0, 0);
-        return;
-    }
-    if (is_atomic(w)) {
-        uint8_t op = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? kCompareSwap : kFetchAdd;
-        bth::build(hdr, op, false, 0, kDefaultPkey, qp->dest_qpn, true, psn);
-        put64(hdr + kBthLen, w.remote_addr);
-        put32(hdr + kBthLen + 8, w.rkey);
-        if (op == kCompareSwap) {
-            put64(hdr + kBthLen + 12, w.swap);
-            put64(hdr + kBthLen + 20, w.compare_add);
-        } else {
-            put64(hdr + kBthLen + 12, w.compare_add);
-            put64(hdr + kBthLen + 20, 0);
-        }
-        nic->queue(tx, qp->dest_addr, hdr, kBthLen + kAtomicEthLen, nullptr, 0, 0);
-        return;
-    }
-    if (w.opcode == IBV_WR_FLUSH) {
-        bth::build(hdr, kFlush, false, 0, kDefaultPkey, qp->dest_qpn, true, psn);
-        put32(hdr + kBthLen, uint32_t(w.flush_level) << 4 | w.flush_type);
-        put64(hdr + kBthLen + kFethLen, w.remote_addr);
-        put32(hdr + kBthLen + kFethLen + 8, w.rkey);
-        put32(hdr + kBthLen + kFethLen + 12, w.length);
-        nic->queue(tx, qp->dest_addr, hdr, kBthLen + kFethLen + kRethLen, nullptr, 0, 0);
-        return;
-    }
-    if (w.opcode == IBV_WR_ATOMIC_WRITE) {
-        bth::build(hdr, kAtomicWrite, false, 0, kDefaultPkey, qp->dest_qpn, true, psn);
-        put64(hdr + kBthLen, w.remote_addr);
-        put32(hdr + kBthLen + 8, w.rkey);
-        put32(hdr + kBthLen + 12, 8);
-        iovec iov{w.atomic_data, 8};
-        nic->queue(tx, qp->dest_addr, hdr, kBthLen + kRethLen, &iov, 1, 8);
-        return;
-    }
-    uint8_t op = send_write_opcode(w, i);
-    const OpInfo &info = op_info(op);
+    bool ud = qp->type == IBV_QPT_UD;
+    uint32_t dqpn = ud ? w.ud_qpn : qp->attr.dest_qpn;
+    in_addr_t daddr = ud ? w.ud_addr : qp->attr.dest_addr;
     bool last = info.flags & kOpLast;
-    bool ackreq = last || ++qp->pkts_since_ackreq >= kAckReqEvery;
-    if (ackreq) qp->pkts_since_ackreq = 0;
+    bool ackreq =
+        qp->reliable() && ((info.flags & (kOpRead | kOpAtomic | kOpFlush | kOpAtomicWrite)) ||
+                           last || ++qp->req.pkts_since_ackreq >= kAckReqEvery);
+    if (ackreq) qp->req.pkts_since_ackreq = 0;
     bool se = last && (w.flags & IBV_SEND_SOLICITED);
-    bth::build(hdr, op, se, 0, kDefaultPkey, qp->dest_qpn, ackreq, psn);
+    bth::build(hdr, op, se, 0, kDefaultPkey, dqpn, ackreq, psn);
+    if (info.xrceth) put32(hdr + info.xrceth, w.xrc_srqn & kQpnMask);
+    if (info.deth) {
+        put32(hdr + info.deth, w.ud_qkey);
+        put32(hdr + info.deth + 4, qp->qpx.qp_base.qp_num & kQpnMask);
+    }
+    if (info.feth) put32(hdr + info.feth, uint32_t(w.flush_level) << 4 | w.flush_type);
     if (info.reth) {
-        put64(hdr + info.reth, w.remote_addr);
+        // A re-sent READ asks only for the responses not yet received.
+        uint32_t off = is_read(w) ? i * mtu : 0;
+        put64(hdr + info.reth, w.remote_addr + off);
         put32(hdr + info.reth + 8, w.rkey);
-        put32(hdr + info.reth + 12, w.length);
+        put32(hdr + info.reth + 12, w.length - off);
+    }
+    if (info.atomic_eth) {
+        bool cas = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+        put64(hdr + info.atomic_eth, w.remote_addr);
+        put32(hdr + info.atomic_eth + 8, w.rkey);
+        put64(hdr + info.atomic_eth + 12, cas ? w.swap : w.compare_add);
+        put64(hdr + info.atomic_eth + 20, cas ? w.compare_add : 0);
     }
     if (info.ceth) {
         hdr[info.ceth] =
@@ -134,58 +127,71 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx) {
         hdr[info.ceth + 1] = hdr[info.ceth + 2] = hdr[info.ceth + 3] = 0;
     }
     if (info.immdt) std::memcpy(hdr + info.immdt, &w.imm, 4); // already network order
-    uint32_t off = i * qp->mtu;
-    uint32_t len = std::min(qp->mtu, w.length - std::min(w.length, off));
+    if (info.ieth) std::memcpy(hdr + info.ieth, &w.imm, 4);   // the rkey, likewise
+    if (!(info.hdrs & kHasPayload)) {
+        qp->nic->queue(tx, daddr, hdr, info.hdr_len, nullptr, 0, 0);
+        return;
+    }
+    if (w.opcode == IBV_WR_ATOMIC_WRITE) {
+        iovec iov{w.atomic_data, 8};
+        qp->nic->queue(tx, daddr, hdr, info.hdr_len, &iov, 1, 8);
+        return;
+    }
+    uint32_t off = i * mtu;
+    uint32_t len = std::min(mtu, w.length - std::min(w.length, off));
     iovec iov[kMaxSge];
-    int n = gather(w, off, len, iov);
-    nic->queue(tx, qp->dest_addr, hdr, info.hdr_len, iov, n, len);
+    int n = 0;
+    sg_walk(w.sge, w.num_sge, off, len, [&](uint8_t *p, uint32_t k) { iov[n++] = {p, k}; });
+    qp->nic->queue(tx, daddr, hdr, info.hdr_len, iov, n, len);
 }
 
 } // namespace
 
 void req_arm_timer(Qp *qp) {
-    if (wire::psn_diff(qp->next_psn, qp->una_psn) > 0 && qp->timeout)
-        qp->timer_deadline_ns = now_ns() + timeout_ns(qp->timeout);
+    Completer &c = qp->comp;
+    if (wire::psn_diff(qp->req.next_psn, c.una_psn) > 0 && qp->attr.timeout)
+        c.timer_deadline_ns = now_ns() + timeout_ns(qp->attr.timeout);
     else
-        qp->timer_deadline_ns = 0;
+        c.timer_deadline_ns = 0;
 }
 
 void req_run(Qp *qp, TxBatch &tx) {
-    if (qp->state != IBV_QPS_RTS || qp->rnr_deadline_ns) return;
-    uint32_t cap = qp->max_send_wr;
+    Requester &q = qp->req;
+    if (qp->attr.state != IBV_QPS_RTS || qp->comp.rnr_deadline_ns) return;
+    bool reliable = qp->reliable();
     bool sent = false;
-    while (qp->sq_cur != qp->sq_head) {
-        SendWqe &w = qp->sq[qp->sq_cur % cap];
+    while (q.cur != q.head) {
+        SendWqe &w = q.at(q.cur);
         if (w.done) {
-            qp->sq_cur++;
+            q.cur++;
             continue;
         }
         if (!w.started) {
             if (w.status != IBV_WC_SUCCESS) {
                 // A WQE that failed local checks completes in order, once
                 // everything before it has.
-                if (qp->sq_tail != qp->sq_cur) break;
+                if (q.tail != q.cur) break;
                 w.started = true;
                 w.done = true;
                 complete_send(qp, w, w.status);
                 // Retired here, or the flush below would complete it twice.
-                qp->sq_tail++;
+                q.tail++;
                 qp_enter_error(qp);
                 return;
             }
-            if ((w.flags & IBV_SEND_FENCE) && qp->rd_outstanding) break;
-            if (needs_credit(w) && qp->rd_outstanding >= qp->max_rd_atomic) break;
-            if (wire::psn_diff(qp->next_psn, qp->una_psn) >= kWindow) break;
-            w.first_psn = qp->next_psn;
+            if ((w.flags & IBV_SEND_FENCE) && q.rd_outstanding) break;
+            if (needs_credit(w) && q.rd_outstanding >= qp->attr.max_rd_atomic) break;
+            if (reliable && wire::psn_diff(q.next_psn, qp->comp.una_psn) >= kWindow) break;
+            w.first_psn = q.next_psn;
             // Atomics, FLUSH and ATOMIC WRITE take one PSN; a READ one per
             // response packet; SEND/WRITE one per packet.
             bool single = wr_needs_response(w.opcode) && !is_read(w);
-            w.npkts = single ? 1 : std::max(1u, div_up(w.length, qp->mtu));
+            w.npkts = single ? 1 : std::max(1u, div_up(w.length, qp->attr.mtu));
             w.sent_pkts = 0;
             w.read_next = 0;
             w.started = true;
-            qp->next_psn = wire::psn_add(qp->next_psn, w.npkts);
-            if (needs_credit(w)) qp->rd_outstanding++;
+            q.next_psn = wire::psn_add(q.next_psn, w.npkts);
+            if (needs_credit(w)) q.rd_outstanding++;
         }
         if (needs_credit(w)) {
             if (w.sent_pkts == 0) {
@@ -196,22 +202,25 @@ void req_run(Qp *qp, TxBatch &tx) {
         } else {
             while (w.sent_pkts < w.npkts) {
                 uint32_t psn = wire::psn_add(w.first_psn, w.sent_pkts);
-                if (wire::psn_diff(psn, qp->una_psn) >= kWindow) goto out;
+                if (reliable && wire::psn_diff(psn, qp->comp.una_psn) >= kWindow) goto out;
                 send_packet(qp, w, w.sent_pkts, tx);
                 w.sent_pkts++;
                 sent = true;
             }
+            // Nothing acknowledges UC and UD: done once sent (retired by
+            // req_retire_sent after the batch has left).
+            if (!reliable) w.done = true;
         }
-        qp->sq_cur++;
+        q.cur++;
     }
 out:
-    if (sent && !qp->timer_deadline_ns) req_arm_timer(qp);
+    if (reliable && sent && !qp->comp.timer_deadline_ns) req_arm_timer(qp);
 }
 
 void req_rewind(Qp *qp, uint32_t psn) {
-    uint32_t cap = qp->max_send_wr;
-    for (uint32_t i = qp->sq_tail; i != qp->sq_head; i++) {
-        SendWqe &w = qp->sq[i % cap];
+    Requester &q = qp->req;
+    for (uint32_t i = q.tail; i != q.head; i++) {
+        SendWqe &w = q.at(i);
         if (!w.started) break;
         if (w.done) continue;
         int32_t d = wire::psn_diff(psn, w.first_psn);
@@ -222,12 +231,12 @@ void req_rewind(Qp *qp, uint32_t psn) {
             } else {
                 w.sent_pkts = uint32_t(d);
             }
-            for (uint32_t j = i + 1; j != qp->sq_head; j++) {
-                SendWqe &x = qp->sq[j % cap];
+            for (uint32_t j = i + 1; j != q.head; j++) {
+                SendWqe &x = q.at(j);
                 if (!x.started) break;
                 x.sent_pkts = 0;
             }
-            qp->sq_cur = i;
+            q.cur = i;
             qp->nic->stats.retransmits.fetch_add(1, std::memory_order_relaxed);
             return;
         }
@@ -236,46 +245,44 @@ void req_rewind(Qp *qp, uint32_t psn) {
 }
 
 void req_timers(Qp *qp, TxBatch &tx, uint64_t now) {
-    if (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_SQD) return;
-    if (qp->rnr_deadline_ns && now >= qp->rnr_deadline_ns) {
-        qp->rnr_deadline_ns = 0;
-        req_rewind(qp, qp->una_psn);
+    Completer &c = qp->comp;
+    if (qp->attr.state != IBV_QPS_RTS && qp->attr.state != IBV_QPS_SQD) return;
+    if (c.rnr_deadline_ns && now >= c.rnr_deadline_ns) {
+        c.rnr_deadline_ns = 0;
+        req_rewind(qp, c.una_psn);
         req_run(qp, tx);
         req_arm_timer(qp);
         return;
     }
-    if (qp->timer_deadline_ns && now >= qp->timer_deadline_ns) {
+    if (c.timer_deadline_ns && now >= c.timer_deadline_ns) {
         qp->nic->stats.timeouts.fetch_add(1, std::memory_order_relaxed);
-        if (qp->retries_left == 0) {
-            SendWqe &w = qp->sq[qp->sq_tail % qp->max_send_wr];
+        if (c.retries_left == 0) {
+            SendWqe &w = qp->req.at(qp->req.tail);
             w.done = true;
             complete_send(qp, w, IBV_WC_RETRY_EXC_ERR);
-            qp->sq_tail++;
+            qp->req.tail++;
             qp_enter_error(qp);
             return;
         }
-        qp->retries_left--;
-        req_rewind(qp, qp->una_psn);
+        c.retries_left--;
+        req_rewind(qp, c.una_psn);
         req_run(qp, tx);
         req_arm_timer(qp);
     }
 }
 
 bool req_fill_sges(Qp *qp, SendWqe &w, const ibv_sge *sg, size_t n) {
-    if (n > qp->max_send_sge) return false;
-    bool atomic = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
-    unsigned need = w.opcode == IBV_WR_RDMA_READ || atomic ? IBV_ACCESS_LOCAL_WRITE : 0;
+    if (n > qp->req.max_sge) return false;
+    bool atomic = is_atomic(w);
+    unsigned need = is_read(w) || atomic ? IBV_ACCESS_LOCAL_WRITE : 0;
+    Pd *pd = reinterpret_cast<Pd *>(qp->qpx.qp_base.pd);
     uint64_t total = 0;
     w.num_sge = uint32_t(n);
     for (size_t i = 0; i < n; i++) {
-        const ibv_sge &s = sg[i];
-        Mr *mr = qp->nic->mrs.lookup(s.lkey);
-        uint8_t *host = nullptr;
-        if (mr && mr->pd == reinterpret_cast<Pd *>(qp->qpx.qp_base.pd))
-            host = mr_range(mr, s.addr, s.length, need);
-        if (!host && s.length) w.status = IBV_WC_LOC_PROT_ERR;
-        w.sge[i] = {uintptr_t(host), s.length, s.lkey};
-        total += s.length;
+        uint8_t *host = check_lkey(qp->nic, pd, sg[i], need);
+        if (!host && sg[i].length) w.status = IBV_WC_LOC_PROT_ERR;
+        w.sge[i] = {uintptr_t(host), sg[i].length, sg[i].lkey};
+        total += sg[i].length;
     }
     if (total > kMaxMsgSize) return false;
     w.length = uint32_t(total);
@@ -287,28 +294,24 @@ bool req_take_atomic_write_value(SendWqe &w) {
     // The 8 bytes are captured when posted, like inline data: the wire
     // carries them exactly as the application laid them out.
     if (w.length != 8) return false;
-    uint32_t off = 0;
-    for (uint32_t i = 0; i < w.num_sge; i++) {
-        if (w.sge[i].length && w.sge[i].addr)
-            std::memcpy(w.atomic_data + off, reinterpret_cast<void *>(uintptr_t(w.sge[i].addr)),
-                        w.sge[i].length);
-        off += w.sge[i].length;
-    }
+    uint8_t *dst = w.atomic_data;
+    sg_walk(w.sge, w.num_sge, 0, 8, [&dst](uint8_t *p, uint32_t k) {
+        std::memcpy(dst, p, k);
+        dst += k;
+    });
     w.num_sge = 0;
     return true;
 }
 
 bool req_fill_inline(Qp *qp, SendWqe &w, uint32_t slot, const ibv_data_buf *bufs, size_t n) {
-    if (w.opcode == IBV_WR_RDMA_READ || w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-        w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
-        return false;
+    if (is_read(w) || is_atomic(w)) return false;
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++)
         total += bufs[i].length;
-    if (total > qp->max_inline) return false;
+    if (total > qp->req.max_inline) return false;
     // data(), not operator[]: with max_inline_data 0 the pool is empty and
     // only zero-length inline sends get here.
-    uint8_t *buf = qp->sq_inline.data() + size_t(slot) * qp->max_inline;
+    uint8_t *buf = qp->req.inline_buf.data() + size_t(slot) * qp->req.max_inline;
     uint32_t off = 0;
     for (size_t i = 0; i < n; i++) {
         if (bufs[i].length) std::memcpy(buf + off, bufs[i].addr, bufs[i].length);
@@ -321,18 +324,55 @@ bool req_fill_inline(Qp *qp, SendWqe &w, uint32_t slot, const ibv_data_buf *bufs
 }
 
 SendWqe &req_new_wqe(Qp *qp, uint32_t slot, uint64_t wr_id, ibv_wr_opcode op, unsigned flags) {
-    SendWqe &w = qp->sq[slot];
+    SendWqe &w = qp->req.wqe[slot];
     w = SendWqe{};
-    w.sge = &qp->sq_sge[size_t(slot) * qp->max_send_sge];
+    w.sge = &qp->req.sge[size_t(slot) * qp->req.max_sge];
     w.wr_id = wr_id;
     w.opcode = op;
     w.flags = flags;
-    w.signaled = qp->sq_sig_all || (flags & IBV_SEND_SIGNALED);
+    w.signaled = qp->req.sig_all || (flags & IBV_SEND_SIGNALED);
+    // A UD WQE without an address (ibv_wr_set_ud_addr not called) fails.
+    w.ud_qkey = qp->attr.qkey;
     return w;
 }
 
+bool req_set_ud_addr(Qp *qp, SendWqe &w, ibv_ah *ibah, uint32_t qpn, uint32_t qkey) {
+    if (!ibah) return false;
+    Ah *ah = reinterpret_cast<Ah *>(ibah);
+    w.ud_addr = ah->addr;
+    w.ud_qpn = qpn & wire::kQpnMask;
+    // A controlled Q_Key in the work request means the QP's own.
+    w.ud_qkey = (qkey & wire::kQkeyControlled) ? qp->attr.qkey : qkey;
+    return true;
+}
+
+bool req_check_wqe(Qp *qp, SendWqe &w) {
+    // Which operations each transport carries (IBTA 9.2 and 11.6.1).
+    switch (qp->type) {
+    case IBV_QPT_UD:
+        if (w.opcode != IBV_WR_SEND && w.opcode != IBV_WR_SEND_WITH_IMM) return false;
+        // A datagram is one packet (IBTA 9.6): the path MTU bounds it.
+        if (w.length > qp->attr.mtu) return false;
+        break;
+    case IBV_QPT_UC:
+        if (w.opcode != IBV_WR_SEND && w.opcode != IBV_WR_SEND_WITH_IMM &&
+            w.opcode != IBV_WR_RDMA_WRITE && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
+            w.opcode != IBV_WR_SEND_WITH_INV)
+            return false;
+        break;
+    case IBV_QPT_XRC_SEND:
+        if (w.opcode == IBV_WR_FLUSH || w.opcode == IBV_WR_ATOMIC_WRITE ||
+            w.opcode == kWrWriteCommit)
+            return false;
+        break;
+    default:
+        break;
+    }
+    return true;
+}
+
 void req_kick(Qp *qp) {
-    if (qp->state == IBV_QPS_ERR) {
+    if (qp->attr.state == IBV_QPS_ERR) {
         qp_flush_queues(qp);
         return;
     }
@@ -351,23 +391,39 @@ void send_and_unlock(Qp *qp, TxBatch &tx, std::unique_lock<std::mutex> &held) {
     qp->nic->flush(tx);
 }
 
+void req_retire_sent(Qp *qp) {
+    std::lock_guard<std::mutex> g(qp->mu);
+    Requester &q = qp->req;
+    while (q.tail != q.head && q.tail != q.cur) {
+        SendWqe &w = q.at(q.tail);
+        if (!w.done) break;
+        if (w.signaled) complete_send(qp, w, IBV_WC_SUCCESS);
+        q.tail++;
+    }
+}
+
 void req_send_and_unlock(Qp *qp) {
     std::unique_lock<std::mutex> held(qp->mu, std::adopt_lock);
     send_and_unlock(qp, t_tx, held);
+    // The payload left from the application's memory: only now may it reuse
+    // the buffers of an unacknowledged transport.
+    if (!qp->reliable()) req_retire_sent(qp);
 }
 
 int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
     std::unique_lock<std::mutex> g(qp->mu);
-    if (qp->state == IBV_QPS_RESET || qp->state == IBV_QPS_INIT || qp->state == IBV_QPS_RTR) {
+    Requester &q = qp->req;
+    ibv_qp_state st = qp->attr.state;
+    if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR ||
+        qp->type == IBV_QPT_XRC_RECV) {
         *bad_wr = wr;
         return EINVAL;
     }
-    uint32_t cap = qp->max_send_wr;
     int err = 0;
     // The WRs before a refused one stay posted and must be started, so every
     // error leaves the loop through the kick below.
     for (; wr; wr = wr->next) {
-        if (qp->sq_head - qp->sq_tail >= cap) {
+        if (q.head - q.tail >= q.max_wr) {
             err = ENOMEM;
             break;
         }
@@ -379,6 +435,7 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
             break;
         case IBV_WR_SEND:
         case IBV_WR_SEND_WITH_IMM:
+        case IBV_WR_SEND_WITH_INV:
         case IBV_WR_RDMA_WRITE:
         case IBV_WR_RDMA_WRITE_WITH_IMM:
         case IBV_WR_RDMA_READ:
@@ -393,18 +450,25 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
             err = EINVAL;
             break;
         }
-        uint32_t slot = qp->sq_head % cap;
+        uint32_t slot = q.head % q.max_wr;
         SendWqe &w = req_new_wqe(qp, slot, wr->wr_id, wr->opcode, wr->send_flags);
-        w.imm = wr->imm_data;
+        w.imm = wr->opcode == IBV_WR_SEND_WITH_INV ? htonl(wr->invalidate_rkey) : wr->imm_data;
         if (atomic) {
             w.remote_addr = wr->wr.atomic.remote_addr;
             w.rkey = wr->wr.atomic.rkey;
             w.compare_add = wr->wr.atomic.compare_add;
             w.swap = wr->wr.atomic.swap;
+        } else if (qp->type == IBV_QPT_UD) {
+            if (!req_set_ud_addr(qp, w, wr->wr.ud.ah, wr->wr.ud.remote_qpn,
+                                 wr->wr.ud.remote_qkey)) {
+                err = EINVAL;
+                break;
+            }
         } else {
             w.remote_addr = wr->wr.rdma.remote_addr;
             w.rkey = wr->wr.rdma.rkey;
         }
+        if (qp->type == IBV_QPT_XRC_SEND) w.xrc_srqn = wr->qp_type.xrc.remote_srqn;
         bool ok;
         if ((wr->send_flags & IBV_SEND_INLINE) && wr->opcode != IBV_WR_RDMA_READ && !atomic) {
             ibv_data_buf bufs[kMaxSge];
@@ -420,15 +484,16 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
             ok = req_fill_sges(qp, w, wr->sg_list, size_t(wr->num_sge));
         }
         if (ok && wr->opcode == IBV_WR_ATOMIC_WRITE) ok = req_take_atomic_write_value(w);
-        if (!ok) {
+        if (!ok || !req_check_wqe(qp, w)) {
             err = EINVAL;
             break;
         }
-        qp->sq_head++;
+        q.head++;
     }
     if (err) *bad_wr = wr;
     req_kick(qp);
-    send_and_unlock(qp, t_tx, g);
+    g.release();
+    req_send_and_unlock(qp);
     return err;
 }
 

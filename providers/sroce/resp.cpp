@@ -1,9 +1,15 @@
-// Responder: PSN checks, validation against the MR table, execution of
-// SEND/WRITE/READ/ATOMIC, duplicate handling through responder resources,
-// ACK coalescing and NAKs.
+// SPDX-License-Identifier: MIT
+//
+// Responder: every request packet goes through a chain of small checks
+// (transport, PSN, opcode sequence, opcode validity, receive resources,
+// length, rkey) that each either pass it on or name an outcome; execution
+// and acknowledgement follow; one table maps the failing outcomes to the
+// NAK, the receive completion and the async event.  Per-transport rules
+// (RC, UC, UD, XRC) live in the checks, not in the execution.
 #include "transport.hpp"
 
 #include <algorithm>
+#include <arpa/inet.h>
 #include <cstring>
 
 namespace sroce {
@@ -11,97 +17,194 @@ namespace {
 
 using namespace wire;
 
+// What a stage decided about a packet.
+enum class Outcome : uint8_t {
+    kNext,           // go on to the next stage
+    kDone,           // handled completely
+    kDrop,           // discarded without a trace (UC/UD rules, stale packets)
+    kDuplicate,      // RC: an earlier PSN: re-acknowledge or replay
+    kPsnGap,         // RC: a later PSN: one sequence NAK per gap
+    kRnr,            // RC: no receive WQE: RNR NAK
+    kInvalidRequest, // class C error
+    kRemoteAccess,   // rkey, range or access violation
+    kRemoteOp,       // the operation could not be carried out (persistence failed)
+    kRecvLength,     // the message does not fit the receive WQE
+};
+
+// How an error outcome is reported.  RC: NAK, then the QP enters the
+// error state with the async event; UC and UD report nothing to the sender
+// and stay operational: a receive WQE the message had taken completes with
+// `recv_status` (the length case) or is reused for the next message.
+struct ErrorAction {
+    uint8_t nak;
+    ibv_wc_status recv_status;
+    ibv_event_type event;
+};
+
+constexpr ErrorAction error_action(Outcome o) {
+    switch (o) {
+    case Outcome::kRemoteAccess:
+        return {aeth::kNakRemoteAccessError, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR};
+    case Outcome::kRemoteOp:
+        return {aeth::kNakRemoteOpError, IBV_WC_REM_OP_ERR, IBV_EVENT_QP_FATAL};
+    case Outcome::kRecvLength:
+        return {aeth::kNakInvalidRequest, IBV_WC_LOC_LEN_ERR, IBV_EVENT_QP_REQ_ERR};
+    default:
+        return {aeth::kNakInvalidRequest, IBV_WC_REM_INV_REQ_ERR, IBV_EVENT_QP_REQ_ERR};
+    }
+}
+
+// One packet on its way through the stages.
+struct Rx {
+    Qp *qp;
+    const Packet &pkt;
+    TxBatch &tx;
+    uint8_t op; // the RC opcode of the operation (UC/XRC mapped)
+    uint16_t f; // its OpFlags
+    Pd *pd;     // protection domain for memory checks (an XRC SRQ's for XRC)
+    Srq *srq;   // where SENDs take receive WQEs (nullptr: the QP's queue)
+    Mr *mr = nullptr;
+    uint8_t *mem = nullptr; // checked target/source of an RDMA operation
+    uint32_t n_resp = 1;    // READ: response packets
+    uint64_t orig = 0;      // ATOMIC: the original value
+};
+
+Responder &R(Rx &rx) {
+    return rx.qp->resp;
+}
+
+// ---------------------------------------------------------------------------
+// Packets to the requester
+
 void send_aeth(Qp *qp, TxBatch &tx, uint8_t syndrome, uint32_t psn) {
     uint8_t hdr[kBthLen + kAethLen];
-    bth::build(hdr, kAcknowledge, false, 0, kDefaultPkey, qp->dest_qpn, false, psn);
-    aeth::build(hdr + kBthLen, syndrome, qp->msn);
-    qp->nic->queue(tx, qp->dest_addr, hdr, sizeof hdr, nullptr, 0, 0);
-}
-
-void send_nak(Qp *qp, TxBatch &tx, uint8_t code, uint32_t psn) {
-    qp->ack_pending = false;
-    send_aeth(qp, tx, aeth::kNak | code, psn);
-}
-
-// Class C/D errors: NAK, then the responder QP enters the error state.
-void fatal_nak(Qp *qp, TxBatch &tx, uint8_t code, uint32_t psn) {
-    send_nak(qp, tx, code, psn);
-    if (qp->recv_taken) {
-        RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
-        complete_recv(qp, r,
-                      code == aeth::kNakInvalidRequest ? IBV_WC_REM_INV_REQ_ERR
-                                                       : IBV_WC_REM_ACCESS_ERR,
-                      IBV_WC_RECV, 0, 0, false);
-        qp->rq_tail++;
-        qp->recv_taken = false;
-    }
-    qp_enter_error(qp);
-    post_async_event(qp, code == aeth::kNakInvalidRequest      ? IBV_EVENT_QP_REQ_ERR
-                         : code == aeth::kNakRemoteAccessError ? IBV_EVENT_QP_ACCESS_ERR
-                                                               : IBV_EVENT_QP_FATAL);
-}
-
-void send_rnr(Qp *qp, TxBatch &tx, uint32_t psn) {
-    qp->ack_pending = false;
-    // The requester resends from `psn` after its back-off; the rest of its
-    // burst is dropped without a sequence NAK, which would cost it a retry.
-    qp->nak_sent = true;
-    send_aeth(qp, tx, aeth::kRnrNak | (qp->min_rnr_timer & 0x1F), psn);
-}
-
-uint8_t *check_remote(Qp *qp, uint32_t rkey, uint64_t va, uint64_t len, unsigned access) {
-    if (!(qp->access & access)) return nullptr;
-    Mr *mr = qp->nic->mrs.lookup(rkey);
-    if (!mr || mr->pd != reinterpret_cast<Pd *>(qp->qpx.qp_base.pd)) return nullptr;
-    return mr_range(mr, va, len, access);
-}
-
-// Copies payload into the current receive WQE's scatter list.
-bool place_recv(Qp *qp, const uint8_t *src, uint32_t len) {
-    RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
-    uint32_t off = qp->msg_offset;
-    if (uint64_t(off) + len > r.length) return false;
-    for (uint32_t i = 0; i < r.num_sge && len; i++) {
-        ibv_sge &s = r.sge[i];
-        if (off >= s.length) {
-            off -= s.length;
-            continue;
-        }
-        uint32_t take = std::min(s.length - off, len);
-        std::memcpy(reinterpret_cast<uint8_t *>(uintptr_t(s.addr)) + off, src, take);
-        src += take;
-        len -= take;
-        off = 0;
-    }
-    return true;
+    bth::build(hdr, qp->is_xrc() ? kXrcBase | kAcknowledge : kAcknowledge, false, 0, kDefaultPkey,
+               qp->attr.dest_qpn, false, psn);
+    aeth::build(hdr + kBthLen, syndrome, qp->resp.msn);
+    qp->nic->queue(tx, qp->attr.dest_addr, hdr, sizeof hdr, nullptr, 0, 0);
 }
 
 void send_read_responses(Qp *qp, TxBatch &tx, uint32_t psn, const uint8_t *src, uint32_t len) {
-    uint32_t n = std::max(1u, (len + qp->mtu - 1) / qp->mtu);
+    uint32_t mtu = qp->attr.mtu;
+    uint32_t n = std::max(1u, (len + mtu - 1) / mtu);
+    uint8_t xrc = qp->is_xrc() ? kXrcBase : 0;
     for (uint32_t i = 0; i < n; i++) {
         uint8_t op = n == 1       ? kReadRespOnly
                      : i == 0     ? kReadRespFirst
                      : i + 1 == n ? kReadRespLast
                                   : kReadRespMiddle;
-        const OpInfo &info = op_info(op);
+        const OpInfo &info = op_info(xrc | op);
         uint8_t hdr[kBthLen + kAethLen];
-        bth::build(hdr, op, false, 0, kDefaultPkey, qp->dest_qpn, false, psn_add(psn, i));
-        if (info.aeth) aeth::build(hdr + info.aeth, aeth::kAck | aeth::kNoCredits, qp->msn);
-        uint32_t off = i * qp->mtu;
-        uint32_t plen = std::min(qp->mtu, len - off);
+        bth::build(hdr, xrc | op, false, 0, kDefaultPkey, qp->attr.dest_qpn, false,
+                   psn_add(psn, i));
+        if (info.aeth) aeth::build(hdr + info.aeth, aeth::kAck | aeth::kNoCredits, qp->resp.msn);
+        uint32_t off = i * mtu;
+        uint32_t plen = std::min(mtu, len - off);
         iovec iov{const_cast<uint8_t *>(src) + off, plen};
-        qp->nic->queue(tx, qp->dest_addr, hdr, info.hdr_len, &iov, plen ? 1 : 0, plen);
+        qp->nic->queue(tx, qp->attr.dest_addr, hdr, info.hdr_len, &iov, plen ? 1 : 0, plen);
     }
 }
 
 void send_atomic_ack(Qp *qp, TxBatch &tx, uint32_t psn, uint64_t orig) {
     uint8_t hdr[kBthLen + kAethLen + kAtomicAckEthLen];
-    bth::build(hdr, kAtomicAcknowledge, false, 0, kDefaultPkey, qp->dest_qpn, false, psn);
-    aeth::build(hdr + kBthLen, aeth::kAck | aeth::kNoCredits, qp->msn);
+    bth::build(hdr, qp->is_xrc() ? kXrcBase | kAtomicAcknowledge : kAtomicAcknowledge, false, 0,
+               kDefaultPkey, qp->attr.dest_qpn, false, psn);
+    aeth::build(hdr + kBthLen, aeth::kAck | aeth::kNoCredits, qp->resp.msn);
     put64(hdr + kBthLen + kAethLen, orig);
-    qp->nic->queue(tx, qp->dest_addr, hdr, sizeof hdr, nullptr, 0, 0);
+    qp->nic->queue(tx, qp->attr.dest_addr, hdr, sizeof hdr, nullptr, 0, 0);
 }
 
+// ---------------------------------------------------------------------------
+// Receive WQEs
+
+// Takes the next receive WQE for the message starting now, from the SRQ or
+// the QP's own queue.  False when there is none.
+bool take_recv(Rx &rx) {
+    Responder &r = R(rx);
+    if (r.recv_taken) return true; // UC: reused after a dropped message
+    RecvQueue *q = &r.rq;
+    std::unique_lock<std::mutex> g;
+    if (rx.srq) {
+        g = std::unique_lock<std::mutex>(rx.srq->mu);
+        if (rx.srq->error) return false;
+        q = &rx.srq->rq;
+    }
+    if (q->empty()) return false;
+    RecvWqe &w = q->front();
+    r.recv = w;
+    std::copy_n(w.sge, w.num_sge, r.recv_sge);
+    r.recv.sge = r.recv_sge;
+    q->tail++;
+    r.recv_taken = true;
+    r.recv_srq = rx.srq;
+    if (rx.srq && rx.srq->limit && q->size() < rx.srq->limit) {
+        // The limit is one-shot: ibv_modify_srq arms it again.
+        rx.srq->limit = 0;
+        ibv_async_event ev{};
+        ev.element.srq = &rx.srq->ibsrq;
+        ev.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
+        rx.qp->ctx->post_event(ev);
+    }
+    return true;
+}
+
+void finish_recv(Qp *qp, ibv_wc_status status, ibv_wc_opcode opcode, uint32_t byte_len,
+                 const Packet *pkt, bool solicited) {
+    Responder &r = qp->resp;
+    RecvCompletion c;
+    c.status = status;
+    c.opcode = opcode;
+    c.byte_len = byte_len;
+    c.solicited = solicited;
+    c.srq = r.recv_srq;
+    if (pkt && (pkt->info->hdrs & kHasImmDt)) {
+        std::memcpy(&c.imm, pkt->hdr + pkt->info->immdt, 4);
+        c.wc_flags |= IBV_WC_WITH_IMM;
+    }
+    if (pkt && (pkt->info->flags & kOpInv)) {
+        c.imm = htonl(pkt->ieth());
+        c.wc_flags |= IBV_WC_WITH_INV;
+    }
+    if (pkt && qp->type == IBV_QPT_UD) {
+        c.src_qp = pkt->src_qpn();
+        c.wc_flags |= IBV_WC_GRH;
+    }
+    complete_recv(qp, r.recv, c);
+    r.recv_taken = false;
+    r.recv_srq = nullptr;
+}
+
+// Copies payload into the taken receive WQE's scatter list at the message
+// offset.  False when it does not fit.
+bool place_recv(Responder &r, const uint8_t *src, uint32_t len) {
+    if (uint64_t(r.msg_offset) + len > r.recv.length) return false;
+    sg_copy_to(r.recv.sge, r.recv.num_sge, r.msg_offset, src, len);
+    return true;
+}
+
+// The 40-byte GRH area of a UD receive, as Linux rxe lays it out for
+// RoCEv2 over IPv4: 20 zero bytes, then the IPv4 header of the packet.
+// The sender's IP ID and TTL are not visible through a UDP socket; the
+// header carries what sroce itself sends (ID 0, DF, TTL 64).
+void make_grh(uint8_t grh[kGrhLen], const Qp *qp, const Packet &pkt) {
+    std::memset(grh, 0, kGrhLen);
+    uint8_t *ip = grh + 20;
+    ip[0] = 0x45;
+    put16(ip + 2, uint16_t(kIpv4HdrLen + kUdpHdrLen + pkt.len));
+    put16(ip + 6, 0x4000); // DF
+    ip[8] = 64;
+    ip[9] = 17; // UDP
+    std::memcpy(ip + 12, &pkt.src_addr, 4);
+    std::memcpy(ip + 16, &qp->ctx->dev->addr, 4);
+    uint32_t sum = 0;
+    for (size_t i = 0; i < kIpv4HdrLen; i += 2)
+        sum += get16(ip + i);
+    while (sum >> 16)
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    put16(ip + 10, uint16_t(~sum));
+}
+
+// ---------------------------------------------------------------------------
 // Dirty ranges: what a later commit on this QP must make durable.  Bounded,
 // so no allocation per packet: past kMaxDirty ranges they merge (a commit
 // then persists a little more than it must) or the oldest is persisted now.
@@ -116,9 +219,10 @@ int persist_entry(Qp *qp, const DirtyRange &d) {
 // Returns false when a range had to be made durable early and could not be:
 // the data it covers can no longer be promised, so the caller fails the QP.
 [[nodiscard]] bool note_dirty(Qp *qp, uint32_t rkey, const uint8_t *p, uint32_t len) {
+    std::vector<DirtyRange> &dirty = qp->commit.dirty;
     uint64_t lo = uintptr_t(p), hi = lo + len;
     DirtyRange *same = nullptr;
-    for (DirtyRange &d : qp->dirty) {
+    for (DirtyRange &d : dirty) {
         if (d.rkey != rkey) continue;
         if (lo <= d.hi && hi >= d.lo) {
             d.lo = std::min(d.lo, lo);
@@ -127,472 +231,636 @@ int persist_entry(Qp *qp, const DirtyRange &d) {
         }
         same = &d;
     }
-    if (qp->dirty.size() < kMaxDirty) {
-        qp->dirty.push_back({rkey, lo, hi});
+    if (dirty.size() < kMaxDirty) {
+        dirty.push_back({rkey, lo, hi});
     } else if (same) {
         same->lo = std::min(same->lo, lo);
         same->hi = std::max(same->hi, hi);
     } else {
-        if (persist_entry(qp, qp->dirty.front())) return false;
-        qp->dirty.front() = {rkey, lo, hi};
+        if (persist_entry(qp, dirty.front())) return false;
+        dirty.front() = {rkey, lo, hi};
     }
     return true;
 }
 
 // Makes every write to `rkey` placed so far durable.  Returns 0 or an errno.
 int persist_dirty(Qp *qp, uint32_t rkey) {
+    std::vector<DirtyRange> &dirty = qp->commit.dirty;
     int err = 0;
-    for (size_t i = 0; i < qp->dirty.size();) {
-        if (qp->dirty[i].rkey != rkey) {
+    for (size_t i = 0; i < dirty.size();) {
+        if (dirty[i].rkey != rkey) {
             i++;
             continue;
         }
-        if (int e = persist_entry(qp, qp->dirty[i])) err = e;
-        qp->dirty[i] = qp->dirty.back();
-        qp->dirty.pop_back();
+        if (int e = persist_entry(qp, dirty[i])) err = e;
+        dirty[i] = dirty.back();
+        dirty.pop_back();
     }
     if (!err) visibility_fence();
     return err;
 }
 
-void forget_dirty(Qp *qp, uint32_t rkey) {
-    std::erase_if(qp->dirty, [rkey](const DirtyRange &d) { return d.rkey == rkey; });
-}
-
-Mr *lookup_mr(Qp *qp, uint32_t rkey) {
-    Mr *mr = qp->nic->mrs.lookup(rkey);
-    return (mr && mr->pd == reinterpret_cast<Pd *>(qp->qpx.qp_base.pd)) ? mr : nullptr;
-}
+// ---------------------------------------------------------------------------
+// Responder resources (READ / ATOMIC / FLUSH / ATOMIC WRITE replay)
 
 RdResource *find_resource(Qp *qp, uint32_t psn) {
-    for (RdResource &r : qp->rd_res) {
+    for (RdResource &r : qp->resp.rd_res) {
         if (!r.valid) continue;
-        int32_t d = psn_diff(psn, r.first_psn);
-        if (d >= 0 && psn_diff(psn, r.last_psn) <= 0) return &r;
+        if (psn_diff(psn, r.first_psn) >= 0 && psn_diff(psn, r.last_psn) <= 0) return &r;
     }
     return nullptr;
 }
 
-RdResource &new_resource(Qp *qp) {
-    RdResource &r = qp->rd_res[qp->rd_res_next];
-    qp->rd_res_next = (qp->rd_res_next + 1) % uint32_t(qp->rd_res.size());
-    r = RdResource{};
-    r.valid = true;
-    return r;
+RdResource &new_resource(Qp *qp, uint32_t first_psn, uint32_t last_psn) {
+    Responder &r = qp->resp;
+    RdResource &res = r.rd_res[r.rd_res_next];
+    r.rd_res_next = (r.rd_res_next + 1) % uint32_t(r.rd_res.size());
+    res = RdResource{};
+    res.valid = true;
+    res.first_psn = first_psn;
+    res.last_psn = last_psn;
+    return res;
 }
 
-void duplicate(Qp *qp, const Packet &pkt, TxBatch &tx) {
-    uint16_t f = pkt.info->flags;
-    if (f & (kOpSend | kOpWrite)) {
-        // The ACK was lost: acknowledge again up to what we have received.
-        if (pkt.ackreq || (f & kOpLast)) {
-            qp->ack_pending = true;
-            qp->ack_psn = psn_add(qp->epsn, kPsnMask);
+// ---------------------------------------------------------------------------
+// Stages
+
+// The opcode's transport must be the QP's; datagrams must carry its Q_Key;
+// XRC requests name an SRQ of the QP's XRC domain.
+Outcome check_transport(Rx &rx) {
+    Qp *qp = rx.qp;
+    uint8_t t = transport_of(rx.pkt.opcode);
+    switch (qp->type) {
+    case IBV_QPT_RC:
+        if (t != kTransportRc && t != kTransportVendor) return Outcome::kDrop;
+        break;
+    case IBV_QPT_UC:
+        if (t != kTransportUc) return Outcome::kDrop;
+        break;
+    case IBV_QPT_UD:
+        if (t != kTransportUd || rx.pkt.qkey() != qp->attr.qkey) return Outcome::kDrop;
+        break;
+    case IBV_QPT_XRC_RECV: {
+        if (t != kTransportXrc) return Outcome::kDrop;
+        Srq *srq = qp->nic->find_srq(rx.pkt.xrc_srqn());
+        if (!srq || srq->xrcd != qp->xrcd) return Outcome::kInvalidRequest;
+        rx.srq = srq;
+        rx.pd = srq->pd;
+        break;
+    }
+    default:
+        return Outcome::kDrop;
+    }
+    // Only the connected peer may talk to a connected QP.
+    if (qp->connected() && rx.pkt.src_addr != qp->attr.dest_addr) return Outcome::kDrop;
+    return Outcome::kNext;
+}
+
+Outcome check_psn(Rx &rx) {
+    Responder &r = R(rx);
+    const Packet &pkt = rx.pkt;
+    switch (rx.qp->type) {
+    case IBV_QPT_UD:
+        return Outcome::kNext;
+    case IBV_QPT_UC:
+        // No retransmission: a gap loses the message in progress; a new one
+        // may start at any PSN (IBTA 9.7.5.1.1 for UC).
+        if (pkt.psn != r.epsn) {
+            r.in_msg = 0;
+            r.msg_offset = 0;
+            if (!(rx.f & kOpFirst)) {
+                r.drop_msg = true;
+                return Outcome::kDrop;
+            }
+            r.drop_msg = false;
+            r.epsn = pkt.psn;
+        }
+        return r.drop_msg ? Outcome::kDrop : Outcome::kNext;
+    default: {
+        int32_t d = psn_diff(pkt.psn, r.epsn);
+        if (d > 0) return Outcome::kPsnGap;
+        if (d < 0) return Outcome::kDuplicate;
+        r.nak_sent = false;
+        return Outcome::kNext;
+    }
+    }
+}
+
+// A multi-packet message continues with MIDDLE/LAST packets of its own kind,
+// and a new one starts with FIRST or ONLY.
+Outcome check_op_seq(Rx &rx) {
+    Responder &r = R(rx);
+    bool ok = r.in_msg ? (rx.f & r.in_msg) && !(rx.f & kOpFirst)
+                       : !(rx.f & (kOpSend | kOpWrite)) || (rx.f & kOpFirst);
+    if (ok && r.in_msg == kOpWrite && bool(rx.f & kOpCommit) != rx.qp->commit.in_msg) ok = false;
+    if (ok) return Outcome::kNext;
+    if (rx.qp->type == IBV_QPT_UC) {
+        // The message in progress lost its end: a new one may start here.
+        r.in_msg = 0;
+        rx.qp->commit.in_msg = false;
+        r.drop_msg = !(rx.f & kOpFirst);
+        return r.drop_msg ? Outcome::kDrop : Outcome::kNext;
+    }
+    return Outcome::kInvalidRequest;
+}
+
+// The QP must allow the operation; payloads respect the path MTU.
+Outcome check_op_valid(Rx &rx) {
+    Qp *qp = rx.qp;
+    const Packet &pkt = rx.pkt;
+    unsigned access = qp->attr.access;
+    if (pkt.payload_len > qp->attr.mtu) return Outcome::kInvalidRequest;
+    // Every packet but a message's last carries exactly one path MTU.
+    if ((rx.f & (kOpSend | kOpWrite)) && !(rx.f & kOpLast) && pkt.payload_len != qp->attr.mtu)
+        return Outcome::kInvalidRequest;
+    if (rx.f & kOpCommit) {
+        if (qp->type != IBV_QPT_RC) return Outcome::kDrop;
+        if (rx.f & kOpFirst) {
+            // The same access rules as the IBTA FLUSH a non-native peer
+            // would send: QP access decides Invalid Request, MR access
+            // Remote Access Error.  IMMED must agree with the opcode that
+            // ends the message, and reserved bits are 0.
+            uint8_t ce = pkt.ceth();
+            unsigned need = (ce & ceth::kGlobal) ? unsigned(IBV_ACCESS_FLUSH_GLOBAL)
+                                                 : unsigned(IBV_ACCESS_FLUSH_PERSISTENT);
+            bool imm = pkt.info->hdrs & kHasImmDt;
+            bool bad_imm = (rx.f & kOpLast) && bool(ce & ceth::kImmed) != imm;
+            if ((ce & ~(ceth::kOrdered | ceth::kImmed | ceth::kGlobal)) || bad_imm ||
+                get24(pkt.hdr + pkt.info->ceth + 1) != 0 || (access & need) != need)
+                return Outcome::kInvalidRequest;
+        } else if ((rx.f & kOpLast) &&
+                   bool(qp->commit.ceth & ceth::kImmed) != bool(pkt.info->hdrs & kHasImmDt)) {
+            return Outcome::kInvalidRequest;
+        }
+    }
+    if (rx.f & kOpFlush) {
+        uint32_t feth = pkt.feth();
+        unsigned type = feth & 0xF, level = (feth >> 4) & 0x3;
+        unsigned need =
+            ((type & IBV_FLUSH_GLOBAL) ? unsigned(IBV_ACCESS_FLUSH_GLOBAL) : 0u) |
+            ((type & IBV_FLUSH_PERSISTENT) ? unsigned(IBV_ACCESS_FLUSH_PERSISTENT) : 0u);
+        if (!type || (type & ~3u) || level > IBV_FLUSH_MR || (feth >> 6) || (access & need) != need)
+            return Outcome::kInvalidRequest;
+    }
+    if (rx.f & kOpAtomicWrite) {
+        if ((pkt.va() & 7) || pkt.dma_len() != 8 || pkt.payload_len != 8)
+            return Outcome::kInvalidRequest;
+    }
+    if ((rx.f & kOpAtomic) && (pkt.atomic_va() & 7)) return Outcome::kInvalidRequest;
+    return Outcome::kNext;
+}
+
+// Whether this packet consumes a receive WQE: every SEND's first packet, a
+// WRITE WITH IMMEDIATE's last, and a commit carrying IMMED (checked at its
+// first packet so nothing is placed before it could be refused).
+bool needs_recv(const Rx &rx) {
+    if (rx.f & kOpSend) return rx.f & kOpFirst;
+    if (!(rx.f & kOpWrite)) return false;
+    bool imm_last = (rx.f & kOpLast) && (rx.pkt.info->hdrs & kHasImmDt);
+    bool commit_imm = (rx.f & kOpCommit) && (rx.f & kOpFirst) && (rx.pkt.ceth() & ceth::kImmed);
+    return imm_last || commit_imm;
+}
+
+Outcome check_resource(Rx &rx) {
+    Responder &r = R(rx);
+    if ((rx.f & kOpSend) && !(rx.f & kOpFirst)) return Outcome::kNext; // taken at FIRST
+    if (!needs_recv(rx)) return Outcome::kNext;
+    if (!(rx.f & kOpSend)) {
+        // Only checked here: a WRITE's WQE is taken when the message ends.
+        RecvQueue &q = rx.srq ? rx.srq->rq : r.rq;
+        std::unique_lock<std::mutex> g;
+        if (rx.srq) g = std::unique_lock<std::mutex>(rx.srq->mu);
+        if (r.recv_taken || !q.empty()) return Outcome::kNext;
+        return rx.qp->reliable() ? Outcome::kRnr : Outcome::kDrop;
+    }
+    if (!take_recv(rx)) return rx.qp->reliable() ? Outcome::kRnr : Outcome::kDrop;
+    r.msg_offset = 0;
+    // A WQE without SGEs is a valid zero-length receive; only one whose SGEs
+    // failed their checks is refused here.
+    if (r.recv.bad && rx.pkt.payload_len) return Outcome::kInvalidRequest;
+    return Outcome::kNext;
+}
+
+Outcome check_length(Rx &rx) {
+    Responder &r = R(rx);
+    const Packet &pkt = rx.pkt;
+    if (rx.f & kOpSend) {
+        uint32_t grh = rx.qp->type == IBV_QPT_UD ? uint32_t(kGrhLen) : 0;
+        if (uint64_t(r.msg_offset) + grh + pkt.payload_len > r.recv.length)
+            return Outcome::kRecvLength;
+    } else if ((rx.f & kOpWrite) && !(rx.f & kOpFirst)) {
+        if (pkt.payload_len > r.write_remaining) return Outcome::kInvalidRequest;
+        if ((rx.f & kOpLast) && pkt.payload_len != r.write_remaining)
+            return Outcome::kInvalidRequest;
+    } else if (rx.f & kOpWrite) {
+        uint32_t len = pkt.dma_len();
+        if (pkt.payload_len > len || ((rx.f & kOpLast) && pkt.payload_len != len))
+            return Outcome::kInvalidRequest;
+    }
+    return Outcome::kNext;
+}
+
+// The rkey names an MR of the QP's protection domain that grants the access
+// and covers the range.
+Outcome check_rkey(Rx &rx) {
+    const Packet &pkt = rx.pkt;
+    uint32_t rkey, len;
+    uint64_t va;
+    unsigned need;
+    if ((rx.f & kOpWrite) && (rx.f & kOpFirst)) {
+        rkey = pkt.rkey();
+        va = pkt.va();
+        len = pkt.dma_len();
+        need = IBV_ACCESS_REMOTE_WRITE;
+        if (rx.f & kOpCommit)
+            need |= (pkt.ceth() & ceth::kGlobal) ? unsigned(IBV_ACCESS_FLUSH_GLOBAL)
+                                                 : unsigned(IBV_ACCESS_FLUSH_PERSISTENT);
+        else if (!len)
+            return Outcome::kNext; // a zero-length WRITE names no memory
+    } else if (rx.f & kOpRead) {
+        rkey = pkt.rkey();
+        va = pkt.va();
+        len = pkt.dma_len();
+        need = IBV_ACCESS_REMOTE_READ;
+        rx.n_resp = std::max(1u, (len + rx.qp->attr.mtu - 1) / rx.qp->attr.mtu);
+        if (!len) return Outcome::kNext;
+    } else if (rx.f & kOpAtomic) {
+        rkey = pkt.atomic_rkey();
+        va = pkt.atomic_va();
+        len = 8;
+        need = IBV_ACCESS_REMOTE_ATOMIC;
+    } else if (rx.f & kOpAtomicWrite) {
+        rkey = pkt.rkey();
+        va = pkt.va();
+        len = 8;
+        need = IBV_ACCESS_REMOTE_WRITE;
+    } else if (rx.f & kOpFlush) {
+        // FLUSH (IBTA A19): the MR must be registered for the placement type.
+        unsigned type = pkt.feth() & 0xF;
+        rkey = pkt.rkey();
+        need = ((type & IBV_FLUSH_GLOBAL) ? unsigned(IBV_ACCESS_FLUSH_GLOBAL) : 0u) |
+               ((type & IBV_FLUSH_PERSISTENT) ? unsigned(IBV_ACCESS_FLUSH_PERSISTENT) : 0u);
+        rx.mr = lookup_mr(rx.qp->nic, rx.pd, rkey);
+        if (!rx.mr) return Outcome::kRemoteAccess;
+        bool whole = ((pkt.feth() >> 4) & 3) == IBV_FLUSH_MR;
+        va = whole ? rx.mr->iova : pkt.va();
+        uint64_t flen = whole ? rx.mr->length : pkt.dma_len();
+        rx.mem = mr_range(rx.mr, va, flen, need);
+        if (!rx.mem && (flen || (rx.mr->access & need) != need)) return Outcome::kRemoteAccess;
+        return Outcome::kNext;
+    } else {
+        return Outcome::kNext;
+    }
+    // The QP must grant the remote access as well as the MR.
+    if ((rx.qp->attr.access & need) != need) return Outcome::kRemoteAccess;
+    rx.mr = lookup_mr(rx.qp->nic, rx.pd, rkey);
+    rx.mem = rx.mr ? mr_range(rx.mr, va, len, need) : nullptr;
+    return rx.mem ? Outcome::kNext : Outcome::kRemoteAccess;
+}
+
+// ---------------------------------------------------------------------------
+// Execution
+
+Outcome exec_send(Rx &rx) {
+    Responder &r = R(rx);
+    const Packet &pkt = rx.pkt;
+    if (rx.qp->type == IBV_QPT_UD) {
+        uint8_t grh[kGrhLen];
+        make_grh(grh, rx.qp, pkt);
+        place_recv(r, grh, kGrhLen);
+        r.msg_offset += kGrhLen;
+    }
+    place_recv(r, pkt.payload, pkt.payload_len);
+    r.msg_offset += pkt.payload_len;
+    if (!(rx.f & kOpLast)) {
+        r.in_msg = kOpSend;
+        return Outcome::kNext;
+    }
+    if (rx.f & kOpInv) {
+        int err = invalidate_rkey(rx.qp, pkt.ieth());
+        if (err) return Outcome::kInvalidRequest;
+    }
+    r.in_msg = 0;
+    finish_recv(rx.qp, IBV_WC_SUCCESS, IBV_WC_RECV, r.msg_offset, &pkt, pkt.se);
+    return Outcome::kNext;
+}
+
+Outcome exec_write(Rx &rx) {
+    Qp *qp = rx.qp;
+    Responder &r = R(rx);
+    CommitState &c = qp->commit;
+    const Packet &pkt = rx.pkt;
+    bool commit = rx.f & kOpCommit;
+    if (rx.f & kOpFirst) {
+        uint8_t ce = commit ? pkt.ceth() : 0;
+        // ORDERED: what was written to this rkey before becomes durable
+        // before this write's data is placed.
+        if ((ce & ceth::kOrdered) && persist_dirty(qp, pkt.rkey())) return Outcome::kRemoteOp;
+        r.write_ptr = rx.mem;
+        r.write_remaining = pkt.dma_len();
+        r.msg_offset = 0;
+        r.write_rkey = pkt.rkey();
+        r.write_tracked = rx.mr && rx.mr->cls != MemClass::kVolatile;
+        r.write_uncached = rx.mr && rx.mr->uncached;
+        c.ceth = ce;
+        c.in_msg = commit;
+    }
+    if (pkt.payload_len) {
+        if (r.write_uncached)
+            copy_nontemporal(r.write_ptr, pkt.payload, pkt.payload_len);
+        else
+            std::memcpy(r.write_ptr, pkt.payload, pkt.payload_len);
+        if (r.write_tracked && !note_dirty(qp, r.write_rkey, r.write_ptr, pkt.payload_len))
+            return Outcome::kRemoteOp;
+    }
+    r.write_ptr += pkt.payload_len;
+    r.write_remaining -= pkt.payload_len;
+    r.msg_offset += pkt.payload_len;
+    if (!(rx.f & kOpLast)) {
+        r.in_msg = kOpWrite;
+        return Outcome::kNext;
+    }
+    r.in_msg = 0;
+    c.in_msg = false;
+    // The commit point: this write and every earlier one to the rkey are
+    // durable before the ACK (and the immediate) can go out.
+    if (commit) {
+        int err =
+            (c.ceth & ceth::kGlobal) ? (visibility_fence(), 0) : persist_dirty(qp, r.write_rkey);
+        if (err) return Outcome::kRemoteOp;
+    }
+    if (pkt.info->hdrs & kHasImmDt) {
+        if (!take_recv(rx)) return qp->reliable() ? Outcome::kRnr : Outcome::kDrop;
+        // After a commit the immediate, not a length, says what is durable;
+        // byte_len is 0 as with the IBTA sequence's final zero-length WRITE
+        // WITH IMMEDIATE, so both paths look alike.
+        finish_recv(qp, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, commit ? 0 : r.msg_offset, &pkt,
+                    pkt.se);
+    }
+    return Outcome::kNext;
+}
+
+Outcome exec_read(Rx &rx) {
+    const Packet &pkt = rx.pkt;
+    RdResource &res = new_resource(rx.qp, pkt.psn, psn_add(pkt.psn, rx.n_resp - 1));
+    res.va = pkt.va();
+    res.rkey = pkt.rkey();
+    res.length = pkt.dma_len();
+    return Outcome::kNext;
+}
+
+Outcome exec_atomic(Rx &rx) {
+    const Packet &pkt = rx.pkt;
+    auto *word = reinterpret_cast<uint64_t *>(rx.mem);
+    uint64_t orig;
+    if (rx.op == kCompareSwap) {
+        orig = pkt.compare();
+        __atomic_compare_exchange_n(word, &orig, pkt.swap_add(), false, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST);
+    } else {
+        orig = __atomic_fetch_add(word, pkt.swap_add(), __ATOMIC_SEQ_CST);
+    }
+    RdResource &res = new_resource(rx.qp, pkt.psn, pkt.psn);
+    res.atomic = true;
+    res.orig = rx.orig = orig;
+    return Outcome::kNext;
+}
+
+// ATOMIC WRITE (IBTA A19): one naturally aligned 64-bit store, ordered after
+// the writes before it, durable only through a later FLUSH.
+Outcome exec_atomic_write(Rx &rx) {
+    uint64_t v;
+    std::memcpy(&v, rx.pkt.payload, 8);
+    __atomic_store_n(reinterpret_cast<uint64_t *>(rx.mem), v, __ATOMIC_RELEASE);
+    // A later commit to this rkey must make the word durable too.
+    if (rx.mr->cls != MemClass::kVolatile && !note_dirty(rx.qp, rx.pkt.rkey(), rx.mem, 8))
+        return Outcome::kRemoteOp;
+    new_resource(rx.qp, rx.pkt.psn, rx.pkt.psn).ack_only = true;
+    return Outcome::kNext;
+}
+
+// FLUSH (IBTA A19): every write before it in PSN order is already placed, so
+// making the range durable covers all of them.
+Outcome exec_flush(Rx &rx) {
+    const Packet &pkt = rx.pkt;
+    unsigned type = pkt.feth() & 0xF;
+    bool whole = ((pkt.feth() >> 4) & 3) == IBV_FLUSH_MR;
+    uint64_t len = whole ? rx.mr->length : pkt.dma_len();
+    int err = 0;
+    if ((type & IBV_FLUSH_PERSISTENT) && len)
+        err = persist_range(rx.mr->cls, rx.mem, len);
+    else
+        visibility_fence();
+    if (err) return Outcome::kRemoteOp;
+    // A persistent FLUSH of the whole MR leaves nothing of it dirty.
+    if ((type & IBV_FLUSH_PERSISTENT) && whole) {
+        uint32_t rkey = rx.mr->ibmr.rkey;
+        std::erase_if(rx.qp->commit.dirty, [rkey](const DirtyRange &d) { return d.rkey == rkey; });
+    }
+    new_resource(rx.qp, pkt.psn, pkt.psn).ack_only = true;
+    return Outcome::kNext;
+}
+
+Outcome execute(Rx &rx) {
+    if (rx.f & kOpSend) return exec_send(rx);
+    if (rx.f & kOpWrite) return exec_write(rx);
+    if (rx.f & kOpRead) return exec_read(rx);
+    if (rx.f & kOpAtomic) return exec_atomic(rx);
+    if (rx.f & kOpAtomicWrite) return exec_atomic_write(rx);
+    if (rx.f & kOpFlush) return exec_flush(rx);
+    return Outcome::kInvalidRequest;
+}
+
+// Advances the expected PSN and answers: READ data, an atomic's original
+// value, the empty READ RESPONSE of FLUSH / ATOMIC WRITE, or a (coalesced)
+// ACK when the requester asked for one.
+void acknowledge(Rx &rx) {
+    Qp *qp = rx.qp;
+    Responder &r = R(rx);
+    const Packet &pkt = rx.pkt;
+    if (rx.f & kOpComplete) r.msn = (r.msn + 1) & 0xFFFFFF;
+    if (qp->type == IBV_QPT_UD) return;
+    r.epsn = psn_add(pkt.psn, (rx.f & kOpRead) ? rx.n_resp : 1);
+    if (!qp->reliable()) return;
+    if (rx.f & (kOpRead | kOpAtomic | kOpFlush | kOpAtomicWrite)) {
+        r.ack_pending = false; // the response acknowledges everything before
+        if (rx.f & kOpAtomic)
+            send_atomic_ack(qp, rx.tx, pkt.psn, rx.orig);
+        else
+            send_read_responses(qp, rx.tx, pkt.psn, (rx.f & kOpRead) ? rx.mem : nullptr,
+                                (rx.f & kOpRead) ? pkt.dma_len() : 0);
+        return;
+    }
+    if (pkt.ackreq) {
+        r.ack_pending = true;
+        r.ack_psn = pkt.psn;
+    }
+}
+
+// RC: the ACK was lost, or a READ / atomic response: answer again without
+// executing anything twice.
+void duplicate(Rx &rx) {
+    Qp *qp = rx.qp;
+    const Packet &pkt = rx.pkt;
+    if (rx.f & (kOpSend | kOpWrite)) {
+        if (pkt.ackreq || (rx.f & kOpLast)) {
+            qp->resp.ack_pending = true;
+            qp->resp.ack_psn = psn_add(qp->resp.epsn, kPsnMask);
         }
         return;
     }
     RdResource *r = find_resource(qp, pkt.psn);
     if (!r) return;
-    if (f & kOpRead) {
+    if (rx.f & kOpRead) {
         // Reads are idempotent: serve the (possibly partial) re-request again.
         if (r->atomic || r->ack_only) return;
-        uint64_t va = pkt.va();
         uint32_t len = pkt.dma_len();
-        uint8_t *src = len ? check_remote(qp, r->rkey, va, len, IBV_ACCESS_REMOTE_READ) : nullptr;
-        if (len && (!src || pkt.rkey() != r->rkey)) return;
-        send_read_responses(qp, tx, pkt.psn, src, len);
+        uint8_t *src = nullptr;
+        if (len) {
+            Mr *mr = lookup_mr(qp->nic, rx.pd, r->rkey);
+            src = mr ? mr_range(mr, pkt.va(), len, IBV_ACCESS_REMOTE_READ) : nullptr;
+            if (!src || pkt.rkey() != r->rkey) return;
+        }
+        send_read_responses(qp, rx.tx, pkt.psn, src, len);
         return;
     }
-    if ((f & kOpAtomic) && r->atomic && r->first_psn == pkt.psn)
-        send_atomic_ack(qp, tx, pkt.psn, r->orig); // never executed twice
-    if ((f & (kOpFlush | kOpAtomicWrite)) && r->ack_only && r->first_psn == pkt.psn)
-        send_read_responses(qp, tx, pkt.psn, nullptr, 0); // nor are these
+    if ((rx.f & kOpAtomic) && r->atomic && r->first_psn == pkt.psn)
+        send_atomic_ack(qp, rx.tx, pkt.psn, r->orig); // never executed twice
+    if ((rx.f & (kOpFlush | kOpAtomicWrite)) && r->ack_only && r->first_psn == pkt.psn)
+        send_read_responses(qp, rx.tx, pkt.psn, nullptr, 0); // nor are these
 }
 
-// FLUSH (IBTA A19): QP access decides Invalid Request, MR access Remote
-// Access; every write before it in PSN order is already placed, so making
-// the range durable covers all of them.
-void do_flush(Qp *qp, const Packet &pkt, TxBatch &tx) {
-    uint32_t feth = pkt.feth();
-    unsigned type = feth & 0xF, level = (feth >> 4) & 0x3;
-    unsigned need = ((type & IBV_FLUSH_GLOBAL) ? unsigned(IBV_ACCESS_FLUSH_GLOBAL) : 0u) |
-                    ((type & IBV_FLUSH_PERSISTENT) ? unsigned(IBV_ACCESS_FLUSH_PERSISTENT) : 0u);
-    if (!type || (type & ~3u) || level > IBV_FLUSH_MR || (feth >> 6) ||
-        (qp->access & need) != need) {
-        fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
-        return;
-    }
-    Mr *mr = qp->nic->mrs.lookup(pkt.rkey());
-    if (!mr || mr->pd != reinterpret_cast<Pd *>(qp->qpx.qp_base.pd)) {
-        fatal_nak(qp, tx, aeth::kNakRemoteAccessError, pkt.psn);
-        return;
-    }
-    uint64_t va = level == IBV_FLUSH_MR ? mr->iova : pkt.va();
-    uint64_t len = level == IBV_FLUSH_MR ? mr->length : pkt.dma_len();
-    uint8_t *p = mr_range(mr, va, len, need);
-    if (!p && (len || (mr->access & need) != need)) {
-        fatal_nak(qp, tx, aeth::kNakRemoteAccessError, pkt.psn);
-        return;
-    }
-    int err = 0;
-    if ((type & IBV_FLUSH_PERSISTENT) && len)
-        err = persist_range(mr->cls, p, len);
-    else
-        visibility_fence();
-    if (err) {
-        fatal_nak(qp, tx, aeth::kNakRemoteOpError, pkt.psn);
-        return;
-    }
-    // A persistent FLUSH of the whole MR leaves nothing of it dirty.
-    if ((type & IBV_FLUSH_PERSISTENT) && level == IBV_FLUSH_MR) forget_dirty(qp, mr->ibmr.rkey);
-    RdResource &r = new_resource(qp);
-    r.ack_only = true;
-    r.first_psn = r.last_psn = pkt.psn;
-    qp->msn = (qp->msn + 1) & 0xFFFFFF;
-    qp->ack_pending = false;
-    send_read_responses(qp, tx, pkt.psn, nullptr, 0);
-    qp->epsn = psn_add(pkt.psn, 1);
+void send_rnr(Rx &rx) {
+    Responder &r = R(rx);
+    r.ack_pending = false;
+    // The requester resends from this PSN after its back-off; the rest of
+    // its burst is dropped without a sequence NAK, which would cost it a retry.
+    r.nak_sent = true;
+    send_aeth(rx.qp, rx.tx, aeth::kRnrNak | (rx.qp->attr.min_rnr_timer & 0x1F), rx.pkt.psn);
 }
 
-// ATOMIC WRITE (IBTA A19): one naturally aligned 64-bit store, ordered after
-// the writes before it, durable only through a later FLUSH.
-void do_atomic_write(Qp *qp, const Packet &pkt, TxBatch &tx) {
-    uint64_t va = pkt.va();
-    if ((va & 7) || pkt.dma_len() != 8 || pkt.payload_len != 8) {
-        fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+void fail(Rx &rx, Outcome o) {
+    Qp *qp = rx.qp;
+    Responder &r = R(rx);
+    ErrorAction a = error_action(o);
+    if (!qp->reliable()) {
+        // UC/UD: the message is lost; only a receive too small is reported.
+        r.in_msg = 0;
+        if (qp->type == IBV_QPT_UC) r.drop_msg = !(rx.f & kOpLast);
+        if (r.recv_taken && o == Outcome::kRecvLength)
+            finish_recv(qp, a.recv_status, IBV_WC_RECV, 0, nullptr, false);
         return;
     }
-    uint8_t *p = check_remote(qp, pkt.rkey(), va, 8, IBV_ACCESS_REMOTE_WRITE);
-    if (!p) {
-        fatal_nak(qp, tx, aeth::kNakRemoteAccessError, pkt.psn);
-        return;
-    }
-    uint64_t v;
-    std::memcpy(&v, pkt.payload, 8);
-    __atomic_store_n(reinterpret_cast<uint64_t *>(p), v, __ATOMIC_RELEASE);
-    // A later commit to this rkey must make the word durable too.
-    if (Mr *mr = lookup_mr(qp, pkt.rkey());
-        mr && mr->cls != MemClass::kVolatile && !note_dirty(qp, pkt.rkey(), p, 8)) {
-        fatal_nak(qp, tx, aeth::kNakRemoteOpError, pkt.psn);
-        return;
-    }
-    RdResource &r = new_resource(qp);
-    r.ack_only = true;
-    r.first_psn = r.last_psn = pkt.psn;
-    qp->msn = (qp->msn + 1) & 0xFFFFFF;
-    qp->ack_pending = false;
-    send_read_responses(qp, tx, pkt.psn, nullptr, 0);
-    qp->epsn = psn_add(pkt.psn, 1);
+    // Class C/D errors: NAK, then the responder QP enters the error state.
+    r.ack_pending = false;
+    send_aeth(qp, rx.tx, aeth::kNak | a.nak, rx.pkt.psn);
+    if (r.recv_taken) finish_recv(qp, a.recv_status, IBV_WC_RECV, 0, nullptr, false);
+    qp_enter_error(qp);
+    post_async_event(qp, a.event);
 }
+
+void conclude(Rx &rx, Outcome o) {
+    switch (o) {
+    case Outcome::kNext:
+    case Outcome::kDone:
+    case Outcome::kDrop:
+        return;
+    case Outcome::kDuplicate:
+        duplicate(rx);
+        return;
+    case Outcome::kPsnGap:
+        // Go-back-N: one NAK per gap, then drop until the expected PSN returns.
+        if (!R(rx).nak_sent) {
+            R(rx).nak_sent = true;
+            R(rx).ack_pending = false;
+            send_aeth(rx.qp, rx.tx, aeth::kNak | aeth::kNakPsnSeqError, R(rx).epsn);
+        }
+        return;
+    case Outcome::kRnr:
+        send_rnr(rx);
+        return;
+    default:
+        fail(rx, o);
+    }
+}
+
+using Stage = Outcome (*)(Rx &);
+constexpr Stage kStages[] = {check_transport, check_psn,    check_op_seq, check_op_valid,
+                             check_resource,  check_length, check_rkey,   execute};
 
 } // namespace
 
 void resp_flush_ack(Qp *qp, TxBatch &tx) {
-    if (!qp->ack_pending) return;
-    qp->ack_pending = false;
-    send_aeth(qp, tx, aeth::kAck | aeth::kNoCredits, qp->ack_psn);
+    if (!qp->resp.ack_pending) return;
+    qp->resp.ack_pending = false;
+    send_aeth(qp, tx, aeth::kAck | aeth::kNoCredits, qp->resp.ack_psn);
 }
 
-int resp_post_recv(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
-    std::lock_guard<std::mutex> g(qp->mu);
-    if (qp->state == IBV_QPS_RESET) {
-        *bad_wr = wr;
-        return EINVAL;
-    }
-    uint32_t cap = qp->max_recv_wr;
+void RecvQueue::init(uint32_t wr, uint32_t sges) {
+    max_wr = wr;
+    max_sge = sges;
+    wqe.assign(wr, RecvWqe{});
+    sge.assign(size_t(wr) * sges, ibv_sge{});
+    head = tail = 0;
+}
+
+int RecvQueue::post(Nic *nic, Pd *pd, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
     for (; wr; wr = wr->next) {
-        if (qp->rq_head - qp->rq_tail >= cap) {
+        if (head - tail >= max_wr) {
             *bad_wr = wr;
             return ENOMEM;
         }
-        if (wr->num_sge < 0 || uint32_t(wr->num_sge) > qp->max_recv_sge) {
+        if (wr->num_sge < 0 || uint32_t(wr->num_sge) > max_sge) {
             *bad_wr = wr;
             return EINVAL;
         }
-        uint32_t slot = qp->rq_head % cap;
-        RecvWqe &r = qp->rq[slot];
+        uint32_t slot = head % max_wr;
+        RecvWqe &r = wqe[slot];
         r.wr_id = wr->wr_id;
-        r.sge = &qp->rq_sge[size_t(slot) * qp->max_recv_sge];
+        r.sge = &sge[size_t(slot) * max_sge];
         r.num_sge = uint32_t(wr->num_sge);
         r.length = 0;
         r.bad = false;
-        bool bad = false;
         for (int i = 0; i < wr->num_sge; i++) {
             const ibv_sge &s = wr->sg_list[i];
-            Mr *mr = qp->nic->mrs.lookup(s.lkey);
-            uint8_t *host = nullptr;
-            if (mr && mr->pd == reinterpret_cast<Pd *>(qp->qpx.qp_base.pd))
-                host = mr_range(mr, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE);
-            if (!host && s.length) bad = true;
+            uint8_t *host = check_lkey(nic, pd, s, IBV_ACCESS_LOCAL_WRITE);
+            if (!host && s.length) r.bad = true;
             r.sge[i] = {uintptr_t(host), s.length, s.lkey};
             r.length += s.length;
         }
-        if (bad) {
+        if (r.bad) {
             // Reported as a completion in order, like a hardware RNIC would.
             r.num_sge = 0;
             r.length = 0;
-            r.bad = true;
         }
-        qp->rq_head++;
-        if (qp->state == IBV_QPS_ERR) qp_flush_queues(qp);
+        head++;
     }
     return 0;
 }
 
+int resp_post_recv(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
+    std::lock_guard<std::mutex> g(qp->mu);
+    if (qp->attr.state == IBV_QPS_RESET || qp->srq || qp->type == IBV_QPT_XRC_SEND ||
+        qp->type == IBV_QPT_XRC_RECV) {
+        *bad_wr = wr;
+        return EINVAL;
+    }
+    int err = qp->resp.rq.post(qp->nic, reinterpret_cast<Pd *>(qp->qpx.qp_base.pd), wr, bad_wr);
+    if (qp->attr.state == IBV_QPS_ERR) qp_flush_queues(qp);
+    return err;
+}
+
 void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
-    int32_t d = psn_diff(pkt.psn, qp->epsn);
-    if (d > 0) {
-        // Go-back-N: one NAK per gap, then drop until the expected PSN returns.
-        if (!qp->nak_sent) {
-            qp->nak_sent = true;
-            send_nak(qp, tx, aeth::kNakPsnSeqError, qp->epsn);
-        }
-        return;
-    }
-    if (d < 0) {
-        duplicate(qp, pkt, tx);
-        return;
-    }
-    qp->nak_sent = false;
-    uint16_t f = pkt.info->flags;
-
-    // A multi-packet message must continue with MIDDLE/LAST of the same kind.
-    if (qp->in_msg) {
-        if (!(f & qp->in_msg) || (f & kOpFirst)) {
-            fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
+    uint8_t op = pkt.rc_opcode();
+    Rx rx{qp, pkt, tx, op, pkt.info->flags, reinterpret_cast<Pd *>(qp->qpx.qp_base.pd), qp->srq};
+    for (Stage stage : kStages) {
+        Outcome o = stage(rx);
+        if (o != Outcome::kNext) {
+            conclude(rx, o);
             return;
         }
-    } else if ((f & (kOpSend | kOpWrite)) && !(f & kOpFirst)) {
-        fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
-        return;
     }
-    bool last = f & kOpLast;
-    // Every packet but a message's last carries exactly one path MTU.
-    if ((f & (kOpSend | kOpWrite)) && !last && pkt.payload_len != qp->mtu) {
-        fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
-        return;
-    }
-    if (pkt.payload_len > qp->mtu) {
-        fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
-        return;
-    }
-
-    if (f & kOpSend) {
-        if (f & kOpFirst) {
-            if (qp->rq_head == qp->rq_tail) {
-                send_rnr(qp, tx, pkt.psn);
-                return;
-            }
-            qp->recv_taken = true;
-            qp->msg_offset = 0;
-            RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
-            // A WQE without SGEs is a valid zero-length receive; only one
-            // whose SGEs failed their checks is refused here.
-            if (r.bad && pkt.payload_len) {
-                fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
-                return;
-            }
-        }
-        if (!place_recv(qp, pkt.payload, pkt.payload_len)) {
-            RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
-            complete_recv(qp, r, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0, 0, false);
-            qp->rq_tail++;
-            qp->recv_taken = false;
-            fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
-            return;
-        }
-        qp->msg_offset += pkt.payload_len;
-        if (last) {
-            RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
-            bool imm = pkt.info->hdrs & kHasImmDt;
-            __be32 immv = 0;
-            if (imm) std::memcpy(&immv, pkt.hdr + pkt.info->immdt, 4);
-            complete_recv(qp, r, IBV_WC_SUCCESS, IBV_WC_RECV, qp->msg_offset, immv, imm, pkt.se);
-            qp->rq_tail++;
-            qp->recv_taken = false;
-            qp->in_msg = 0;
-            qp->msn = (qp->msn + 1) & 0xFFFFFF;
-        } else {
-            qp->in_msg = kOpSend;
-        }
-    } else if (f & kOpWrite) {
-        bool imm = pkt.info->hdrs & kHasImmDt;
-        bool commit = f & kOpCommit;
-        if (f & kOpFirst) {
-            uint8_t ce = commit ? pkt.ceth() : 0;
-            // Check a receive WQE is there before placing anything.
-            if ((imm || (ce & ceth::kImmed)) && qp->rq_head == qp->rq_tail) {
-                send_rnr(qp, tx, pkt.psn);
-                return;
-            }
-            uint32_t len = pkt.dma_len();
-            unsigned access = IBV_ACCESS_REMOTE_WRITE;
-            if (commit) {
-                // The same access rules as the IBTA FLUSH a non-native peer
-                // would send: QP access decides Invalid Request, MR access
-                // Remote Access Error.
-                unsigned need = (ce & ceth::kGlobal) ? unsigned(IBV_ACCESS_FLUSH_GLOBAL)
-                                                     : unsigned(IBV_ACCESS_FLUSH_PERSISTENT);
-                // IMMED must agree with the opcode that ends the message
-                // (ONLY_WITH_IMMEDIATE carries both), and reserved bits are 0.
-                bool bad_imm = (f & kOpLast) && bool(ce & ceth::kImmed) != imm;
-                if ((ce & ~(ceth::kOrdered | ceth::kImmed | ceth::kGlobal)) || bad_imm ||
-                    get24(pkt.hdr + pkt.info->ceth + 1) != 0 || (qp->access & need) != need) {
-                    fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
-                    return;
-                }
-                access |= need;
-            }
-            Mr *mr = lookup_mr(qp, pkt.rkey());
-            uint8_t *dst = nullptr;
-            if (len || commit) {
-                dst = (mr && (qp->access & IBV_ACCESS_REMOTE_WRITE))
-                          ? mr_range(mr, pkt.va(), len, access)
-                          : nullptr;
-                if (!dst) {
-                    fatal_nak(qp, tx, aeth::kNakRemoteAccessError, pkt.psn);
-                    return;
-                }
-            }
-            // ORDERED: what was written to this rkey before becomes durable
-            // before this write's data is placed.
-            if ((ce & ceth::kOrdered) && persist_dirty(qp, pkt.rkey())) {
-                fatal_nak(qp, tx, aeth::kNakRemoteOpError, pkt.psn);
-                return;
-            }
-            qp->write_ptr = dst;
-            qp->write_remaining = len;
-            qp->msg_offset = 0;
-            qp->write_rkey = pkt.rkey();
-            qp->write_tracked = mr && mr->cls != MemClass::kVolatile;
-            qp->write_uncached = mr && mr->uncached;
-            qp->commit_ceth = ce;
-        } else if (bool(qp->in_msg_commit) != commit) {
-            fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
-            return;
-        }
-        if (pkt.payload_len > qp->write_remaining) {
-            fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
-            return;
-        }
-        if (last && imm && qp->rq_head == qp->rq_tail) {
-            send_rnr(qp, tx, pkt.psn);
-            return;
-        }
-        if (pkt.payload_len) {
-            if (qp->write_uncached)
-                copy_nontemporal(qp->write_ptr, pkt.payload, pkt.payload_len);
-            else
-                std::memcpy(qp->write_ptr, pkt.payload, pkt.payload_len);
-            if (qp->write_tracked &&
-                !note_dirty(qp, qp->write_rkey, qp->write_ptr, pkt.payload_len)) {
-                fatal_nak(qp, tx, aeth::kNakRemoteOpError, pkt.psn);
-                return;
-            }
-        }
-        qp->write_ptr += pkt.payload_len;
-        qp->write_remaining -= pkt.payload_len;
-        qp->msg_offset += pkt.payload_len;
-        if (last) {
-            if (qp->write_remaining) {
-                fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
-                return;
-            }
-            // The commit point: this write and every earlier one to the rkey
-            // are durable before the ACK (and the immediate) can go out.
-            if (commit && bool(qp->commit_ceth & ceth::kImmed) != imm) {
-                fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
-                return;
-            }
-            if (commit) {
-                int err = (qp->commit_ceth & ceth::kGlobal) ? (visibility_fence(), 0)
-                                                            : persist_dirty(qp, qp->write_rkey);
-                if (err) {
-                    fatal_nak(qp, tx, aeth::kNakRemoteOpError, pkt.psn);
-                    return;
-                }
-            }
-            if (imm) {
-                RecvWqe &r = qp->rq[qp->rq_tail % qp->max_recv_wr];
-                __be32 immv;
-                std::memcpy(&immv, pkt.hdr + pkt.info->immdt, 4);
-                // After a commit the immediate, not a length, says what is
-                // durable; byte_len is 0 as with the IBTA sequence's final
-                // zero-length WRITE WITH IMMEDIATE, so both paths look alike.
-                complete_recv(qp, r, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM,
-                              commit ? 0 : qp->msg_offset, immv, true, pkt.se);
-                qp->rq_tail++;
-            }
-            qp->in_msg = 0;
-            qp->in_msg_commit = false;
-            qp->msn = (qp->msn + 1) & 0xFFFFFF;
-        } else {
-            qp->in_msg = kOpWrite;
-            qp->in_msg_commit = commit;
-        }
-    } else if (f & kOpRead) {
-        uint32_t len = pkt.dma_len();
-        uint8_t *src = nullptr;
-        if (len) {
-            src = check_remote(qp, pkt.rkey(), pkt.va(), len, IBV_ACCESS_REMOTE_READ);
-            if (!src) {
-                fatal_nak(qp, tx, aeth::kNakRemoteAccessError, pkt.psn);
-                return;
-            }
-        }
-        uint32_t n = std::max(1u, (len + qp->mtu - 1) / qp->mtu);
-        RdResource &r = new_resource(qp);
-        r.first_psn = pkt.psn;
-        r.last_psn = psn_add(pkt.psn, n - 1);
-        r.va = pkt.va();
-        r.rkey = pkt.rkey();
-        r.length = len;
-        qp->msn = (qp->msn + 1) & 0xFFFFFF;
-        qp->ack_pending = false; // the responses acknowledge everything before
-        send_read_responses(qp, tx, pkt.psn, src, len);
-        qp->epsn = psn_add(pkt.psn, n);
-        return;
-    } else if (f & kOpAtomic) {
-        uint64_t va = pkt.atomic_va();
-        if (va & 7) {
-            fatal_nak(qp, tx, aeth::kNakInvalidRequest, pkt.psn);
-            return;
-        }
-        uint8_t *p = check_remote(qp, pkt.atomic_rkey(), va, 8, IBV_ACCESS_REMOTE_ATOMIC);
-        if (!p) {
-            fatal_nak(qp, tx, aeth::kNakRemoteAccessError, pkt.psn);
-            return;
-        }
-        auto *word = reinterpret_cast<uint64_t *>(p);
-        uint64_t orig;
-        if (pkt.opcode == kCompareSwap) {
-            orig = pkt.compare();
-            __atomic_compare_exchange_n(word, &orig, pkt.swap_add(), false, __ATOMIC_SEQ_CST,
-                                        __ATOMIC_SEQ_CST);
-        } else {
-            orig = __atomic_fetch_add(word, pkt.swap_add(), __ATOMIC_SEQ_CST);
-        }
-        RdResource &r = new_resource(qp);
-        r.atomic = true;
-        r.first_psn = r.last_psn = pkt.psn;
-        r.orig = orig;
-        qp->msn = (qp->msn + 1) & 0xFFFFFF;
-        qp->ack_pending = false;
-        send_atomic_ack(qp, tx, pkt.psn, orig);
-        qp->epsn = psn_add(pkt.psn, 1);
-        return;
-    } else if (f & kOpFlush) {
-        do_flush(qp, pkt, tx);
-        return;
-    } else {
-        do_atomic_write(qp, pkt, tx);
-        return;
-    }
-    qp->epsn = psn_add(pkt.psn, 1);
-    if (pkt.ackreq) {
-        qp->ack_pending = true;
-        qp->ack_psn = pkt.psn;
-    }
+    acknowledge(rx);
 }
 
 } // namespace sroce

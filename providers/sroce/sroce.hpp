@@ -10,8 +10,10 @@
 #include "persist.hpp"
 #include "wire.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <infiniband/verbs.h>
 #include <infiniband/verbs_ext.h>
@@ -23,9 +25,13 @@
 
 namespace sroce {
 
+class Nic;
+
 constexpr int kMaxDevices = 64;
 constexpr uint32_t kMaxQps = 4096;
 constexpr uint32_t kQpnBase = 0x11; // QPN 0 and 1 are the special QPs
+constexpr uint32_t kMaxSrqs = 4096;
+constexpr uint32_t kSrqnBase = 0x100;
 constexpr uint32_t kMaxWr = 16384;
 constexpr uint32_t kMaxSge = 32;
 constexpr uint32_t kMaxInline = 1024;
@@ -51,7 +57,6 @@ struct Device {
 Device *to_dev(ibv_device *d);
 int mtu_bytes(ibv_mtu m);
 
-class Nic;
 struct Qp;
 struct Cq;
 
@@ -110,6 +115,41 @@ class MrTable {
 // Checks that [va, va+len) lies in the MR and the MR grants `access`;
 // returns the host address or nullptr.
 uint8_t *mr_range(const Mr *mr, uint64_t va, uint64_t len, unsigned access);
+// The MR `key` names, if it belongs to `pd`.
+Mr *lookup_mr(Nic *nic, Pd *pd, uint32_t key);
+// The host address of a local SGE whose lkey names an MR of `pd` that covers
+// it and grants `access`, or nullptr.
+uint8_t *check_lkey(Nic *nic, Pd *pd, const ibv_sge &s, unsigned access);
+
+// Calls fn(host_pointer, n) for the bytes [off, off+len) of a scatter/gather
+// list whose addresses are host addresses (checked when posted); stops at
+// the list's end.  Returns the bytes visited.
+template <class Fn>
+uint32_t sg_walk(const ibv_sge *sge, uint32_t nsge, uint32_t off, uint32_t len, Fn &&fn) {
+    uint32_t done = 0;
+    for (uint32_t i = 0; i < nsge && done < len; i++) {
+        const ibv_sge &s = sge[i];
+        if (off >= s.length) {
+            off -= s.length;
+            continue;
+        }
+        uint32_t take = std::min(s.length - off, len - done);
+        fn(reinterpret_cast<uint8_t *>(uintptr_t(s.addr)) + off, take);
+        done += take;
+        off = 0;
+    }
+    return done;
+}
+
+// Copies `len` bytes into a scatter/gather list at byte offset `off`; false
+// when the list ends first.
+inline bool sg_copy_to(const ibv_sge *sge, uint32_t nsge, uint32_t off, const uint8_t *src,
+                       uint32_t len) {
+    return sg_walk(sge, nsge, off, len, [&src](uint8_t *p, uint32_t n) {
+               std::memcpy(p, src, n);
+               src += n;
+           }) == len;
+}
 
 struct CompChannel {
     ibv_comp_channel ch; // first
@@ -142,11 +182,11 @@ struct SendWqe {
     ibv_wr_opcode opcode = IBV_WR_SEND;
     unsigned flags = 0;
     uint32_t num_sge = 0;
-    ibv_sge *sge = nullptr; // points into Qp::sge_pool
+    ibv_sge *sge = nullptr; // points into SendQueue::sge
     uint32_t length = 0;    // total payload
     uint64_t remote_addr = 0;
     uint32_t rkey = 0;
-    __be32 imm = 0;
+    __be32 imm = 0; // or the rkey to invalidate (SEND WITH INVALIDATE), in network order
     uint64_t compare_add = 0, swap = 0;
     uint8_t atomic_data[8] = {}; // ATOMIC WRITE payload, as the application gave it
     uint8_t flush_type = 0;      // FLUSH placement type (IBV_FLUSH_GLOBAL/PERSISTENT)
@@ -158,6 +198,10 @@ struct SendWqe {
     bool suppressed = false; // an earlier part of its commit already reported
     uint32_t report_len = 0; // byte_len a commit's completion reports
     bool signaled = false;
+    // UD destination, resolved when posted
+    in_addr_t ud_addr = 0;
+    uint32_t ud_qpn = 0, ud_qkey = 0;
+    uint32_t xrc_srqn = 0; // XRC: the remote SRQ the message is for
     // transport state
     bool started = false;
     uint32_t first_psn = 0;
@@ -189,7 +233,7 @@ struct DirtyRange {
 struct RecvWqe {
     uint64_t wr_id = 0;
     uint32_t num_sge = 0;
-    ibv_sge *sge = nullptr;
+    ibv_sge *sge = nullptr; // host addresses, checked when posted
     uint32_t length = 0;
     bool bad = false; // an SGE failed the lkey/range check when posted
 };
@@ -205,7 +249,144 @@ struct RdResource {
     uint64_t orig = 0;
 };
 
+// A ring of receive WQEs: a QP's own receive queue or a shared one.
+struct RecvQueue {
+    std::vector<RecvWqe> wqe;
+    std::vector<ibv_sge> sge;
+    uint32_t max_wr = 0, max_sge = 0;
+    uint32_t head = 0, tail = 0; // posted / consumed counts
+    bool empty() const { return head == tail; }
+    uint32_t size() const { return head - tail; }
+    RecvWqe &front() { return wqe[tail % max_wr]; }
+    void init(uint32_t wr, uint32_t sges);
+    // Checks and appends a posted chain; ENOMEM when full, EINVAL for too
+    // many SGEs.  SGEs failing their lkey/range check mark the WQE bad so it
+    // completes in error, in order, like on an RNIC.
+    int post(Nic *nic, Pd *pd, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
+};
+
+struct Xrcd {
+    ibv_xrcd ibxrcd;          // first: handed out as struct ibv_xrcd *
+    std::atomic<int> refs{0}; // XRC SRQs and target QPs using it
+};
+
+struct Srq {
+    ibv_srq ibsrq; // first: handed out as struct ibv_srq *
+    std::mutex mu; // Lock order: Qp::mu -> Srq::mu -> Cq::mu
+    Context *ctx = nullptr;
+    Pd *pd = nullptr;
+    RecvQueue rq;
+    uint32_t limit = 0; // armed limit: an event when fewer WQEs remain
+    bool error = false;
+    std::atomic<int> users{0}; // QPs attached
+    // XRC SRQ
+    ibv_srq_type type = IBV_SRQT_BASIC;
+    Cq *cq = nullptr; // an XRC SRQ's completions go here
+    Xrcd *xrcd = nullptr;
+    uint32_t srq_num = 0;
+};
+
+inline Srq *to_srq(ibv_srq *s) {
+    return reinterpret_cast<Srq *>(s);
+}
+
+struct Ah {
+    ibv_ah ibah; // first
+    ibv_ah_attr attr{};
+    in_addr_t addr = 0; // destination IPv4 address (network order)
+};
+
 struct TxBatch;
+
+// ibv_wr_* batch in progress on a QP (ibv_wr_start .. ibv_wr_complete).
+// Per QP, as rdma-core defines it: a thread may have batches open on several
+// QPs at once.
+struct WrBatch {
+    uint32_t pending = 0;
+    int error = 0;
+    uint32_t sge_slot = 0;            // the WQE ibv_wr_set_sge* fills
+    uint32_t final_slot = UINT32_MAX; // the WQE reporting the current commit
+};
+
+// Attributes set by ibv_modify_qp.
+struct QpAttr {
+    ibv_qp_state state = IBV_QPS_RESET;
+    unsigned access = 0;
+    ibv_mtu path_mtu = IBV_MTU_1024;
+    uint32_t mtu = 1024;
+    uint32_t dest_qpn = 0;
+    in_addr_t dest_addr = 0;
+    ibv_ah_attr ah{};
+    uint8_t timeout = 0, retry_cnt = 7, rnr_retry = 7, min_rnr_timer = 0;
+    uint8_t max_rd_atomic = 1, max_dest_rd_atomic = 1;
+    uint16_t pkey_index = 0;
+    uint8_t port_num = 1;
+    uint32_t qkey = 0;
+    bool sq_draining = false;
+};
+
+// Requester: the send queue and the PSNs it hands out (req.cpp).
+struct Requester {
+    std::vector<SendWqe> wqe;
+    std::vector<ibv_sge> sge;
+    std::vector<uint8_t> inline_buf;
+    uint32_t max_wr = 0, max_sge = 0, max_inline = 0;
+    uint32_t cap_wr = 0; // what the application asked for (max_wr may be larger)
+    bool sig_all = false;
+    uint64_t ops_flags = 0; // ibv_qp_ex send_ops_flags
+    uint32_t head = 0;      // next free slot (posted count)
+    uint32_t tail = 0;      // oldest not completed
+    uint32_t cur = 0;       // next to transmit
+    WrBatch batch;
+    uint32_t next_psn = 0; // next PSN to assign to a new WQE
+    uint32_t rd_outstanding = 0;
+    uint32_t pkts_since_ackreq = 0;
+    SendWqe &at(uint32_t i) { return wqe[i % max_wr]; }
+};
+
+// Completer: acknowledgements, retries and timers (comp.cpp).
+struct Completer {
+    uint32_t una_psn = 0; // oldest unacknowledged PSN
+    uint32_t retries_left = 7, rnr_left = 7;
+    uint64_t timer_deadline_ns = 0; // retransmit timer, 0 = off
+    uint64_t rnr_deadline_ns = 0;   // RNR back-off, 0 = off
+    uint32_t last_nak_rewind = UINT32_MAX;
+};
+
+// Responder: the receive side of the transport (resp.cpp).
+struct Responder {
+    RecvQueue rq; // unused when the QP has an SRQ
+    uint32_t epsn = 0;
+    uint32_t msn = 0;
+    bool nak_sent = false;
+    bool ack_pending = false;
+    bool ack_listed = false; // on the NIC's list of ACKs to send after this batch
+    uint32_t ack_psn = 0;
+    // The message in progress
+    uint8_t in_msg = 0;      // 0, kOpSend or kOpWrite: multi-packet message in progress
+    bool drop_msg = false;   // UC: the rest of a message that lost a packet is dropped
+    uint32_t msg_offset = 0; // bytes placed in the current message
+    bool recv_taken = false; // `recv` holds the receive WQE the current message consumes
+    RecvWqe recv;            // a copy, so SRQ slots are free for reuse at once
+    ibv_sge recv_sge[kMaxSge];
+    Srq *recv_srq = nullptr; // where `recv` came from (nullptr: the QP's own queue)
+    uint8_t *write_ptr = nullptr;
+    uint64_t write_remaining = 0;
+    uint32_t write_rkey = 0;
+    bool write_tracked = false;  // its MR keeps dirty ranges (not volatile)
+    bool write_uncached = false; // its MR asked for non-temporal placement
+    std::vector<RdResource> rd_res;
+    uint32_t rd_res_next = 0;
+};
+
+// Write-commit state of a QP (both roles).
+struct CommitState {
+    uint8_t ceth = 0;    // CETH flags of the native commit being received
+    bool in_msg = false; // the multi-packet write in progress is a commit
+    std::vector<DirtyRange> dirty;
+    // The peer declared native write-commit support (ibv_qp_set_commit_peer).
+    bool peer_native = false;
+};
 
 struct Qp {
     ibv_qp_ex qpx; // first; qpx.qp_base is the ibv_qp
@@ -222,77 +403,21 @@ struct Qp {
     Context *ctx = nullptr;
     Nic *nic = nullptr;
     Cq *scq = nullptr, *rcq = nullptr;
-    bool sq_sig_all = false;
-    uint32_t max_send_wr = 0, max_recv_wr = 0, max_send_sge = 0, max_recv_sge = 0;
-    uint32_t cap_send_wr = 0; // what the application asked for (max_send_wr may be larger)
-    uint32_t max_inline = 0;
-    uint64_t send_ops_flags = 0;
+    Srq *srq = nullptr;
+    ibv_qp_type type = IBV_QPT_RC;
+    Xrcd *xrcd = nullptr; // XRC target QPs
 
-    // attributes
-    ibv_qp_state state = IBV_QPS_RESET;
-    unsigned access = 0;
-    ibv_mtu path_mtu = IBV_MTU_1024;
-    uint32_t mtu = 1024;
-    uint32_t dest_qpn = 0;
-    in_addr_t dest_addr = 0;
-    ibv_ah_attr ah{};
-    uint8_t timeout = 0, retry_cnt = 7, rnr_retry = 7, min_rnr_timer = 0;
-    uint8_t max_rd_atomic = 1, max_dest_rd_atomic = 1;
-    uint16_t pkey_index = 0;
-    uint8_t port_num = 1;
-    uint32_t qkey = 0;
-    bool sq_draining = false;
+    QpAttr attr;
+    Requester req;
+    Completer comp;
+    Responder resp;
+    CommitState commit;
 
-    // send queue ring
-    std::vector<SendWqe> sq;
-    std::vector<ibv_sge> sq_sge;
-    std::vector<uint8_t> sq_inline;
-    uint32_t sq_head = 0; // next free slot (posted count)
-    uint32_t sq_tail = 0; // oldest not completed
-    uint32_t sq_cur = 0;  // next to transmit
-    // ibv_wr_* batch in progress
-    uint32_t wr_batch_start = 0;
-    bool wr_batch_error = false;
-
-    // requester
-    uint32_t next_psn = 0; // next PSN to assign to a new WQE
-    uint32_t una_psn = 0;  // oldest unacknowledged PSN
-    uint32_t rd_outstanding = 0;
-    uint32_t retries_left = 7, rnr_left = 7;
-    uint64_t timer_deadline_ns = 0; // retransmit timer, 0 = off
-    uint64_t rnr_deadline_ns = 0;   // RNR back-off, 0 = off
-    uint32_t pkts_since_ackreq = 0;
-    uint32_t last_nak_rewind = UINT32_MAX;
-
-    // receive queue ring
-    std::vector<RecvWqe> rq;
-    std::vector<ibv_sge> rq_sge;
-    uint32_t rq_head = 0, rq_tail = 0;
-
-    // responder
-    uint32_t epsn = 0;
-    uint32_t msn = 0;
-    bool nak_sent = false;
-    bool ack_pending = false;
-    bool ack_listed = false; // on the NIC's list of ACKs to send after this batch
-    uint32_t ack_psn = 0;
-    uint8_t in_msg = 0;      // 0, kOpSend or kOpWrite: multi-packet message in progress
-    uint32_t msg_offset = 0; // bytes placed in the current message
-    uint8_t *write_ptr = nullptr;
-    uint64_t write_remaining = 0;
-    bool recv_taken = false; // the current SEND owns rq[rq_tail]
-    std::vector<RdResource> rd_res;
-    uint32_t rd_res_next = 0;
-    uint8_t commit_ceth = 0;     // CETH flags of the native commit being received
-    bool in_msg_commit = false;  // the multi-packet write in progress is a commit
-    uint32_t write_rkey = 0;     // rkey of the write being placed
-    bool write_tracked = false;  // its MR keeps dirty ranges (not volatile)
-    bool write_uncached = false; // its MR asked for non-temporal placement
-    std::vector<DirtyRange> dirty;
-    // The peer declared native write-commit support (ibv_qp_set_commit_peer).
-    bool peer_native_commit = false;
-
-    bool in_error() const { return state == IBV_QPS_ERR; }
+    ibv_qp_state state() const { return attr.state; }
+    bool in_error() const { return attr.state == IBV_QPS_ERR; }
+    bool connected() const { return type == IBV_QPT_RC || type == IBV_QPT_UC || is_xrc(); }
+    bool reliable() const { return type == IBV_QPT_RC || is_xrc(); }
+    bool is_xrc() const { return type == IBV_QPT_XRC_SEND || type == IBV_QPT_XRC_RECV; }
 };
 
 // Requests answered by a response packet (READ RESPONSE, ATOMIC ACKNOWLEDGE)

@@ -16,11 +16,17 @@ void req_arm_timer(Qp *qp);
 SendWqe &req_new_wqe(Qp *qp, uint32_t slot, uint64_t wr_id, ibv_wr_opcode op, unsigned flags);
 bool req_fill_sges(Qp *qp, SendWqe &w, const ibv_sge *sg, size_t n);
 bool req_fill_inline(Qp *qp, SendWqe &w, uint32_t slot, const ibv_data_buf *bufs, size_t n);
+// Sets a UD WQE's destination from an address handle; false without one.
+bool req_set_ud_addr(Qp *qp, SendWqe &w, ibv_ah *ah, uint32_t qpn, uint32_t qkey);
+// Whether the QP's transport carries the WQE's operation (and, for UD, its size).
+bool req_check_wqe(Qp *qp, SendWqe &w);
 // Moves an ATOMIC WRITE's 8-byte value from its gather list into the WQE.
 bool req_take_atomic_write_value(SendWqe &w);
 // Queues what it can transmit into the calling thread's batch (or flushes
 // every WQE when the QP is in error); the caller then calls send_and_unlock.
 void req_kick(Qp *qp);
+// Retires the WQEs of an unreliable QP (UC, UD) once their packets are sent.
+void req_retire_sent(Qp *qp);
 // Sends the calling thread's batch (if any) and releases qp->mu, which the
 // caller holds; the QP's tx_mu is taken before qp->mu is released.
 void req_send_and_unlock(Qp *qp);
@@ -39,11 +45,23 @@ void resp_flush_ack(Qp *qp, TxBatch &tx);
 void qp_enter_error(Qp *qp);
 void qp_flush_queues(Qp *qp);
 void complete_send(Qp *qp, const SendWqe &wqe, ibv_wc_status status);
-// `solicited`: the message carried the SE bit (wakes a solicited-only CQ).
-void complete_recv(Qp *qp, const RecvWqe &wqe, ibv_wc_status status, ibv_wc_opcode opcode,
-                   uint32_t byte_len, __be32 imm, bool with_imm, bool solicited = false);
+// What a receive completion reports beyond its WQE.
+struct RecvCompletion {
+    ibv_wc_status status = IBV_WC_SUCCESS;
+    ibv_wc_opcode opcode = IBV_WC_RECV;
+    uint32_t byte_len = 0;
+    __be32 imm = 0; // immediate data, or the invalidated rkey (network order)
+    unsigned wc_flags = 0;
+    uint32_t src_qp = 0;    // UD: the sender's QP (others report the connected peer)
+    bool solicited = false; // the message carried the SE bit (wakes a solicited-only CQ)
+    Srq *srq = nullptr;     // the WQE came from this SRQ (an XRC SRQ has its own CQ)
+};
+void complete_recv(Qp *qp, const RecvWqe &wqe, const RecvCompletion &c);
 void post_async_event(Qp *qp, ibv_event_type type);
 void post_cq_overflow(Context *ctx, Cq *cq);
+// SEND WITH INVALIDATE: invalidates the memory window `rkey` names, which
+// must be bound through this QP.  0 or an errno.
+int invalidate_rkey(Qp *qp, uint32_t rkey);
 
 // Retransmit timeout of the QP's `timeout` attribute: 4.096 us * 2^timeout.
 inline uint64_t timeout_ns(uint8_t t) {

@@ -1,6 +1,5 @@
 // Devices and contexts: the device list built from the link configuration,
-// opening a device, device/port/GID queries, async events and the few objects
-// that carry no transport state (AH, SRQ).
+// opening a device, device/port/GID queries and async events.
 #include "nic.hpp"
 #include "provider.h"
 
@@ -21,6 +20,11 @@ ibv_cq_ex *create_cq_ex(ibv_context *ctx, ibv_cq_init_attr_ex *attr);
 int qp_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad);
 int qp_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad);
 ibv_qp *create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr);
+ibv_srq *create_srq_ex(ibv_context *ctx, ibv_srq_init_attr_ex *attr);
+int srq_num(ibv_srq *srq, uint32_t *num);
+int post_srq_recv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
+ibv_xrcd *open_xrcd(ibv_context *ctx, ibv_xrcd_init_attr *attr);
+int close_xrcd(ibv_xrcd *xrcd);
 
 int mtu_bytes(ibv_mtu m) {
     return 128 << int(m);
@@ -227,6 +231,10 @@ struct ibv_context *sroce_open_device(struct ibv_device *ibdev) {
     v.query_device_ex = query_device_ex;
     v.create_qp_ex = ctx_create_qp_ex;
     v.create_cq_ex = create_cq_ex;
+    v.create_srq_ex = create_srq_ex;
+    v.get_srq_num = srq_num;
+    v.open_xrcd = open_xrcd;
+    v.close_xrcd = close_xrcd;
     ibv_context &c = v.context;
     c.device = ibdev;
     c.cmd_fd = -1;
@@ -238,6 +246,7 @@ struct ibv_context *sroce_open_device(struct ibv_device *ibdev) {
     c.ops.req_notify_cq = cq_req_notify;
     c.ops.post_send = qp_post_send;
     c.ops.post_recv = qp_post_recv;
+    c.ops.post_srq_recv = post_srq_recv;
     return &c;
 }
 
@@ -383,30 +392,5 @@ int sroce_get_async_event(struct ibv_context *ibctx, struct ibv_async_event *eve
 }
 
 void sroce_ack_async_event(struct ibv_async_event *) {}
-
-struct ibv_ah *sroce_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *) {
-    // Address handles only serve UD QPs, which sroce does not offer.
-    (void)pd;
-    errno = EOPNOTSUPP;
-    return nullptr;
-}
-
-int sroce_destroy_ah(struct ibv_ah *) {
-    return EOPNOTSUPP;
-}
-
-struct ibv_srq *sroce_create_srq(struct ibv_pd *, struct ibv_srq_init_attr *) {
-    errno = EOPNOTSUPP;
-    return nullptr;
-}
-int sroce_modify_srq(struct ibv_srq *, struct ibv_srq_attr *, int) {
-    return EOPNOTSUPP;
-}
-int sroce_query_srq(struct ibv_srq *, struct ibv_srq_attr *) {
-    return EOPNOTSUPP;
-}
-int sroce_destroy_srq(struct ibv_srq *) {
-    return EOPNOTSUPP;
-}
 
 } // extern "C"

@@ -24,12 +24,20 @@ constexpr size_t kAtomicAckEthLen = 8;
 constexpr size_t kImmDtLen = 4;
 constexpr size_t kIethLen = 4;
 constexpr size_t kFethLen = 4;
-constexpr size_t kCethLen = 4; // sroce's Commit Extended Transport Header
+constexpr size_t kCethLen = 4;   // sroce's Commit Extended Transport Header
+constexpr size_t kDethLen = 8;   // Datagram ETH: Q_Key, reserved, source QP
+constexpr size_t kXrcEthLen = 4; // XRC ETH: reserved, XRC SRQ number
 constexpr size_t kIcrcLen = 4;
 constexpr size_t kIpv4HdrLen = 20;
 constexpr size_t kUdpHdrLen = 8;
-// Largest transport header stack any opcode carries (BTH + AtomicETH).
-constexpr size_t kMaxHdrLen = kBthLen + kAtomicEthLen;
+// Largest transport header stack any opcode carries (BTH + XRCETH + AtomicETH).
+constexpr size_t kMaxHdrLen = kBthLen + kXrcEthLen + kAtomicEthLen;
+// The 40-byte GRH area in front of a UD receive buffer's payload.
+constexpr size_t kGrhLen = 40;
+// Q_Keys with the high bit set are controlled (privileged); a work request
+// naming one means "use the QP's own Q_Key" (IBTA 10.2.5).
+constexpr uint32_t kQkeyControlled = 0x80000000u;
+constexpr uint32_t kGsiQkey = 0x80010000u;
 
 inline uint16_t get16(const uint8_t *p) {
     return uint16_t(p[0] << 8 | p[1]);
@@ -142,6 +150,8 @@ enum HdrMask : uint16_t {
     kHasFeth = 1 << 6,
     kHasPayload = 1 << 7,
     kHasCeth = 1 << 8,
+    kHasDeth = 1 << 9,
+    kHasXrcEth = 1 << 10,
 };
 
 // Role bits of the opcode table.
@@ -160,7 +170,20 @@ enum OpFlags : uint16_t {
     kOpAtomicWrite = 1 << 11,
     kOpComplete = 1 << 12, // completes a message at the responder (consumes MSN)
     kOpCommit = 1 << 13,   // native write-commit (also kOpWrite)
+    kOpInv = 1 << 14,      // SEND WITH INVALIDATE
 };
+
+// Transport of an opcode: its top three bits (IBTA 9.2.2).
+enum Transport : uint8_t {
+    kTransportRc = 0,
+    kTransportUc = 1,
+    kTransportUd = 3,
+    kTransportXrc = 5,
+    kTransportVendor = 6, // manufacturer-specific space 0xC0-0xDF: RC commits
+};
+inline uint8_t transport_of(uint8_t opcode) {
+    return opcode >> 5;
+}
 
 // RC opcodes (transport bits 000).
 enum Opcode : uint8_t {
@@ -189,6 +212,13 @@ enum Opcode : uint8_t {
     kSendOnlyInv = 0x17,
     kFlush = 0x1C,
     kAtomicWrite = 0x1D,
+    // UC: the RC SEND/WRITE opcodes with transport bits 001.
+    kUcBase = 0x20,
+    // UD
+    kUdSendOnly = 0x64,
+    kUdSendOnlyImm = 0x65,
+    // XRC: the RC request and response opcodes with transport bits 101.
+    kXrcBase = 0xA0,
     // Manufacturer-specific space (0xC0-0xFF): sent only to peers that
     // declared support; see docs/wire-protocol.md.
     kCommitWriteFirst = 0xC0,
@@ -212,7 +242,7 @@ struct OpInfo {
     uint16_t flags;   // OpFlags
     uint8_t hdr_len;  // BTH + extended headers
     // Offsets from the start of the BTH; 0 when absent.
-    uint8_t reth, aeth, atomic_eth, atomic_ack_eth, immdt, ieth, feth, ceth;
+    uint8_t reth, aeth, atomic_eth, atomic_ack_eth, immdt, ieth, feth, ceth, deth, xrceth;
 };
 
 const OpInfo &op_info(uint8_t opcode);
@@ -229,6 +259,16 @@ struct Packet {
     bool se = false;
     const uint8_t *payload = nullptr;
     uint32_t payload_len = 0; // without pad and ICRC
+    uint32_t src_addr = 0;    // sender's IPv4 address (network order), set by the receiver
+    uint16_t src_port = 0;    // sender's UDP port (host order)
+
+    // The RC opcode of the same operation for UC and XRC packets (whose
+    // opcodes differ only in the transport bits), so the transport roles
+    // handle one set of opcodes.
+    uint8_t rc_opcode() const {
+        uint8_t t = transport_of(opcode);
+        return (t == kTransportUc || t == kTransportXrc) ? uint8_t(opcode & 0x1F) : opcode;
+    }
 
     uint64_t va() const { return get64(hdr + info->reth); }
     uint32_t rkey() const { return get32(hdr + info->reth + 8); }
@@ -244,6 +284,9 @@ struct Packet {
     uint32_t ieth() const { return get32(hdr + info->ieth); }
     uint32_t feth() const { return get32(hdr + info->feth); }
     uint8_t ceth() const { return hdr[info->ceth]; }
+    uint32_t qkey() const { return get32(hdr + info->deth); }
+    uint32_t src_qpn() const { return get24(hdr + info->deth + 5); }
+    uint32_t xrc_srqn() const { return get24(hdr + info->xrceth + 1); }
 };
 
 enum class ParseError {

@@ -241,7 +241,7 @@ void post_send(uint8_t kind) {
     Qp *qp = to_qp(h.qp);
     {
         std::lock_guard<std::mutex> g(qp->mu);
-        if (qp->sq_head - qp->sq_tail >= kQueueDepth) return;
+        if (qp->req.head - qp->req.tail >= kQueueDepth) return;
     }
     ibv_sge sge{uint64_t(uintptr_t(h.buf)), 0, h.mr->lkey};
     ibv_send_wr wr{};
@@ -284,7 +284,7 @@ void post_recv() {
     Qp *qp = to_qp(h.qp);
     {
         std::lock_guard<std::mutex> g(qp->mu);
-        if (qp->rq_head - qp->rq_tail >= kQueueDepth) return;
+        if (qp->resp.rq.head - qp->resp.rq.tail >= kQueueDepth) return;
     }
     ibv_sge sge{uint64_t(uintptr_t(h.buf + 32768)), 3000, h.mr->lkey};
     ibv_recv_wr wr{};
@@ -344,7 +344,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     bool reset = ctl & kResetQp;
     {
         std::lock_guard<std::mutex> g(qp->mu);
-        reset = reset || qp->state != IBV_QPS_RTS || qp->sq_head - qp->sq_tail >= kQueueDepth;
+        reset =
+            reset || qp->attr.state != IBV_QPS_RTS || qp->req.head - qp->req.tail >= kQueueDepth;
     }
     if (reset) connect_qp();
     if (ctl & kPostRecv) post_recv();
@@ -359,7 +360,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (ctl & kExpectedPsn) {
             std::lock_guard<std::mutex> g(qp->mu);
             bool response = wire::op_info(p[0]).flags & wire::kOpResp;
-            wire::put24(p + 9, response ? qp->una_psn : qp->epsn);
+            wire::put24(p + 9, response ? qp->comp.una_psn : qp->resp.epsn);
         }
         if (!(ctl & kKeepIcrc) && n >= wire::kBthLen + wire::kIcrcLen) {
             Ipv4Header ip{h.peer_addr, h.dev_addr, wire::kRoceV2Port, wire::kRoceV2Port};

@@ -607,6 +607,48 @@ TEST_F(Rc, QpExWorkRequestBatch) {
     EXPECT_TRUE(same_bytes(rmem.data() + 1000, expect_remote.data() + 1000, 2000));
 }
 
+// rdma-core defines an ibv_wr_* batch per QP (ibv_wr_post(3)): one thread
+// may build batches on two QPs at once, and each posts exactly its own work.
+TEST_F(Rc, QpExBatchesOpenOnTwoQpsAtOnce) {
+    PairOpts o;
+    o.qp_ex = true;
+    make(o);
+    Pair q;
+    make(q, o);
+    Buf src1(p.a.pd, 256), src2(q.a.pd, 256), dst1(p.b.pd, 256), dst2(q.b.pd, 256);
+    src1.fill(41);
+    src2.fill(42);
+    dst1.set(0);
+    dst2.set(0);
+    ASSERT_EQ(post_recv(p.b.qp, 70, {dst1.sge(0, 256)}), 0);
+    ASSERT_EQ(post_recv(q.b.qp, 71, {dst2.sge(0, 256)}), 0);
+
+    ibv_qp_ex *x = p.a.qpx, *y = q.a.qpx;
+    ibv_wr_start(x);
+    ibv_wr_start(y);
+    x->wr_id = 1;
+    x->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_send(x);
+    y->wr_id = 2;
+    y->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_send(y);
+    ibv_wr_set_sge(x, src1.lkey(), src1.addr(0), 100);
+    ibv_wr_set_sge(y, src2.lkey(), src2.addr(0), 200);
+    ASSERT_EQ(ibv_wr_complete(y), 0);
+    ASSERT_EQ(ibv_wr_complete(x), 0);
+
+    expect_one(p.a.scq, {1, IBV_WC_SUCCESS, IBV_WC_SEND, p.a.qpn()});
+    expect_one(q.a.scq, {2, IBV_WC_SUCCESS, IBV_WC_SEND, q.a.qpn()});
+    expect_one(p.b.rcq, {70, IBV_WC_SUCCESS, IBV_WC_RECV, p.b.qpn(), 100});
+    expect_one(q.b.rcq, {71, IBV_WC_SUCCESS, IBV_WC_RECV, q.b.qpn(), 200});
+    EXPECT_TRUE(drain(p.a.scq, 20ms).empty());
+    EXPECT_TRUE(drain(q.a.scq).empty());
+    Pair::sync_with(p.b);
+    Pair::sync_with(q.b);
+    EXPECT_TRUE(same_bytes(dst1.data(), src1.data(), 100));
+    EXPECT_TRUE(same_bytes(dst2.data(), src2.data(), 200));
+}
+
 TEST_F(Rc, QpExAbortAndFailedBatchPostNothing) {
     PairOpts o;
     o.qp_ex = true;

@@ -123,9 +123,78 @@ TEST(OpcodeTable, CommitOpcodesCarryCethAfterReth) {
         EXPECT_FALSE(op_info(op).hdrs & kHasCeth) << int(op);
 }
 
+// UC carries the RC SEND and WRITE opcodes (0x00-0x0B) with transport bits
+// 001 and the same headers.
+bool is_uc(int op) {
+    return op >= 0x20 && op <= 0x2B;
+}
+// XRC carries every RC opcode up to SEND ONLY WITH INVALIDATE but 0x15,
+// with transport bits 101; its requests add an XRCETH after the BTH.
+bool is_xrc(int op) {
+    return op >= 0xA0 && op <= 0xB7 && op != 0xB5;
+}
+
+TEST(OpcodeTable, UcOpcodesMirrorRcSendAndWrite) {
+    for (int op = 0x20; op <= 0x2B; op++) {
+        SCOPED_TRACE(op);
+        const OpInfo &uc = op_info(uint8_t(op)), &rc = op_info(uint8_t(op & 0x1F));
+        ASSERT_NE(uc.name, nullptr);
+        EXPECT_EQ(std::string("UC_") + rc.name, uc.name);
+        EXPECT_EQ(uc.hdr_len, rc.hdr_len);
+        EXPECT_EQ(uc.reth, rc.reth);
+        EXPECT_EQ(uc.immdt, rc.immdt);
+        EXPECT_EQ(uc.flags, rc.flags);
+        EXPECT_EQ(transport_of(uint8_t(op)), kTransportUc);
+    }
+}
+
+TEST(OpcodeTable, UdSendsCarryDethAfterBth) {
+    const OpInfo &only = op_info(kUdSendOnly), &imm = op_info(kUdSendOnlyImm);
+    EXPECT_STREQ(only.name, "UD_SEND_ONLY");
+    EXPECT_EQ(only.deth, kBthLen);
+    EXPECT_EQ(only.hdr_len, kBthLen + kDethLen);
+    EXPECT_STREQ(imm.name, "UD_SEND_ONLY_WITH_IMMEDIATE");
+    EXPECT_EQ(imm.deth, kBthLen);
+    EXPECT_EQ(imm.immdt, kBthLen + kDethLen);
+    EXPECT_EQ(imm.hdr_len, kBthLen + kDethLen + kImmDtLen);
+    for (uint8_t op : {kUdSendOnly, kUdSendOnlyImm}) {
+        EXPECT_TRUE(op_info(op).flags & kOpFirst);
+        EXPECT_TRUE(op_info(op).flags & kOpLast);
+        EXPECT_TRUE(op_info(op).flags & kOpSend);
+    }
+}
+
+TEST(OpcodeTable, XrcRequestsCarryXrcEthAfterBth) {
+    for (int op = 0xA0; op <= 0xB7; op++) {
+        SCOPED_TRACE(op);
+        const OpInfo &x = op_info(uint8_t(op)), &rc = op_info(uint8_t(op & 0x1F));
+        if (!is_xrc(op)) {
+            EXPECT_EQ(x.name, nullptr);
+            continue;
+        }
+        ASSERT_NE(x.name, nullptr);
+        EXPECT_EQ(std::string("XRC_") + rc.name, x.name);
+        EXPECT_EQ(x.flags, rc.flags);
+        bool req = rc.flags & kOpReq;
+        EXPECT_EQ(x.xrceth, req ? kBthLen : 0u);
+        EXPECT_EQ(x.hdr_len, rc.hdr_len + (req ? kXrcEthLen : 0));
+        if (rc.reth) {
+            EXPECT_EQ(x.reth, rc.reth + (req ? kXrcEthLen : 0));
+        }
+        if (rc.atomic_eth) {
+            EXPECT_EQ(x.atomic_eth, rc.atomic_eth + kXrcEthLen);
+        }
+        if (rc.aeth) {
+            EXPECT_EQ(x.aeth, rc.aeth);
+        }
+    }
+}
+
 TEST(OpcodeTable, EverythingElseIsUnsupported) {
     for (int op = 0; op < 256; op++) {
-        if (layout(uint8_t(op))) continue;
+        if (layout(uint8_t(op)) || is_uc(op) || is_xrc(op) || op == kUdSendOnly ||
+            op == kUdSendOnlyImm)
+            continue;
         EXPECT_EQ(op_info(uint8_t(op)).name, nullptr) << "opcode 0x" << std::hex << op;
     }
 }
@@ -347,9 +416,10 @@ TEST(Parse, RejectsDatagramsTooShortForTheirHeaders) {
 
 TEST(Parse, RejectsUnknownOpcodes) {
     Packet pkt;
-    // Reserved RC codes, UC / RD / UD / CNP codes, and 0xFF.
-    for (int op : {0x15, 0x18, 0x19, 0x1A, 0x1B, 0x1E, 0x1F, 0x20, 0x24, 0x2A, 0x40, 0x4C, 0x64,
-                   0x65, 0x81, 0xC6, 0xE0, 0xFF}) {
+    // Reserved RC codes, UC codes past WRITE, RD, UD codes but SEND, CNP,
+    // XRC codes past SEND WITH INVALIDATE, unused vendor codes, and 0xFF.
+    for (int op : {0x15, 0x18, 0x19, 0x1A, 0x1B, 0x1E, 0x1F, 0x2C, 0x2D, 0x40, 0x4C, 0x60, 0x66,
+                   0x81, 0xB5, 0xBC, 0xC6, 0xE0, 0xFF}) {
         Bytes p = build(uint8_t(op), 1, 2, 64);
         EXPECT_EQ(parse(p.data(), p.size(), pkt), ParseError::kBadOpcode) << op;
     }

@@ -1,0 +1,292 @@
+// SPDX-License-Identifier: MIT
+//
+// Shared receive queues (basic and XRC), XRC domains and address handles:
+// the objects a QP refers to for receive WQEs or destinations.
+#include "nic.hpp"
+#include "provider.h"
+#include "transport.hpp"
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <map>
+#include <new>
+#include <sys/stat.h>
+
+namespace sroce {
+namespace {
+
+int check_srq_attr(const ibv_srq_attr &a) {
+    if (a.max_wr == 0 || a.max_wr > kMaxWr || a.max_sge == 0 || a.max_sge > kMaxSge) return EINVAL;
+    return 0;
+}
+
+Srq *make_srq(Context *ctx, Pd *pd, ibv_srq_attr &a, void *srq_context) {
+    if (int err = check_srq_attr(a)) {
+        errno = err;
+        return nullptr;
+    }
+    Srq *srq = new (std::nothrow) Srq;
+    if (!srq) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    try {
+        srq->rq.init(a.max_wr, a.max_sge);
+    } catch (const std::bad_alloc &) {
+        delete srq;
+        errno = ENOMEM;
+        return nullptr;
+    }
+    srq->ctx = ctx;
+    srq->pd = pd;
+    ibv_srq &s = srq->ibsrq;
+    s.context = &ctx->vctx.context;
+    s.srq_context = srq_context;
+    s.pd = pd ? &pd->ibpd : nullptr;
+    pthread_mutex_init(&s.mutex, nullptr);
+    pthread_cond_init(&s.cond, nullptr);
+    // The SRQ number names it in XRC packets; every SRQ has one.
+    srq->srq_num = ctx->nic->add_srq(srq);
+    if (!srq->srq_num) {
+        delete srq;
+        errno = ENOMEM;
+        return nullptr;
+    }
+    s.handle = srq->srq_num;
+    // The limit given at creation is not armed (ibv_create_srq(3)).
+    a.srq_limit = 0;
+    return srq;
+}
+
+// XRC domains opened on a file are shared by every open of that file in the
+// process; the kernel shares them between processes too, which a user-space
+// device cannot.
+struct InodeKey {
+    dev_t dev;
+    ino_t ino;
+    auto operator<=>(const InodeKey &) const = default;
+};
+std::mutex g_xrcd_mu;
+std::map<std::pair<Context *, InodeKey>, std::pair<Xrcd *, int>> g_xrcd_files;
+
+} // namespace
+
+ibv_srq *create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr) {
+    constexpr uint32_t kKnown = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD |
+                                IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+    if (attr->comp_mask & ~kKnown) {
+        errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    ibv_srq_type type =
+        (attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) ? attr->srq_type : IBV_SRQT_BASIC;
+    if (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC) {
+        errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd || attr->pd->context != ibctx) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    bool xrc = type == IBV_SRQT_XRC;
+    if (xrc && (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd ||
+                attr->xrcd->context != ibctx || !(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) ||
+                !attr->cq || attr->cq->context != ibctx)) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    Srq *srq =
+        make_srq(to_ctx(ibctx), reinterpret_cast<Pd *>(attr->pd), attr->attr, attr->srq_context);
+    if (!srq) return nullptr;
+    srq->type = type;
+    if (xrc) {
+        srq->xrcd = reinterpret_cast<Xrcd *>(attr->xrcd);
+        srq->xrcd->refs++;
+        srq->cq = to_cq(attr->cq);
+    }
+    return &srq->ibsrq;
+}
+
+int srq_num(ibv_srq *ibsrq, uint32_t *num) {
+    Srq *srq = to_srq(ibsrq);
+    if (srq->type != IBV_SRQT_XRC) return EOPNOTSUPP;
+    *num = srq->srq_num;
+    return 0;
+}
+
+int post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
+    Srq *srq = to_srq(ibsrq);
+    std::lock_guard<std::mutex> g(srq->mu);
+    return srq->rq.post(srq->ctx->nic, srq->pd, wr, bad_wr);
+}
+
+ibv_xrcd *open_xrcd(ibv_context *ibctx, ibv_xrcd_init_attr *attr) {
+    constexpr uint32_t kKnown = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+    if ((attr->comp_mask & ~kKnown) || !(attr->comp_mask & IBV_XRCD_INIT_ATTR_OFLAGS) ||
+        (attr->oflags & ~(O_CREAT | O_EXCL))) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    int fd = (attr->comp_mask & IBV_XRCD_INIT_ATTR_FD) ? attr->fd : -1;
+    Context *ctx = to_ctx(ibctx);
+    auto make = [ibctx]() -> Xrcd * {
+        Xrcd *x = new (std::nothrow) Xrcd;
+        if (!x) {
+            errno = ENOMEM;
+            return nullptr;
+        }
+        x->ibxrcd.context = ibctx;
+        return x;
+    };
+    if (fd < 0) {
+        // A private domain must be created, as the kernel requires.
+        if (!(attr->oflags & O_CREAT)) {
+            errno = EINVAL;
+            return nullptr;
+        }
+        Xrcd *x = make();
+        return x ? &x->ibxrcd : nullptr;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0) return nullptr; // errno from fstat (EBADF)
+    std::lock_guard<std::mutex> g(g_xrcd_mu);
+    auto key = std::make_pair(ctx, InodeKey{st.st_dev, st.st_ino});
+    auto it = g_xrcd_files.find(key);
+    if (it != g_xrcd_files.end()) {
+        if ((attr->oflags & O_CREAT) && (attr->oflags & O_EXCL)) {
+            errno = EEXIST;
+            return nullptr;
+        }
+        it->second.second++;
+        return &it->second.first->ibxrcd;
+    }
+    if (!(attr->oflags & O_CREAT)) {
+        errno = ENOENT;
+        return nullptr;
+    }
+    Xrcd *x = make();
+    if (!x) return nullptr;
+    g_xrcd_files[key] = {x, 1};
+    return &x->ibxrcd;
+}
+
+int close_xrcd(ibv_xrcd *ibxrcd) {
+    Xrcd *x = reinterpret_cast<Xrcd *>(ibxrcd);
+    std::lock_guard<std::mutex> g(g_xrcd_mu);
+    for (auto it = g_xrcd_files.begin(); it != g_xrcd_files.end(); ++it) {
+        if (it->second.first != x) continue;
+        if (it->second.second > 1) {
+            it->second.second--;
+            return 0;
+        }
+        if (x->refs.load()) return EBUSY;
+        g_xrcd_files.erase(it);
+        delete x;
+        return 0;
+    }
+    if (x->refs.load()) return EBUSY;
+    delete x;
+    return 0;
+}
+
+} // namespace sroce
+
+using namespace sroce;
+
+extern "C" {
+
+struct ibv_srq *sroce_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr) {
+    Srq *srq =
+        make_srq(to_ctx(pd->context), reinterpret_cast<Pd *>(pd), attr->attr, attr->srq_context);
+    return srq ? &srq->ibsrq : nullptr;
+}
+
+int sroce_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask) {
+    Srq *srq = to_srq(ibsrq);
+    if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
+    std::lock_guard<std::mutex> g(srq->mu);
+    RecvQueue &q = srq->rq;
+    uint32_t max_wr = q.max_wr;
+    if (mask & IBV_SRQ_MAX_WR) {
+        // Resizing keeps the posted WQEs; it cannot drop below them.
+        if (attr->max_wr == 0 || attr->max_wr > kMaxWr || attr->max_wr < q.size()) return EINVAL;
+        max_wr = attr->max_wr;
+    }
+    if ((mask & IBV_SRQ_LIMIT) && attr->srq_limit > max_wr) return EINVAL;
+    if (max_wr != q.max_wr) {
+        RecvQueue n;
+        try {
+            n.init(max_wr, q.max_sge);
+        } catch (const std::bad_alloc &) {
+            return ENOMEM;
+        }
+        for (uint32_t i = q.tail; i != q.head; i++) {
+            RecvWqe w = q.wqe[i % q.max_wr];
+            RecvWqe &d = n.wqe[n.head % n.max_wr];
+            d = w;
+            d.sge = &n.sge[size_t(n.head % n.max_wr) * n.max_sge];
+            std::copy_n(w.sge, w.num_sge, d.sge);
+            n.head++;
+        }
+        q = std::move(n);
+    }
+    if (mask & IBV_SRQ_LIMIT) srq->limit = attr->srq_limit;
+    return 0;
+}
+
+int sroce_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr) {
+    Srq *srq = to_srq(ibsrq);
+    std::lock_guard<std::mutex> g(srq->mu);
+    attr->max_wr = srq->rq.max_wr;
+    attr->max_sge = srq->rq.max_sge;
+    attr->srq_limit = srq->limit;
+    return 0;
+}
+
+int sroce_destroy_srq(struct ibv_srq *ibsrq) {
+    Srq *srq = to_srq(ibsrq);
+    if (srq->users.load()) return EBUSY;
+    Nic *nic = srq->ctx->nic;
+    {
+        std::lock_guard<std::mutex> g(nic->objects_mu);
+        nic->remove_srq(srq);
+    }
+    srq->ctx->forget_events(ibsrq);
+    if (srq->xrcd) srq->xrcd->refs--;
+    pthread_mutex_destroy(&ibsrq->mutex);
+    pthread_cond_destroy(&ibsrq->cond);
+    delete srq;
+    return 0;
+}
+
+struct ibv_ah *sroce_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr) {
+    // RoCE addresses are global: the GRH names the destination GID, an
+    // IPv4-mapped one for RoCEv2 over IPv4.
+    static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+    if (!attr->is_global || attr->port_num != 1 || attr->grh.sgid_index >= kNumGids ||
+        std::memcmp(attr->grh.dgid.raw, kMapped, 12) != 0) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    Ah *ah = new (std::nothrow) Ah;
+    if (!ah) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    ah->attr = *attr;
+    std::memcpy(&ah->addr, attr->grh.dgid.raw + 12, 4);
+    ah->ibah.context = pd->context;
+    ah->ibah.pd = pd;
+    static std::atomic<uint32_t> handles{1};
+    ah->ibah.handle = handles++;
+    return &ah->ibah;
+}
+
+int sroce_destroy_ah(struct ibv_ah *ah) {
+    delete reinterpret_cast<Ah *>(ah);
+    return 0;
+}
+
+} // extern "C"
