@@ -1,0 +1,621 @@
+// SPDX-License-Identifier: MIT
+//
+// UD, UC, shared receive queues and XRC through public verbs, in one
+// process: two sroce devices on loopback (127.0.1.15 and 127.0.1.16, used by
+// no other test).  Data is compared byte for byte; completions, GRHs, async
+// events and error codes are checked field by field.
+#include "rc_pair.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+
+using namespace rctest;
+
+namespace {
+
+ibv_context *g_ctx[2];
+
+[[maybe_unused]] ::testing::Environment *const g_env = ::testing::AddGlobalTestEnvironment(
+    new DevicePairEnv("uds0", "127.0.1.15", "uds1", "127.0.1.16", g_ctx));
+
+constexpr uint32_t kQkey = 0x11111111;
+
+// One side of a test: PD, CQs and whatever QPs a case makes.
+struct End {
+    ibv_context *ctx = nullptr;
+    ibv_pd *pd = nullptr;
+    ibv_cq *scq = nullptr, *rcq = nullptr;
+    ibv_gid gid{};
+    std::vector<ibv_qp *> qps;
+    std::vector<ibv_srq *> srqs;
+    std::vector<ibv_ah *> ahs;
+
+    explicit End(ibv_context *c) : ctx(c) {
+        EXPECT_EQ(ibv_query_gid(ctx, 1, 1, &gid), 0);
+        pd = ibv_alloc_pd(ctx);
+        scq = ibv_create_cq(ctx, 256, nullptr, nullptr, 0);
+        rcq = ibv_create_cq(ctx, 256, nullptr, nullptr, 0);
+    }
+    ~End() {
+        for (ibv_ah *a : ahs)
+            EXPECT_EQ(ibv_destroy_ah(a), 0);
+        for (ibv_qp *q : qps)
+            EXPECT_EQ(ibv_destroy_qp(q), 0);
+        for (ibv_srq *s : srqs)
+            EXPECT_EQ(ibv_destroy_srq(s), 0);
+        EXPECT_EQ(ibv_destroy_cq(scq), 0);
+        EXPECT_EQ(ibv_destroy_cq(rcq), 0);
+        EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+    }
+
+    ibv_qp *qp(ibv_qp_type type, ibv_srq *srq = nullptr, uint32_t max_inline = 0) {
+        ibv_qp_init_attr ia{};
+        ia.qp_type = type;
+        ia.send_cq = scq;
+        ia.recv_cq = rcq;
+        ia.srq = srq;
+        ia.sq_sig_all = 1;
+        ia.cap = {64, srq ? 0u : 64u, 4, 4, max_inline};
+        ibv_qp *q = ibv_create_qp(pd, &ia);
+        EXPECT_NE(q, nullptr) << std::strerror(errno);
+        if (q) qps.push_back(q);
+        return q;
+    }
+
+    ibv_srq *srq(uint32_t max_wr) {
+        ibv_srq_init_attr sa{};
+        sa.attr.max_wr = max_wr;
+        sa.attr.max_sge = 2;
+        ibv_srq *s = ibv_create_srq(pd, &sa);
+        EXPECT_NE(s, nullptr) << std::strerror(errno);
+        if (s) srqs.push_back(s);
+        return s;
+    }
+
+    ibv_ah *ah(const ibv_gid &dgid) {
+        ibv_ah_attr a{};
+        a.is_global = 1;
+        a.port_num = 1;
+        a.grh.dgid = dgid;
+        a.grh.sgid_index = 1;
+        a.grh.hop_limit = 64;
+        ibv_ah *h = ibv_create_ah(pd, &a);
+        EXPECT_NE(h, nullptr) << std::strerror(errno);
+        if (h) ahs.push_back(h);
+        return h;
+    }
+};
+
+int ud_to_rts(ibv_qp *qp, uint32_t qkey) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qkey = qkey;
+    if (int rc =
+            ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
+        return rc;
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    if (int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE)) return rc;
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 0x123;
+    return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+}
+
+// UC, RC and XRC QPs connected back to back.
+void connect(ibv_qp *a, const End &ea, ibv_qp *b, const End &eb, bool rc) {
+    ASSERT_EQ(to_init(a, kAllAccess), 0);
+    ASSERT_EQ(to_init(b, kAllAccess), 0);
+    if (a->qp_type == IBV_QPT_XRC_SEND) {
+        // The sending half has no responder: no responder resources or RNR
+        // timer at RTR (the kernel's table refuses them).
+        ibv_qp_attr x{};
+        x.qp_state = IBV_QPS_RTR;
+        x.path_mtu = IBV_MTU_1024;
+        x.dest_qp_num = b->qp_num;
+        x.rq_psn = 100;
+        x.ah_attr.is_global = 1;
+        x.ah_attr.port_num = 1;
+        x.ah_attr.grh.dgid = eb.gid;
+        x.ah_attr.grh.sgid_index = 1;
+        ASSERT_EQ(ibv_modify_qp(a, &x,
+                                IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                    IBV_QP_RQ_PSN),
+                  0);
+        ASSERT_EQ(to_rtr(b, ea.gid, a->qp_num, 200, IBV_MTU_1024, 4, 1), 0);
+        ASSERT_EQ(to_rts(a, 200, 14, 7, 7, 4), 0);
+        // The receiving half sends only responses: no retry counts either.
+        x = {};
+        x.qp_state = IBV_QPS_RTS;
+        x.sq_psn = 100;
+        x.timeout = 14;
+        ASSERT_EQ(ibv_modify_qp(b, &x, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT), 0);
+        return;
+    }
+    if (rc) {
+        ASSERT_EQ(to_rtr(a, eb.gid, b->qp_num, 100, IBV_MTU_1024, 4, 1), 0);
+        ASSERT_EQ(to_rtr(b, ea.gid, a->qp_num, 200, IBV_MTU_1024, 4, 1), 0);
+        ASSERT_EQ(to_rts(a, 200, 14, 7, 7, 4), 0);
+        ASSERT_EQ(to_rts(b, 100, 14, 7, 7, 4), 0);
+        return;
+    }
+    for (auto [q, gid, dqpn, psn] :
+         {std::tuple{a, eb.gid, b->qp_num, 100u}, std::tuple{b, ea.gid, a->qp_num, 200u}}) {
+        ibv_qp_attr x{};
+        x.qp_state = IBV_QPS_RTR;
+        x.path_mtu = IBV_MTU_1024;
+        x.dest_qp_num = dqpn;
+        x.rq_psn = psn;
+        x.ah_attr.is_global = 1;
+        x.ah_attr.port_num = 1;
+        x.ah_attr.grh.dgid = gid;
+        x.ah_attr.grh.sgid_index = 1;
+        ASSERT_EQ(ibv_modify_qp(q, &x,
+                                IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                    IBV_QP_RQ_PSN),
+                  0);
+    }
+    for (auto [q, psn] : {std::pair{a, 200u}, std::pair{b, 100u}}) {
+        ibv_qp_attr x{};
+        x.qp_state = IBV_QPS_RTS;
+        x.sq_psn = psn;
+        ASSERT_EQ(ibv_modify_qp(q, &x, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+    }
+}
+
+int post_ud(ibv_qp *qp, uint64_t id, ibv_ah *ah, uint32_t qpn, uint32_t qkey,
+            std::vector<ibv_sge> sg, ibv_wr_opcode op = IBV_WR_SEND, uint32_t imm = 0) {
+    ibv_send_wr wr = send_wr(id, op, sg);
+    wr.wr.ud.ah = ah;
+    wr.wr.ud.remote_qpn = qpn;
+    wr.wr.ud.remote_qkey = qkey;
+    wr.imm_data = htonl(imm);
+    ibv_send_wr *bad = nullptr;
+    return ibv_post_send(qp, &wr, &bad);
+}
+
+int post_srq(ibv_srq *srq, uint64_t id, std::vector<ibv_sge> sg) {
+    ibv_recv_wr wr{};
+    wr.wr_id = id;
+    wr.sg_list = sg.empty() ? nullptr : sg.data();
+    wr.num_sge = int(sg.size());
+    ibv_recv_wr *bad = nullptr;
+    return ibv_post_srq_recv(srq, &wr, &bad);
+}
+
+// The next async event of a context, within `ms`.
+bool next_event(ibv_context *ctx, ibv_async_event *ev, int ms = 1000) {
+    int fl = fcntl(ctx->async_fd, F_GETFL);
+    fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+    pollfd p{ctx->async_fd, POLLIN, 0};
+    bool ok = poll(&p, 1, ms) == 1 && ibv_get_async_event(ctx, ev) == 0;
+    fcntl(ctx->async_fd, F_SETFL, fl);
+    if (ok) ibv_ack_async_event(ev);
+    return ok;
+}
+
+class Ud : public ::testing::Test {
+  protected:
+    void SetUp() override { ASSERT_TRUE(g_ctx[0] && g_ctx[1]); }
+    End a{g_ctx[0]}, b{g_ctx[1]};
+};
+
+// ---------------------------------------------------------------------------
+// UD
+
+TEST_F(Ud, SendsArriveBehindARoceV2Grh) {
+    ibv_qp *qa = a.qp(IBV_QPT_UD), *qb = b.qp(IBV_QPT_UD);
+    ASSERT_EQ(ud_to_rts(qa, kQkey), 0);
+    ASSERT_EQ(ud_to_rts(qb, kQkey), 0);
+    ibv_port_attr port{};
+    ASSERT_EQ(ibv_query_port(g_ctx[1], 1, &port), 0);
+    const uint32_t mtu = mtu_bytes(port.active_mtu);
+    Buf src(a.pd, mtu), dst(b.pd, 3 * (mtu + 40));
+    src.fill(7);
+    dst.set(0);
+    const size_t sizes[3] = {0, 17, mtu};
+    for (int i = 0; i < 3; i++)
+        ASSERT_EQ(post_recv(qb, 10 + i, {dst.sge(size_t(i) * (mtu + 40), mtu + 40)}), 0);
+    ibv_ah *ah = a.ah(b.gid);
+    for (int i = 0; i < 3; i++)
+        ASSERT_EQ(
+            post_ud(qa, 1 + i, ah, qb->qp_num, kQkey,
+                    sizes[i] ? std::vector<ibv_sge>{src.sge(0, sizes[i])} : std::vector<ibv_sge>{},
+                    i == 1 ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND, 0xABCD),
+            0);
+    std::vector<ibv_wc> sc = poll_n(a.scq, 3);
+    ASSERT_EQ(sc.size(), 3u);
+    for (int i = 0; i < 3; i++)
+        expect_wc(sc[i], {uint64_t(1 + i), IBV_WC_SUCCESS, IBV_WC_SEND, qa->qp_num});
+    std::vector<ibv_wc> rc = poll_n(b.rcq, 3);
+    ASSERT_EQ(rc.size(), 3u);
+    for (int i = 0; i < 3; i++) {
+        SCOPED_TRACE(i);
+        unsigned flags = IBV_WC_GRH | (i == 1 ? IBV_WC_WITH_IMM : 0);
+        expect_wc(rc[i], {uint64_t(10 + i), IBV_WC_SUCCESS, IBV_WC_RECV, qb->qp_num,
+                          int64_t(40 + sizes[i]), flags, 0xABCD});
+        EXPECT_EQ(rc[i].src_qp, qa->qp_num);
+        const uint8_t *grh = dst.data() + size_t(i) * (mtu + 40);
+        // RoCEv2 over IPv4: 20 zero bytes, then the packet's IPv4 header.
+        EXPECT_TRUE(all_bytes(grh, 20, 0));
+        EXPECT_EQ(grh[20], 0x45);
+        EXPECT_EQ(grh[20 + 9], 17); // UDP
+        EXPECT_EQ(std::memcmp(grh + 32, a.gid.raw + 12, 4), 0) << "source address";
+        EXPECT_EQ(std::memcmp(grh + 36, b.gid.raw + 12, 4), 0) << "destination address";
+        EXPECT_TRUE(same_bytes(grh + 40, src.data(), sizes[i]));
+    }
+    // The receiver answers through an address handle built from the
+    // completion and its GRH.
+    ibv_ah *back = ibv_create_ah_from_wc(
+        b.pd, &rc[2], reinterpret_cast<ibv_grh *>(dst.data() + 2 * (mtu + 40)), 1);
+    ASSERT_NE(back, nullptr) << std::strerror(errno);
+    b.ahs.push_back(back);
+    Buf reply(b.pd, 64), got(a.pd, 64 + 40);
+    reply.fill(9);
+    ASSERT_EQ(post_recv(qa, 20, {got.sge(0, 64 + 40)}), 0);
+    ASSERT_EQ(post_ud(qb, 21, back, rc[2].src_qp, kQkey, {reply.sge(0, 64)}), 0);
+    expect_one(a.rcq, {20, IBV_WC_SUCCESS, IBV_WC_RECV, qa->qp_num, 104, IBV_WC_GRH});
+    expect_one(b.scq, {21, IBV_WC_SUCCESS, IBV_WC_SEND, qb->qp_num});
+    EXPECT_TRUE(same_bytes(got.data() + 40, reply.data(), 64));
+}
+
+TEST_F(Ud, WrongQkeyIsDroppedAndAControlledQkeyMeansTheQpsOwn) {
+    ibv_qp *qa = a.qp(IBV_QPT_UD), *qb = b.qp(IBV_QPT_UD);
+    ASSERT_EQ(ud_to_rts(qa, kQkey), 0);
+    ASSERT_EQ(ud_to_rts(qb, kQkey), 0);
+    Buf src(a.pd, 64), dst(b.pd, 2 * 104);
+    src.fill(3);
+    ASSERT_EQ(post_recv(qb, 1, {dst.sge(0, 104)}), 0);
+    ASSERT_EQ(post_recv(qb, 2, {dst.sge(104, 104)}), 0);
+    ibv_ah *ah = a.ah(b.gid);
+    ASSERT_EQ(post_ud(qa, 1, ah, qb->qp_num, kQkey + 1, {src.sge(0, 64)}), 0);
+    expect_one(a.scq, {1, IBV_WC_SUCCESS, IBV_WC_SEND, qa->qp_num});
+    EXPECT_TRUE(drain(b.rcq, 100ms).empty()) << "a datagram with the wrong Q_Key was received";
+    // The high bit asks for the sending QP's Q_Key, which matches.
+    ASSERT_EQ(post_ud(qa, 2, ah, qb->qp_num, 0x80000000u, {src.sge(0, 64)}), 0);
+    expect_one(a.scq, {2, IBV_WC_SUCCESS, IBV_WC_SEND, qa->qp_num});
+    expect_one(b.rcq, {1, IBV_WC_SUCCESS, IBV_WC_RECV, qb->qp_num, 104, IBV_WC_GRH});
+}
+
+TEST_F(Ud, MessageLimitsAndReceiveTooSmall) {
+    ibv_qp *qa = a.qp(IBV_QPT_UD), *qb = b.qp(IBV_QPT_UD);
+    ASSERT_EQ(ud_to_rts(qa, kQkey), 0);
+    ASSERT_EQ(ud_to_rts(qb, kQkey), 0);
+    ibv_port_attr port{};
+    ASSERT_EQ(ibv_query_port(g_ctx[0], 1, &port), 0);
+    const uint32_t mtu = mtu_bytes(port.active_mtu);
+    Buf src(a.pd, mtu + 1), dst(b.pd, 400);
+    src.fill(5);
+    ibv_ah *ah = a.ah(b.gid);
+    // One datagram is one packet: more than the MTU is refused at posting.
+    EXPECT_EQ(post_ud(qa, 1, ah, qb->qp_num, kQkey, {src.sge(0, mtu + 1)}), EINVAL);
+    // READ and WRITE do not exist on UD.
+    EXPECT_EQ(post_ud(qa, 1, ah, qb->qp_num, kQkey, {src.sge(0, 8)}, IBV_WR_RDMA_WRITE), EINVAL);
+    // A receive too small for GRH + payload completes in error; the QP lives on.
+    ASSERT_EQ(post_recv(qb, 5, {dst.sge(0, 100)}), 0);
+    ASSERT_EQ(post_recv(qb, 6, {dst.sge(100, 300)}), 0);
+    ASSERT_EQ(post_ud(qa, 2, ah, qb->qp_num, kQkey, {src.sge(0, 200)}), 0);
+    ASSERT_EQ(post_ud(qa, 3, ah, qb->qp_num, kQkey, {src.sge(0, 200)}), 0);
+    std::vector<ibv_wc> rc = poll_n(b.rcq, 2);
+    ASSERT_EQ(rc.size(), 2u);
+    expect_wc(rc[0], {5, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, qb->qp_num});
+    expect_wc(rc[1], {6, IBV_WC_SUCCESS, IBV_WC_RECV, qb->qp_num, 240, IBV_WC_GRH});
+    EXPECT_EQ(qp_state(qb), IBV_QPS_RTS);
+    EXPECT_TRUE(same_bytes(dst.data() + 140, src.data(), 200));
+    EXPECT_EQ(poll_n(a.scq, 2).size(), 2u);
+}
+
+TEST_F(Ud, QpExWorkRequestsWithUdAddress) {
+    ibv_qp_init_attr_ex ia{};
+    ia.qp_type = IBV_QPT_UD;
+    ia.send_cq = a.scq;
+    ia.recv_cq = a.rcq;
+    ia.cap = {16, 16, 1, 1, 64};
+    ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    ia.pd = a.pd;
+    ia.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+    ia.sq_sig_all = 1;
+    ibv_qp *qa = ibv_create_qp_ex(g_ctx[0], &ia);
+    ASSERT_NE(qa, nullptr) << std::strerror(errno);
+    a.qps.push_back(qa);
+    // RDMA operations cannot be enabled on a UD QP.
+    ia.send_ops_flags |= IBV_QP_EX_WITH_RDMA_WRITE;
+    errno = 0;
+    EXPECT_EQ(ibv_create_qp_ex(g_ctx[0], &ia), nullptr);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    ibv_qp *qb = b.qp(IBV_QPT_UD);
+    ASSERT_EQ(ud_to_rts(qa, kQkey), 0);
+    ASSERT_EQ(ud_to_rts(qb, kQkey), 0);
+    Buf dst(b.pd, 200);
+    ASSERT_EQ(post_recv(qb, 1, {dst.sge(0, 100)}), 0);
+    ASSERT_EQ(post_recv(qb, 2, {dst.sge(100, 100)}), 0);
+    ibv_qp_ex *x = ibv_qp_to_qp_ex(qa);
+    ibv_ah *ah = a.ah(b.gid);
+    char msg[] = "datagram";
+    ibv_wr_start(x);
+    x->wr_id = 7;
+    x->wr_flags = IBV_SEND_INLINE;
+    ibv_wr_send(x);
+    ibv_wr_set_ud_addr(x, ah, qb->qp_num, kQkey);
+    ibv_wr_set_inline_data(x, msg, sizeof msg);
+    x->wr_id = 8;
+    ibv_wr_send_imm(x, htonl(99));
+    ibv_wr_set_ud_addr(x, ah, qb->qp_num, kQkey);
+    ibv_wr_set_inline_data(x, msg, 4);
+    ASSERT_EQ(ibv_wr_complete(x), 0);
+    std::vector<ibv_wc> rc = poll_n(b.rcq, 2);
+    ASSERT_EQ(rc.size(), 2u);
+    expect_wc(rc[0], {1, IBV_WC_SUCCESS, IBV_WC_RECV, qb->qp_num, 40 + sizeof msg, IBV_WC_GRH});
+    expect_wc(rc[1],
+              {2, IBV_WC_SUCCESS, IBV_WC_RECV, qb->qp_num, 44, IBV_WC_GRH | IBV_WC_WITH_IMM, 99});
+    EXPECT_STREQ(reinterpret_cast<const char *>(dst.data() + 40), "datagram");
+    EXPECT_EQ(poll_n(a.scq, 2).size(), 2u);
+}
+
+TEST_F(Ud, StateTransitionsFollowTheUdTable) {
+    ibv_qp *q = a.qp(IBV_QPT_UD);
+    ibv_qp_attr x{};
+    x.qp_state = IBV_QPS_INIT;
+    x.port_num = 1;
+    x.qp_access_flags = 0;
+    // UD's INIT needs a Q_Key and takes no access flags.
+    EXPECT_EQ(ibv_modify_qp(q, &x, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT), EINVAL);
+    EXPECT_EQ(ibv_modify_qp(q, &x,
+                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY |
+                                IBV_QP_ACCESS_FLAGS),
+              EINVAL);
+    x.qkey = kQkey;
+    ASSERT_EQ(ibv_modify_qp(q, &x, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY),
+              0);
+    x = {};
+    x.qp_state = IBV_QPS_RTR;
+    x.path_mtu = IBV_MTU_1024;
+    EXPECT_EQ(ibv_modify_qp(q, &x, IBV_QP_STATE | IBV_QP_PATH_MTU), EINVAL) << "no path on UD";
+    ASSERT_EQ(ibv_modify_qp(q, &x, IBV_QP_STATE), 0);
+    x.qp_state = IBV_QPS_RTS;
+    EXPECT_EQ(ibv_modify_qp(q, &x, IBV_QP_STATE), EINVAL) << "RTS needs the SQ PSN";
+    x.qkey = 0x42;
+    ASSERT_EQ(ibv_modify_qp(q, &x, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_QKEY), 0);
+    ibv_qp_attr got{};
+    ibv_qp_init_attr init{};
+    ASSERT_EQ(ibv_query_qp(q, &got, IBV_QP_QKEY | IBV_QP_STATE, &init), 0);
+    EXPECT_EQ(got.qkey, 0x42u);
+    EXPECT_EQ(got.qp_state, IBV_QPS_RTS);
+    EXPECT_EQ(init.qp_type, IBV_QPT_UD);
+}
+
+// ---------------------------------------------------------------------------
+// UC
+
+TEST_F(Ud, UcCarriesMultiPacketSendsAndWrites) {
+    ibv_qp *qa = a.qp(IBV_QPT_UC), *qb = b.qp(IBV_QPT_UC);
+    ASSERT_NO_FATAL_FAILURE(connect(qa, a, qb, b, false));
+    const size_t len = 5 * 1024 + 3;
+    Buf src(a.pd, len), dst(b.pd, len), mem(b.pd, len);
+    src.fill(11);
+    dst.set(0);
+    mem.set(0);
+    ASSERT_EQ(post_recv(qb, 1, {dst.sge(0, len)}), 0);
+    ASSERT_EQ(post_recv(qb, 2, {}), 0);
+    ASSERT_EQ(post_send_imm(qa, 1, {src.sge(0, len)}, 5), 0);
+    ASSERT_EQ(post_rdma(qa, 2, IBV_WR_RDMA_WRITE_WITH_IMM, {src.sge(0, len)}, mem.addr(),
+                        mem.rkey(), IBV_SEND_SIGNALED, 6),
+              0);
+    std::vector<ibv_wc> sc = poll_n(a.scq, 2);
+    ASSERT_EQ(sc.size(), 2u);
+    expect_wc(sc[0], {1, IBV_WC_SUCCESS, IBV_WC_SEND, qa->qp_num});
+    expect_wc(sc[1], {2, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, qa->qp_num});
+    std::vector<ibv_wc> rc = poll_n(b.rcq, 2);
+    ASSERT_EQ(rc.size(), 2u);
+    expect_wc(rc[0],
+              {1, IBV_WC_SUCCESS, IBV_WC_RECV, qb->qp_num, int64_t(len), IBV_WC_WITH_IMM, 5});
+    expect_wc(rc[1], {2, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, qb->qp_num, int64_t(len),
+                      IBV_WC_WITH_IMM, 6});
+    EXPECT_EQ(rc[0].src_qp, qa->qp_num);
+    Pair::sync_with(Side{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, qb});
+    EXPECT_TRUE(same_bytes(dst.data(), src.data(), len));
+    EXPECT_TRUE(same_bytes(mem.data(), src.data(), len));
+    // UC has no READ and no atomics.
+    EXPECT_EQ(post_rdma(qa, 3, IBV_WR_RDMA_READ, {src.sge(0, 8)}, mem.addr(), mem.rkey()), EINVAL);
+    EXPECT_EQ(
+        post_atomic(qa, 4, IBV_WR_ATOMIC_FETCH_AND_ADD, src.sge(0, 8), mem.addr(), mem.rkey(), 1),
+        EINVAL);
+}
+
+TEST_F(Ud, UcBadRkeyLosesTheMessageNotTheQp) {
+    ibv_qp *qa = a.qp(IBV_QPT_UC), *qb = b.qp(IBV_QPT_UC);
+    ASSERT_NO_FATAL_FAILURE(connect(qa, a, qb, b, false));
+    Buf src(a.pd, 256), mem(b.pd, 256);
+    src.fill(13);
+    mem.set(0);
+    ASSERT_EQ(
+        post_rdma(qa, 1, IBV_WR_RDMA_WRITE, {src.sge(0, 256)}, mem.addr(), mem.rkey() ^ 0x100), 0);
+    ASSERT_EQ(post_rdma(qa, 2, IBV_WR_RDMA_WRITE, {src.sge(0, 256)}, mem.addr(), mem.rkey()), 0);
+    ASSERT_EQ(poll_n(a.scq, 2).size(), 2u);
+    // The second write lands, so the first one was dropped rather than the QP failed.
+    auto until = Clock::now() + kDeadline;
+    while (Clock::now() < until && qp_state(qb) == IBV_QPS_RTS &&
+           mem.data()[255] != src.data()[255])
+        std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(qp_state(qb), IBV_QPS_RTS);
+    EXPECT_TRUE(same_bytes(mem.data(), src.data(), 256));
+}
+
+// ---------------------------------------------------------------------------
+// Shared receive queues
+
+TEST_F(Ud, SrqFeedsSeveralQps) {
+    ibv_srq *srq = b.srq(16);
+    ibv_qp *a1 = a.qp(IBV_QPT_RC), *a2 = a.qp(IBV_QPT_RC);
+    ibv_qp *b1 = b.qp(IBV_QPT_RC, srq), *b2 = b.qp(IBV_QPT_RC, srq);
+    ASSERT_NO_FATAL_FAILURE(connect(a1, a, b1, b, true));
+    ASSERT_NO_FATAL_FAILURE(connect(a2, a, b2, b, true));
+    Buf src(a.pd, 4096), dst(b.pd, 8 * 512);
+    src.fill(17);
+    for (int i = 0; i < 8; i++)
+        ASSERT_EQ(post_srq(srq, 100 + i, {dst.sge(size_t(i) * 512, 512)}), 0);
+    // A QP on an SRQ has no receive queue of its own.
+    EXPECT_EQ(post_recv(b1, 1, {dst.sge(0, 8)}), EINVAL);
+    for (int i = 0; i < 4; i++) {
+        ASSERT_EQ(post_send(a1, 1 + i, {src.sge(size_t(i) * 100, 100 + i)}), 0);
+        ASSERT_EQ(post_send(a2, 11 + i, {src.sge(size_t(i) * 100, 200 + i)}), 0);
+    }
+    ASSERT_EQ(poll_n(a.scq, 8).size(), 8u);
+    std::vector<ibv_wc> rc = poll_n(b.rcq, 8);
+    ASSERT_EQ(rc.size(), 8u);
+    std::vector<uint64_t> ids;
+    int from1 = 0, from2 = 0;
+    for (const ibv_wc &wc : rc) {
+        ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+        ids.push_back(wc.wr_id);
+        int slot = int(wc.wr_id - 100);
+        bool one = wc.qp_num == b1->qp_num;
+        EXPECT_TRUE(one || wc.qp_num == b2->qp_num);
+        int k = one ? from1++ : from2++;
+        uint32_t want = uint32_t((one ? 100 : 200) + k);
+        EXPECT_EQ(wc.byte_len, want);
+        Pair::sync_with(Side{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, b1});
+        EXPECT_TRUE(
+            same_bytes(dst.data() + size_t(slot) * 512, src.data() + size_t(k) * 100, want));
+    }
+    std::sort(ids.begin(), ids.end());
+    for (int i = 0; i < 8; i++)
+        EXPECT_EQ(ids[size_t(i)], uint64_t(100 + i)) << "each SRQ WQE used once";
+    EXPECT_EQ(from1, 4);
+    EXPECT_EQ(from2, 4);
+}
+
+TEST_F(Ud, SrqLimitEventAndQueries) {
+    ibv_srq *srq = b.srq(8);
+    ibv_srq_attr sa{};
+    ASSERT_EQ(ibv_query_srq(srq, &sa), 0);
+    EXPECT_EQ(sa.max_wr, 8u);
+    EXPECT_EQ(sa.max_sge, 2u);
+    EXPECT_EQ(sa.srq_limit, 0u);
+    sa.srq_limit = 9;
+    EXPECT_EQ(ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT), EINVAL) << "limit above max_wr";
+    ibv_qp *qa = a.qp(IBV_QPT_RC), *qb = b.qp(IBV_QPT_RC, srq);
+    ASSERT_NO_FATAL_FAILURE(connect(qa, a, qb, b, true));
+    Buf src(a.pd, 64), dst(b.pd, 8 * 64);
+    for (int i = 0; i < 4; i++)
+        ASSERT_EQ(post_srq(srq, uint64_t(i), {dst.sge(size_t(i) * 64, 64)}), 0);
+    sa.srq_limit = 3;
+    ASSERT_EQ(ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT), 0);
+    ASSERT_EQ(post_send(qa, 1, {src.sge(0, 8)}), 0); // leaves 3: not below the limit
+    ASSERT_EQ(poll_n(b.rcq, 1).size(), 1u);
+    ibv_async_event ev{};
+    EXPECT_FALSE(next_event(g_ctx[1], &ev, 100)) << "event " << ev.event_type << " too early";
+    ASSERT_EQ(post_send(qa, 2, {src.sge(0, 8)}), 0); // leaves 2
+    ASSERT_EQ(poll_n(b.rcq, 1).size(), 1u);
+    ASSERT_TRUE(next_event(g_ctx[1], &ev));
+    EXPECT_EQ(ev.event_type, IBV_EVENT_SRQ_LIMIT_REACHED);
+    EXPECT_EQ(ev.element.srq, srq);
+    ASSERT_EQ(ibv_query_srq(srq, &sa), 0);
+    EXPECT_EQ(sa.srq_limit, 0u) << "the limit disarms when it fires";
+    // A QP still attached keeps its SRQ alive.
+    EXPECT_EQ(ibv_destroy_srq(srq), EBUSY);
+    // Resizing keeps what is posted.
+    sa.max_wr = 32;
+    ASSERT_EQ(ibv_modify_srq(srq, &sa, IBV_SRQ_MAX_WR), 0);
+    ASSERT_EQ(ibv_query_srq(srq, &sa), 0);
+    EXPECT_EQ(sa.max_wr, 32u);
+    ASSERT_EQ(post_send(qa, 3, {src.sge(0, 8)}), 0);
+    std::vector<ibv_wc> rc = poll_n(b.rcq, 1);
+    ASSERT_EQ(rc.size(), 1u);
+    EXPECT_EQ(rc[0].wr_id, 2u);
+    // An SRQ QP that fails says when it will consume nothing more.
+    ASSERT_EQ(to_state(qb, IBV_QPS_ERR), 0);
+    ASSERT_TRUE(next_event(g_ctx[1], &ev));
+    EXPECT_EQ(ev.event_type, IBV_EVENT_QP_LAST_WQE_REACHED);
+    EXPECT_EQ(ev.element.qp, qb);
+    // The SRQ's remaining WQE stays for other QPs: nothing is flushed.
+    EXPECT_TRUE(drain(b.rcq, 20ms).empty());
+}
+
+// ---------------------------------------------------------------------------
+// XRC
+
+TEST_F(Ud, XrcSendsReachTheNamedSrq) {
+    ibv_xrcd_init_attr xa{};
+    xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+    xa.fd = -1;
+    xa.oflags = O_CREAT;
+    ibv_xrcd *xrcd = ibv_open_xrcd(g_ctx[1], &xa);
+    ASSERT_NE(xrcd, nullptr) << std::strerror(errno);
+    ibv_cq *xcq = ibv_create_cq(g_ctx[1], 64, nullptr, nullptr, 0);
+    ASSERT_NE(xcq, nullptr);
+    ibv_srq *srqs[2];
+    uint32_t srqn[2];
+    for (int i = 0; i < 2; i++) {
+        ibv_srq_init_attr_ex sa{};
+        sa.attr = {16, 1, 0};
+        sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+                       IBV_SRQ_INIT_ATTR_CQ;
+        sa.srq_type = IBV_SRQT_XRC;
+        sa.pd = b.pd;
+        sa.xrcd = xrcd;
+        sa.cq = xcq;
+        srqs[i] = ibv_create_srq_ex(g_ctx[1], &sa);
+        ASSERT_NE(srqs[i], nullptr) << std::strerror(errno);
+        ASSERT_EQ(ibv_get_srq_num(srqs[i], &srqn[i]), 0);
+    }
+    EXPECT_NE(srqn[0], srqn[1]);
+    // The domain is in use.
+    EXPECT_EQ(ibv_close_xrcd(xrcd), EBUSY);
+
+    ibv_qp_init_attr_ex ta{};
+    ta.qp_type = IBV_QPT_XRC_RECV;
+    ta.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+    ta.xrcd = xrcd;
+    ibv_qp *tgt = ibv_create_qp_ex(g_ctx[1], &ta);
+    ASSERT_NE(tgt, nullptr) << std::strerror(errno);
+    ibv_qp_init_attr_ex ia{};
+    ia.qp_type = IBV_QPT_XRC_SEND;
+    ia.comp_mask = IBV_QP_INIT_ATTR_PD;
+    ia.pd = a.pd;
+    ia.send_cq = a.scq;
+    ia.cap = {16, 0, 1, 0, 0};
+    ia.sq_sig_all = 1;
+    ibv_qp *ini = ibv_create_qp_ex(g_ctx[0], &ia);
+    ASSERT_NE(ini, nullptr) << std::strerror(errno);
+    a.qps.push_back(ini);
+    ASSERT_NO_FATAL_FAILURE(connect(ini, a, tgt, b, true));
+
+    Buf src(a.pd, 256), dst(b.pd, 2 * 256), mem(b.pd, 64);
+    src.fill(23);
+    mem.set(0);
+    ASSERT_EQ(post_srq(srqs[0], 50, {dst.sge(0, 256)}), 0);
+    ASSERT_EQ(post_srq(srqs[1], 51, {dst.sge(256, 256)}), 0);
+    for (int i = 1; i >= 0; i--) {
+        std::vector<ibv_sge> sg{src.sge(0, size_t(100 + i))};
+        ibv_send_wr wr = send_wr(uint64_t(i), IBV_WR_SEND, sg);
+        wr.qp_type.xrc.remote_srqn = srqn[i];
+        ibv_send_wr *bad = nullptr;
+        ASSERT_EQ(ibv_post_send(ini, &wr, &bad), 0);
+    }
+    std::vector<ibv_sge> sg{src.sge(0, 64)};
+    ibv_send_wr wr = send_wr(9, IBV_WR_RDMA_WRITE, sg);
+    wr.wr.rdma.remote_addr = mem.addr();
+    wr.wr.rdma.rkey = mem.rkey();
+    wr.qp_type.xrc.remote_srqn = srqn[0];
+    ibv_send_wr *bad = nullptr;
+    ASSERT_EQ(ibv_post_send(ini, &wr, &bad), 0);
+    ASSERT_EQ(poll_n(a.scq, 3).size(), 3u);
+    std::vector<ibv_wc> rc = poll_n(xcq, 2);
+    ASSERT_EQ(rc.size(), 2u);
+    expect_wc(rc[0], {51, IBV_WC_SUCCESS, IBV_WC_RECV, tgt->qp_num, 101});
+    expect_wc(rc[1], {50, IBV_WC_SUCCESS, IBV_WC_RECV, tgt->qp_num, 100});
+    Pair::sync_with(Side{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, tgt});
+    EXPECT_TRUE(same_bytes(dst.data(), src.data(), 100));
+    EXPECT_TRUE(same_bytes(dst.data() + 256, src.data(), 101));
+    EXPECT_TRUE(same_bytes(mem.data(), src.data(), 64));
+    EXPECT_TRUE(drain(b.rcq).empty());
+
+    EXPECT_EQ(ibv_destroy_qp(tgt), 0);
+    for (ibv_srq *s : srqs)
+        EXPECT_EQ(ibv_destroy_srq(s), 0);
+    EXPECT_EQ(ibv_destroy_cq(xcq), 0);
+    EXPECT_EQ(ibv_close_xrcd(xrcd), 0);
+}
+
+} // namespace
