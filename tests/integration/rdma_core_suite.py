@@ -202,6 +202,7 @@ def main():
     ap.add_argument("--log", required=True)
     ap.add_argument("--report")
     args = ap.parse_args()
+    args.sroce = os.path.abspath(args.sroce)
 
     acceptable = load_list(args.acceptable, 3)
     not_yet = load_list(args.not_yet, 4)
