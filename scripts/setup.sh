@@ -10,6 +10,8 @@ pkgs=(
   libpmem-dev libfabric-dev libfabric-bin
   libgtest-dev googletest libcli11-dev nlohmann-json3-dev zlib1g-dev libisal-dev
   python3 python3-scapy python3-matplotlib tshark
+  # rdma-core's own test suite (tests/integration/test_rdma_core_suite.sh).
+  python3-pyverbs
   iproute2 nftables
   # The qemu guest of tests/vm: Debian's kernel as a Linux rxe peer and with
   # an emulated NVDIMM (tests/integration/test_rxe_interop.sh, test_vm_pmem.sh).

@@ -4,10 +4,20 @@
 #include "sroce.hpp"
 
 #include <cerrno>
+#include <ctime>
 #include <fcntl.h>
 #include <unistd.h>
 
 namespace sroce {
+namespace {
+
+uint64_t clock_ns(clockid_t clk) {
+    timespec t;
+    clock_gettime(clk, &t);
+    return uint64_t(t.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec);
+}
+
+} // namespace
 
 bool Cq::push(const ibv_wc &wc, bool solicited) {
     std::lock_guard<std::mutex> g(mu);
@@ -16,7 +26,10 @@ bool Cq::push(const ibv_wc &wc, bool solicited) {
         overflow = true;
         return false;
     }
-    ring[(head + count) % size] = wc;
+    uint32_t slot = (head + count) % size;
+    ring[slot] = wc;
+    if (!ts.empty()) ts[slot] = clock_ns(CLOCK_MONOTONIC);
+    if (!wallclock.empty()) wallclock[slot] = clock_ns(CLOCK_REALTIME);
     count++;
     if (armed && channel && (!solicited_only || solicited || wc.status != IBV_WC_SUCCESS)) {
         armed = false;
@@ -49,6 +62,8 @@ int take(Cq *cq, int n, ibv_wc *wc) {
 // ibv_cq_ex polling: the current completion becomes the next one.
 int advance(Cq *cq) {
     if (!cq->count) return ENOENT;
+    if (!cq->ts.empty()) cq->cur_ts = cq->ts[cq->head];
+    if (!cq->wallclock.empty()) cq->cur_wallclock = cq->wallclock[cq->head];
     cq->cur = pop(cq);
     cq->cqx.wr_id = cq->cur.wr_id;
     cq->cqx.status = cq->cur.status;
@@ -130,6 +145,12 @@ uint8_t read_sl(ibv_cq_ex *c) {
 uint8_t read_dlid_path_bits(ibv_cq_ex *c) {
     return cur(c)->cur.dlid_path_bits;
 }
+uint64_t read_completion_ts(ibv_cq_ex *c) {
+    return cur(c)->cur_ts;
+}
+uint64_t read_completion_wallclock_ns(ibv_cq_ex *c) {
+    return cur(c)->cur_wallclock;
+}
 
 Cq *make_cq(Context *ctx, int cqe, void *cq_context, ibv_comp_channel *channel) {
     if (cqe < 1 || uint32_t(cqe) > kMaxCqe) {
@@ -179,16 +200,37 @@ int cq_req_notify(ibv_cq *cq, int solicited_only) {
 }
 
 ibv_cq_ex *create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr) {
-    constexpr uint64_t kSupported = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM |
-                                    IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |
-                                    IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
-                                    IBV_WC_EX_WITH_DLID_PATH_BITS;
-    if (attr->wc_flags & ~kSupported || attr->comp_mask & ~uint32_t(IBV_CQ_INIT_ATTR_MASK_FLAGS)) {
+    constexpr uint64_t kSupported =
+        IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
+        IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
+        IBV_WC_EX_WITH_DLID_PATH_BITS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+        IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+    // A CQ is only ever polled under its lock, so single-threaded use needs
+    // nothing; overruns are always reported.
+    constexpr uint32_t kFlags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
+    // Invalid sizes and vectors first: EINVAL whatever else is asked (as
+    // the kernel checks them).
+    if (attr->cqe < 1 || attr->cqe > kMaxCqe ||
+        attr->comp_vector >= uint32_t(ibctx->num_comp_vectors)) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    if (attr->wc_flags & ~kSupported || attr->comp_mask & ~uint32_t(IBV_CQ_INIT_ATTR_MASK_FLAGS) ||
+        ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (attr->flags & ~kFlags))) {
         errno = EOPNOTSUPP;
         return nullptr;
     }
     Cq *cq = make_cq(to_ctx(ibctx), int(attr->cqe), attr->cq_context, attr->channel);
-    return cq ? &cq->cqx : nullptr;
+    if (!cq) return nullptr;
+    if (attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) {
+        cq->ts.resize(cq->ring.size());
+        cq->cqx.read_completion_ts = read_completion_ts;
+    }
+    if (attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK) {
+        cq->wallclock.resize(cq->ring.size());
+        cq->cqx.read_completion_wallclock_ns = read_completion_wallclock_ns;
+    }
+    return &cq->cqx;
 }
 
 } // namespace sroce
@@ -234,10 +276,18 @@ int sroce_resize_cq(struct ibv_cq *ibcq, int cqe) {
     std::lock_guard<std::mutex> g(cq->mu);
     if (cqe < 1 || uint32_t(cqe) > kMaxCqe || uint32_t(cqe) < cq->count) return EINVAL;
     std::vector<ibv_wc> ring(size_t(cqe) + 1);
+    std::vector<uint64_t> ts(cq->ts.empty() ? 0 : ring.size());
+    std::vector<uint64_t> wallclock(cq->wallclock.empty() ? 0 : ring.size());
     uint32_t size = uint32_t(cq->ring.size());
-    for (uint32_t i = 0; i < cq->count; i++)
-        ring[i] = cq->ring[(cq->head + i) % size];
+    for (uint32_t i = 0; i < cq->count; i++) {
+        uint32_t from = (cq->head + i) % size;
+        ring[i] = cq->ring[from];
+        if (!ts.empty()) ts[i] = cq->ts[from];
+        if (!wallclock.empty()) wallclock[i] = cq->wallclock[from];
+    }
     cq->ring.swap(ring);
+    cq->ts.swap(ts);
+    cq->wallclock.swap(wallclock);
     cq->head = 0;
     ibcq->cqe = cqe;
     return 0;

@@ -5,7 +5,10 @@
 #include "transport.hpp"
 
 #include <cerrno>
+#include <cstdint>
+#include <sys/mman.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 namespace sroce {
 namespace {
@@ -14,6 +17,39 @@ uint32_t random32() {
     uint32_t v;
     if (getrandom(&v, sizeof v, 0) != sizeof v) v = uint32_t(now_ns() * 0x9E3779B1u);
     return v;
+}
+
+// Whether [p, p+len) is mapped in this process.  msync() fails with ENOMEM
+// on any unmapped page of its range, without touching the pages.
+bool mapped(const uint8_t *p, uint64_t len) {
+    static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+    uintptr_t lo = uintptr_t(p) & ~(page - 1);
+    uintptr_t end = uintptr_t(p) + (len ? len : 1);
+    if (end < uintptr_t(p)) return false;
+    uintptr_t hi = (end + page - 1) & ~(page - 1);
+    return msync(reinterpret_cast<void *>(lo), hi - lo, MS_ASYNC) == 0;
+}
+
+constexpr unsigned kKnownAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+    IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_FLUSH_GLOBAL |
+    IBV_ACCESS_FLUSH_PERSISTENT | IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB;
+
+// The access bits an MR keeps, or -1 with errno set.  Optional bits are
+// hints a provider may ignore (rdma-core's rule).
+int check_access(unsigned access) {
+    unsigned mandatory = access & (IBV_ACCESS_OPTIONAL_FIRST - 1);
+    if (mandatory & ~kKnownAccess) {
+        errno = EINVAL;
+        return -1;
+    }
+    // IBTA: remote write or atomic access requires local write.
+    if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+        !(access & IBV_ACCESS_LOCAL_WRITE)) {
+        errno = EINVAL;
+        return -1;
+    }
+    return int(mandatory);
 }
 
 } // namespace
@@ -50,6 +86,9 @@ uint8_t *mr_range(const Mr *mr, uint64_t va, uint64_t len, unsigned access) {
     if (va < mr->iova) return nullptr;
     uint64_t off = va - mr->iova;
     if (off > mr->length || len > mr->length - off) return nullptr;
+    // An implicit MR spans the address space: an access to a hole is the
+    // page fault a hardware RNIC would fail, not a crash of the process.
+    if (mr->implicit && !mapped(mr->addr + off, len)) return nullptr;
     return mr->addr + off;
 }
 
@@ -89,29 +128,18 @@ int sroce_dealloc_pd(struct ibv_pd *pd) {
 
 struct ibv_mr *sroce_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
                             unsigned int access) {
-    constexpr unsigned kKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                                IBV_ACCESS_MW_BIND | IBV_ACCESS_FLUSH_GLOBAL |
-                                IBV_ACCESS_FLUSH_PERSISTENT;
-    // Optional access bits are hints a provider may ignore (rdma-core's rule).
-    unsigned mandatory = access & (IBV_ACCESS_OPTIONAL_FIRST - 1);
-    if (mandatory & ~kKnown) {
-        errno = (mandatory & IBV_ACCESS_ON_DEMAND) ? EOPNOTSUPP : EINVAL;
-        return nullptr;
-    }
-    // IBTA: remote write or atomic access requires local write.
-    if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
-        !(access & IBV_ACCESS_LOCAL_WRITE)) {
-        errno = EINVAL;
-        return nullptr;
-    }
-    if ((!addr && length) || iova + length < iova) {
+    int mandatory = check_access(access);
+    if (mandatory < 0) return nullptr;
+    // Implicit on-demand paging: the whole address space, as rdma-core
+    // spells it (ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND)).
+    bool implicit = !addr && length == SIZE_MAX && iova == 0 && (access & IBV_ACCESS_ON_DEMAND);
+    if ((!addr && length && !implicit) || iova + length < iova) {
         errno = EINVAL;
         return nullptr;
     }
     // FLUSH_PERSISTENT promises durability, so memory that cannot be made
     // durable (anonymous, tmpfs) is refused, as Linux rxe does.
-    MemClass cls = length ? classify_memory(addr, length) : MemClass::kVolatile;
+    MemClass cls = length && !implicit ? classify_memory(addr, length) : MemClass::kVolatile;
     if ((access & IBV_ACCESS_FLUSH_PERSISTENT) && cls == MemClass::kVolatile) {
         errno = EINVAL;
         return nullptr;
@@ -123,7 +151,8 @@ struct ibv_mr *sroce_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64
     mr->addr = static_cast<uint8_t *>(addr);
     mr->iova = iova;
     mr->length = length;
-    mr->access = mandatory;
+    mr->access = unsigned(mandatory);
+    mr->implicit = implicit;
     mr->pd = reinterpret_cast<Pd *>(pd);
     mr->ibmr.context = pd->context;
     mr->ibmr.pd = pd;
@@ -138,8 +167,72 @@ struct ibv_mr *sroce_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64
     return &mr->ibmr;
 }
 
-int sroce_rereg_mr(struct ibv_mr *, int, struct ibv_pd *, void *, size_t, int) {
-    return EOPNOTSUPP;
+// Serves ibv_rereg_mr() whole: the argument checks of libibverbs (an error
+// there is IBV_REREG_MR_ERR_INPUT), then the change itself (an error there
+// is IBV_REREG_MR_ERR_CMD), with errno saying why.  The keys stay the same.
+int sroce_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *pd, void *addr, size_t length,
+                   int access) {
+    if (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED ||
+        ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!length || !addr)) ||
+        (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS))) {
+        errno = EINVAL;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    Mr *mr = reinterpret_cast<Mr *>(ibmr);
+    auto cmd_error = [](int err) {
+        errno = err;
+        return IBV_REREG_MR_ERR_CMD;
+    };
+    // The kernel refuses a request that changes nothing.
+    if (!(flags &
+          (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS)))
+        return cmd_error(EINVAL);
+    if ((flags & IBV_REREG_MR_CHANGE_PD) && (!pd || pd->context != ibmr->context))
+        return cmd_error(EINVAL);
+    unsigned new_access = mr->access;
+    bool uncached = mr->uncached;
+    if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
+        int a = check_access(unsigned(access));
+        if (a < 0) return cmd_error(errno);
+        new_access = unsigned(a);
+        uncached = access & IBV_ACCESS_UNCACHED;
+    }
+    // The MR's extent after the change.
+    uint8_t *new_addr = mr->addr;
+    uint64_t new_iova = mr->iova;
+    size_t new_length = mr->length;
+    bool implicit = mr->implicit;
+    MemClass cls = mr->cls;
+    if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+        if (uintptr_t(addr) + length < uintptr_t(addr)) return cmd_error(EINVAL);
+        new_addr = static_cast<uint8_t *>(addr);
+        new_iova = uintptr_t(addr);
+        new_length = length;
+        implicit = false;
+        cls = classify_memory(addr, length);
+    }
+    if ((new_access & IBV_ACCESS_FLUSH_PERSISTENT) && (implicit || cls == MemClass::kVolatile))
+        return cmd_error(EINVAL);
+
+    // The progress thread looks MRs up and uses them under objects_mu.
+    Nic *nic = to_ctx(ibmr->context)->nic;
+    std::lock_guard<std::mutex> g(nic->objects_mu);
+    mr->access = new_access;
+    mr->uncached = uncached;
+    mr->addr = new_addr;
+    mr->iova = new_iova;
+    mr->length = new_length;
+    mr->implicit = implicit;
+    mr->cls = cls;
+    if (flags & IBV_REREG_MR_CHANGE_PD) {
+        mr->pd = reinterpret_cast<Pd *>(pd);
+        ibmr->pd = pd;
+    }
+    if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+        ibmr->addr = addr;
+        ibmr->length = length;
+    }
+    return 0;
 }
 
 int sroce_dereg_mr(struct ibv_mr *ibmr) {
@@ -155,3 +248,29 @@ int sroce_dereg_mr(struct ibv_mr *ibmr) {
 }
 
 } // extern "C"
+
+namespace sroce {
+
+// ibv_advise_mr(): nothing is ever paged out, so prefetching has nothing
+// to do once the ranges are found valid.
+int advise_mr(ibv_pd *pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge *sg_list,
+              uint32_t num_sge) {
+    if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+        advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+        return EOPNOTSUPP;
+    if (flags & ~uint32_t(IBV_ADVISE_MR_FLAG_FLUSH)) return EOPNOTSUPP;
+    if (!num_sge || !sg_list) return EINVAL;
+    Nic *nic = to_ctx(pd->context)->nic;
+    std::lock_guard<std::mutex> g(nic->objects_mu);
+    for (uint32_t i = 0; i < num_sge; i++) {
+        const Mr *mr = nic->mrs.lookup(sg_list[i].lkey);
+        unsigned need =
+            advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE ? unsigned(IBV_ACCESS_LOCAL_WRITE) : 0;
+        if (!mr || mr->pd != reinterpret_cast<Pd *>(pd) ||
+            !mr_range(mr, sg_list[i].addr, sg_list[i].length, need))
+            return EINVAL;
+    }
+    return 0;
+}
+
+} // namespace sroce

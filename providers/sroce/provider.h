@@ -35,6 +35,9 @@ int sroce_get_device_index(struct ibv_device *dev);
 int sroce_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size);
 
 struct ibv_context *sroce_open_device(struct ibv_device *dev);
+/* Whether fd refers to the command FD of an open sroce context (a dup of
+ * it, or one received from another process). */
+int sroce_is_cmd_fd(int fd);
 int sroce_close_device(struct ibv_context *ctx);
 int sroce_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr);
 int sroce_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr);

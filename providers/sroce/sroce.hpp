@@ -39,7 +39,13 @@ constexpr uint32_t kMaxCqe = 1 << 20;
 constexpr uint32_t kMaxRdAtomic = 128;
 constexpr uint64_t kMaxMsgSize = 1ull << 31;
 constexpr uint32_t kVendorId = 0xFFFFFF; // no OUI: same value Linux rxe reports
-constexpr int kNumGids = 2;
+constexpr int kNumGids = 2;              // populated GID entries
+// Entries the GID table reports, as Linux rxe: the rest are empty, so
+// programs can probe for free indices (ibv_query_gid_ex says ENODATA).
+constexpr int kGidTblLen = 1024;
+// Completion timestamps and ibv_query_rt_values_ex count nanoseconds of
+// CLOCK_MONOTONIC: a "core clock" of 1 GHz, given in kHz.
+constexpr uint64_t kCoreClockKhz = 1000000;
 
 // One configured link; lives for the whole process.
 struct Device {
@@ -93,6 +99,9 @@ struct Mr {
     Pd *pd = nullptr;
     MemClass cls = MemClass::kVolatile; // how FLUSH makes this memory durable
     bool uncached = false;              // IBV_ACCESS_UNCACHED: non-temporal placement
+    // Implicit on-demand paging (addr NULL, length SIZE_MAX): the whole
+    // address space, so every access first checks that it is mapped.
+    bool implicit = false;
 };
 
 // An rkey/lkey names a slot (low bits) plus random high bits, so keys are
@@ -167,6 +176,11 @@ struct Cq {
     // ibv_cq_ex polling cursor
     ibv_wc cur{};
     Context *ctx = nullptr;
+    // IBV_WC_EX_WITH_COMPLETION_TIMESTAMP(_WALLCLOCK): when each completion
+    // in `ring` was pushed (same index), in ns of CLOCK_MONOTONIC and
+    // CLOCK_REALTIME; empty unless the CQ asked for them.
+    std::vector<uint64_t> ts, wallclock;
+    uint64_t cur_ts = 0, cur_wallclock = 0;
 
     // Returns false on overflow.
     bool push(const ibv_wc &wc, bool solicited);

@@ -10,6 +10,8 @@
 #include <fcntl.h>
 #include <fstream>
 #include <mutex>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace sroce {
@@ -25,6 +27,8 @@ int srq_num(ibv_srq *srq, uint32_t *num);
 int post_srq_recv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
 ibv_xrcd *open_xrcd(ibv_context *ctx, ibv_xrcd_init_attr *attr);
 int close_xrcd(ibv_xrcd *xrcd);
+int advise_mr(ibv_pd *pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge *sg_list,
+              uint32_t num_sge);
 
 int mtu_bytes(ibv_mtu m) {
     return 128 << int(m);
@@ -36,6 +40,11 @@ Device g_devs[kMaxDevices];
 ibv_device *g_list[kMaxDevices + 1];
 int g_ndevs = 0;
 std::once_flag g_once;
+
+// Open contexts, so that a command FD handed to ibv_import_device() can be
+// recognised as one of ours.
+std::mutex g_ctx_mu;
+std::vector<Context *> g_ctxs;
 
 ibv_mtu mtu_enum(int bytes) {
     switch (bytes) {
@@ -142,12 +151,43 @@ int query_device_ex(ibv_context *ctx, const ibv_query_device_ex_input *input,
     if (rc) return rc;
     a.device_cap_flags_ex = a.orig_attr.device_cap_flags | IB_UVERBS_DEVICE_FLUSH_GLOBAL |
                             IB_UVERBS_DEVICE_FLUSH_PERSISTENT | IB_UVERBS_DEVICE_ATOMIC_WRITE;
+    a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
+    // The engine reaches application memory through the process's own page
+    // tables, so nothing is ever pinned: every registration already behaves
+    // as on-demand paging, including one of the whole address space.
+    a.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+    a.odp_caps.per_transport_caps.rc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
+                                                IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+                                                IBV_ODP_SUPPORT_ATOMIC;
+    a.completion_timestamp_mask = ~0ull;
+    a.hca_core_clock = kCoreClockKhz;
     std::memcpy(attr, &a, std::min(attr_size, sizeof a));
     return 0;
 }
 
 ibv_qp *ctx_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr) {
+    // Creation flags of 0 ask for nothing: the mask bit alone is no reason
+    // to refuse (programs such as rdma-core's tests set it at random).
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && !attr->create_flags) {
+        ibv_qp_init_attr_ex a = *attr;
+        a.comp_mask &= ~uint32_t(IBV_QP_INIT_ATTR_CREATE_FLAGS);
+        ibv_qp *qp = create_qp_ex(ctx, &a);
+        attr->cap = a.cap;
+        return qp;
+    }
     return create_qp_ex(ctx, attr);
+}
+
+// The raw clock is the one completion timestamps use: CLOCK_MONOTONIC, in
+// nanoseconds (hca_core_clock is 1 GHz).
+int query_rt_values(ibv_context *, ibv_values_ex *values) {
+    uint32_t asked = values->comp_mask;
+    values->comp_mask = 0;
+    if (asked & IBV_VALUES_MASK_RAW_CLOCK) {
+        clock_gettime(CLOCK_MONOTONIC, &values->raw_clock);
+        values->comp_mask |= IBV_VALUES_MASK_RAW_CLOCK;
+    }
+    return 0;
 }
 
 } // namespace
@@ -219,6 +259,15 @@ struct ibv_context *sroce_open_device(struct ibv_device *ibdev) {
         return nullptr;
     }
     fcntl(fds[1], F_SETFL, O_NONBLOCK);
+    // A command FD of its own (an empty memfd: a unique inode), since
+    // programs dup() or pass it on to share a context (ibv_import_device).
+    int cmd_fd = memfd_create("sroce-context", MFD_CLOEXEC);
+    if (cmd_fd < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        nic->release();
+        return nullptr;
+    }
     auto *ctx = new Context;
     std::memset(&ctx->vctx, 0, sizeof ctx->vctx);
     ctx->dev = dev;
@@ -235,9 +284,11 @@ struct ibv_context *sroce_open_device(struct ibv_device *ibdev) {
     v.get_srq_num = srq_num;
     v.open_xrcd = open_xrcd;
     v.close_xrcd = close_xrcd;
+    v.query_rt_values = query_rt_values;
+    v.advise_mr = advise_mr;
     ibv_context &c = v.context;
     c.device = ibdev;
-    c.cmd_fd = -1;
+    c.cmd_fd = cmd_fd;
     c.async_fd = fds[0];
     c.num_comp_vectors = 1;
     pthread_mutex_init(&c.mutex, nullptr);
@@ -247,12 +298,33 @@ struct ibv_context *sroce_open_device(struct ibv_device *ibdev) {
     c.ops.post_send = qp_post_send;
     c.ops.post_recv = qp_post_recv;
     c.ops.post_srq_recv = post_srq_recv;
+    {
+        std::lock_guard<std::mutex> g(g_ctx_mu);
+        g_ctxs.push_back(ctx);
+    }
     return &c;
+}
+
+int sroce_is_cmd_fd(int fd) {
+    struct stat a;
+    if (fstat(fd, &a) != 0) return 0;
+    std::lock_guard<std::mutex> g(g_ctx_mu);
+    for (Context *c : g_ctxs) {
+        struct stat b;
+        if (fstat(c->vctx.context.cmd_fd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+            return 1;
+    }
+    return 0;
 }
 
 int sroce_close_device(struct ibv_context *ibctx) {
     Context *ctx = to_ctx(ibctx);
+    {
+        std::lock_guard<std::mutex> g(g_ctx_mu);
+        std::erase(g_ctxs, ctx);
+    }
     ctx->nic->release();
+    close(ibctx->cmd_fd);
     close(ctx->async_rd);
     close(ctx->async_wr);
     pthread_mutex_destroy(&ibctx->mutex);
@@ -310,7 +382,7 @@ int sroce_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr
     a->state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
     a->max_mtu = IBV_MTU_4096;
     a->active_mtu = d->active_mtu;
-    a->gid_tbl_len = kNumGids;
+    a->gid_tbl_len = kGidTblLen;
     a->port_cap_flags = IBV_PORT_CM_SUP;
     a->max_msg_sz = uint32_t(kMaxMsgSize);
     a->pkey_tbl_len = 1;
@@ -322,28 +394,31 @@ int sroce_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr
     return 0;
 }
 
+// An empty entry of the table reads as the zero GID, as in libibverbs.
 int sroce_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid) {
-    if (port != 1 || index < 0 || index >= kNumGids) {
+    if (port != 1 || index < 0 || index >= kGidTblLen) {
         errno = EINVAL;
         return -1;
     }
-    *gid = to_ctx(ctx)->dev->gid[index];
+    *gid = index < kNumGids ? to_ctx(ctx)->dev->gid[index] : ibv_gid{};
     return 0;
 }
 
 int sroce_query_gid_type(struct ibv_context *, uint8_t port, unsigned int index,
                          enum ibv_gid_type *type) {
-    if (port != 1 || index >= unsigned(kNumGids)) {
+    if (port != 1 || index >= unsigned(kGidTblLen)) {
         errno = EINVAL;
         return -1;
     }
-    *type = IBV_GID_TYPE_ROCE_V2;
+    // An empty entry reads as IB / RoCE v1, as libibverbs reports one.
+    *type = index < unsigned(kNumGids) ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_IB;
     return 0;
 }
 
 int sroce_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index,
                        struct ibv_gid_entry *entry, uint32_t flags) {
-    if (flags || port != 1 || index >= uint32_t(kNumGids)) return EINVAL;
+    if (flags || port != 1 || index >= uint32_t(kGidTblLen)) return EINVAL;
+    if (index >= uint32_t(kNumGids)) return ENODATA;
     Device *d = to_ctx(ctx)->dev;
     *entry = ibv_gid_entry{};
     entry->gid = d->gid[index];

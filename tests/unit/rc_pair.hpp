@@ -306,6 +306,7 @@ struct PairOpts {
     bool qp_ex = false;          // QPs from ibv_create_qp_ex with every RC send op
     uint64_t extra_send_ops = 0; // e.g. IBV_QP_EX_WITH_RDMA_WRITE_COMMIT
     bool cq_ex = false;          // CQs from ibv_create_cq_ex
+    uint64_t extra_wc_flags = 0; // e.g. IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
     bool b_channel = false;      // B's receive CQ reports to a completion channel
     bool connect = true;         // bring both QPs to RTS
     // Start PSNs near the 24-bit wrap so ordinary traffic crosses it.
@@ -432,7 +433,7 @@ class Pair {
             ibv_cq_init_attr_ex ca{};
             ca.cqe = uint32_t(o.cqe);
             ca.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
-                          IBV_WC_EX_WITH_SRC_QP;
+                          IBV_WC_EX_WITH_SRC_QP | o.extra_wc_flags;
             s.scqx = ibv_create_cq_ex(ctx, &ca);
             ASSERT_NE(s.scqx, nullptr) << std::strerror(errno);
             ca.channel = s.channel;

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# rdma-core's own test suite (the pyverbs tests Debian ships in
+# python3-pyverbs under /usr/share/doc/rdma-core/tests) over one sroce
+# device, unmodified: copied to a temporary directory, unpacked and run
+# under `sroce exec` with /usr/bin/python3 (the interpreter pyverbs is built
+# for).  tests/integration/rdma_core_suite.py runs it (a run that hangs is
+# killed after RUN_TIMEOUT seconds and the remaining tests go on in a new
+# run), parses unittest's output and judges every test:
+#
+#   - a test that fails, errors, hangs or crashes fails this script;
+#   - a skipped test is fine only when its skip reason matches ACCEPTABLE
+#     (for good: hardware, interfaces or host setup sroce will never have),
+#     or its name matches NOT_YET (a feature sroce must still gain);
+#     any other skip fails this script;
+#   - a test listed in NOT_YET that passes prints a notice to remove it from
+#     the list.
+#
+# Prints a summary per test module and per feature, and writes every non-ok
+# test with its reason, grouped by feature, to BUILD-DIR/rdma-core-suite.md
+# (unittest's own output: BUILD-DIR/rdma-core-suite.log).
+#
+# Address 127.0.13.1 (tests/README.md).
+#
+# Usage: test_rdma_core_suite.sh BUILD-DIR
+#
+# ctest: TIMEOUT=900 LABELS=rdma-core RESOURCE_LOCK=lo-127.0.13.1
+set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+sroce_init "${1:?usage: $0 BUILD-DIR}"
+
+SUITE_SRC=${RDMA_CORE_TESTS:-/usr/share/doc/rdma-core/tests}
+PYTHON=/usr/bin/python3
+# Seconds one run of the suite may take; the whole suite takes about one.
+: "${RUN_TIMEOUT:=240}"
+
+# Skips that are acceptable for good, matched against the skip reason.
+# REASON-REGEX | CATEGORY | why sroce never runs these
+read -r -d '' ACCEPTABLE <<'EOF'
+non MLX5 device|not an MLX5 device                  | other vendors' hardware | mlx5 direct verbs, DevX, steering: Mellanox/NVIDIA interfaces
+non EFA device                                      | other vendors' hardware | EFA direct verbs: AWS interfaces
+Converting timestamp to nanoseconds is not supported | other vendors' hardware | mlx5dv_get_clock_info/mlx5dv_ts_to_ns convert mlx5 clock ticks only
+[Dd]mabuf|cuda|CUDA                                 | GPUs / dmabuf           | memory of a GPU (DRM render node, CUDA): not host memory
+PCI device must be passed                           | PCI / VFIO              | mlx5 VFIO driver over a PCI function
+Raw Packet QP|QP type 8 is not supported            | raw packet QPs          | Ethernet frames from user space, flow steering, RSS: NIC hardware features, not RoCE
+Device memory is not supported                      | device memory           | on-NIC memory (ibv_alloc_dm): a software NIC has none
+Parent Domain is not supported                      | parent domains          | ibv_alloc_parent_domain: provider-private allocators, mlx5 only
+huge pages of size                                  | host configuration      | needs 2 MiB huge pages reserved on the host (vm.nr_hugepages)
+EOF
+
+# Not yet: features sroce must gain.  Each entry is a test-name regex (the
+# unittest id, tests.MODULE.CLASS.TEST), the feature (one of the groups of
+# rdma_core_suite.py: UD, UC, SRQ, XRC, MW, ODP, rereg MR, AH, extended
+# CQ/QP, net interface/sysfs, rt values, other), what the test may do
+# meanwhile (skip; or fail: it may also fail or error, a known failure) and
+# what exactly it waits for.  Remove an entry when the feature lands (the
+# script says when).
+# TEST-REGEX | FEATURE | EXPECT | waits for
+read -r -d '' NOT_YET <<'EOF'
+test_addr\.AHTest\.                                 | AH    | skip | ibv_create_ah / ibv_destroy_ah (RoCE: GRH required)
+test_qp\.QPTest\.test_(create|query|modify)_ud_qp   | UD    | skip | IBV_QPT_UD creation, query, modify
+test_qp\.QPTest\.test_create_raw_qp_ex_with_illegal_caps | UD | skip | named "raw", but these create UD QPs with out-of-range caps
+test_qp\.QPTest\.test_query_data_in_order           | UD    | skip | creates a UD QP
+test_cq\.CQTest\.test_resize_cq                     | UD    | skip | resizes a CQ under UD traffic
+test_cq_events\.CqEventsTestCase\.test_cq_events_ud | UD    | skip | UD traffic with completion events
+test_cqex\.CqExTestCase\.test_ud_traffic_cq_ex      | UD    | skip | UD traffic on an extended CQ
+test_qpex\.QpExTestCase\.test_qp_ex_ud_             | UD    | skip | UD sends with the ibv_wr_* API
+test_qpex\.QpExTestCase\.test_(post_send_qp_state|post_receive_qp_state|full_rq|rq_with_larger_sgl)_bad_flow | UD | skip | bad-flow checks run on UD QPs
+test_relaxed_ordering\.RoTestCase\.test_ro_ud_traffic | UD  | skip | UD traffic on relaxed-ordering MRs
+test_odp\.OdpTestCase\.test_odp_ud_traffic          | UD    | skip | UD traffic on ODP MRs (then ud_odp_caps)
+test_qp\.QPTest\.test_(create|query)_uc_qp          | UC    | skip | IBV_QPT_UC creation and query
+test_odp\.OdpTestCase\.test_odp_rc_srq_traffic      | SRQ   | skip | ibv_create_srq (then IBV_ODP_SUPPORT_SRQ_RECV in rc_odp_caps)
+_xrc_                                               | XRC   | skip | ibv_open_xrcd, XRC SRQs and QPs (then xrc_odp_caps)
+test_mr\.MWTest\.                                   | MW    | skip | ibv_alloc_mw / bind / invalidate (types 1 and 2)
+test_qpex\.QpExTestCase\.test_qp_ex_rc_bind_mw      | MW    | skip | IBV_QP_EX_WITH_BIND_MW and ibv_wr_bind_mw
+test_odp\.OdpTestCase\.test_odp_rc_(rdma_read|rdma_write|atomic_\w+)$ | ODP | fail | ibv_modify_qp refuses IBV_ACCESS_ON_DEMAND among qp_access_flags (EINVAL); the kernel ignores bits only MRs use
+test_mr\.MRTest\.test_mr_rereg_(pd|addr)$           | rereg MR | fail | receive WQEs resolve their SGEs when posted: a SEND into one whose MR changed PD or translation since must fail (IBV_WC_REM_OP_ERR at the requester)
+test_tag_matching\.                                 | other | skip | tag matching (SRQ with IBV_SRQT_TM, IBV_WC_EX_WITH_TM_INFO)
+test_shared_pd\.                                    | other | skip | ibv_import_device / ibv_import_pd / ibv_import_mr
+test_rdmacm\.                                       | net interface/sysfs | skip | librdmacm: a net interface for the device (sysfs ndevs) and a connection manager
+test_mlx5_rdmacm\.                                  | net interface/sysfs | skip | as test_rdmacm (then an mlx5 DC test: acceptable)
+EOF
+
+require_loopback
+[[ -x $PYTHON ]] || skip "$PYTHON not installed (run scripts/setup.sh)"
+$PYTHON -c 'import pyverbs.device' 2>/dev/null || skip "pyverbs not installed for $PYTHON (python3-pyverbs; run scripts/setup.sh)"
+[[ -f $SUITE_SRC/run_tests.py ]] || skip "$SUITE_SRC/run_tests.py missing (python3-pyverbs; run scripts/setup.sh)"
+
+sroce_config sroce0 127.0.13.1
+
+# The package ships most modules gzipped, and the directory is not writable
+# for a user: unpack a private copy.
+mkdir -p "$WORK/suite"
+cp -r "$SUITE_SRC" "$WORK/suite/tests" || die "cannot copy $SUITE_SRC"
+chmod -R u+w "$WORK/suite/tests"
+find "$WORK/suite/tests" -name '*.gz' -exec gunzip -f {} + || die "cannot unpack the suite"
+
+printf '%s\n' "$ACCEPTABLE" >"$WORK/acceptable.txt"
+printf '%s\n' "$NOT_YET" >"$WORK/not-yet.txt"
+
+$PYTHON "$(dirname "${BASH_SOURCE[0]}")/rdma_core_suite.py" \
+	--suite "$WORK/suite" --sroce "$SROCE_BIN" --python "$PYTHON" \
+	--dev sroce0 --gid 1 --run-timeout "$RUN_TIMEOUT" \
+	--acceptable "$WORK/acceptable.txt" --not-yet "$WORK/not-yet.txt" \
+	--log "$BUILD_DIR/rdma-core-suite.log" --report "$BUILD_DIR/rdma-core-suite.md"

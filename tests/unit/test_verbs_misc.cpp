@@ -1,0 +1,314 @@
+// SPDX-License-Identifier: MIT
+//
+// Verbs outside the QP transport, through public verbs in one process: the
+// device attributes and GID table programs probe, ibv_rereg_mr,
+// on-demand paging (explicit, implicit, ibv_advise_mr), completion
+// timestamps and ibv_query_rt_values_ex, ibv_create_cq_ex's checks and the
+// context's command FD.  Two sroce devices on 127.0.13.3 / 127.0.13.4.
+#include "rc_pair.hpp"
+
+#include <climits>
+#include <ctime>
+#include <sys/mman.h>
+
+using namespace rctest;
+
+namespace {
+
+ibv_context *g_ctx[2];
+
+[[maybe_unused]] ::testing::Environment *const g_env = ::testing::AddGlobalTestEnvironment(
+    new DevicePairEnv("vm0", "127.0.13.3", "vm1", "127.0.13.4", g_ctx));
+
+uint64_t clock_ns(clockid_t clk) {
+    timespec t;
+    clock_gettime(clk, &t);
+    return uint64_t(t.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec);
+}
+
+// One signaled RDMA WRITE from A's `src` to `raddr`/`rkey`; its completion.
+ibv_wc write(Pair &p, Buf &src, size_t len, uint64_t raddr, uint32_t rkey) {
+    std::vector<ibv_sge> sg{src.sge(0, len)};
+    ibv_send_wr wr = send_wr(7, IBV_WR_RDMA_WRITE, sg);
+    wr.wr.rdma.remote_addr = raddr;
+    wr.wr.rdma.rkey = rkey;
+    EXPECT_EQ(post(p.a.qp, wr), 0);
+    auto wcs = poll_n(p.a.scq, 1);
+    EXPECT_EQ(wcs.size(), 1u);
+    return wcs.empty() ? ibv_wc{} : wcs[0];
+}
+
+TEST(Device, ExtendedAttributes) {
+    ibv_device_attr_ex a{};
+    ASSERT_EQ(ibv_query_device_ex(g_ctx[0], nullptr, &a), 0);
+    EXPECT_EQ(a.phys_port_cnt_ex, a.orig_attr.phys_port_cnt);
+    EXPECT_EQ(a.odp_caps.general_caps, uint64_t(IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT));
+    constexpr uint32_t kRc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                             IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
+    EXPECT_EQ(a.odp_caps.per_transport_caps.rc_odp_caps & kRc, kRc);
+    EXPECT_EQ(a.hca_core_clock, 1000000u); // kHz: nanosecond ticks
+    EXPECT_EQ(a.completion_timestamp_mask, ~0ull);
+}
+
+TEST(Device, GidTableHasEmptyEntries) {
+    ibv_port_attr pa{};
+    ASSERT_EQ(ibv_query_port(g_ctx[0], 1, &pa), 0);
+    EXPECT_EQ(pa.gid_tbl_len, 1024);
+    ibv_gid_entry e{};
+    EXPECT_EQ(ibv_query_gid_ex(g_ctx[0], 1, 1, &e, 0), 0);
+    EXPECT_EQ(e.gid_type, uint32_t(IBV_GID_TYPE_ROCE_V2));
+    EXPECT_EQ(ibv_query_gid_ex(g_ctx[0], 1, 2, &e, 0), ENODATA);
+    EXPECT_EQ(ibv_query_gid_ex(g_ctx[0], 1, 1023, &e, 0), ENODATA);
+    EXPECT_EQ(ibv_query_gid_ex(g_ctx[0], 1, 1024, &e, 0), EINVAL);
+    // ibv_query_gid reads an empty entry as the zero GID.
+    ibv_gid g;
+    std::memset(&g, 0xFF, sizeof g);
+    EXPECT_EQ(ibv_query_gid(g_ctx[0], 1, 5, &g), 0);
+    EXPECT_TRUE(all_bytes(g.raw, sizeof g.raw, 0));
+    EXPECT_NE(ibv_query_gid(g_ctx[0], 1, 1024, &g), 0);
+    // The table lists the populated entries only.
+    ibv_gid_entry t[4];
+    EXPECT_EQ(ibv_query_gid_table(g_ctx[0], t, 4, 0), 2);
+}
+
+TEST(Device, RtValuesCountMonotonicNanoseconds) {
+    ibv_values_ex v{};
+    v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+    uint64_t before = clock_ns(CLOCK_MONOTONIC);
+    ASSERT_EQ(ibv_query_rt_values_ex(g_ctx[0], &v), 0);
+    uint64_t after = clock_ns(CLOCK_MONOTONIC);
+    EXPECT_EQ(v.comp_mask, uint32_t(IBV_VALUES_MASK_RAW_CLOCK));
+    uint64_t t = uint64_t(v.raw_clock.tv_sec) * 1000000000ull + uint64_t(v.raw_clock.tv_nsec);
+    EXPECT_GE(t, before);
+    EXPECT_LE(t, after);
+}
+
+TEST(Device, CommandFdIsOursAndNotImportable) {
+    int fd = g_ctx[0]->cmd_fd;
+    ASSERT_GE(fd, 0);
+    int dup_fd = dup(fd);
+    ASSERT_GE(dup_fd, 0);
+    errno = 0;
+    EXPECT_EQ(ibv_import_device(dup_fd), nullptr);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    close(dup_fd);
+}
+
+TEST(CqEx, BadSizeOrVectorIsEinvalBeforeAnythingElse) {
+    ibv_device_attr da{};
+    ASSERT_EQ(ibv_query_device(g_ctx[0], &da), 0);
+    ibv_cq_init_attr_ex ca{};
+    ca.cqe = uint32_t(da.max_cqe) + 1;
+    ca.wc_flags = IBV_WC_EX_WITH_TM_INFO; // would be EOPNOTSUPP
+    errno = 0;
+    EXPECT_EQ(ibv_create_cq_ex(g_ctx[0], &ca), nullptr);
+    EXPECT_EQ(errno, EINVAL);
+    ca.cqe = 10;
+    ca.wc_flags = 0;
+    ca.comp_vector = uint32_t(g_ctx[0]->num_comp_vectors);
+    errno = 0;
+    EXPECT_EQ(ibv_create_cq_ex(g_ctx[0], &ca), nullptr);
+    EXPECT_EQ(errno, EINVAL);
+}
+
+TEST(CqEx, UnsupportedFlagsAreEopnotsupp) {
+    ibv_cq_init_attr_ex ca{};
+    ca.cqe = 10;
+    ca.wc_flags = IBV_WC_EX_WITH_TM_INFO;
+    errno = 0;
+    EXPECT_EQ(ibv_create_cq_ex(g_ctx[0], &ca), nullptr);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    ca.wc_flags = 0;
+    ca.comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
+    ca.flags = IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
+    errno = 0;
+    EXPECT_EQ(ibv_create_cq_ex(g_ctx[0], &ca), nullptr);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    ca.flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
+    ibv_cq_ex *cq = ibv_create_cq_ex(g_ctx[0], &ca);
+    ASSERT_NE(cq, nullptr) << std::strerror(errno);
+    EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)), 0);
+}
+
+TEST(CqEx, CompletionTimestamps) {
+    Pair p;
+    PairOpts o;
+    o.cq_ex = true;
+    o.extra_wc_flags =
+        IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+    ASSERT_NO_FATAL_FAILURE(p.setup(g_ctx[0], g_ctx[1], o));
+    Buf src(p.a.pd, 64), dst(p.b.pd, 64);
+    ASSERT_TRUE(src.ok() && dst.ok());
+    uint64_t mono0 = clock_ns(CLOCK_MONOTONIC), wall0 = clock_ns(CLOCK_REALTIME);
+    std::vector<ibv_sge> sg{src.sge(0, 64)};
+    ibv_send_wr wr = send_wr(9, IBV_WR_RDMA_WRITE, sg);
+    wr.wr.rdma.remote_addr = dst.addr();
+    wr.wr.rdma.rkey = dst.rkey();
+    ASSERT_EQ(post(p.a.qp, wr), 0);
+    ibv_poll_cq_attr pa{};
+    int rc = ENOENT;
+    for (auto end = Clock::now() + kDeadline; rc == ENOENT && Clock::now() < end;)
+        rc = ibv_start_poll(p.a.scqx, &pa);
+    ASSERT_EQ(rc, 0);
+    EXPECT_EQ(p.a.scqx->status, IBV_WC_SUCCESS);
+    uint64_t ts = ibv_wc_read_completion_ts(p.a.scqx);
+    uint64_t wall = ibv_wc_read_completion_wallclock_ns(p.a.scqx);
+    ibv_end_poll(p.a.scqx);
+    uint64_t mono1 = clock_ns(CLOCK_MONOTONIC), wall1 = clock_ns(CLOCK_REALTIME);
+    EXPECT_GE(ts, mono0);
+    EXPECT_LE(ts, mono1);
+    EXPECT_GE(wall, wall0);
+    EXPECT_LE(wall, wall1);
+}
+
+TEST(CreateQpEx, CreateFlagsMaskWithNoFlags) {
+    ibv_pd *pd = ibv_alloc_pd(g_ctx[0]);
+    ASSERT_NE(pd, nullptr);
+    ibv_cq *cq = ibv_create_cq(g_ctx[0], 16, nullptr, nullptr, 0);
+    ASSERT_NE(cq, nullptr);
+    ibv_qp_init_attr_ex ia{};
+    ia.qp_type = IBV_QPT_RC;
+    ia.send_cq = ia.recv_cq = cq;
+    ia.cap = {4, 4, 1, 1, 0};
+    ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    ia.pd = pd;
+    ibv_qp *qp = ibv_create_qp_ex(g_ctx[0], &ia);
+    ASSERT_NE(qp, nullptr) << std::strerror(errno);
+    EXPECT_GE(ia.cap.max_send_wr, 4u);
+    EXPECT_EQ(ibv_destroy_qp(qp), 0);
+    EXPECT_EQ(ibv_destroy_cq(cq), 0);
+    EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+}
+
+class Rereg : public ::testing::Test {
+  protected:
+    void SetUp() override { ASSERT_NO_FATAL_FAILURE(p.setup(g_ctx[0], g_ctx[1], PairOpts{})); }
+    Pair p;
+};
+
+TEST_F(Rereg, InputErrors) {
+    Buf b(p.b.pd, 64);
+    ASSERT_TRUE(b.ok());
+    errno = 0;
+    EXPECT_EQ(ibv_rereg_mr(b.mr(), 1 << 10, nullptr, nullptr, 0, 0), IBV_REREG_MR_ERR_INPUT);
+    EXPECT_EQ(errno, EINVAL);
+    EXPECT_EQ(ibv_rereg_mr(b.mr(), IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, nullptr, 64, 0),
+              IBV_REREG_MR_ERR_INPUT);
+    EXPECT_EQ(
+        ibv_rereg_mr(b.mr(), IBV_REREG_MR_CHANGE_PD, p.a.pd, nullptr, 0, IBV_ACCESS_LOCAL_WRITE),
+        IBV_REREG_MR_ERR_INPUT);
+    // Remote write without local write, and a PD of another context.
+    EXPECT_EQ(ibv_rereg_mr(b.mr(), IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                           IBV_ACCESS_REMOTE_WRITE),
+              IBV_REREG_MR_ERR_CMD);
+    errno = 0;
+    EXPECT_EQ(ibv_rereg_mr(b.mr(), IBV_REREG_MR_CHANGE_PD, p.a.pd, nullptr, 0, 0),
+              IBV_REREG_MR_ERR_CMD);
+    EXPECT_EQ(errno, EINVAL);
+    EXPECT_EQ(b.mr()->pd, p.b.pd);
+}
+
+TEST_F(Rereg, AccessTakesEffectForTheSameKey) {
+    Buf src(p.a.pd, 64), dst(p.b.pd, 64);
+    ASSERT_TRUE(src.ok() && dst.ok());
+    src.fill(1);
+    EXPECT_EQ(write(p, src, 64, dst.addr(), dst.rkey()).status, IBV_WC_SUCCESS);
+    uint32_t rkey = dst.rkey();
+    ASSERT_EQ(ibv_rereg_mr(dst.mr(), IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ),
+              0);
+    EXPECT_EQ(dst.rkey(), rkey);
+    EXPECT_EQ(write(p, src, 64, dst.addr(), dst.rkey()).status, IBV_WC_REM_ACCESS_ERR);
+}
+
+TEST_F(Rereg, TranslationMovesTheRegion) {
+    Buf src(p.a.pd, 64), dst(p.b.pd, 64);
+    ASSERT_TRUE(src.ok() && dst.ok());
+    src.fill(2);
+    std::vector<uint8_t> other(256, 0);
+    ASSERT_EQ(ibv_rereg_mr(dst.mr(), IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, other.data(),
+                           other.size(), 0),
+              0);
+    EXPECT_EQ(dst.mr()->addr, other.data());
+    EXPECT_EQ(dst.mr()->length, other.size());
+    auto raddr = uint64_t(uintptr_t(other.data() + 100));
+    EXPECT_EQ(write(p, src, 64, raddr, dst.rkey()).status, IBV_WC_SUCCESS);
+    Pair::sync_with(p.b);
+    EXPECT_TRUE(same_bytes(other.data() + 100, src.data(), 64));
+    // The old range is no longer registered.
+    EXPECT_EQ(write(p, src, 64, dst.addr(), dst.rkey()).status, IBV_WC_REM_ACCESS_ERR);
+}
+
+TEST_F(Rereg, PdDecidesWhichQpsMayUseIt) {
+    Buf src(p.a.pd, 64), dst(p.b.pd, 64);
+    ASSERT_TRUE(src.ok() && dst.ok());
+    ibv_pd *other = ibv_alloc_pd(g_ctx[1]);
+    ASSERT_NE(other, nullptr);
+    ASSERT_EQ(ibv_rereg_mr(dst.mr(), IBV_REREG_MR_CHANGE_PD, other, nullptr, 0, 0), 0);
+    EXPECT_EQ(dst.mr()->pd, other);
+    EXPECT_EQ(write(p, src, 64, dst.addr(), dst.rkey()).status, IBV_WC_REM_ACCESS_ERR);
+    // Back in B's PD before the Buf is deregistered and the PD freed.
+    ASSERT_EQ(ibv_rereg_mr(dst.mr(), IBV_REREG_MR_CHANGE_PD, p.b.pd, nullptr, 0, 0), 0);
+    EXPECT_EQ(ibv_dealloc_pd(other), 0);
+}
+
+class Odp : public ::testing::Test {
+  protected:
+    void SetUp() override { ASSERT_NO_FATAL_FAILURE(p.setup(g_ctx[0], g_ctx[1], PairOpts{})); }
+    Pair p;
+};
+
+TEST_F(Odp, ExplicitRegistration) {
+    Buf src(p.a.pd, 128), dst(p.b.pd, 128, kAllAccess | IBV_ACCESS_ON_DEMAND);
+    ASSERT_TRUE(src.ok() && dst.ok()) << std::strerror(errno);
+    src.fill(3);
+    EXPECT_EQ(write(p, src, 128, dst.addr(), dst.rkey()).status, IBV_WC_SUCCESS);
+    Pair::sync_with(p.b);
+    EXPECT_TRUE(same_bytes(dst.data(), src.data(), 128));
+}
+
+TEST_F(Odp, ImplicitRegistrationSpansTheAddressSpace) {
+    Buf src(p.a.pd, 64);
+    ASSERT_TRUE(src.ok());
+    src.fill(4);
+    ibv_mr *mr =
+        ibv_reg_mr(p.b.pd, nullptr, SIZE_MAX,
+                   int(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_ON_DEMAND));
+    ASSERT_NE(mr, nullptr) << std::strerror(errno);
+    std::vector<uint8_t> target(64, 0);
+    EXPECT_EQ(write(p, src, 64, uintptr_t(target.data()), mr->rkey).status, IBV_WC_SUCCESS);
+    Pair::sync_with(p.b);
+    EXPECT_TRUE(same_bytes(target.data(), src.data(), 64));
+
+    // A hole in the address space is a remote access error, not a crash.
+    long page = sysconf(_SC_PAGESIZE);
+    void *hole = mmap(nullptr, size_t(page), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(hole, MAP_FAILED);
+    ASSERT_EQ(munmap(hole, size_t(page)), 0);
+    EXPECT_EQ(write(p, src, 64, uintptr_t(hole), mr->rkey).status, IBV_WC_REM_ACCESS_ERR);
+    EXPECT_EQ(ibv_dereg_mr(mr), 0);
+}
+
+TEST_F(Odp, ImplicitRegistrationNeedsOnDemand) {
+    errno = 0;
+    EXPECT_EQ(ibv_reg_mr(p.b.pd, nullptr, SIZE_MAX, IBV_ACCESS_LOCAL_WRITE), nullptr);
+    EXPECT_EQ(errno, EINVAL);
+}
+
+TEST_F(Odp, AdviseMr) {
+    Buf b(p.a.pd, 4096, kAllAccess | IBV_ACCESS_ON_DEMAND);
+    ASSERT_TRUE(b.ok());
+    ibv_sge sge = b.sge(0, 4096);
+    EXPECT_EQ(ibv_advise_mr(p.a.pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, IBV_ADVISE_MR_FLAG_FLUSH,
+                            &sge, 1),
+              0);
+    EXPECT_EQ(ibv_advise_mr(p.a.pd, IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT, 0, &sge, 1), 0);
+    EXPECT_EQ(ibv_advise_mr(p.a.pd, ibv_advise_mr_advice(7), 0, &sge, 1), EOPNOTSUPP);
+    EXPECT_EQ(ibv_advise_mr(p.a.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sge, 0), EINVAL);
+    ibv_sge beyond = b.sge(4000, 200);
+    EXPECT_EQ(ibv_advise_mr(p.a.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &beyond, 1), EINVAL);
+    ibv_sge wrong_pd = sge;
+    EXPECT_EQ(ibv_advise_mr(p.b.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &wrong_pd, 1), EINVAL);
+}
+
+} // namespace
