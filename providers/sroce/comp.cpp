@@ -281,6 +281,10 @@ void on_single_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx, bool atomi
 
 } // namespace
 
+void comp_retire(Qp *qp) {
+    retire(qp);
+}
+
 uint64_t rnr_timer_ns(uint8_t code) {
     // IBTA table 45, in microseconds; code 0 means 655.36 ms.
     static const uint32_t us[32] = {655360, 10,    20,    30,     40,     60,     80,     120,

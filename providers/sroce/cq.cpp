@@ -41,6 +41,20 @@ bool Cq::push(const ibv_wc &wc, bool solicited) {
     return true;
 }
 
+void Cq::forget_qp(uint32_t qp_num) {
+    std::lock_guard<std::mutex> g(mu);
+    uint32_t size = uint32_t(ring.size()), kept = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t from = (head + i) % size, to = (head + kept) % size;
+        if (ring[from].qp_num == qp_num) continue;
+        ring[to] = ring[from];
+        if (!ts.empty()) ts[to] = ts[from];
+        if (!wallclock.empty()) wallclock[to] = wallclock[from];
+        kept++;
+    }
+    count = kept;
+}
+
 namespace {
 
 // The oldest completion; caller holds cq->mu and has checked count.

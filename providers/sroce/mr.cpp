@@ -56,21 +56,23 @@ int check_access(unsigned access) {
 
 bool MrTable::insert(Mr *mr) {
     std::lock_guard<std::mutex> g(mu_);
-    // Random slot and random high bits: a peer cannot guess a valid key from
-    // the ones it has been given.
-    for (int tries = 0; tries < 64; tries++) {
-        uint32_t key = random32();
-        uint32_t slot = key & (kSlots - 1);
-        if (slots_[slot].load(std::memory_order_relaxed)) continue;
-        mr->ibmr.lkey = mr->ibmr.rkey = key;
+    // Random slot and random other bits: a peer cannot guess a valid key
+    // from the ones it has been given.
+    auto take = [&](uint32_t slot) {
+        uint32_t key = (random32() & ~((kSlots - 1) << 8)) | slot << 8;
+        mr->key.store(key, std::memory_order_relaxed);
+        if (!mr->window) mr->ibmr.lkey = mr->ibmr.rkey = key;
         slots_[slot].store(mr, std::memory_order_release);
+    };
+    for (int tries = 0; tries < 64; tries++) {
+        uint32_t slot = random32() & (kSlots - 1);
+        if (slots_[slot].load(std::memory_order_relaxed)) continue;
+        take(slot);
         return true;
     }
     for (uint32_t slot = 0; slot < kSlots; slot++) {
         if (slots_[slot].load(std::memory_order_relaxed)) continue;
-        uint32_t key = (random32() & ~(kSlots - 1)) | slot;
-        mr->ibmr.lkey = mr->ibmr.rkey = key;
-        slots_[slot].store(mr, std::memory_order_release);
+        take(slot);
         return true;
     }
     return false;
@@ -78,7 +80,8 @@ bool MrTable::insert(Mr *mr) {
 
 void MrTable::erase(Mr *mr) {
     std::lock_guard<std::mutex> g(mu_);
-    slots_[mr->ibmr.rkey & (kSlots - 1)].store(nullptr, std::memory_order_release);
+    slots_[slot_of(mr->key.load(std::memory_order_relaxed))].store(nullptr,
+                                                                   std::memory_order_release);
 }
 
 uint8_t *mr_range(const Mr *mr, uint64_t va, uint64_t len, unsigned access) {
@@ -94,17 +97,12 @@ uint8_t *mr_range(const Mr *mr, uint64_t va, uint64_t len, unsigned access) {
 
 Mr *lookup_mr(Nic *nic, Pd *pd, uint32_t key) {
     Mr *mr = nic->mrs.lookup(key);
-    return (mr && mr->pd == pd) ? mr : nullptr;
+    return (mr && mr->pd == pd && !mr->window) ? mr : nullptr;
 }
 
 uint8_t *check_lkey(Nic *nic, Pd *pd, const ibv_sge &s, unsigned access) {
     Mr *mr = lookup_mr(nic, pd, s.lkey);
     return mr ? mr_range(mr, s.addr, s.length, access) : nullptr;
-}
-
-// sroce registers no memory windows yet: no rkey can be invalidated remotely.
-int invalidate_rkey(Qp *, uint32_t) {
-    return EINVAL;
 }
 
 } // namespace sroce
@@ -237,6 +235,8 @@ int sroce_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *pd, void *addr
 
 int sroce_dereg_mr(struct ibv_mr *ibmr) {
     Mr *mr = reinterpret_cast<Mr *>(ibmr);
+    // Windows bound to the MR would be left pointing at nothing.
+    if (mr->windows.load()) return EBUSY;
     Nic *nic = to_ctx(ibmr->context)->nic;
     {
         // Wait until the progress thread is not between lookup and use.
@@ -266,7 +266,7 @@ int advise_mr(ibv_pd *pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge *
         const Mr *mr = nic->mrs.lookup(sg_list[i].lkey);
         unsigned need =
             advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE ? unsigned(IBV_ACCESS_LOCAL_WRITE) : 0;
-        if (!mr || mr->pd != reinterpret_cast<Pd *>(pd) ||
+        if (!mr || mr->window || mr->pd != reinterpret_cast<Pd *>(pd) ||
             !mr_range(mr, sg_list[i].addr, sg_list[i].length, need))
             return EINVAL;
     }

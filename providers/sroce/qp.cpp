@@ -181,6 +181,14 @@ void reset_state(Qp *qp) {
     qp->commit.in_msg = false;
 }
 
+// A reset or destroyed QP leaves nothing in its CQs (as mlx5 cleans them):
+// flushed completions of its past must not surface after it is reused.
+void forget_completions(Qp *qp) {
+    uint32_t n = qp->qpx.qp_base.qp_num;
+    if (qp->scq) qp->scq->forget_qp(n);
+    if (qp->rcq && qp->rcq != qp->scq) qp->rcq->forget_qp(n);
+}
+
 // Required and optional attributes of each transition, per QP type, as the
 // kernel's ib_modify_qp_is_ok() table has them (IBTA 11.2.4.2).
 struct Transition {
@@ -252,6 +260,12 @@ Transition transition(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next) {
     return {0, 0, false};
 }
 
+constexpr unsigned kQpAccessKnown =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+    IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND |
+    IBV_ACCESS_HUGETLB | IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT |
+    IBV_ACCESS_RELAXED_ORDERING;
+
 bool dest_from_gid(const ibv_gid &gid, in_addr_t *addr) {
     static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
     if (std::memcmp(gid.raw, kMapped, 12) != 0) return false;
@@ -289,12 +303,9 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
     if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr->max_rd_atomic > kMaxRdAtomic) return EINVAL;
     if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > kMaxRdAtomic)
         return EINVAL;
-    if ((mask & IBV_QP_ACCESS_FLAGS) &&
-        (attr->qp_access_flags &
-         ~unsigned(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                   IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_FLUSH_GLOBAL |
-                   IBV_ACCESS_FLUSH_PERSISTENT)))
-        return EINVAL;
+    // Bits that only mean something for MRs (ON_DEMAND, HUGETLB, ...) are
+    // accepted and ignored, as the kernel does; unknown ones are refused.
+    if ((mask & IBV_QP_ACCESS_FLAGS) && (attr->qp_access_flags & ~kQpAccessKnown)) return EINVAL;
     if ((mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && next != IBV_QPS_SQD) return EINVAL;
 
     if (mask & IBV_QP_ACCESS_FLAGS) a.access = attr->qp_access_flags;
@@ -323,7 +334,10 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
         qp->resp.rd_res_next = 0;
     }
     if (mask & IBV_QP_STATE) {
-        if (next == IBV_QPS_RESET) reset_state(qp);
+        if (next == IBV_QPS_RESET) {
+            reset_state(qp);
+            forget_completions(qp);
+        }
         bool enter_error = next == IBV_QPS_ERR && cur != IBV_QPS_ERR;
         a.state = next;
         qp->qpx.qp_base.state = next;
@@ -483,6 +497,20 @@ void wr_flush(ibv_qp_ex *q, uint32_t rkey, uint64_t a, size_t len, uint8_t type,
         w->flush_level = level;
     }
 }
+void wr_local_inv(ibv_qp_ex *q, uint32_t invalidate_rkey) {
+    if (SendWqe *w = wr_begin(q, IBV_WR_LOCAL_INV)) w->rkey = invalidate_rkey;
+}
+void wr_bind_mw(ibv_qp_ex *q, ibv_mw *mw, uint32_t rkey, const ibv_mw_bind_info *info) {
+    if (!mw || mw->type != IBV_MW_TYPE_2 || !info) {
+        batch_fail(q, EINVAL);
+        return;
+    }
+    if (SendWqe *w = wr_begin(q, IBV_WR_BIND_MW)) {
+        w->mw = reinterpret_cast<Mw *>(mw);
+        w->mw_rkey = rkey;
+        w->bind = *info;
+    }
+}
 void wr_set_sge_list(ibv_qp_ex *q, size_t n, const ibv_sge *sg) {
     uint32_t slot;
     if (SendWqe *w = wr_last(q, &slot)) {
@@ -616,6 +644,8 @@ void init_qp_ex_ops(Qp *qp) {
     x.wr_set_inline_data = wr_set_inline_data;
     x.wr_set_inline_data_list = wr_set_inline_data_list;
     x.wr_atomic_write = wr_atomic_write;
+    x.wr_local_inv = wr_local_inv;
+    x.wr_bind_mw = wr_bind_mw;
     x.wr_set_ud_addr = wr_set_ud_addr;
     x.wr_set_xrc_srqn = wr_set_xrc_srqn;
     qp->wr_flush = wr_flush;
@@ -625,7 +655,8 @@ void init_qp_ex_ops(Qp *qp) {
 uint64_t send_ops_for(ibv_qp_type type) {
     constexpr uint64_t kSends = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
     constexpr uint64_t kWrites = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
-    constexpr uint64_t kRc = kSends | kWrites | IBV_QP_EX_WITH_SEND_WITH_INV |
+    constexpr uint64_t kLocal = IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW;
+    constexpr uint64_t kRc = kSends | kWrites | kLocal | IBV_QP_EX_WITH_SEND_WITH_INV |
                              IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
                              IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
     switch (type) {
@@ -633,7 +664,7 @@ uint64_t send_ops_for(ibv_qp_type type) {
         return kRc | IBV_QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_ATOMIC_WRITE |
                IBV_QP_EX_WITH_RDMA_WRITE_COMMIT;
     case IBV_QPT_UC:
-        return kSends | kWrites | IBV_QP_EX_WITH_SEND_WITH_INV;
+        return kSends | kWrites | kLocal | IBV_QP_EX_WITH_SEND_WITH_INV;
     case IBV_QPT_UD:
         return kSends;
     case IBV_QPT_XRC_SEND:
@@ -865,6 +896,7 @@ int sroce_destroy_qp(struct ibv_qp *ibqp) {
         nic->remove_qp(qp);
     }
     qp->ctx->forget_events(ibqp);
+    forget_completions(qp);
     if (qp->xrcd) qp->xrcd->refs--;
     if (qp->srq) qp->srq->users--;
     pthread_mutex_destroy(&ibqp->mutex);

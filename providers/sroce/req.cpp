@@ -28,6 +28,10 @@ bool is_atomic(const SendWqe &w) {
 bool needs_credit(const SendWqe &w) {
     return wr_needs_response(w.opcode);
 }
+// Work requests carried out by the requester itself, with no packet.
+bool is_local(const SendWqe &w) {
+    return w.opcode == IBV_WR_BIND_MW || w.opcode == IBV_WR_LOCAL_INV;
+}
 
 uint32_t div_up(uint32_t a, uint32_t b) {
     return (a + b - 1) / b;
@@ -159,7 +163,7 @@ void req_run(Qp *qp, TxBatch &tx) {
     Requester &q = qp->req;
     if (qp->attr.state != IBV_QPS_RTS || qp->comp.rnr_deadline_ns) return;
     bool reliable = qp->reliable();
-    bool sent = false;
+    bool sent = false, local_done = false;
     while (q.cur != q.head) {
         SendWqe &w = q.at(q.cur);
         if (w.done) {
@@ -180,6 +184,23 @@ void req_run(Qp *qp, TxBatch &tx) {
                 return;
             }
             if ((w.flags & IBV_SEND_FENCE) && q.rd_outstanding) break;
+            if (is_local(w)) {
+                // In order with the work requests around it; it completes
+                // once those before it have.
+                ibv_wc_status st =
+                    w.opcode == IBV_WR_BIND_MW ? mw_bind(qp, w) : mw_local_invalidate(qp, w.rkey);
+                if (st != IBV_WC_SUCCESS) {
+                    w.status = st;
+                    continue; // reported in order by the branch above
+                }
+                w.started = true;
+                w.first_psn = q.next_psn;
+                w.npkts = 0;
+                w.done = true;
+                q.cur++;
+                local_done = true;
+                continue;
+            }
             if (needs_credit(w) && q.rd_outstanding >= qp->attr.max_rd_atomic) break;
             if (reliable && wire::psn_diff(q.next_psn, qp->comp.una_psn) >= kWindow) break;
             w.first_psn = q.next_psn;
@@ -215,6 +236,9 @@ void req_run(Qp *qp, TxBatch &tx) {
     }
 out:
     if (reliable && sent && !qp->comp.timer_deadline_ns) req_arm_timer(qp);
+    // Nothing acknowledges a local operation: complete it here once it has
+    // reached the tail (unacknowledged transports retire after sending).
+    if (reliable && local_done) comp_retire(qp);
 }
 
 void req_rewind(Qp *qp, uint32_t psn) {
@@ -357,7 +381,7 @@ bool req_check_wqe(Qp *qp, SendWqe &w) {
     case IBV_QPT_UC:
         if (w.opcode != IBV_WR_SEND && w.opcode != IBV_WR_SEND_WITH_IMM &&
             w.opcode != IBV_WR_RDMA_WRITE && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
-            w.opcode != IBV_WR_SEND_WITH_INV)
+            w.opcode != IBV_WR_SEND_WITH_INV && !is_local(w))
             return false;
         break;
     case IBV_QPT_XRC_SEND:
@@ -410,6 +434,25 @@ void req_send_and_unlock(Qp *qp) {
     if (!qp->reliable()) req_retire_sent(qp);
 }
 
+int req_post_local(Qp *qp, ibv_wr_opcode op, uint64_t wr_id, unsigned flags, Mw *mw, uint32_t rkey,
+                   const ibv_mw_bind_info *bind) {
+    std::unique_lock<std::mutex> g(qp->mu);
+    Requester &q = qp->req;
+    ibv_qp_state st = qp->attr.state;
+    if (st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_ERR) return EINVAL;
+    if (q.head - q.tail >= q.max_wr) return ENOMEM;
+    SendWqe &w = req_new_wqe(qp, q.head % q.max_wr, wr_id, op, flags);
+    w.mw = mw;
+    w.mw_rkey = rkey;
+    if (bind) w.bind = *bind;
+    if (!req_check_wqe(qp, w)) return EINVAL;
+    q.head++;
+    req_kick(qp);
+    g.release();
+    req_send_and_unlock(qp);
+    return 0;
+}
+
 int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
     std::unique_lock<std::mutex> g(qp->mu);
     Requester &q = qp->req;
@@ -440,6 +483,13 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
         case IBV_WR_RDMA_WRITE_WITH_IMM:
         case IBV_WR_RDMA_READ:
         case IBV_WR_ATOMIC_WRITE:
+        case IBV_WR_LOCAL_INV:
+            break;
+        case IBV_WR_BIND_MW:
+            // ibv_bind_mw() binds type 1 windows; this binds type 2 ones.
+            if (!wr->bind_mw.mw || wr->bind_mw.mw->type != IBV_MW_TYPE_2 ||
+                wr->bind_mw.mw->context != qp->qpx.qp_base.context)
+                err = EINVAL;
             break;
         default:
             // FLUSH has no fields in ibv_send_wr: it is posted with ibv_wr_flush().
@@ -458,7 +508,8 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
             w.rkey = wr->wr.atomic.rkey;
             w.compare_add = wr->wr.atomic.compare_add;
             w.swap = wr->wr.atomic.swap;
-        } else if (qp->type == IBV_QPT_UD) {
+        } else if (qp->type == IBV_QPT_UD && wr->opcode != IBV_WR_BIND_MW &&
+                   wr->opcode != IBV_WR_LOCAL_INV) {
             if (!req_set_ud_addr(qp, w, wr->wr.ud.ah, wr->wr.ud.remote_qpn,
                                  wr->wr.ud.remote_qkey)) {
                 err = EINVAL;
@@ -469,6 +520,20 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
             w.rkey = wr->wr.rdma.rkey;
         }
         if (qp->type == IBV_QPT_XRC_SEND) w.xrc_srqn = wr->qp_type.xrc.remote_srqn;
+        if (wr->opcode == IBV_WR_LOCAL_INV) w.rkey = wr->invalidate_rkey;
+        if (wr->opcode == IBV_WR_BIND_MW) {
+            w.mw = reinterpret_cast<Mw *>(wr->bind_mw.mw);
+            w.mw_rkey = wr->bind_mw.rkey;
+            w.bind = wr->bind_mw.bind_info;
+        }
+        if (is_local(w)) {
+            if (!req_check_wqe(qp, w)) {
+                err = EINVAL;
+                break;
+            }
+            q.head++;
+            continue;
+        }
         bool ok;
         if ((wr->send_flags & IBV_SEND_INLINE) && wr->opcode != IBV_WR_RDMA_READ && !atomic) {
             ibv_data_buf bufs[kMaxSge];

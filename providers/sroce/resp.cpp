@@ -29,6 +29,7 @@ enum class Outcome : uint8_t {
     kRemoteAccess,   // rkey, range or access violation
     kRemoteOp,       // the operation could not be carried out (persistence failed)
     kRecvLength,     // the message does not fit the receive WQE
+    kRecvProtection, // the receive WQE's lkeys do not name its memory
 };
 
 // How an error outcome is reported.  RC: NAK, then the QP enters the
@@ -49,6 +50,8 @@ constexpr ErrorAction error_action(Outcome o) {
         return {aeth::kNakRemoteOpError, IBV_WC_REM_OP_ERR, IBV_EVENT_QP_FATAL};
     case Outcome::kRecvLength:
         return {aeth::kNakInvalidRequest, IBV_WC_LOC_LEN_ERR, IBV_EVENT_QP_REQ_ERR};
+    case Outcome::kRecvProtection:
+        return {aeth::kNakRemoteOpError, IBV_WC_LOC_PROT_ERR, IBV_EVENT_QP_FATAL};
     default:
         return {aeth::kNakInvalidRequest, IBV_WC_REM_INV_REQ_ERR, IBV_EVENT_QP_REQ_ERR};
     }
@@ -132,8 +135,15 @@ bool take_recv(Rx &rx) {
     if (q->empty()) return false;
     RecvWqe &w = q->front();
     r.recv = w;
-    std::copy_n(w.sge, w.num_sge, r.recv_sge);
     r.recv.sge = r.recv_sge;
+    // The lkeys are checked now, against the MRs as they are now.
+    Pd *pd = rx.srq ? rx.srq->pd : reinterpret_cast<Pd *>(rx.qp->qpx.qp_base.pd);
+    r.recv_bad = false;
+    for (uint32_t i = 0; i < w.num_sge; i++) {
+        uint8_t *host = check_lkey(rx.qp->nic, pd, w.sge[i], IBV_ACCESS_LOCAL_WRITE);
+        if (!host && w.sge[i].length) r.recv_bad = true;
+        r.recv_sge[i] = {uintptr_t(host), w.sge[i].length, w.sge[i].lkey};
+    }
     q->tail++;
     r.recv_taken = true;
     r.recv_srq = rx.srq;
@@ -212,7 +222,8 @@ constexpr size_t kMaxDirty = 32;
 
 int persist_entry(Qp *qp, const DirtyRange &d) {
     Mr *mr = qp->nic->mrs.lookup(d.rkey);
-    if (!mr) return 0; // deregistered: nothing left to make durable
+    if (mr && mr->window) mr = window_parent(mr->window);
+    if (!mr) return 0; // deregistered or unbound: nothing left to make durable
     return persist_range(mr->cls, reinterpret_cast<const void *>(uintptr_t(d.lo)), d.hi - d.lo);
 }
 
@@ -435,9 +446,10 @@ Outcome check_resource(Rx &rx) {
     }
     if (!take_recv(rx)) return rx.qp->reliable() ? Outcome::kRnr : Outcome::kDrop;
     r.msg_offset = 0;
-    // A WQE without SGEs is a valid zero-length receive; only one whose SGEs
-    // failed their checks is refused here.
-    if (r.recv.bad && rx.pkt.payload_len) return Outcome::kInvalidRequest;
+    // A receive WQE whose memory is no longer there (its MR deregistered or
+    // re-registered) fails the message, as rxe does (a malformed WQE).
+    if (r.recv_bad && (rx.pkt.payload_len || rx.qp->type == IBV_QPT_UD))
+        return Outcome::kRecvProtection;
     return Outcome::kNext;
 }
 
@@ -511,10 +523,9 @@ Outcome check_rkey(Rx &rx) {
     } else {
         return Outcome::kNext;
     }
-    // The QP must grant the remote access as well as the MR.
+    // The QP must grant the remote access as well as the MR or window.
     if ((rx.qp->attr.access & need) != need) return Outcome::kRemoteAccess;
-    rx.mr = lookup_mr(rx.qp->nic, rx.pd, rkey);
-    rx.mem = rx.mr ? mr_range(rx.mr, va, len, need) : nullptr;
+    rx.mem = remote_access(rx.qp, rx.pd, rkey, va, len, need, &rx.mr);
     return rx.mem ? Outcome::kNext : Outcome::kRemoteAccess;
 }
 
@@ -717,8 +728,8 @@ void duplicate(Rx &rx) {
         uint32_t len = pkt.dma_len();
         uint8_t *src = nullptr;
         if (len) {
-            Mr *mr = lookup_mr(qp->nic, rx.pd, r->rkey);
-            src = mr ? mr_range(mr, pkt.va(), len, IBV_ACCESS_REMOTE_READ) : nullptr;
+            Mr *mr;
+            src = remote_access(qp, rx.pd, r->rkey, pkt.va(), len, IBV_ACCESS_REMOTE_READ, &mr);
             if (!src || pkt.rkey() != r->rkey) return;
         }
         send_read_responses(qp, rx.tx, pkt.psn, src, len);
@@ -747,7 +758,7 @@ void fail(Rx &rx, Outcome o) {
         // UC/UD: the message is lost; only a receive too small is reported.
         r.in_msg = 0;
         if (qp->type == IBV_QPT_UC) r.drop_msg = !(rx.f & kOpLast);
-        if (r.recv_taken && o == Outcome::kRecvLength)
+        if (r.recv_taken && (o == Outcome::kRecvLength || o == Outcome::kRecvProtection))
             finish_recv(qp, a.recv_status, IBV_WC_RECV, 0, nullptr, false);
         return;
     }
@@ -804,7 +815,7 @@ void RecvQueue::init(uint32_t wr, uint32_t sges) {
     head = tail = 0;
 }
 
-int RecvQueue::post(Nic *nic, Pd *pd, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
+int RecvQueue::post(ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
     for (; wr; wr = wr->next) {
         if (head - tail >= max_wr) {
             *bad_wr = wr;
@@ -820,18 +831,9 @@ int RecvQueue::post(Nic *nic, Pd *pd, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
         r.sge = &sge[size_t(slot) * max_sge];
         r.num_sge = uint32_t(wr->num_sge);
         r.length = 0;
-        r.bad = false;
         for (int i = 0; i < wr->num_sge; i++) {
-            const ibv_sge &s = wr->sg_list[i];
-            uint8_t *host = check_lkey(nic, pd, s, IBV_ACCESS_LOCAL_WRITE);
-            if (!host && s.length) r.bad = true;
-            r.sge[i] = {uintptr_t(host), s.length, s.lkey};
-            r.length += s.length;
-        }
-        if (r.bad) {
-            // Reported as a completion in order, like a hardware RNIC would.
-            r.num_sge = 0;
-            r.length = 0;
+            r.sge[i] = wr->sg_list[i];
+            r.length += wr->sg_list[i].length;
         }
         head++;
     }
@@ -845,7 +847,7 @@ int resp_post_recv(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
         *bad_wr = wr;
         return EINVAL;
     }
-    int err = qp->resp.rq.post(qp->nic, reinterpret_cast<Pd *>(qp->qpx.qp_base.pd), wr, bad_wr);
+    int err = qp->resp.rq.post(wr, bad_wr);
     if (qp->attr.state == IBV_QPS_ERR) qp_flush_queues(qp);
     return err;
 }

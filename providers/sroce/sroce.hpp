@@ -65,6 +65,7 @@ int mtu_bytes(ibv_mtu m);
 
 struct Qp;
 struct Cq;
+struct Mw;
 
 struct Context {
     verbs_context vctx; // first; vctx.context is what applications see
@@ -102,18 +103,43 @@ struct Mr {
     // Implicit on-demand paging (addr NULL, length SIZE_MAX): the whole
     // address space, so every access first checks that it is mapped.
     bool implicit = false;
+    // The key lookups match: the MR's rkey, or a memory window's current
+    // rkey (a bind changes its low 8 bits, the consumer key).
+    std::atomic<uint32_t> key{0};
+    std::atomic<int> windows{0}; // memory windows bound to this MR
+    Mw *window = nullptr;        // set when this entry is a memory window's
 };
 
-// An rkey/lkey names a slot (low bits) plus random high bits, so keys are
-// unguessable; lookups are lock-free reads of an atomic slot pointer.
+// A memory window: a key-table entry of its own that grants remote access
+// to part of a parent MR while bound (IBTA 10.6.7).  Type 1 windows are bound
+// with ibv_bind_mw() and stay usable by any QP of their PD; type 2 windows
+// are bound by a BIND_MW work request, only for the QP that bound them, and
+// invalidated by LOCAL_INV or a remote SEND WITH INVALIDATE.
+struct Mw {
+    ibv_mw ibmw; // first: handed out as struct ibv_mw *
+    Mr entry;    // entry.pd: the window's PD; key: its rkey
+    // The binding, changed by the requester and read by the responder:
+    // guarded by `mu` (a leaf lock, taken under Qp::mu).
+    std::mutex mu;
+    bool bound = false;
+    Mr *parent = nullptr;
+    uint64_t va = 0, length = 0;
+    unsigned access = 0;
+    Qp *qp = nullptr; // type 2: the QP it was bound through
+};
+
+// An rkey/lkey is a table slot in bits 8..21, random bits above, and a
+// consumer key in the low 8 bits (ibv_inc_rkey() changes only those), so
+// keys are unguessable; lookups are lock-free reads of an atomic slot.
 class MrTable {
   public:
     static constexpr uint32_t kSlots = 1 << 14;
-    bool insert(Mr *mr); // assigns lkey/rkey
+    static uint32_t slot_of(uint32_t key) { return (key >> 8) & (kSlots - 1); }
+    bool insert(Mr *mr); // assigns the key (and an MR's lkey/rkey)
     void erase(Mr *mr);
     Mr *lookup(uint32_t key) const {
-        Mr *m = slots_[key & (kSlots - 1)].load(std::memory_order_acquire);
-        return (m && m->ibmr.rkey == key) ? m : nullptr;
+        Mr *m = slots_[slot_of(key)].load(std::memory_order_acquire);
+        return (m && m->key.load(std::memory_order_acquire) == key) ? m : nullptr;
     }
 
   private:
@@ -124,8 +150,14 @@ class MrTable {
 // Checks that [va, va+len) lies in the MR and the MR grants `access`;
 // returns the host address or nullptr.
 uint8_t *mr_range(const Mr *mr, uint64_t va, uint64_t len, unsigned access);
-// The MR `key` names, if it belongs to `pd`.
+// The MR (not memory window) `key` names, if it belongs to `pd`.
 Mr *lookup_mr(Nic *nic, Pd *pd, uint32_t key);
+// A remote access through `rkey` by `qp`, whose checks use `pd`: the host
+// address of [va, va+len) if an MR of the PD, or a window bound for the QP,
+// covers it and grants `access`; nullptr otherwise.  *mr becomes the MR
+// that holds the memory.
+uint8_t *remote_access(Qp *qp, Pd *pd, uint32_t rkey, uint64_t va, uint64_t len, unsigned access,
+                       Mr **mr);
 // The host address of a local SGE whose lkey names an MR of `pd` that covers
 // it and grants `access`, or nullptr.
 uint8_t *check_lkey(Nic *nic, Pd *pd, const ibv_sge &s, unsigned access);
@@ -184,6 +216,9 @@ struct Cq {
 
     // Returns false on overflow.
     bool push(const ibv_wc &wc, bool solicited);
+    // Removes the completions of QP `qp_num` that are still queued (a QP
+    // reset or destroyed), keeping the others in order.
+    void forget_qp(uint32_t qp_num);
 };
 
 inline Cq *to_cq(ibv_cq *c) {
@@ -216,6 +251,11 @@ struct SendWqe {
     in_addr_t ud_addr = 0;
     uint32_t ud_qpn = 0, ud_qkey = 0;
     uint32_t xrc_srqn = 0; // XRC: the remote SRQ the message is for
+    // BIND_MW: the window, its new rkey and the binding; LOCAL_INV: the rkey
+    // (in `rkey`).
+    Mw *mw = nullptr;
+    uint32_t mw_rkey = 0;
+    ibv_mw_bind_info bind{};
     // transport state
     bool started = false;
     uint32_t first_psn = 0;
@@ -247,9 +287,10 @@ struct DirtyRange {
 struct RecvWqe {
     uint64_t wr_id = 0;
     uint32_t num_sge = 0;
-    ibv_sge *sge = nullptr; // host addresses, checked when posted
+    // As posted.  The lkeys are checked when a message takes the WQE, as an
+    // RNIC does: an MR may be re-registered in between.
+    ibv_sge *sge = nullptr;
     uint32_t length = 0;
-    bool bad = false; // an SGE failed the lkey/range check when posted
 };
 
 // Responder resource for replaying READ / ATOMIC duplicates.
@@ -273,10 +314,8 @@ struct RecvQueue {
     uint32_t size() const { return head - tail; }
     RecvWqe &front() { return wqe[tail % max_wr]; }
     void init(uint32_t wr, uint32_t sges);
-    // Checks and appends a posted chain; ENOMEM when full, EINVAL for too
-    // many SGEs.  SGEs failing their lkey/range check mark the WQE bad so it
-    // completes in error, in order, like on an RNIC.
-    int post(Nic *nic, Pd *pd, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
+    // Appends a posted chain; ENOMEM when full, EINVAL for too many SGEs.
+    int post(ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
 };
 
 struct Xrcd {
@@ -377,13 +416,14 @@ struct Responder {
     bool ack_listed = false; // on the NIC's list of ACKs to send after this batch
     uint32_t ack_psn = 0;
     // The message in progress
-    uint8_t in_msg = 0;      // 0, kOpSend or kOpWrite: multi-packet message in progress
-    bool drop_msg = false;   // UC: the rest of a message that lost a packet is dropped
-    uint32_t msg_offset = 0; // bytes placed in the current message
-    bool recv_taken = false; // `recv` holds the receive WQE the current message consumes
-    RecvWqe recv;            // a copy, so SRQ slots are free for reuse at once
-    ibv_sge recv_sge[kMaxSge];
-    Srq *recv_srq = nullptr; // where `recv` came from (nullptr: the QP's own queue)
+    uint8_t in_msg = 0;        // 0, kOpSend or kOpWrite: multi-packet message in progress
+    bool drop_msg = false;     // UC: the rest of a message that lost a packet is dropped
+    uint32_t msg_offset = 0;   // bytes placed in the current message
+    bool recv_taken = false;   // `recv` holds the receive WQE the current message consumes
+    RecvWqe recv;              // a copy, so SRQ slots are free for reuse at once
+    ibv_sge recv_sge[kMaxSge]; // its SGEs with host addresses, checked when taken
+    Srq *recv_srq = nullptr;   // where `recv` came from (nullptr: the QP's own queue)
+    bool recv_bad = false;     // an SGE of `recv` failed its lkey check
     uint8_t *write_ptr = nullptr;
     uint64_t write_remaining = 0;
     uint32_t write_rkey = 0;

@@ -119,7 +119,7 @@ int srq_num(ibv_srq *ibsrq, uint32_t *num) {
 int post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
     Srq *srq = to_srq(ibsrq);
     std::lock_guard<std::mutex> g(srq->mu);
-    return srq->rq.post(srq->ctx->nic, srq->pd, wr, bad_wr);
+    return srq->rq.post(wr, bad_wr);
 }
 
 ibv_xrcd *open_xrcd(ibv_context *ibctx, ibv_xrcd_init_attr *attr) {

@@ -27,6 +27,10 @@ bool req_take_atomic_write_value(SendWqe &w);
 void req_kick(Qp *qp);
 // Retires the WQEs of an unreliable QP (UC, UD) once their packets are sent.
 void req_retire_sent(Qp *qp);
+// Posts a local work request (BIND_MW for ibv_bind_mw()) as ibv_post_send
+// would; 0 or an errno.
+int req_post_local(Qp *qp, ibv_wr_opcode op, uint64_t wr_id, unsigned flags, Mw *mw, uint32_t rkey,
+                   const ibv_mw_bind_info *bind);
 // Sends the calling thread's batch (if any) and releases qp->mu, which the
 // caller holds; the QP's tx_mu is taken before qp->mu is released.
 void req_send_and_unlock(Qp *qp);
@@ -35,6 +39,8 @@ void send_and_unlock(Qp *qp, TxBatch &tx, std::unique_lock<std::mutex> &held);
 
 // completer (comp.cpp)
 void comp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx);
+// Completes the finished WQEs at the send queue's tail, in order.
+void comp_retire(Qp *qp);
 
 // responder (resp.cpp)
 int resp_post_recv(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
@@ -59,9 +65,14 @@ struct RecvCompletion {
 void complete_recv(Qp *qp, const RecvWqe &wqe, const RecvCompletion &c);
 void post_async_event(Qp *qp, ibv_event_type type);
 void post_cq_overflow(Context *ctx, Cq *cq);
-// SEND WITH INVALIDATE: invalidates the memory window `rkey` names, which
-// must be bound through this QP.  0 or an errno.
+// Memory windows (mw.cpp).  SEND WITH INVALIDATE: invalidates the type 2
+// window `rkey` names.  0 or an errno.
 int invalidate_rkey(Qp *qp, uint32_t rkey);
+// Carries out a BIND_MW / LOCAL_INV work request when the requester reaches it.
+ibv_wc_status mw_bind(Qp *qp, const SendWqe &wqe);
+ibv_wc_status mw_local_invalidate(Qp *qp, uint32_t rkey);
+// The MR a window is bound to, or nullptr.
+Mr *window_parent(Mw *mw);
 
 // Retransmit timeout of the QP's `timeout` attribute: 4.096 us * 2^timeout.
 inline uint64_t timeout_ns(uint8_t t) {

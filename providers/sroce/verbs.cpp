@@ -27,6 +27,9 @@ int srq_num(ibv_srq *srq, uint32_t *num);
 int post_srq_recv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
 ibv_xrcd *open_xrcd(ibv_context *ctx, ibv_xrcd_init_attr *attr);
 int close_xrcd(ibv_xrcd *xrcd);
+ibv_mw *alloc_mw(ibv_pd *pd, ibv_mw_type type);
+int bind_mw(ibv_qp *qp, ibv_mw *mw, ibv_mw_bind *mw_bind);
+int dealloc_mw(ibv_mw *mw);
 int advise_mr(ibv_pd *pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge *sg_list,
               uint32_t num_sge);
 
@@ -156,9 +159,15 @@ int query_device_ex(ibv_context *ctx, const ibv_query_device_ex_input *input,
     // tables, so nothing is ever pinned: every registration already behaves
     // as on-demand paging, including one of the whole address space.
     a.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
-    a.odp_caps.per_transport_caps.rc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
-                                                IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
-                                                IBV_ODP_SUPPORT_ATOMIC;
+    constexpr uint32_t kOdpAll = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
+                                 IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+                                 IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+    a.odp_caps.per_transport_caps.rc_odp_caps = kOdpAll;
+    a.odp_caps.per_transport_caps.uc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
+                                                IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV;
+    a.odp_caps.per_transport_caps.ud_odp_caps =
+        IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+    a.xrc_odp_caps = kOdpAll;
     a.completion_timestamp_mask = ~0ull;
     a.hca_core_clock = kCoreClockKhz;
     std::memcpy(attr, &a, std::min(attr_size, sizeof a));
@@ -166,15 +175,6 @@ int query_device_ex(ibv_context *ctx, const ibv_query_device_ex_input *input,
 }
 
 ibv_qp *ctx_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr) {
-    // Creation flags of 0 ask for nothing: the mask bit alone is no reason
-    // to refuse (programs such as rdma-core's tests set it at random).
-    if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && !attr->create_flags) {
-        ibv_qp_init_attr_ex a = *attr;
-        a.comp_mask &= ~uint32_t(IBV_QP_INIT_ATTR_CREATE_FLAGS);
-        ibv_qp *qp = create_qp_ex(ctx, &a);
-        attr->cap = a.cap;
-        return qp;
-    }
     return create_qp_ex(ctx, attr);
 }
 
@@ -298,6 +298,9 @@ struct ibv_context *sroce_open_device(struct ibv_device *ibdev) {
     c.ops.post_send = qp_post_send;
     c.ops.post_recv = qp_post_recv;
     c.ops.post_srq_recv = post_srq_recv;
+    c.ops.alloc_mw = alloc_mw;
+    c.ops.bind_mw = bind_mw;
+    c.ops.dealloc_mw = dealloc_mw;
     {
         std::lock_guard<std::mutex> g(g_ctx_mu);
         g_ctxs.push_back(ctx);
@@ -345,8 +348,14 @@ int sroce_query_device(struct ibv_context *ctx, struct ibv_device_attr *a) {
     a->hw_ver = 0;
     a->max_qp = int(kMaxQps);
     a->max_qp_wr = int(kMaxWr);
-    a->device_cap_flags =
-        IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT;
+    a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
+                          IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SRQ_RESIZE |
+                          IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC |
+                          IBV_DEVICE_UD_AV_PORT_ENFORCE;
+    a->max_mw = int(MrTable::kSlots);
+    a->max_srq = int(kMaxSrqs);
+    a->max_srq_wr = int(kMaxWr);
+    a->max_srq_sge = int(kMaxSge);
     a->max_sge = int(kMaxSge);
     a->max_sge_rd = int(kMaxSge);
     a->max_cq = 1 << 16;

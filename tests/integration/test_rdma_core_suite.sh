@@ -58,24 +58,6 @@ EOF
 # script says when).
 # TEST-REGEX | FEATURE | EXPECT | waits for
 read -r -d '' NOT_YET <<'EOF'
-test_addr\.AHTest\.                                 | AH    | skip | ibv_create_ah / ibv_destroy_ah (RoCE: GRH required)
-test_qp\.QPTest\.test_(create|query|modify)_ud_qp   | UD    | skip | IBV_QPT_UD creation, query, modify
-test_qp\.QPTest\.test_create_raw_qp_ex_with_illegal_caps | UD | skip | named "raw", but these create UD QPs with out-of-range caps
-test_qp\.QPTest\.test_query_data_in_order           | UD    | skip | creates a UD QP
-test_cq\.CQTest\.test_resize_cq                     | UD    | skip | resizes a CQ under UD traffic
-test_cq_events\.CqEventsTestCase\.test_cq_events_ud | UD    | skip | UD traffic with completion events
-test_cqex\.CqExTestCase\.test_ud_traffic_cq_ex      | UD    | skip | UD traffic on an extended CQ
-test_qpex\.QpExTestCase\.test_qp_ex_ud_             | UD    | skip | UD sends with the ibv_wr_* API
-test_qpex\.QpExTestCase\.test_(post_send_qp_state|post_receive_qp_state|full_rq|rq_with_larger_sgl)_bad_flow | UD | skip | bad-flow checks run on UD QPs
-test_relaxed_ordering\.RoTestCase\.test_ro_ud_traffic | UD  | skip | UD traffic on relaxed-ordering MRs
-test_odp\.OdpTestCase\.test_odp_ud_traffic          | UD    | skip | UD traffic on ODP MRs (then ud_odp_caps)
-test_qp\.QPTest\.test_(create|query)_uc_qp          | UC    | skip | IBV_QPT_UC creation and query
-test_odp\.OdpTestCase\.test_odp_rc_srq_traffic      | SRQ   | skip | ibv_create_srq (then IBV_ODP_SUPPORT_SRQ_RECV in rc_odp_caps)
-_xrc_                                               | XRC   | skip | ibv_open_xrcd, XRC SRQs and QPs (then xrc_odp_caps)
-test_mr\.MWTest\.                                   | MW    | skip | ibv_alloc_mw / bind / invalidate (types 1 and 2)
-test_qpex\.QpExTestCase\.test_qp_ex_rc_bind_mw      | MW    | skip | IBV_QP_EX_WITH_BIND_MW and ibv_wr_bind_mw
-test_odp\.OdpTestCase\.test_odp_rc_(rdma_read|rdma_write|atomic_\w+)$ | ODP | fail | ibv_modify_qp refuses IBV_ACCESS_ON_DEMAND among qp_access_flags (EINVAL); the kernel ignores bits only MRs use
-test_mr\.MRTest\.test_mr_rereg_(pd|addr)$           | rereg MR | fail | receive WQEs resolve their SGEs when posted: a SEND into one whose MR changed PD or translation since must fail (IBV_WC_REM_OP_ERR at the requester)
 test_tag_matching\.                                 | other | skip | tag matching (SRQ with IBV_SRQT_TM, IBV_WC_EX_WITH_TM_INFO)
 test_shared_pd\.                                    | other | skip | ibv_import_device / ibv_import_pd / ibv_import_mr
 test_rdmacm\.                                       | net interface/sysfs | skip | librdmacm: a net interface for the device (sysfs ndevs) and a connection manager
