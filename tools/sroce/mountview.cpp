@@ -218,8 +218,19 @@ dev_t make_uverbs_node(Mounts &m, const Original &dev, const std::string &path, 
     return st.st_rdev;
 }
 
+// Entries of a sysfs class directory are symbolic links; directories there
+// were made by an enclosing `sroce exec`, whose devices may differ from ours.
+std::set<std::string> subdirectories(const std::string &path) {
+    std::set<std::string> dirs;
+    std::error_code ec;
+    for (const auto &e : std::filesystem::directory_iterator(path, ec))
+        if (e.is_directory(ec) && !e.is_symlink(ec)) dirs.insert(e.path().filename().string());
+    return dirs;
+}
+
 void build(Mounts &m, const std::vector<DeviceView> &devices) {
-    std::set<std::string> names, uverbs;
+    std::set<std::string> names = subdirectories("/sys/class/infiniband");
+    std::set<std::string> uverbs = subdirectories("/sys/class/infiniband_verbs");
     for (const DeviceView &d : devices) {
         names.insert(d.name);
         uverbs.insert(d.uverbs);
