@@ -11,6 +11,8 @@ pkgs=(
   libgtest-dev googletest libcli11-dev nlohmann-json3-dev zlib1g-dev libisal-dev
   python3 python3-scapy python3-matplotlib tshark
   iproute2 nftables
+  # UCX's ucx_info: lists the devices `sroce exec` shows (test_exec_discovery.sh).
+  ucx-utils
   # The qemu guest of tests/vm: Debian's kernel as a Linux rxe peer and with
   # an emulated NVDIMM (tests/integration/test_rxe_interop.sh, test_vm_pmem.sh).
   qemu-system-x86 linux-image-amd64 busybox-static cpio kmod ndctl e2fsprogs
