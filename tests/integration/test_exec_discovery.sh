@@ -4,9 +4,10 @@
 # Discoverability outside libibverbs: under `sroce exec` the devices appear in
 # /sys/class/infiniband, /sys/class/infiniband_verbs and /dev/infiniband with
 # the values libibverbs reports (GIDs, GUID, port state, net device), UCX's
-# `ucx_info -d` lists them, and `rdma link show [-j]` lists the links; the
-# host's /sys and /dev, and every program outside `sroce exec`, see nothing
-# of it.  Without root, `sroce exec` uses a user namespace (checked as
+# `ucx_info -d` lists them, and `rdma link show [-j]` lists the links; a
+# kernel's own devices (a fake rxe0 in a namespace of the test) stay next to
+# them; the host's /sys and /dev, and every program outside `sroce exec`, see
+# nothing of it.  Without root, `sroce exec` uses a user namespace (checked as
 # nobody), and where no namespace can be made it runs the program as before
 # with a one-line notice.
 #
@@ -178,6 +179,31 @@ if [[ $(readlink -f "$(command -v rdma)") == "$(readlink -f "$SROCE_BIN")" ]]; t
 	fail "rdma outside sroce exec is the wrapper"
 else
 	pass "rdma outside sroce exec is iproute2's"
+fi
+
+# --- the kernel's own devices stay: a fake rxe0 in a namespace of this test ---
+if [[ $(id -u) -eq 0 ]] && command -v unshare >/dev/null; then
+	mkdir "$WORK/fake"
+	# shellcheck disable=SC2016 # expanded by the inner shell
+	out=$(unshare -m sh -c '
+		set -e
+		mount --make-rprivate /
+		mount -t tmpfs fake "$1"
+		mkdir "$1/ib" "$1/uv"
+		ln -s ../../devices/virtual/infiniband/rxe0 "$1/ib/rxe0"
+		ln -s ../../devices/virtual/infiniband_verbs/uverbs0 "$1/uv/uverbs0"
+		echo 6 >"$1/uv/abi_version"
+		mkdir "$1/class"
+		mount --rbind /sys/class "$1/class"
+		mount -t tmpfs class /sys/class
+		for c in "$1"/class/*; do mkdir "/sys/class/${c##*/}"; mount --rbind "$c" "/sys/class/${c##*/}"; done
+		mkdir /sys/class/infiniband /sys/class/infiniband_verbs
+		mount --bind "$1/ib" /sys/class/infiniband
+		mount --bind "$1/uv" /sys/class/infiniband_verbs
+		exec "$2" exec -- sh -c "ls /sys/class/infiniband; ls /sys/class/infiniband_verbs; readlink /sys/class/infiniband/rxe0"
+	' sh "$WORK/fake" "$SROCE_BIN" 2>&1)
+	check "kernel devices are kept next to sroce's" "$(tr '\n' ' ' <<<"$out")" \
+		"rxe0 sroce0 sroce1 abi_version uverbs0 uverbs100 uverbs101 ../../devices/virtual/infiniband/rxe0 "
 fi
 
 # --- without root ---
