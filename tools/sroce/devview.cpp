@@ -116,6 +116,8 @@ std::vector<DeviceView> collect_devices(const std::string &shim) {
         };
         for (const char *f : device_files)
             read(f);
+        // The reads are the loop conditions: a table ends at the first index
+        // the shim does not serve.
         for (int port = 1; port <= max_ports; ++port) {
             const std::string dir = "ports/" + std::to_string(port) + "/";
             if (!read(dir + "state")) break;

@@ -478,6 +478,7 @@ int run_rdma(int argc, char **argv) {
         } else if (a == "--pretty") {
             pretty = true;
         } else if (a == "--details") {
+            // Details of sroce links are what `sroce link show` prints anyway.
         } else if (a.size() > 1 && a[0] == '-' && a[1] != '-') {
             for (char c : a.substr(1)) {
                 if (c == 'j')
