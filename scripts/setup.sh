@@ -13,6 +13,8 @@ pkgs=(
   # rdma-core's own test suite (tests/integration/test_rdma_core_suite.sh).
   python3-pyverbs
   iproute2 nftables
+  # UCX's ucx_info: lists the devices `sroce exec` shows (test_exec_discovery.sh).
+  ucx-utils
   # The qemu guest of tests/vm: Debian's kernel as a Linux rxe peer and with
   # an emulated NVDIMM (tests/integration/test_rxe_interop.sh, test_vm_pmem.sh).
   qemu-system-x86 linux-image-amd64 busybox-static cpio kmod ndctl e2fsprogs

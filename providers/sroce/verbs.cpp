@@ -12,6 +12,8 @@
 #include <mutex>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <string>
+#include <string_view>
 #include <unistd.h>
 
 namespace sroce {
@@ -190,6 +192,107 @@ int query_rt_values(ibv_context *, ibv_values_ex *values) {
     return 0;
 }
 
+// Shared by ibv_query_port() and the port's sysfs files, so both agree.
+void port_attr(const Device &d, ibv_port_attr *a) {
+    bool up = interface_running(d.link.netdev);
+    *a = ibv_port_attr{};
+    a->state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
+    a->max_mtu = IBV_MTU_4096;
+    a->active_mtu = d.active_mtu;
+    a->gid_tbl_len = kGidTblLen;
+    a->port_cap_flags = IBV_PORT_CM_SUP;
+    a->max_msg_sz = uint32_t(kMaxMsgSize);
+    a->pkey_tbl_len = 1;
+    a->max_vl_num = 1;
+    a->active_width = 1;        // 1X
+    a->active_speed = 1;        // 2.5 Gb/s, what rxe reports
+    a->phys_state = up ? 5 : 3; // LinkUp / Disabled
+    a->link_layer = IBV_LINK_LAYER_ETHERNET;
+}
+
+std::string hex(const char *fmt, unsigned v) {
+    char b[16];
+    snprintf(b, sizeof b, fmt, v);
+    return b;
+}
+
+// A GID as the kernel prints it (%pI6): eight groups of four hex digits.
+std::string gid_text(const ibv_gid &g) {
+    std::string s;
+    for (int i = 0; i < 16; i += 2)
+        s += hex(i ? ":%04x" : "%04x", unsigned(g.raw[i] << 8 | g.raw[i + 1]));
+    return s;
+}
+
+// The text of a file below /sys/class/infiniband/<dev>/ in the kernel's
+// format, so that programs reading sysfs (directly, or in a tree sroce exec
+// builds from these values) see what ibv_query_*() reports.
+bool sysfs_value(const Device &d, std::string_view file, std::string &v) {
+    static const char *const port_states[] = {"NOP", "DOWN", "INIT", "ARMED", "ACTIVE"};
+    static const char *const phys_states[] = {
+        "", "Sleep", "Polling", "Disabled", "PortConfigurationTraining", "LinkUp"};
+    if (file == "board_id" || file == "hca_type") {
+        v = "sroce";
+    } else if (file == "fw_ver") {
+        v = "0.0.0";
+    } else if (file == "hw_rev") {
+        v = "0";
+    } else if (file == "node_type") {
+        v = "1: CA";
+    } else if (file == "node_desc") {
+        v = d.link.name;
+    } else if (file == "node_guid" || file == "sys_image_guid") {
+        uint8_t g[8];
+        std::memcpy(g, &d.guid, 8);
+        for (int i = 0; i < 8; i += 2)
+            v += hex(i ? ":%04x" : "%04x", unsigned(g[i] << 8 | g[i + 1]));
+    } else if (file.starts_with("ports/1/")) {
+        file.remove_prefix(8);
+        ibv_port_attr a;
+        port_attr(d, &a);
+        unsigned idx = 0;
+        auto indexed = [&](std::string_view dir, unsigned limit) {
+            if (!file.starts_with(dir)) return false;
+            std::string_view n = file.substr(dir.size());
+            if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != n.npos)
+                return false;
+            idx = unsigned(std::stoul(std::string(n)));
+            return idx < limit;
+        };
+        if (file == "state")
+            v = std::to_string(a.state) + ": " + port_states[a.state];
+        else if (file == "phys_state")
+            v = std::to_string(a.phys_state) + ": " + phys_states[a.phys_state];
+        else if (file == "rate" && a.active_speed == 1 && a.active_width == 1) // SDR, 1X
+            v = "2.5 Gb/sec (1X SDR)";
+        else if (file == "lid")
+            v = hex("0x%x", a.lid);
+        else if (file == "sm_lid")
+            v = hex("0x%x", a.sm_lid);
+        else if (file == "sm_sl")
+            v = std::to_string(a.sm_sl);
+        else if (file == "lid_mask_count")
+            v = std::to_string(a.lmc);
+        else if (file == "cap_mask")
+            v = hex("0x%08x", a.port_cap_flags);
+        else if (file == "link_layer")
+            v = "Ethernet";
+        else if (indexed("gids/", kNumGids))
+            v = gid_text(d.gid[idx]);
+        else if (indexed("gid_attrs/types/", kNumGids))
+            v = "RoCE v2";
+        else if (indexed("gid_attrs/ndevs/", kNumGids))
+            v = d.link.netdev;
+        else if (indexed("pkeys/", 1))
+            v = hex("0x%04x", wire::kDefaultPkey);
+        else
+            return false;
+    } else {
+        return false;
+    }
+    return true;
+}
+
 } // namespace
 
 Device *to_dev(ibv_device *d) {
@@ -226,17 +329,7 @@ int sroce_read_sysfs_file(const char *dir, const char *file, char *buf, size_t s
         Device &d = g_devs[i];
         if (std::strcmp(dir, d.ibdev.ibdev_path) != 0) continue;
         std::string v;
-        if (!std::strcmp(file, "board_id"))
-            v = "sroce";
-        else if (!std::strcmp(file, "fw_ver"))
-            v = "0.0.0";
-        else if (!std::strcmp(file, "hw_rev"))
-            v = "0";
-        else if (!std::strcmp(file, "hca_type"))
-            v = "sroce";
-        else if (!std::strcmp(file, "node_type"))
-            v = "1: CA";
-        else {
+        if (!sysfs_value(d, file, v)) {
             errno = ENOENT;
             return -1;
         }
@@ -385,21 +478,7 @@ int sroce_query_commit_caps(struct ibv_context *, struct ibv_commit_caps *caps) 
 
 int sroce_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *a) {
     if (port != 1) return EINVAL;
-    Device *d = to_ctx(ctx)->dev;
-    bool up = interface_running(d->link.netdev);
-    *a = ibv_port_attr{};
-    a->state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
-    a->max_mtu = IBV_MTU_4096;
-    a->active_mtu = d->active_mtu;
-    a->gid_tbl_len = kGidTblLen;
-    a->port_cap_flags = IBV_PORT_CM_SUP;
-    a->max_msg_sz = uint32_t(kMaxMsgSize);
-    a->pkey_tbl_len = 1;
-    a->max_vl_num = 1;
-    a->active_width = 1;        // 1X
-    a->active_speed = 1;        // 2.5 Gb/s, what rxe reports
-    a->phys_state = up ? 5 : 3; // LinkUp / Disabled
-    a->link_layer = IBV_LINK_LAYER_ETHERNET;
+    port_attr(*to_ctx(ctx)->dev, a);
     return 0;
 }
 

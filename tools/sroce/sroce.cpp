@@ -4,6 +4,8 @@
 // verbs shim preloaded.  The command syntax follows iproute2's `rdma link` so
 // that instructions written for rxe carry over with only the tool renamed.
 #include "config.hpp"
+#include "devview.hpp"
+#include "mountview.hpp"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -13,6 +15,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <iostream>
 #include <net/if.h>
@@ -22,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
 
@@ -161,7 +165,9 @@ LinkStatus link_status(const sroce::Link &link) {
     return st;
 }
 
-void link_show(const std::string &path, const std::optional<std::string> &which, bool json) {
+// One JSON object per link, with iproute2's `rdma link show -j` keys first;
+// both `sroce link show` and the rdma wrapper print these.
+nlohmann::ordered_json link_rows(const std::string &path, const std::optional<std::string> &which) {
     std::vector<sroce::Link> links = sroce::load_links(path);
 
     // rdma(8) names a port as DEV/PORT; sroce devices have the single port 1.
@@ -169,35 +175,43 @@ void link_show(const std::string &path, const std::optional<std::string> &which,
     if (want && want->size() > 2 && want->ends_with("/1")) want->resize(want->size() - 2);
 
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
-    bool found = false;
     for (std::size_t i = 0; i < links.size(); ++i) {
         const sroce::Link &l = links[i];
         if (want && l.name != *want) continue;
-        found = true;
         LinkStatus st = link_status(l);
-        const char *state = st.active ? "ACTIVE" : "DOWN";
-        const char *phys = st.active ? "LINK_UP" : "DISABLED";
-        if (json) {
-            nlohmann::ordered_json j;
-            j["ifindex"] = i;
-            j["ifname"] = l.name;
-            j["port"] = 1;
-            j["state"] = state;
-            j["physical_state"] = phys;
-            j["netdev"] = l.netdev;
-            if (st.netdev_index) j["netdev_index"] = *st.netdev_index;
-            j["addr"] = l.addr;
-            if (st.mtu) j["mtu"] = *st.mtu;
-            out.push_back(std::move(j));
-        } else {
-            std::cout << "link " << l.name << "/1 state " << state << " physical_state " << phys
-                      << " netdev " << l.netdev << " addr " << l.addr;
-            if (st.mtu) std::cout << " mtu " << *st.mtu;
-            std::cout << '\n';
-        }
+        nlohmann::ordered_json j;
+        j["ifindex"] = i;
+        j["ifname"] = l.name;
+        j["port"] = 1;
+        j["state"] = st.active ? "ACTIVE" : "DOWN";
+        j["physical_state"] = st.active ? "LINK_UP" : "DISABLED";
+        j["netdev"] = l.netdev;
+        if (st.netdev_index) j["netdev_index"] = *st.netdev_index;
+        j["addr"] = l.addr;
+        if (st.mtu) j["mtu"] = *st.mtu;
+        out.push_back(std::move(j));
     }
-    if (want && !found) throw std::runtime_error("link '" + *which + "' does not exist");
-    if (json) std::cout << out.dump() << '\n';
+    if (want && out.empty()) throw std::runtime_error("link '" + *which + "' does not exist");
+    return out;
+}
+
+std::string link_text(const nlohmann::ordered_json &row) {
+    std::string line = "link " + row["ifname"].get<std::string>() + "/1 state " +
+                       row["state"].get<std::string>() + " physical_state " +
+                       row["physical_state"].get<std::string>() + " netdev " +
+                       row["netdev"].get<std::string>() + " addr " + row["addr"].get<std::string>();
+    if (row.contains("mtu")) line += " mtu " + std::to_string(row["mtu"].get<int>());
+    return line;
+}
+
+void link_show(const std::string &path, const std::optional<std::string> &which, bool json) {
+    nlohmann::ordered_json rows = link_rows(path, which);
+    if (json) {
+        std::cout << rows.dump() << '\n';
+        return;
+    }
+    for (const auto &row : rows)
+        std::cout << link_text(row) << '\n';
 }
 
 std::string exe_dir() {
@@ -261,6 +275,66 @@ bool preload_has(const std::string &list, const std::string &lib) {
     return false;
 }
 
+// The directory holding `rdma`, a link to this program that `sroce exec`
+// puts first on PATH (see run_rdma()).
+std::string find_wrapper_dir() {
+    std::vector<std::filesystem::path> candidates;
+    if (std::string dir = exe_dir(); !dir.empty()) {
+        const std::filesystem::path prefix = std::filesystem::path(dir) / "..";
+#ifdef SROCE_INSTALL_LIBEXECDIR
+        std::filesystem::path libexec = SROCE_INSTALL_LIBEXECDIR;
+        candidates.push_back((libexec.is_absolute() ? libexec : prefix / libexec) / "sroce");
+#endif
+    }
+#ifdef SROCE_BUILD_WRAPPERS
+    candidates.emplace_back(SROCE_BUILD_WRAPPERS);
+#endif
+    for (const auto &c : candidates) {
+        std::string dir = std::filesystem::absolute(c).lexically_normal().string();
+        if (::access((dir + "/rdma").c_str(), X_OK) == 0) return dir;
+    }
+    return {};
+}
+
+// Makes the sroce devices visible outside libibverbs, in /sys/class and
+// /dev/infiniband as the kernel would show them, to this process and the
+// program it becomes.  Failing that, the program runs as before; it is told
+// why on one line, since most programs never look there.
+void show_devices_to_program(const std::string &shim) {
+    if (const char *env = std::getenv("SROCE_EXEC_NAMESPACE"); env && std::string_view(env) == "0")
+        return;
+    std::vector<sroce::tool::DeviceView> devices;
+    try {
+        devices = sroce::tool::collect_devices(shim);
+    } catch (const std::exception &e) {
+        std::cerr << "sroce: exec: cannot list the devices (" << e.what()
+                  << "); /sys/class/infiniband does not show them\n";
+        return;
+    }
+    if (devices.empty()) return;
+    if (std::string err = sroce::tool::show_devices(devices); !err.empty())
+        std::cerr << "sroce: exec: /sys/class/infiniband and /dev/infiniband do not show the "
+                     "sroce devices: "
+                  << err << '\n';
+}
+
+void prepend_path(const std::string &dir) {
+    std::string path;
+    if (const char *old = std::getenv("PATH"); old != nullptr) {
+        path = old;
+    } else {
+        // execvp()'s own default when PATH is unset.
+        std::size_t n = ::confstr(_CS_PATH, nullptr, 0);
+        path.resize(n);
+        ::confstr(_CS_PATH, path.data(), n);
+        path.resize(n ? n - 1 : 0);
+    }
+    if (path == dir || path.starts_with(dir + ":")) return;
+    path = path.empty() ? dir : dir + ":" + path;
+    if (::setenv("PATH", path.c_str(), 1) != 0)
+        throw std::runtime_error(std::string("setenv: ") + std::strerror(errno));
+}
+
 int run_exec(const std::vector<std::string> &command, const std::string &config_override) {
     if (command.empty()) throw UsageError("exec: missing PROGRAM");
 
@@ -286,6 +360,9 @@ int run_exec(const std::vector<std::string> &command, const std::string &config_
             throw std::runtime_error(std::string("setenv: ") + std::strerror(errno));
     }
 
+    show_devices_to_program(shim);
+    if (std::string dir = find_wrapper_dir(); !dir.empty()) prepend_path(dir);
+
     std::vector<char *> argv;
     for (const std::string &a : command)
         argv.push_back(const_cast<char *>(a.c_str()));
@@ -296,6 +373,170 @@ int run_exec(const std::vector<std::string> &command, const std::string &config_
     // Same convention as env(1) and the shells, so callers can tell a
     // missing program from one that ran and failed.
     return err == ENOENT ? 127 : 126;
+}
+
+// iproute2's rdma(8), found on PATH past the wrapper (which is this program
+// under another name), or in its usual places.
+std::string find_real_rdma() {
+    std::error_code ec;
+    const auto self = std::filesystem::canonical("/proc/self/exe", ec);
+    std::vector<std::string> dirs;
+    if (const char *path = std::getenv("PATH"); path != nullptr) {
+        std::string_view rest = path;
+        while (!rest.empty()) {
+            std::size_t colon = rest.find(':');
+            dirs.emplace_back(rest.substr(0, colon));
+            rest = colon == rest.npos ? std::string_view() : rest.substr(colon + 1);
+        }
+    }
+    for (const char *d : {"/usr/sbin", "/sbin", "/usr/bin", "/bin"})
+        dirs.emplace_back(d);
+    for (const std::string &d : dirs) {
+        if (d.empty()) continue;
+        const std::string candidate = d + "/rdma";
+        if (::access(candidate.c_str(), X_OK) != 0) continue;
+        if (std::filesystem::canonical(candidate, ec) == self) continue;
+        return candidate;
+    }
+    return {};
+}
+
+struct Captured {
+    int status = -1;
+    std::string out, err;
+};
+
+std::string read_all(int fd) {
+    std::string text;
+    char buf[4096];
+    for (;;) {
+        ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        text.append(buf, std::size_t(n));
+    }
+    return text;
+}
+
+// Runs `program` with our arguments; stderr goes to a file because a pipe
+// for each stream would need polling to avoid a deadlock.
+Captured capture(const std::string &program, char **argv) {
+    Captured c;
+    int out[2];
+    if (::pipe2(out, O_CLOEXEC) != 0) return c;
+    FILE *err = std::tmpfile();
+    pid_t pid = ::fork();
+    if (pid == 0) {
+        ::dup2(out[1], STDOUT_FILENO);
+        if (err) ::dup2(::fileno(err), STDERR_FILENO);
+        argv[0] = const_cast<char *>(program.c_str());
+        ::execv(program.c_str(), argv);
+        ::_exit(127);
+    }
+    ::close(out[1]);
+    if (pid > 0) c.out = read_all(out[0]);
+    ::close(out[0]);
+    int status = 0;
+    while (pid > 0 && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (pid > 0 && WIFEXITED(status)) c.status = WEXITSTATUS(status);
+    if (err) {
+        std::rewind(err);
+        c.err = read_all(::fileno(err));
+        std::fclose(err);
+    }
+    return c;
+}
+
+// iproute2 accepts any leading part of a keyword ("l" for "link").
+bool abbreviates(std::string_view word, std::string_view keyword) {
+    return !word.empty() && keyword.starts_with(word);
+}
+
+// `rdma`, as `sroce exec` puts it first on PATH: `rdma [-j] [-p] [-d] link
+// [show|list] [DEV[/PORT]]` lists the sroce links after the kernel's, in the
+// same form as `sroce link show`; anything else is iproute2's rdma(8).
+int run_rdma(int argc, char **argv) {
+    const std::string real = find_real_rdma();
+    auto forward = [&]() -> int {
+        if (real.empty()) {
+            std::cerr << "rdma: iproute2's rdma is not installed\n";
+            return 127;
+        }
+        argv[0] = const_cast<char *>(real.c_str());
+        ::execv(real.c_str(), argv);
+        std::cerr << "rdma: " << real << ": " << std::strerror(errno) << '\n';
+        return 126;
+    };
+
+    bool json = false, pretty = false;
+    std::vector<std::string> words;
+    for (int i = 1; i < argc; ++i) {
+        std::string_view a = argv[i];
+        if (a == "--json") {
+            json = true;
+        } else if (a == "--pretty") {
+            pretty = true;
+        } else if (a == "--details") {
+            // Details of sroce links are what `sroce link show` prints anyway.
+        } else if (a.size() > 1 && a[0] == '-' && a[1] != '-') {
+            for (char c : a.substr(1)) {
+                if (c == 'j')
+                    json = true;
+                else if (c == 'p')
+                    pretty = true;
+                else if (c != 'd')
+                    return forward();
+            }
+        } else if (a.starts_with("-")) {
+            return forward();
+        } else {
+            words.emplace_back(a);
+        }
+    }
+    const bool link_show =
+        !words.empty() && words.size() <= 3 && abbreviates(words[0], "link") &&
+        (words.size() == 1 || abbreviates(words[1], "show") || abbreviates(words[1], "list"));
+    if (!link_show) return forward();
+
+    nlohmann::ordered_json rows;
+    std::optional<std::string> which;
+    if (words.size() == 3) which = words[2];
+    try {
+        std::vector<sroce::Link> links = sroce::load_links(sroce::config_path());
+        if (which) {
+            std::string name =
+                which->ends_with("/1") ? which->substr(0, which->size() - 2) : *which;
+            if (std::none_of(links.begin(), links.end(),
+                             [&](const sroce::Link &l) { return l.name == name; }))
+                return forward();
+        }
+        rows = link_rows(sroce::config_path(), which);
+    } catch (const std::exception &e) {
+        std::cerr << "sroce: " << e.what() << '\n';
+        return 1;
+    }
+
+    // The kernel's links, if it has any: without RDMA support rdma(8) fails
+    // to open its netlink socket, which just means there are none.
+    Captured kernel;
+    if (!which && !real.empty()) kernel = capture(real, argv);
+    if (kernel.status == 0) std::cerr << kernel.err;
+    if (json) {
+        nlohmann::ordered_json all = nlohmann::ordered_json::array();
+        if (kernel.status == 0) {
+            auto parsed = nlohmann::ordered_json::parse(kernel.out, nullptr, false);
+            if (parsed.is_array()) all = std::move(parsed);
+        }
+        for (auto &row : rows)
+            all.push_back(std::move(row));
+        std::cout << (pretty ? all.dump(4) : all.dump()) << '\n';
+    } else {
+        if (kernel.status == 0) std::cout << kernel.out;
+        for (const auto &row : rows)
+            std::cout << link_text(row) << '\n';
+    }
+    return 0;
 }
 
 std::string command_path(const CLI::App &root) {
@@ -331,6 +572,8 @@ std::optional<int> find_exec_word(int argc, char **argv) {
 } // namespace
 
 int main(int argc, char **argv) {
+    if (std::filesystem::path(argv[0]).filename() == "rdma") return run_rdma(argc, argv);
+
     CLI::App app{"Manage sroce soft-RoCE devices and run programs on them.", "sroce"};
     app.set_version_flag("--version", std::string("sroce ") + SROCE_VERSION);
     app.require_subcommand(1);
