@@ -10,10 +10,10 @@
 #include <fcntl.h>
 #include <fstream>
 #include <mutex>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <string>
 #include <string_view>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace sroce {

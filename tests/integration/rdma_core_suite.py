@@ -37,7 +37,7 @@ import time
 # entry's FEATURE must be one of these.
 FEATURES = [
     "UD", "UC", "SRQ", "XRC", "MW", "ODP", "rereg MR", "AH",
-    "extended CQ/QP", "net interface/sysfs", "rt values", "other",
+    "extended CQ/QP", "net interface/sysfs", "rdma_cm", "rt values", "other",
 ]
 
 # A status line: "test_x (tests.mod.Cls.test_x) ... ok", where a docstring's
