@@ -1217,7 +1217,7 @@ TEST_F(FakePeer, MisalignedAtomicIsRejected) {
 // ---------------------------------------------------------------------------
 // Requester: what sroce sends, and how it takes forged responses
 
-// DESIGN.md §2.5: no manufacturer-specific opcode ever reaches a peer that
+// docs/design.md §2.5: no manufacturer-specific opcode ever reaches a peer that
 // has not declared support; the commit travels as IBTA FLUSH(MR) + WRITE +
 // FLUSH(MR) + zero-length WRITE WITH IMMEDIATE instead.
 TEST_F(FakePeer, WriteCommitToAnUndeclaredPeerIsAnIbtaSequence) {
