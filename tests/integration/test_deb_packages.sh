@@ -18,7 +18,7 @@
 # The root shares the host's network stack, so the devices are on the host's
 # lo.  The base root (a tarball) and apt's downloads are cached in
 # SROCE_DEB_CACHE (default /var/tmp/sroce-deb-test), so only the first run
-# downloads much.  SROCE_DEB_DIR=DIR tests the .deb files in DIR instead of
+# downloads much; each run unpacks its root there too (roots/PID).  SROCE_DEB_DIR=DIR tests the .deb files in DIR instead of
 # building them; SROCE_DEB_MIRROR=URL overrides the mirror.  Skipped (77) only
 # when a root cannot be made here: not root, no debootstrap, no mount namespace
 # or no Debian mirror in the apt sources.
@@ -102,7 +102,9 @@ done
 
 # -------------------------------------------------------------- base root
 # A minbase root as debootstrap makes it, cached as a tarball per mirror.
-mkdir -p "$CACHE/apt-archives/partial"
+# The lock is held to the end: runs from several checkouts share the cache,
+# and apt's download directory in it.
+mkdir -p "$CACHE/apt-archives/partial" "$CACHE/roots"
 base=$CACHE/$SUITE-minbase-$(printf '%s' "$MIRROR" | md5sum | cut -c1-8).tar
 exec 9>"$CACHE/lock"
 flock 9
@@ -122,9 +124,16 @@ if [[ ! -s $base ]]; then
 	rm -rf --one-file-system "$fresh"
 	log "debootstrap $SUITE: $(elapsed "$start") s"
 fi
-flock -u 9
 
-ROOT=$(mktemp -d /var/tmp/sroce-deb-root.XXXXXX)
+# Roots of runs that were killed before they could remove theirs (named
+# after the test's process id).
+for old in "$CACHE"/roots/*; do
+	[[ -d $old && ${old##*/} =~ ^[0-9]+$ ]] || continue
+	kill -0 "${old##*/}" 2>/dev/null || rm -rf --one-file-system "$old"
+done
+ROOT=$CACHE/roots/$$
+rm -rf --one-file-system "$ROOT"
+mkdir "$ROOT"
 remove_root() {
 	# Mounts live only in the namespaces of the chroot runs, which are gone
 	# by now; --one-file-system guards against anything still mounted.
