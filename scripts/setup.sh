@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
 # Installs every Debian package the project builds, tests or demos with.
 # Idempotent: packages already present are skipped by apt-get.
 set -euo pipefail
@@ -18,6 +20,9 @@ pkgs=(
   # The qemu guest of tests/vm: Debian's kernel as a Linux rxe peer and with
   # an emulated NVDIMM (tests/integration/test_rxe_interop.sh, test_vm_pmem.sh).
   qemu-system-x86 linux-image-amd64 busybox-static cpio kmod ndctl e2fsprogs
+  # A clean Debian root to install the project's packages into
+  # (tests/integration/test_deb_packages.sh).
+  debootstrap
 )
 
 missing=()

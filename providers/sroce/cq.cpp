@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+//
 // Completion queues and completion channels.
 #include "nic.hpp"
 #include "provider.h"

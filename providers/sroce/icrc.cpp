@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 #include "icrc.hpp"
 
 #include "wire.hpp"

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+//
 // Invariant CRC of RoCEv2 packets (IBTA Annex A17).
 //
 // The ICRC is a CRC-32 over 8 bytes of 0xFF, the IP and UDP headers and the

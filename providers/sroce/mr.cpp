@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+//
 // Protection domains and memory regions: registration, key allocation and
 // the range/access checks every local and remote access goes through.
 #include "nic.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 #include "nic.hpp"
 
 #include "icrc.hpp"

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+//
 // The per-device "NIC" of a process: its UDP socket on port 4791, the
 // progress thread that receives and dispatches packets and fires timers,
 // and the QP and MR tables that packets are resolved against.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+//
 // The RC opcode table: which headers each opcode carries and at what offsets.
 #include "wire.hpp"
 

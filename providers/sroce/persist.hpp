@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+//
 // Target-side persistence: what kind of memory an MR lives in, and how to
 // make bytes written into it durable (IBTA FLUSH, write-commit).
 //

@@ -553,7 +553,7 @@ void wr_set_xrc_srqn(ibv_qp_ex *q, uint32_t remote_srqn) {
 }
 
 // Write-commit.  To a peer that declared the native opcodes: one WQE.  To any
-// other peer the same promise as IBTA sequences (docs/wire-protocol.md §5):
+// other peer the same promise as IBTA sequences (docs/design.md §2.5):
 //   WRITE + FLUSH(MR); ordered: FLUSH(MR) + WRITE + FLUSH(MR);
 //   with immediate data, a final zero-length WRITE WITH IMMEDIATE.
 // FLUSH with MR selectivity covers every earlier write to the rkey.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+//
 // sroce engine objects.  Each verbs object embeds the rdma-core struct it is
 // handed out as, first, so the static-inline data path of <infiniband/verbs.h>
 // (ibv_post_send, ibv_poll_cq, ibv_wr_*) reaches sroce through the function

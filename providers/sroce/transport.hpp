@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+//
 // Entry points between the transport roles (requester, responder, completer)
 // and the QP.  All of them run with Qp::mu held.
 #pragma once

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+//
 // Devices and contexts: the device list built from the link configuration,
 // opening a device, device/port/GID queries and async events.
 #include "nic.hpp"

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+//
 // RoCEv2 wire codec: IBTA base and extended transport headers.
 //
 // Header-only so the per-packet path inlines it.  Every accessor works on raw

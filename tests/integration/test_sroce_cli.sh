@@ -219,6 +219,26 @@ err_is_ours
 err_has "SROCE_SHIM"
 unset SROCE_SHIM
 
+# --- exec from an installed layout: PREFIX/bin/sroce and the library under
+# its soname in PREFIX/lib, as a runtime-only package has it (no
+# libsroce.so development link) ---
+inst=$tmp/inst
+mkdir -p "$inst/bin" "$inst/lib"
+cp "$sroce" "$inst/bin/sroce"
+soname=$(cd "$(dirname "$sroce")/../../libibverbs-ext/shim" 2>/dev/null && ls libsroce.so.[0-9]* 2>/dev/null |
+	grep -xE 'libsroce\.so\.[0-9]+' | head -n1 || true)
+if [[ -n $soname ]]; then
+	: >"$inst/lib/$soname"
+	expect 0 "$inst/bin/sroce" exec -- env
+	grep -qx "LD_PRELOAD=$inst/lib/$soname" <<<"$out" ||
+		fail "installed exec does not preload $inst/lib/$soname: $(grep LD_PRELOAD <<<"$out")"
+	# With the development link beside it, the soname is still preferred.
+	ln -s "$soname" "$inst/lib/libsroce.so"
+	expect 0 "$inst/bin/sroce" exec -- env
+	grep -qx "LD_PRELOAD=$inst/lib/$soname" <<<"$out" ||
+		fail "installed exec prefers libsroce.so over $soname: $(grep LD_PRELOAD <<<"$out")"
+fi
+
 if ((failures)); then
 	echo "$failures check(s) failed" >&2
 	exit 1

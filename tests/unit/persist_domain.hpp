@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 //
-// A test persistence domain for crash-consistency tests (DESIGN.md §5).
+// A test persistence domain for crash-consistency tests (docs/design.md §5).
 //
 // The engine reports every range it makes durable to a hook
 // (sroce_set_persist_hook).  Domain copies those bytes from the live target

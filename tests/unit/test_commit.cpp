@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 //
-// Write-commit (DESIGN.md §3: WRITE_COMMIT, IMMED, ORDERED) through public
+// Write-commit (docs/design.md §3: commit, immediate, ordered) through public
 // verbs, in one process: devices on 127.0.1.11 / 127.0.1.12 (used by no other
 // test).  Every test runs twice: with the native opcodes (the peer declared
 // IBV_COMMIT_CAP_NATIVE) and with the IBTA fallback sequences, which must

@@ -2,7 +2,7 @@
 //
 // IBTA FLUSH and ATOMIC WRITE (Annex A19) through public verbs, in one
 // process: two sroce devices on 127.0.1.5 / 127.0.1.6 (used by no other
-// test).  Each promise of DESIGN.md §3 about these two verbs has a test here,
+// test).  Each promise of docs/design.md §3 about these two verbs has a test here,
 // the negative ones included.
 #include "persist_log.hpp"
 

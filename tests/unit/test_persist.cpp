@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Target-side persistence: memory classification, durability per class,
 // non-temporal placement and the test persistence domain hook.
 #include "persist.hpp"

@@ -35,7 +35,13 @@
 
 namespace {
 
-constexpr const char *shim_name = "libsroce.so";
+#ifndef SROCE_SHIM_SONAME
+#define SROCE_SHIM_SONAME "libsroce.so"
+#endif
+
+// The shim is looked for under its soname first: a runtime-only installation
+// (the libsroce package without -dev) has no libsroce.so development link.
+constexpr const char *shim_names[] = {SROCE_SHIM_SONAME, "libsroce.so"};
 
 // Syntax errors in arguments CLI11 cannot see (the iproute2-style keyword
 // pairs); reported with exit status 2 like CLI11's own parse errors.
@@ -231,20 +237,24 @@ std::string find_shim() {
         return env;
     }
 
-    std::vector<std::filesystem::path> candidates;
+    std::vector<std::filesystem::path> dirs;
     if (std::string dir = exe_dir(); !dir.empty()) {
         const std::filesystem::path prefix = std::filesystem::path(dir) / "..";
-        candidates.push_back(prefix / "lib" / shim_name);
+        dirs.push_back(prefix / "lib");
 #ifdef SROCE_INSTALL_LIBDIR
         {
             std::filesystem::path libdir = SROCE_INSTALL_LIBDIR;
-            candidates.push_back((libdir.is_absolute() ? libdir : prefix / libdir) / shim_name);
+            dirs.push_back(libdir.is_absolute() ? libdir : prefix / libdir);
         }
 #endif
 #ifdef SROCE_LIBRARY_ARCH
-        candidates.push_back(prefix / "lib" / SROCE_LIBRARY_ARCH / shim_name);
+        dirs.push_back(prefix / "lib" / SROCE_LIBRARY_ARCH);
 #endif
     }
+    std::vector<std::filesystem::path> candidates;
+    for (const auto &d : dirs)
+        for (const char *name : shim_names)
+            candidates.push_back(d / name);
 #ifdef SROCE_BUILD_SHIM
     // Last, so that an installed sroce never prefers a stale build tree.
     candidates.emplace_back(SROCE_BUILD_SHIM);
@@ -259,7 +269,7 @@ std::string find_shim() {
     std::string where;
     for (const std::string &p : tried)
         where += "\n  " + p;
-    throw std::runtime_error(std::string("cannot find ") + shim_name + "; looked in:" + where +
+    throw std::runtime_error(std::string("cannot find ") + shim_names[0] + "; looked in:" + where +
                              "\nset SROCE_SHIM to its path");
 }
 
