@@ -215,7 +215,7 @@ int cq_req_notify(ibv_cq *cq, int solicited_only) {
     return req_notify_cq(cq, solicited_only);
 }
 
-ibv_cq_ex *create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr) {
+ibv_cq_ex *create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr) try {
     constexpr uint64_t kSupported =
         IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
         IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
@@ -247,6 +247,8 @@ ibv_cq_ex *create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr) {
         cq->cqx.read_completion_wallclock_ns = read_completion_wallclock_ns;
     }
     return &cq->cqx;
+} catch (const std::bad_alloc &) {
+    return out_of_memory<ibv_cq_ex *>(nullptr);
 }
 
 } // namespace sroce
@@ -255,7 +257,7 @@ using namespace sroce;
 
 extern "C" {
 
-struct ibv_comp_channel *sroce_create_comp_channel(struct ibv_context *ctx) {
+struct ibv_comp_channel *sroce_create_comp_channel(struct ibv_context *ctx) try {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) < 0) return nullptr;
     auto *ch = new CompChannel;
@@ -266,6 +268,8 @@ struct ibv_comp_channel *sroce_create_comp_channel(struct ibv_context *ctx) {
     // A full pipe must never block the progress thread.
     fcntl(ch->wr_fd, F_SETFL, O_NONBLOCK);
     return &ch->ch;
+} catch (const std::bad_alloc &) {
+    return out_of_memory<struct ibv_comp_channel *>(nullptr);
 }
 
 int sroce_destroy_comp_channel(struct ibv_comp_channel *channel) {
@@ -278,16 +282,18 @@ int sroce_destroy_comp_channel(struct ibv_comp_channel *channel) {
 }
 
 struct ibv_cq *sroce_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
-                               struct ibv_comp_channel *channel, int comp_vector) {
+                               struct ibv_comp_channel *channel, int comp_vector) try {
     if (comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
         errno = EINVAL;
         return nullptr;
     }
     Cq *cq = make_cq(to_ctx(ctx), cqe, cq_context, channel);
     return cq ? reinterpret_cast<ibv_cq *>(&cq->cqx) : nullptr;
+} catch (const std::bad_alloc &) {
+    return out_of_memory<struct ibv_cq *>(nullptr);
 }
 
-int sroce_resize_cq(struct ibv_cq *ibcq, int cqe) {
+int sroce_resize_cq(struct ibv_cq *ibcq, int cqe) try {
     Cq *cq = to_cq(ibcq);
     std::lock_guard<std::mutex> g(cq->mu);
     if (cqe < 1 || uint32_t(cqe) > kMaxCqe || uint32_t(cqe) < cq->count) return EINVAL;
@@ -307,6 +313,8 @@ int sroce_resize_cq(struct ibv_cq *ibcq, int cqe) {
     cq->head = 0;
     ibcq->cqe = cqe;
     return 0;
+} catch (const std::bad_alloc &) {
+    return ENOMEM;
 }
 
 int sroce_destroy_cq(struct ibv_cq *ibcq) {

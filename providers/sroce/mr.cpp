@@ -113,12 +113,14 @@ using namespace sroce;
 
 extern "C" {
 
-struct ibv_pd *sroce_alloc_pd(struct ibv_context *ctx) {
+struct ibv_pd *sroce_alloc_pd(struct ibv_context *ctx) try {
     auto *pd = new Pd;
     pd->ibpd.context = ctx;
     static std::atomic<uint32_t> handles{1};
     pd->ibpd.handle = handles++;
     return &pd->ibpd;
+} catch (const std::bad_alloc &) {
+    return out_of_memory<struct ibv_pd *>(nullptr);
 }
 
 int sroce_dealloc_pd(struct ibv_pd *pd) {
@@ -127,7 +129,7 @@ int sroce_dealloc_pd(struct ibv_pd *pd) {
 }
 
 struct ibv_mr *sroce_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
-                            unsigned int access) {
+                            unsigned int access) try {
     int mandatory = check_access(access);
     if (mandatory < 0) return nullptr;
     // Implicit on-demand paging: the whole address space, as rdma-core
@@ -165,13 +167,15 @@ struct ibv_mr *sroce_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64
     }
     mr->ibmr.handle = mr->ibmr.lkey;
     return &mr->ibmr;
+} catch (const std::bad_alloc &) {
+    return out_of_memory<struct ibv_mr *>(nullptr);
 }
 
 // Serves ibv_rereg_mr() whole: the argument checks of libibverbs (an error
 // there is IBV_REREG_MR_ERR_INPUT), then the change itself (an error there
 // is IBV_REREG_MR_ERR_CMD), with errno saying why.  The keys stay the same.
 int sroce_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *pd, void *addr, size_t length,
-                   int access) {
+                   int access) try {
     if (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED ||
         ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!length || !addr)) ||
         (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS))) {
@@ -233,6 +237,9 @@ int sroce_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *pd, void *addr
         ibmr->length = length;
     }
     return 0;
+} catch (const std::bad_alloc &) {
+    errno = ENOMEM;
+    return IBV_REREG_MR_ERR_CMD;
 }
 
 int sroce_dereg_mr(struct ibv_mr *ibmr) {

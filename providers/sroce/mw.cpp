@@ -118,7 +118,7 @@ int invalidate_rkey(Qp *qp, uint32_t rkey) {
     return invalidate_window(qp, rkey);
 }
 
-ibv_mw *alloc_mw(ibv_pd *pd, ibv_mw_type type) {
+ibv_mw *alloc_mw(ibv_pd *pd, ibv_mw_type type) try {
     if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) {
         errno = EINVAL;
         return nullptr;
@@ -142,6 +142,8 @@ ibv_mw *alloc_mw(ibv_pd *pd, ibv_mw_type type) {
     m.rkey = mw->entry.key.load();
     m.handle = m.rkey;
     return &m;
+} catch (const std::bad_alloc &) {
+    return out_of_memory<ibv_mw *>(nullptr);
 }
 
 int dealloc_mw(ibv_mw *ibmw) {

@@ -12,6 +12,7 @@
 #include <sched.h>
 #include <stdexcept>
 #include <sys/eventfd.h>
+#include <system_error>
 #include <time.h>
 #include <unistd.h>
 
@@ -75,14 +76,24 @@ Nic *Nic::acquire(Device *dev) {
     std::lock_guard<std::mutex> g(g_nics_mu);
     Nic *&slot = g_nics[dev->index];
     if (!slot) {
-        Nic *n = new Nic(dev);
-        int err = n->open_socket();
-        if (err) {
+        Nic *n = nullptr;
+        try {
+            n = new Nic(dev);
+            if (int err = n->open_socket()) {
+                delete n;
+                errno = err;
+                return nullptr;
+            }
+            n->thread_ = std::thread([n] { n->run(); });
+        } catch (const std::bad_alloc &) {
             delete n;
-            errno = err;
+            return out_of_memory<Nic *>(nullptr);
+        } catch (const std::system_error &e) {
+            // No thread could be started (EAGAIN: a process or memory limit).
+            delete n;
+            errno = e.code().value();
             return nullptr;
         }
-        n->thread_ = std::thread([n] { n->run(); });
         slot = n;
     }
     slot->refs_++;
@@ -126,6 +137,8 @@ struct Nic::RxState {
 Nic::Nic(Device *dev)
     : dev_(dev), rx_(std::make_unique<RxState>()), tx_(std::make_unique<TxBatch>()),
       timer_tx_(std::make_unique<TxBatch>()) {
+    // A QP is listed at most once (ack_listed): the receive path never grows it.
+    acks_.reserve(kMaxQps);
     if (const char *f = getenv("SROCE_FAULT"); f && *f) {
         try {
             fault_ = parse_fault_config(f);

@@ -88,7 +88,12 @@ void complete_recv(Qp *qp, const RecvWqe &r, const RecvCompletion &c) {
 
 void Context::post_event(const ibv_async_event &ev) {
     std::lock_guard<std::mutex> g(async_mu);
-    async_q.push_back(ev);
+    try {
+        async_q.push_back(ev);
+    } catch (const std::bad_alloc &) {
+        // The progress thread must not die of it; the event is lost.
+        return;
+    }
     uint8_t one = 1;
     if (write(async_wr, &one, 1) != 1) { /* a full pipe still leaves the queue readable */
     }
@@ -308,6 +313,11 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
     if ((mask & IBV_QP_ACCESS_FLAGS) && (attr->qp_access_flags & ~kQpAccessKnown)) return EINVAL;
     if ((mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && next != IBV_QPS_SQD) return EINVAL;
 
+    // The one allocation, before anything changes: a failure leaves the QP as it was.
+    std::vector<RdResource> rd_res;
+    if (mask & IBV_QP_MAX_DEST_RD_ATOMIC)
+        rd_res.resize(std::max<uint8_t>(1, attr->max_dest_rd_atomic));
+
     if (mask & IBV_QP_ACCESS_FLAGS) a.access = attr->qp_access_flags;
     if (mask & IBV_QP_PKEY_INDEX) a.pkey_index = attr->pkey_index;
     if (mask & IBV_QP_PORT) a.port_num = attr->port_num;
@@ -330,7 +340,7 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
     if (mask & IBV_QP_MAX_QP_RD_ATOMIC) a.max_rd_atomic = std::max<uint8_t>(1, attr->max_rd_atomic);
     if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) {
         a.max_dest_rd_atomic = std::max<uint8_t>(1, attr->max_dest_rd_atomic);
-        qp->resp.rd_res.assign(a.max_dest_rd_atomic, RdResource{});
+        qp->resp.rd_res.swap(rd_res);
         qp->resp.rd_res_next = 0;
     }
     if (mask & IBV_QP_STATE) {
@@ -749,7 +759,7 @@ int qp_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
     return resp_post_recv(to_qp(qp), wr, bad);
 }
 
-ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) {
+ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) try {
     Context *ctx = to_ctx(ibctx);
     if (int err = check_create(ctx, attr)) {
         errno = err;
@@ -808,6 +818,8 @@ ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) {
     if (qp->srq) qp->srq->users++;
     init_qp_ex_ops(qp);
     return &b;
+} catch (const std::bad_alloc &) {
+    return out_of_memory<ibv_qp *>(nullptr);
 }
 
 } // namespace sroce
@@ -881,10 +893,12 @@ int sroce_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
     return 0;
 }
 
-int sroce_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask) {
+int sroce_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask) try {
     Qp *qp = to_qp(ibqp);
     std::lock_guard<std::mutex> g(qp->mu);
     return modify(qp, attr, mask);
+} catch (const std::bad_alloc &) {
+    return ENOMEM;
 }
 
 int sroce_destroy_qp(struct ibv_qp *ibqp) {

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -498,5 +499,14 @@ inline Qp *to_qp(ibv_qp_ex *q) {
 }
 
 uint64_t now_ns();
+
+// Entry points called from C end in `catch (const std::bad_alloc &)`: an
+// allocation failure (the one exception the engine's own code lets through)
+// must come out as ENOMEM, never as std::terminate() in a C program.
+template <class T>
+T out_of_memory(T value) noexcept {
+    errno = ENOMEM;
+    return value;
+}
 
 } // namespace sroce

@@ -73,7 +73,7 @@ std::map<std::pair<Context *, InodeKey>, std::pair<Xrcd *, int>> g_xrcd_files;
 
 } // namespace
 
-ibv_srq *create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr) {
+ibv_srq *create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr) try {
     constexpr uint32_t kKnown = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD |
                                 IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
     if (attr->comp_mask & ~kKnown) {
@@ -107,6 +107,8 @@ ibv_srq *create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr) {
         srq->cq = to_cq(attr->cq);
     }
     return &srq->ibsrq;
+} catch (const std::bad_alloc &) {
+    return out_of_memory<ibv_srq *>(nullptr);
 }
 
 int srq_num(ibv_srq *ibsrq, uint32_t *num) {
@@ -122,7 +124,7 @@ int post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
     return srq->rq.post(wr, bad_wr);
 }
 
-ibv_xrcd *open_xrcd(ibv_context *ibctx, ibv_xrcd_init_attr *attr) {
+ibv_xrcd *open_xrcd(ibv_context *ibctx, ibv_xrcd_init_attr *attr) try {
     constexpr uint32_t kKnown = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
     if ((attr->comp_mask & ~kKnown) || !(attr->comp_mask & IBV_XRCD_INIT_ATTR_OFLAGS) ||
         (attr->oflags & ~(O_CREAT | O_EXCL))) {
@@ -170,6 +172,8 @@ ibv_xrcd *open_xrcd(ibv_context *ibctx, ibv_xrcd_init_attr *attr) {
     if (!x) return nullptr;
     g_xrcd_files[key] = {x, 1};
     return &x->ibxrcd;
+} catch (const std::bad_alloc &) {
+    return out_of_memory<ibv_xrcd *>(nullptr);
 }
 
 int close_xrcd(ibv_xrcd *ibxrcd) {
@@ -197,13 +201,15 @@ using namespace sroce;
 
 extern "C" {
 
-struct ibv_srq *sroce_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr) {
+struct ibv_srq *sroce_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr) try {
     Srq *srq =
         make_srq(to_ctx(pd->context), reinterpret_cast<Pd *>(pd), attr->attr, attr->srq_context);
     return srq ? &srq->ibsrq : nullptr;
+} catch (const std::bad_alloc &) {
+    return out_of_memory<struct ibv_srq *>(nullptr);
 }
 
-int sroce_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask) {
+int sroce_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask) try {
     Srq *srq = to_srq(ibsrq);
     if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
     std::lock_guard<std::mutex> g(srq->mu);
@@ -234,6 +240,8 @@ int sroce_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask)
     }
     if (mask & IBV_SRQ_LIMIT) srq->limit = attr->srq_limit;
     return 0;
+} catch (const std::bad_alloc &) {
+    return ENOMEM;
 }
 
 int sroce_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr) {

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <fstream>
 #include <mutex>
+#include <new>
 #include <string>
 #include <string_view>
 #include <sys/mman.h>
@@ -307,10 +308,12 @@ using namespace sroce;
 
 extern "C" {
 
-int sroce_device_list(struct ibv_device ***devs) {
+int sroce_device_list(struct ibv_device ***devs) try {
     std::call_once(g_once, load_devices);
     *devs = g_list;
     return g_ndevs;
+} catch (const std::bad_alloc &) {
+    return out_of_memory(0);
 }
 
 int sroce_owns_device(const struct ibv_device *dev) {
@@ -325,7 +328,7 @@ int sroce_get_device_index(struct ibv_device *dev) {
     return 1000 + to_dev(dev)->index;
 }
 
-int sroce_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size) {
+int sroce_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size) try {
     std::call_once(g_once, load_devices);
     for (int i = 0; i < g_ndevs; i++) {
         Device &d = g_devs[i];
@@ -342,9 +345,11 @@ int sroce_read_sysfs_file(const char *dir, const char *file, char *buf, size_t s
         return int(n);
     }
     return -2;
+} catch (const std::bad_alloc &) {
+    return out_of_memory(-1);
 }
 
-struct ibv_context *sroce_open_device(struct ibv_device *ibdev) {
+struct ibv_context *sroce_open_device(struct ibv_device *ibdev) try {
     Device *dev = to_dev(ibdev);
     Nic *nic = Nic::acquire(dev);
     if (!nic) return nullptr;
@@ -363,7 +368,24 @@ struct ibv_context *sroce_open_device(struct ibv_device *ibdev) {
         nic->release();
         return nullptr;
     }
-    auto *ctx = new Context;
+    auto *ctx = new (std::nothrow) Context;
+    if (ctx) {
+        // Registered before anything else can fail, so close finds it.
+        std::lock_guard<std::mutex> g(g_ctx_mu);
+        try {
+            g_ctxs.push_back(ctx);
+        } catch (const std::bad_alloc &) {
+            delete ctx;
+            ctx = nullptr;
+        }
+    }
+    if (!ctx) {
+        close(fds[0]);
+        close(fds[1]);
+        close(cmd_fd);
+        nic->release();
+        return out_of_memory<ibv_context *>(nullptr);
+    }
     std::memset(&ctx->vctx, 0, sizeof ctx->vctx);
     ctx->dev = dev;
     ctx->nic = nic;
@@ -396,11 +418,9 @@ struct ibv_context *sroce_open_device(struct ibv_device *ibdev) {
     c.ops.alloc_mw = alloc_mw;
     c.ops.bind_mw = bind_mw;
     c.ops.dealloc_mw = dealloc_mw;
-    {
-        std::lock_guard<std::mutex> g(g_ctx_mu);
-        g_ctxs.push_back(ctx);
-    }
     return &c;
+} catch (const std::bad_alloc &) {
+    return out_of_memory<struct ibv_context *>(nullptr);
 }
 
 int sroce_is_cmd_fd(int fd) {
