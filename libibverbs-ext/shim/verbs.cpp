@@ -230,14 +230,20 @@ SROCE_SHIM_EXPORT int ibv_resolve_eth_l2_from_gid(ibv_context *context, ibv_ah_a
 }
 
 // ---------------------------------------------------------------------------
-// Multicast (not supported by sroce)
+// Multicast (UD QPs)
 
 SROCE_SHIM_EXPORT int ibv_attach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid) {
-    if (owns(qp)) return fail_ret(EOPNOTSUPP);
+    if (owns(qp)) {
+        int err = sroce_attach_mcast(qp, gid, lid);
+        return err ? fail_ret(err) : 0;
+    }
     SROCE_FORWARD(ibv_attach_mcast, kV1_1, ENOSYS, qp, gid, lid);
 }
 
 SROCE_SHIM_EXPORT int ibv_detach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid) {
-    if (owns(qp)) return fail_ret(EOPNOTSUPP);
+    if (owns(qp)) {
+        int err = sroce_detach_mcast(qp, gid, lid);
+        return err ? fail_ret(err) : 0;
+    }
     SROCE_FORWARD(ibv_detach_mcast, kV1_1, ENOSYS, qp, gid, lid);
 }

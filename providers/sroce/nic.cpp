@@ -4,6 +4,7 @@
 #include "icrc.hpp"
 #include "transport.hpp"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
 #include <cstdio>
@@ -118,6 +119,7 @@ struct Nic::RxState {
     std::vector<uint8_t> held = std::vector<uint8_t>(kBufLen);
     size_t held_len = 0;
     sockaddr_in held_from{};
+    in_addr_t held_dst = 0;
     int used = 0;    // entries the last recvmmsg() filled
     int vlen = 1;    // entries the next recvmmsg() asks for
     int singles = 0; // back-to-back receives of one datagram with vlen 1
@@ -183,6 +185,9 @@ int Nic::open_socket() {
     // the IPv4 header (covered by the ICRC) predictable.
     int pmtu = IP_PMTUDISC_DO;
     setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    // Multicast datagrams leave through the device's own interface.
+    in_addr ifaddr{dev_->addr};
+    setsockopt(fd_, IPPROTO_IP, IP_MULTICAST_IF, &ifaddr, sizeof ifaddr);
     int buf = 16 << 20;
     if (setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf) < 0)
         setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
@@ -305,13 +310,14 @@ void Nic::flush(TxBatch &b) {
     b.n = 0;
 }
 
-void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, TxBatch &tx) {
+void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_addr_t dst,
+                   TxBatch &tx) {
     wire::Packet pkt;
     if (wire::parse(data, len, pkt) != wire::ParseError::kOk) {
         stats.rx_bad_hdr.fetch_add(1, std::memory_order_relaxed);
         return;
     }
-    Ipv4Header ip{from.sin_addr.s_addr, dev_->addr, ntohs(from.sin_port), wire::kRoceV2Port};
+    Ipv4Header ip{from.sin_addr.s_addr, dst, ntohs(from.sin_port), wire::kRoceV2Port};
     if (!icrc_verify(ip, data, len)) {
         stats.rx_bad_icrc.fetch_add(1, std::memory_order_relaxed);
         return;
@@ -322,13 +328,30 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, TxB
         stats.rx_bad_hdr.fetch_add(1, std::memory_order_relaxed);
         return;
     }
+    pkt.src_addr = from.sin_addr.s_addr;
+    pkt.src_port = ntohs(from.sin_port);
+    pkt.dst_addr = dst;
+    if (dst != dev_->addr) {
+        // A multicast group's: every UD QP attached gets a copy.
+        for (McGroup &m : mc_) {
+            if (m.fd.load(std::memory_order_relaxed) < 0 || m.addr != dst) continue;
+            if (pkt.qpn != wire::kMulticastQpn) break;
+            for (Qp *qp : m.members)
+                deliver(qp, pkt, tx);
+            return;
+        }
+        stats.rx_no_qp.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
     Qp *qp = find_qp(pkt.qpn);
     if (!qp) {
         stats.rx_no_qp.fetch_add(1, std::memory_order_relaxed);
         return;
     }
-    pkt.src_addr = from.sin_addr.s_addr;
-    pkt.src_port = ntohs(from.sin_port);
+    deliver(qp, pkt, tx);
+}
+
+void Nic::deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx) {
     std::unique_lock<std::mutex> g(qp->mu);
     bool request = pkt.info->flags & wire::kOpReq;
     // Responses come only from the connected peer (the responder checks
@@ -352,6 +375,82 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, TxB
     // thread also transmits on this QP.
     tx.order = nullptr;
     send_and_unlock(qp, tx, g);
+}
+
+int Nic::attach_mcast(Qp *qp, in_addr_t group) {
+    std::lock_guard<std::mutex> r(rx_mu_);
+    std::lock_guard<std::mutex> g(objects_mu);
+    McGroup *free_slot = nullptr;
+    for (McGroup &m : mc_) {
+        int fd = m.fd.load(std::memory_order_relaxed);
+        if (fd < 0) {
+            if (!free_slot) free_slot = &m;
+            continue;
+        }
+        if (m.addr != group) continue;
+        // Attaching twice is harmless, as on an RNIC.
+        if (std::find(m.members.begin(), m.members.end(), qp) != m.members.end()) return 0;
+        if (m.members.size() >= size_t(kMaxMcAttach)) return ENOMEM;
+        m.members.push_back(qp);
+        return 0;
+    }
+    if (!free_slot) return ENOMEM;
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return errno;
+    // Every device of the host joined to the group gets its own copy.
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(wire::kRoceV2Port);
+    sa.sin_addr.s_addr = group;
+    ip_mreq mreq{};
+    mreq.imr_multiaddr.s_addr = group;
+    mreq.imr_interface.s_addr = dev_->addr;
+    if (bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0 ||
+        setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mreq, sizeof mreq) < 0) {
+        int err = errno;
+        close(fd);
+        return err;
+    }
+    free_slot->addr = group;
+    free_slot->members.assign(1, qp);
+    free_slot->fd.store(fd, std::memory_order_release);
+    // The progress thread's next poll (within 1 ms) watches the socket too.
+    mc_count_++;
+    return 0;
+}
+
+int Nic::detach_mcast(Qp *qp, in_addr_t group) {
+    std::lock_guard<std::mutex> r(rx_mu_);
+    std::lock_guard<std::mutex> g(objects_mu);
+    for (McGroup &m : mc_) {
+        if (m.fd.load(std::memory_order_relaxed) < 0 || m.addr != group) continue;
+        auto it = std::find(m.members.begin(), m.members.end(), qp);
+        if (it == m.members.end()) return EINVAL;
+        m.members.erase(it);
+        if (m.members.empty()) {
+            close(m.fd.exchange(-1));
+            mc_count_--;
+        }
+        return 0;
+    }
+    return EINVAL;
+}
+
+void Nic::detach_all(Qp *qp) {
+    if (!mc_count_.load()) return;
+    for (McGroup &m : mc_) {
+        in_addr_t addr;
+        {
+            std::lock_guard<std::mutex> g(objects_mu);
+            if (m.fd.load(std::memory_order_relaxed) < 0 ||
+                std::find(m.members.begin(), m.members.end(), qp) == m.members.end())
+                continue;
+            addr = m.addr;
+        }
+        detach_mcast(qp, addr);
+    }
 }
 
 void Nic::flush_acks(TxBatch &tx) {
@@ -378,6 +477,17 @@ void Nic::fire_timers(TxBatch &tx) {
 }
 
 int Nic::rx_pass() {
+    int n = rx_from(fd_, dev_->addr, true);
+    if (mc_count_.load(std::memory_order_relaxed)) {
+        // The caller holds rx_mu_, so no group socket closes meanwhile.
+        for (McGroup &m : mc_)
+            if (int fd = m.fd.load(std::memory_order_acquire); fd >= 0)
+                n += rx_from(fd, m.addr, false);
+    }
+    return n;
+}
+
+int Nic::rx_from(int fd, in_addr_t dst, bool adaptive) {
     RxState &rx = *rx_;
     TxBatch &tx = *tx_;
     // recvmmsg() rewrites only the name length and flags of the entries it
@@ -391,16 +501,18 @@ int Nic::rx_pass() {
     // than asked for are queued, which is every time in a ping-pong.  So ask
     // for one until single datagrams keep arriving back to back, and for a
     // full batch while they do.
-    int n = recvmmsg(fd_, rx.msgs, rx.vlen, MSG_DONTWAIT, nullptr);
+    int n = recvmmsg(fd, rx.msgs, adaptive ? rx.vlen : RxState::kBatch, MSG_DONTWAIT, nullptr);
     if (n <= 0) {
-        rx.singles = 0;
+        if (adaptive) rx.singles = 0;
         return 0;
     }
-    if (rx.vlen == 1) {
-        if (++rx.singles >= 2) rx.vlen = RxState::kBatch;
-    } else if (n == 1) {
-        rx.vlen = 1;
-        rx.singles = 0;
+    if (adaptive) {
+        if (rx.vlen == 1) {
+            if (++rx.singles >= 2) rx.vlen = RxState::kBatch;
+        } else if (n == 1) {
+            rx.vlen = 1;
+            rx.singles = 0;
+        }
     }
     rx.used = n;
     std::lock_guard<std::mutex> g(objects_mu);
@@ -414,17 +526,18 @@ int Nic::rx_pass() {
                 stats.rx_dropped_fault.fetch_add(1, std::memory_order_relaxed);
                 continue;
             }
-            if (next_uniform(rng_) < fault_.dup) dispatch(d, len, rx.froms[i], tx);
+            if (next_uniform(rng_) < fault_.dup) dispatch(d, len, rx.froms[i], dst, tx);
             if (!rx.held_len && next_uniform(rng_) < fault_.reorder) {
                 std::memcpy(rx.held.data(), d, len);
                 rx.held_len = len;
                 rx.held_from = rx.froms[i];
+                rx.held_dst = dst;
                 continue;
             }
         }
-        dispatch(d, len, rx.froms[i], tx);
+        dispatch(d, len, rx.froms[i], dst, tx);
         if (rx.held_len) {
-            dispatch(rx.held.data(), rx.held_len, rx.held_from, tx);
+            dispatch(rx.held.data(), rx.held_len, rx.held_from, rx.held_dst, tx);
             rx.held_len = 0;
         }
     }
@@ -466,8 +579,13 @@ void Nic::wait_for_work(uint64_t spin_until) {
         // most that much.
         nap(kParkNs);
     } else if (now >= spin_until) {
-        pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-        if (poll(p, 2, 1) > 0 && (p[1].revents & POLLIN)) {
+        pollfd p[2 + kMaxMcGroups] = {{wake_fd_, POLLIN, 0}, {fd_, POLLIN, 0}};
+        nfds_t n = 2;
+        if (mc_count_.load(std::memory_order_relaxed))
+            for (McGroup &m : mc_)
+                if (int fd = m.fd.load(std::memory_order_relaxed); fd >= 0)
+                    p[n++] = {fd, POLLIN, 0};
+        if (poll(p, n, 1) > 0 && (p[0].revents & POLLIN)) {
             uint64_t v;
             if (read(wake_fd_, &v, sizeof v) < 0) { /* spurious wake */
             }

@@ -66,6 +66,13 @@ class Nic {
         uint32_t i = qpn - kQpnBase;
         return i < kMaxQps ? qps_[i].load(std::memory_order_acquire) : nullptr;
     }
+    // Multicast (UD QPs): a group is an IPv4 multicast address, joined by a
+    // socket of its own bound to the group's port 4791; datagrams to it
+    // (destination QPN 0xFFFFFF) reach every QP attached.  0 or an errno.
+    int attach_mcast(Qp *qp, in_addr_t group);
+    int detach_mcast(Qp *qp, in_addr_t group);
+    void detach_all(Qp *qp);
+
     // SRQ table, for the SRQ numbers XRC packets name: SRQN = kSrqnBase + slot.
     uint32_t add_srq(Srq *srq); // 0 when full
     void remove_srq(Srq *srq);
@@ -100,7 +107,12 @@ class Nic {
     // One non-blocking recvmmsg() and the dispatch of what it returned;
     // caller holds rx_mu_.  Returns the number of datagrams received.
     int rx_pass();
-    void dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, TxBatch &tx);
+    // One recvmmsg() on `fd` (the device socket, or a multicast group's
+    // whose address is `dst`) and the dispatch of what it returned.
+    int rx_from(int fd, in_addr_t dst, bool adaptive);
+    void dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_addr_t dst,
+                  TxBatch &tx);
+    void deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx);
     void fire_timers(TxBatch &tx);
     void flush_acks(TxBatch &tx);
 
@@ -112,6 +124,15 @@ class Nic {
     std::thread thread_;
     std::atomic<Qp *> qps_[kMaxQps] = {};
     std::atomic<Srq *> srqs_[kMaxSrqs] = {};
+    // Multicast groups.  A slot's fd changes under rx_mu_ and objects_mu
+    // (so a receive pass never reads a closed one); members under objects_mu.
+    struct McGroup {
+        std::atomic<int> fd{-1};
+        in_addr_t addr = 0;
+        std::vector<Qp *> members;
+    };
+    McGroup mc_[kMaxMcGroups];
+    std::atomic<int> mc_count_{0};
     std::mutex qp_alloc_mu_;
     uint32_t qp_next_ = 0;
     std::atomic<uint32_t> qp_top_{0}; // one past the highest slot ever used

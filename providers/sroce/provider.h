@@ -84,6 +84,9 @@ int sroce_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);
 int sroce_destroy_qp(struct ibv_qp *qp);
 struct ibv_qp_ex *sroce_qp_to_qp_ex(struct ibv_qp *qp);
 
+int sroce_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid);
+int sroce_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid);
+
 struct ibv_ah *sroce_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
 int sroce_destroy_ah(struct ibv_ah *ah);
 

@@ -904,6 +904,7 @@ int sroce_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask) try
 int sroce_destroy_qp(struct ibv_qp *ibqp) {
     Qp *qp = to_qp(ibqp);
     Nic *nic = qp->nic;
+    if (qp->type == IBV_QPT_UD) nic->detach_all(qp);
     {
         // The progress thread holds objects_mu while it uses any QP.
         std::lock_guard<std::mutex> g(nic->objects_mu);
@@ -933,6 +934,31 @@ int sroce_qp_set_commit_peer(struct ibv_qp *ibqp, uint32_t peer_commit_caps) {
     std::lock_guard<std::mutex> g(qp->mu);
     qp->commit.peer_native = peer_commit_caps & IBV_COMMIT_CAP_NATIVE;
     return 0;
+}
+
+// A RoCEv2 multicast GID over IPv4: the IPv4-mapped form of a class D address.
+static bool multicast_group(const union ibv_gid *gid, in_addr_t *group) {
+    static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+    if (!gid || std::memcmp(gid->raw, kMapped, 12) != 0 || (gid->raw[12] & 0xF0) != 0xE0)
+        return false;
+    std::memcpy(group, gid->raw + 12, 4);
+    return true;
+}
+
+int sroce_attach_mcast(struct ibv_qp *ibqp, const union ibv_gid *gid, uint16_t) try {
+    Qp *qp = to_qp(ibqp);
+    in_addr_t group;
+    if (qp->type != IBV_QPT_UD || !multicast_group(gid, &group)) return EINVAL;
+    return qp->nic->attach_mcast(qp, group);
+} catch (const std::bad_alloc &) {
+    return ENOMEM;
+}
+
+int sroce_detach_mcast(struct ibv_qp *ibqp, const union ibv_gid *gid, uint16_t) {
+    Qp *qp = to_qp(ibqp);
+    in_addr_t group;
+    if (qp->type != IBV_QPT_UD || !multicast_group(gid, &group)) return EINVAL;
+    return qp->nic->detach_mcast(qp, group);
 }
 
 struct ibv_qp_ex *sroce_qp_to_qp_ex(struct ibv_qp *qp) {

@@ -196,7 +196,7 @@ bool place_recv(Responder &r, const uint8_t *src, uint32_t len) {
 // RoCEv2 over IPv4: 20 zero bytes, then the IPv4 header of the packet.
 // The sender's IP ID and TTL are not visible through a UDP socket; the
 // header carries what sroce itself sends (ID 0, DF, TTL 64).
-void make_grh(uint8_t grh[kGrhLen], const Qp *qp, const Packet &pkt) {
+void make_grh(uint8_t grh[kGrhLen], const Packet &pkt) {
     std::memset(grh, 0, kGrhLen);
     uint8_t *ip = grh + 20;
     ip[0] = 0x45;
@@ -205,7 +205,7 @@ void make_grh(uint8_t grh[kGrhLen], const Qp *qp, const Packet &pkt) {
     ip[8] = 64;
     ip[9] = 17; // UDP
     std::memcpy(ip + 12, &pkt.src_addr, 4);
-    std::memcpy(ip + 16, &qp->ctx->dev->addr, 4);
+    std::memcpy(ip + 16, &pkt.dst_addr, 4);
     uint32_t sum = 0;
     for (size_t i = 0; i < kIpv4HdrLen; i += 2)
         sum += get16(ip + i);
@@ -537,7 +537,7 @@ Outcome exec_send(Rx &rx) {
     const Packet &pkt = rx.pkt;
     if (rx.qp->type == IBV_QPT_UD) {
         uint8_t grh[kGrhLen];
-        make_grh(grh, rx.qp, pkt);
+        make_grh(grh, pkt);
         place_recv(r, grh, kGrhLen);
         r.msg_offset += kGrhLen;
     }

@@ -468,6 +468,9 @@ int sroce_query_device(struct ibv_context *ctx, struct ibv_device_attr *a) {
                           IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC |
                           IBV_DEVICE_UD_AV_PORT_ENFORCE;
     a->max_mw = int(MrTable::kSlots);
+    a->max_mcast_grp = kMaxMcGroups;
+    a->max_mcast_qp_attach = kMaxMcAttach;
+    a->max_total_mcast_qp_attach = kMaxMcGroups * kMaxMcAttach;
     a->max_srq = int(kMaxSrqs);
     a->max_srq_wr = int(kMaxWr);
     a->max_srq_sge = int(kMaxSge);

@@ -40,6 +40,8 @@ constexpr size_t kGrhLen = 40;
 // naming one means "use the QP's own Q_Key" (IBTA 10.2.5).
 constexpr uint32_t kQkeyControlled = 0x80000000u;
 constexpr uint32_t kGsiQkey = 0x80010000u;
+// Destination QPN of a multicast datagram (IBTA 10.5.2.2).
+constexpr uint32_t kMulticastQpn = 0xFFFFFF;
 
 inline uint16_t get16(const uint8_t *p) {
     return uint16_t(p[0] << 8 | p[1]);
@@ -262,6 +264,7 @@ struct Packet {
     const uint8_t *payload = nullptr;
     uint32_t payload_len = 0; // without pad and ICRC
     uint32_t src_addr = 0;    // sender's IPv4 address (network order), set by the receiver
+    uint32_t dst_addr = 0;    // the address it was sent to: the device's or a multicast group's
     uint16_t src_port = 0;    // sender's UDP port (host order)
 
     // The RC opcode of the same operation for UC and XRC packets (whose
