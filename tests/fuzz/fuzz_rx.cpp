@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: MIT
 //
 // libFuzzer target for the receive path: each input is one datagram that
-// goes through wire::parse() and icrc_verify(), then into a live RC QP's
-// responder or completer.
+// goes through wire::parse() and icrc_verify(), then into a live QP's
+// responder or completer: RC, UC, UD, RC on a shared receive queue, or an
+// XRC target QP, with memory regions and memory windows (types 1 and 2).
 //
-// The first input byte steers the harness (see Control), so the fuzzer does
-// not have to rediscover what a random packet can never contain: the QPN of
-// the QP, the PSN it expects, a valid rkey, a correct ICRC.  The rest is the
-// UDP payload, sent from the connected peer's address to the device address
-// and processed by the engine's own progress thread; the harness waits until
-// that thread has finished with it, so a crash is charged to the right input.
+// The first two input bytes steer the harness (see Control and Target), so
+// the fuzzer does not have to rediscover what a random packet can never
+// contain: the QPN of the QP, the PSN it expects, a valid rkey, the Q_Key,
+// the XRC SRQ number, a correct ICRC.  The rest is the UDP payload, sent
+// from the connected peer's address to the device address and processed by
+// the engine's own progress thread; the harness waits until that thread has
+// finished with it, so a crash is charged to the right input.
 //
 // Oracle, besides the sanitizers: every packet sroce sends back must parse
 // and carry a valid ICRC.
@@ -17,6 +19,7 @@
 #include "nic.hpp"
 #include "provider.h"
 #include "sroce.hpp"
+#include "transport.hpp"
 #include "wire.hpp"
 
 #include <arpa/inet.h>
@@ -58,11 +61,26 @@ enum Control : uint8_t {
     kPostRecv = 1 << 7,
 };
 
+// Second byte: which QP the packet is for, and what RETH / AtomicETH / IETH
+// name when aimed.
+enum Target : uint8_t {
+    kTargetMask = 7,     // 0 RC, 1 UC, 2 UD, 3 RC on an SRQ, 4 XRC target; others RC
+    kAimWindow = 1 << 3, // a memory window's rkey instead of the MR's
+};
+enum Kind { kRc, kUc, kUd, kRcSrq, kXrc, kKinds };
+constexpr uint32_t kQkey = 0x1234567;
+
 struct Harness {
     ibv_context *ctx = nullptr;
     ibv_pd *pd = nullptr;
     ibv_cq *cq = nullptr;
-    ibv_qp *qp = nullptr;
+    ibv_qp *qps[kKinds] = {};
+    ibv_qp *qp = nullptr; // the QP of the current input
+    Kind kind = kRc;
+    ibv_srq *srq = nullptr, *xsrq = nullptr;
+    ibv_xrcd *xrcd = nullptr;
+    ibv_ah *peer_ah = nullptr;
+    ibv_mw *mw1 = nullptr, *mw2 = nullptr;
     ibv_mr *mr = nullptr;
     uint8_t *buf = nullptr;
     Nic *nic = nullptr;
@@ -91,30 +109,43 @@ void modify(ibv_qp_attr &a, int mask) {
     }
 }
 
+void to_init(ibv_qp_attr &a) {
+    a = {};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qkey = kQkey;
+    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                        IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
+    int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+    modify(a, mask | (h.kind == kUd ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS));
+}
+
+// Brings the current QP from any state to RTS, connected to the peer.
 void connect_qp() {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RESET;
     modify(a, IBV_QP_STATE);
-    a = {};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                        IBV_ACCESS_REMOTE_ATOMIC;
-    modify(a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    to_init(a);
     a = {};
     a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = kPeerQpn;
-    a.rq_psn = 0xFFFFF0; // close to the wrap
-    a.max_dest_rd_atomic = 4;
-    a.min_rnr_timer = 1;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.port_num = 1;
-    a.ah_attr.grh.sgid_index = 1;
-    a.ah_attr.grh.dgid.raw[10] = a.ah_attr.grh.dgid.raw[11] = 0xFF;
-    std::memcpy(a.ah_attr.grh.dgid.raw + 12, &h.peer_addr, 4);
-    modify(a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    int mask = IBV_QP_STATE;
+    if (h.kind != kUd) {
+        a.path_mtu = IBV_MTU_1024;
+        a.dest_qp_num = kPeerQpn;
+        a.rq_psn = 0xFFFFF0; // close to the wrap
+        a.ah_attr.is_global = 1;
+        a.ah_attr.port_num = 1;
+        a.ah_attr.grh.sgid_index = 1;
+        a.ah_attr.grh.dgid.raw[10] = a.ah_attr.grh.dgid.raw[11] = 0xFF;
+        std::memcpy(a.ah_attr.grh.dgid.raw + 12, &h.peer_addr, 4);
+        mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+    }
+    if (h.kind == kRc || h.kind == kRcSrq || h.kind == kXrc) {
+        a.max_dest_rd_atomic = 4;
+        a.min_rnr_timer = 1;
+        mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    }
+    modify(a, mask);
     a = {};
     a.qp_state = IBV_QPS_RTS;
     a.sq_psn = 0x000100;
@@ -122,8 +153,11 @@ void connect_qp() {
     a.retry_cnt = 7;
     a.rnr_retry = 7;
     a.max_rd_atomic = 4;
-    modify(a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                  IBV_QP_MAX_QP_RD_ATOMIC);
+    mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+    if (h.kind == kRc || h.kind == kRcSrq)
+        mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+    if (h.kind == kXrc) mask |= IBV_QP_TIMEOUT;
+    modify(a, mask);
 }
 
 void setup() {
@@ -167,17 +201,80 @@ void setup() {
                             IBV_ACCESS_REMOTE_ATOMIC);
     h.cq = sroce_create_cq(h.ctx, 4096, nullptr, nullptr, 0);
     if (!h.mr || !h.cq) die("reg_mr / create_cq");
-    ibv_qp_init_attr ia{};
-    ia.send_cq = h.cq;
-    ia.recv_cq = h.cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = kQueueDepth;
-    ia.cap.max_recv_wr = kQueueDepth;
-    ia.cap.max_send_sge = 2;
-    ia.cap.max_recv_sge = 2;
-    h.qp = sroce_create_qp(h.pd, &ia);
-    if (!h.qp) die("create_qp");
-    connect_qp();
+    ibv_srq_init_attr srq_attr{};
+    srq_attr.attr = {kQueueDepth, 2, 0};
+    h.srq = sroce_create_srq(h.pd, &srq_attr);
+    ibv_xrcd_init_attr xa{};
+    xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+    xa.fd = -1;
+    xa.oflags = O_CREAT;
+    h.xrcd = ibv_open_xrcd(h.ctx, &xa);
+    if (!h.srq || !h.xrcd) die("create_srq / open_xrcd");
+    ibv_srq_init_attr_ex xs{};
+    xs.attr = {kQueueDepth, 2, 0};
+    xs.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+                   IBV_SRQ_INIT_ATTR_CQ;
+    xs.srq_type = IBV_SRQT_XRC;
+    xs.pd = h.pd;
+    xs.xrcd = h.xrcd;
+    xs.cq = h.cq;
+    h.xsrq = ibv_create_srq_ex(h.ctx, &xs);
+    if (!h.xsrq) die("create XRC SRQ");
+    const ibv_qp_type types[kKinds] = {IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD, IBV_QPT_RC,
+                                       IBV_QPT_XRC_RECV};
+    for (int k = 0; k < kKinds; k++) {
+        ibv_qp_init_attr_ex ia{};
+        ia.send_cq = h.cq;
+        ia.recv_cq = h.cq;
+        ia.qp_type = types[k];
+        ia.cap = {kQueueDepth, kQueueDepth, 2, 2, 0};
+        ia.srq = k == kRcSrq ? h.srq : nullptr;
+        ia.comp_mask = k == kXrc ? IBV_QP_INIT_ATTR_XRCD : IBV_QP_INIT_ATTR_PD;
+        ia.pd = h.pd;
+        ia.xrcd = h.xrcd;
+        // Straight to the engine: ibv_create_qp_ex() would hand a QP with a
+        // PD alone to libibverbs' ibv_create_qp, which is not the engine's here.
+        h.qps[k] = verbs_get_ctx(h.ctx)->create_qp_ex(h.ctx, &ia);
+        if (!h.qps[k]) die("create_qp");
+        h.qp = h.qps[k];
+        h.kind = Kind(k);
+        connect_qp();
+    }
+    ibv_ah_attr ah{};
+    ah.is_global = 1;
+    ah.port_num = 1;
+    ah.grh.sgid_index = 1;
+    ah.grh.dgid.raw[10] = ah.grh.dgid.raw[11] = 0xFF;
+    std::memcpy(ah.grh.dgid.raw + 12, &h.peer_addr, 4);
+    h.peer_ah = sroce_create_ah(h.pd, &ah);
+    h.mw1 = ibv_alloc_mw(h.pd, IBV_MW_TYPE_1);
+    h.mw2 = ibv_alloc_mw(h.pd, IBV_MW_TYPE_2);
+    if (!h.peer_ah || !h.mw1 || !h.mw2) die("create_ah / alloc_mw");
+    h.qp = h.qps[kRc];
+    h.kind = kRc;
+}
+
+// The windows cover the first half of the MR.  A type 2 window is bound to
+// the RC QP and may be invalidated by a fuzzed SEND WITH INVALIDATE: bound
+// again when needed.
+void bind_windows() {
+    ibv_mw_bind_info info{h.mr, uint64_t(uintptr_t(h.buf)), kBufLen / 2,
+                          IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                              IBV_ACCESS_REMOTE_ATOMIC};
+    ibv_qp *rc = h.qps[kRc];
+    if (!window_parent(reinterpret_cast<Mw *>(h.mw1))) {
+        ibv_mw_bind b{0, 0, info};
+        (void)ibv_bind_mw(rc, h.mw1, &b);
+    }
+    if (!window_parent(reinterpret_cast<Mw *>(h.mw2))) {
+        ibv_send_wr wr{};
+        wr.opcode = IBV_WR_BIND_MW;
+        wr.bind_mw.mw = h.mw2;
+        wr.bind_mw.rkey = ibv_inc_rkey(h.mw2->rkey);
+        wr.bind_mw.bind_info = info;
+        ibv_send_wr *bad = nullptr;
+        (void)ibv_post_send(rc, &wr, &bad);
+    }
 }
 
 // Sends the datagram to the device and returns once the progress thread
@@ -238,6 +335,7 @@ void drain_completions() {
 }
 
 void post_send(uint8_t kind) {
+    if (h.kind == kXrc) return; // a receive-only QP
     Qp *qp = to_qp(h.qp);
     {
         std::lock_guard<std::mutex> g(qp->mu);
@@ -276,38 +374,75 @@ void post_send(uint8_t kind) {
         wr.wr.rdma.remote_addr = remote;
         wr.wr.rdma.rkey = 1;
     }
+    // What the transport carries: UC has no READ or atomics, UD sends only.
+    if (h.kind == kUc && wr.opcode != IBV_WR_RDMA_WRITE) {
+        wr.opcode = IBV_WR_SEND;
+        sge.length = 100;
+    }
+    if (h.kind == kUd) {
+        wr.opcode = IBV_WR_SEND;
+        sge.length = 100;
+        wr.wr.ud.ah = h.peer_ah;
+        wr.wr.ud.remote_qpn = kPeerQpn;
+        wr.wr.ud.remote_qkey = kQkey;
+    }
     ibv_send_wr *bad = nullptr;
     (void)ibv_post_send(h.qp, &wr, &bad);
 }
 
 void post_recv() {
-    Qp *qp = to_qp(h.qp);
-    {
-        std::lock_guard<std::mutex> g(qp->mu);
-        if (qp->resp.rq.head - qp->resp.rq.tail >= kQueueDepth) return;
-    }
     ibv_sge sge{uint64_t(uintptr_t(h.buf + 32768)), 3000, h.mr->lkey};
     ibv_recv_wr wr{};
     wr.sg_list = &sge;
     wr.num_sge = 1;
     ibv_recv_wr *bad = nullptr;
+    if (h.kind == kRcSrq || h.kind == kXrc) {
+        Srq *srq = to_srq(h.kind == kXrc ? h.xsrq : h.srq);
+        {
+            std::lock_guard<std::mutex> g(srq->mu);
+            if (srq->rq.size() >= kQueueDepth) return;
+        }
+        (void)ibv_post_srq_recv(&srq->ibsrq, &wr, &bad);
+        return;
+    }
+    Qp *qp = to_qp(h.qp);
+    {
+        std::lock_guard<std::mutex> g(qp->mu);
+        if (qp->resp.rq.head - qp->resp.rq.tail >= kQueueDepth) return;
+    }
     (void)ibv_post_recv(h.qp, &wr, &bad);
 }
 
-// Points RETH / AtomicETH at our MR, keeping the fuzzed offset and length.
-void aim_at_mr(uint8_t *p, size_t n) {
+// Points RETH / AtomicETH at our MR or a window, keeping the fuzzed offset
+// and length; names the window in an IETH, our Q_Key in a DETH and our XRC
+// SRQ in an XRCETH.
+void aim(uint8_t *p, size_t n, bool window) {
     const wire::OpInfo &o = wire::op_info(p[0]);
     if (!o.name) return;
+    ibv_mw *mw = h.kind == kRc ? h.mw2 : h.mw1;
+    uint32_t rkey = window ? mw->rkey : h.mr->rkey;
+    size_t span = window ? kBufLen / 2 : kBufLen;
     uint8_t off = o.reth ? o.reth : o.atomic_eth;
-    if (!off || size_t(off) + 12 > n) return;
-    uint64_t va = wire::get64(p + off);
-    wire::put64(p + off, uint64_t(uintptr_t(h.buf)) + (va & (kBufLen - 1)));
-    wire::put32(p + off + 8, h.mr->rkey);
+    if (off && size_t(off) + 12 <= n) {
+        uint64_t va = wire::get64(p + off);
+        wire::put64(p + off, uint64_t(uintptr_t(h.buf)) + (va & (span - 1)));
+        wire::put32(p + off + 8, rkey);
+    }
+    if (o.ieth && size_t(o.ieth) + 4 <= n) wire::put32(p + o.ieth, mw->rkey);
+    if (o.deth && size_t(o.deth) + 4 <= n) wire::put32(p + o.deth, kQkey);
+    if (o.xrceth && size_t(o.xrceth) + 4 <= n) wire::put32(p + o.xrceth, to_srq(h.xsrq)->srq_num);
 }
 
 void teardown() {
     // Joins the progress thread before static destructors run under it.
-    sroce_destroy_qp(h.qp);
+    ibv_dealloc_mw(h.mw1);
+    ibv_dealloc_mw(h.mw2);
+    sroce_destroy_ah(h.peer_ah);
+    for (ibv_qp *qp : h.qps)
+        sroce_destroy_qp(qp);
+    sroce_destroy_srq(h.srq);
+    sroce_destroy_srq(h.xsrq);
+    ibv_close_xrcd(h.xrcd);
     sroce_destroy_cq(h.cq);
     sroce_dereg_mr(h.mr);
     sroce_dealloc_pd(h.pd);
@@ -325,9 +460,11 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (size == 0 || size > kMaxDatagram + 1) return 0;
-    uint8_t ctl = data[0];
-    std::vector<uint8_t> pkt(data + 1, data + size);
+    if (size < 2 || size > kMaxDatagram + 2) return 0;
+    uint8_t ctl = data[0], target = data[1];
+    h.kind = Kind((target & kTargetMask) < kKinds ? target & kTargetMask : kRc);
+    h.qp = h.qps[h.kind];
+    std::vector<uint8_t> pkt(data + 2, data + size);
     uint8_t *p = pkt.data();
     size_t n = pkt.size();
 
@@ -348,6 +485,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             reset || qp->attr.state != IBV_QPS_RTS || qp->req.head - qp->req.tail >= kQueueDepth;
     }
     if (reset) connect_qp();
+    if (target & kAimWindow) bind_windows();
     if (ctl & kPostRecv) post_recv();
     if (ctl & kPostSend) post_send(uint8_t(ctl >> 5));
     check_replies();
@@ -355,7 +493,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (n >= wire::kBthLen) {
         if (ctl & kOwnQp) {
             wire::put24(p + 5, h.qp->qp_num);
-            aim_at_mr(p, n);
+            aim(p, n, target & kAimWindow);
         }
         if (ctl & kExpectedPsn) {
             std::lock_guard<std::mutex> g(qp->mu);

@@ -2,12 +2,14 @@
 # SPDX-License-Identifier: MIT
 """Writes the seed corpus of fuzz_rx: one file per input.
 
-An input is a control byte (see Control in fuzz_rx.cpp) followed by a RoCEv2
-transport packet (BTH onwards, ICRC last).  The seeds are one well-formed
-packet of every RC opcode, aimed at the QP under test with the PSN it
-expects, responses preceded by the request they answer, the NAK and RNR
-syndromes, and a few malformed shapes; the ICRC is left zero because the
-harness fills in the right one unless the control byte says otherwise.
+An input is a control byte and a target byte (see Control and Target in
+fuzz_rx.cpp) followed by a RoCEv2 transport packet (BTH onwards, ICRC last).
+The seeds are one well-formed packet of every opcode of every transport,
+aimed at a QP of that transport with the PSN it expects (RC, UC, UD, RC on
+an SRQ, XRC target), through memory regions and memory windows, responses
+preceded by the request they answer, the NAK and RNR syndromes, and a few
+malformed shapes; the ICRC is left zero because the harness fills in the
+right one unless the control byte says otherwise.
 
 Usage: make_seeds.py OUTDIR
 """
@@ -23,6 +25,8 @@ POST_SEND = 1 << 4
 POST_RECV = 1 << 7
 POST_WRITE, POST_READ, POST_ATOMIC, POST_SEND_OP = (POST_SEND | k << 5 for k in range(4))
 AIMED = OWN_QP | EXPECTED_PSN
+RC, UC, UD, RC_SRQ, XRC = range(5)
+WINDOW = 1 << 3
 
 
 def bth(op, psn=0, pad=0, ackreq=True, qpn=0x11, pkey=0xFFFF, tver=0):
@@ -107,6 +111,44 @@ def seeds():
     yield "empty", 0, b""
 
 
+def xrceth():
+    return b"\0\0\0\0"  # the harness names its XRC SRQ
+
+
+def deth():
+    return b"\0" * 8  # the harness fills in its Q_Key
+
+
+def transport_seeds():
+    mtu = 1024
+    yield "uc_send_only", UC, POST_RECV | AIMED, packet(0x24, payload=data(100))
+    yield "uc_send_first", UC, POST_RECV | AIMED, packet(0x20, payload=data(mtu))
+    yield "uc_send_last_imm", UC, AIMED, packet(0x23, b"\0\0\0\7", data(12))
+    yield "uc_write_only", UC, AIMED, packet(0x2A, reth(0x100, 0, 64), data(64))
+    yield "uc_write_first", UC, AIMED, packet(0x26, reth(0x1000, 0, 2 * mtu), data(mtu))
+    yield "uc_write_last_imm", UC, POST_RECV | AIMED, packet(0x29, b"\0\0\0\2", data(mtu))
+    yield "uc_psn_gap", UC, OWN_QP, packet(0x25, b"\0\0\0\1", data(8), psn=0x42)
+    yield "ud_send_only", UD, POST_RECV | AIMED, packet(0x64, deth(), data(100))
+    yield "ud_send_only_imm", UD, POST_RECV | AIMED, packet(0x65, deth() + b"\0\0\0\1", data(8))
+    yield "ud_too_long", UD, POST_RECV | AIMED, packet(0x64, deth(), data(3000))
+    yield "ud_wrong_qkey", UD, POST_RECV | OWN_QP, packet(0x64, b"\1" * 8, data(8))
+    yield "srq_send_only", RC_SRQ, POST_RECV | AIMED, packet(0x04, payload=data(100))
+    yield "srq_send_first", RC_SRQ, POST_RECV | AIMED, packet(0x00, payload=data(mtu))
+    yield "srq_write_imm", RC_SRQ, POST_RECV | AIMED, packet(0x0B, reth(0x200, 0, 3) +
+                                                             b"\0\0\0\1", data(3))
+    yield "xrc_send_only", XRC, POST_RECV | AIMED, packet(0xA4, xrceth(), data(100))
+    yield "xrc_write_only", XRC, AIMED, packet(0xAA, xrceth() + reth(0x100, 0, 64), data(64))
+    yield "xrc_read", XRC, AIMED, packet(0xAC, xrceth() + reth(0x2000, 0, 2500))
+    yield "xrc_fetch_add", XRC, AIMED, packet(0xB4, xrceth() + atomic_eth(0x3008, 0, 1, 0))
+    yield "xrc_bad_srqn", XRC, OWN_QP | EXPECTED_PSN, packet(0xA4, b"\0\0\1\0", data(4))
+    yield "mw_write", RC | WINDOW, AIMED, packet(0x0A, reth(0x100, 0, 64), data(64))
+    yield "mw_read", RC | WINDOW, AIMED, packet(0x0C, reth(0x2000, 0, 100))
+    yield "mw_atomic", RC | WINDOW, AIMED, packet(0x14, atomic_eth(0x3008, 0, 1, 0))
+    yield "mw_send_inv", RC | WINDOW, POST_RECV | AIMED, packet(0x17, b"\0\0\0\0", data(8))
+    yield "mw1_write_uc", UC | WINDOW, AIMED, packet(0x2A, reth(0x100, 0, 64), data(64))
+    yield "mw_beyond_window", RC | WINDOW, AIMED, packet(0x0A, reth(0x8000, 0, 0x10000), data(8))
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -114,7 +156,10 @@ def main():
     os.makedirs(out, exist_ok=True)
     for name, ctl, pkt in seeds():
         with open(os.path.join(out, name), "wb") as f:
-            f.write(bytes([ctl]) + pkt)
+            f.write(bytes([ctl, RC]) + pkt)
+    for name, target, ctl, pkt in transport_seeds():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(bytes([ctl, target]) + pkt)
 
 
 if __name__ == "__main__":
