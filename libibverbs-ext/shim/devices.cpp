@@ -178,10 +178,10 @@ SROCE_SHIM_EXPORT int ibv_close_device(ibv_context *context) {
     SROCE_FORWARD(ibv_close_device, kV1_1, -1, context);
 }
 
-// Imports a context from a uverbs command FD.  A sroce context's command
-// FD carries no objects to share: importing it is not supported.
+// Imports a context from a command FD: a sroce context's shares the
+// objects of the context it came from.
 SROCE_SHIM_EXPORT ibv_context *ibv_import_device(int cmd_fd) {
-    if (sroce_is_cmd_fd(cmd_fd)) return fail_errno<ibv_context *>(EOPNOTSUPP, nullptr);
+    if (sroce_is_cmd_fd(cmd_fd)) return sroce_import_device(cmd_fd);
     SROCE_FORWARD(ibv_import_device, kV1_10, nullptr, cmd_fd);
 }
 

@@ -22,15 +22,15 @@ SROCE_SHIM_EXPORT int ibv_dealloc_pd(ibv_pd *pd) {
     SROCE_FORWARD(ibv_dealloc_pd, kV1_1, ENOSYS, pd);
 }
 
-// Object import shares kernel objects between processes through a uverbs
-// FD; sroce objects cannot be imported.
+// Object import: a context imported from a sroce context's command FD sees
+// its PDs and MRs by handle (within the process).
 SROCE_SHIM_EXPORT ibv_pd *ibv_import_pd(ibv_context *context, uint32_t pd_handle) {
-    if (owns_ctx(context)) return fail_errno<ibv_pd *>(EOPNOTSUPP, nullptr);
+    if (owns_ctx(context)) return sroce_import_pd(context, pd_handle);
     SROCE_FORWARD(ibv_import_pd, kV1_10, nullptr, context, pd_handle);
 }
 
 SROCE_SHIM_EXPORT void ibv_unimport_pd(ibv_pd *pd) {
-    if (owns(pd)) return; // never imported
+    if (owns(pd)) return sroce_unimport_pd(pd);
     SROCE_FORWARD_VOID(ibv_unimport_pd, kV1_10, pd);
 }
 
@@ -74,12 +74,12 @@ SROCE_SHIM_EXPORT int ibv_dereg_mr(ibv_mr *mr) {
 }
 
 SROCE_SHIM_EXPORT ibv_mr *ibv_import_mr(ibv_pd *pd, uint32_t mr_handle) {
-    if (owns(pd)) return fail_errno<ibv_mr *>(EOPNOTSUPP, nullptr);
+    if (owns(pd)) return sroce_import_mr(pd, mr_handle);
     SROCE_FORWARD(ibv_import_mr, kV1_10, nullptr, pd, mr_handle);
 }
 
 SROCE_SHIM_EXPORT void ibv_unimport_mr(ibv_mr *mr) {
-    if (owns(mr)) return; // never imported
+    if (owns(mr)) return sroce_unimport_mr(mr);
     SROCE_FORWARD_VOID(ibv_unimport_mr, kV1_10, mr);
 }
 

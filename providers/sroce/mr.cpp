@@ -118,13 +118,19 @@ struct ibv_pd *sroce_alloc_pd(struct ibv_context *ctx) try {
     pd->ibpd.context = ctx;
     static std::atomic<uint32_t> handles{1};
     pd->ibpd.handle = handles++;
+    if (!register_pd(pd)) {
+        delete pd;
+        return out_of_memory<struct ibv_pd *>(nullptr);
+    }
     return &pd->ibpd;
 } catch (const std::bad_alloc &) {
     return out_of_memory<struct ibv_pd *>(nullptr);
 }
 
-int sroce_dealloc_pd(struct ibv_pd *pd) {
-    delete reinterpret_cast<Pd *>(pd);
+int sroce_dealloc_pd(struct ibv_pd *ibpd) {
+    Pd *pd = reinterpret_cast<Pd *>(ibpd);
+    if (pd->root == pd) unregister_pd(pd);
+    delete pd;
     return 0;
 }
 
@@ -155,7 +161,7 @@ struct ibv_mr *sroce_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64
     mr->length = length;
     mr->access = unsigned(mandatory);
     mr->implicit = implicit;
-    mr->pd = reinterpret_cast<Pd *>(pd);
+    mr->pd = pd_root(pd);
     mr->ibmr.context = pd->context;
     mr->ibmr.pd = pd;
     mr->ibmr.addr = addr;
@@ -229,7 +235,7 @@ int sroce_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *pd, void *addr
     mr->implicit = implicit;
     mr->cls = cls;
     if (flags & IBV_REREG_MR_CHANGE_PD) {
-        mr->pd = reinterpret_cast<Pd *>(pd);
+        mr->pd = pd_root(pd);
         ibmr->pd = pd;
     }
     if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
@@ -244,6 +250,11 @@ int sroce_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *pd, void *addr
 
 int sroce_dereg_mr(struct ibv_mr *ibmr) {
     Mr *mr = reinterpret_cast<Mr *>(ibmr);
+    // An imported MR's handle goes away; the MR stays its owner's.
+    if (mr->imported_from) {
+        delete mr;
+        return 0;
+    }
     // Windows bound to the MR would be left pointing at nothing.
     if (mr->windows.load()) return EBUSY;
     Nic *nic = to_ctx(ibmr->context)->nic;
@@ -275,7 +286,7 @@ int advise_mr(ibv_pd *pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge *
         const Mr *mr = nic->mrs.lookup(sg_list[i].lkey);
         unsigned need =
             advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE ? unsigned(IBV_ACCESS_LOCAL_WRITE) : 0;
-        if (!mr || mr->window || mr->pd != reinterpret_cast<Pd *>(pd) ||
+        if (!mr || mr->window || mr->pd != pd_root(pd) ||
             !mr_range(mr, sg_list[i].addr, sg_list[i].length, need))
             return EINVAL;
     }

@@ -61,7 +61,7 @@ uint8_t *remote_access(Qp *qp, Pd *pd, uint32_t rkey, uint64_t va, uint64_t len,
 ibv_wc_status mw_bind(Qp *qp, const SendWqe &wqe) {
     Mw *mw = wqe.mw;
     const ibv_mw_bind_info &b = wqe.bind;
-    Pd *pd = reinterpret_cast<Pd *>(qp->qpx.qp_base.pd);
+    Pd *pd = qp->pd;
     Mr *mr = b.mr ? reinterpret_cast<Mr *>(b.mr) : nullptr;
     if (mw->entry.pd != pd || (b.mw_access_flags & ~kWindowAccess)) return IBV_WC_MW_BIND_ERR;
     // A bind may change only the consumer key of the window's rkey.
@@ -103,7 +103,7 @@ ibv_wc_status mw_bind(Qp *qp, const SendWqe &wqe) {
 int invalidate_window(Qp *qp, uint32_t rkey) {
     Mr *e = qp->nic->mrs.lookup(rkey);
     Mw *mw = e ? window_of(e) : nullptr;
-    if (!mw || e->pd != reinterpret_cast<Pd *>(qp->qpx.qp_base.pd)) return EINVAL;
+    if (!mw || e->pd != qp->pd) return EINVAL;
     std::lock_guard<std::mutex> g(mw->mu);
     if (mw->ibmw.type != IBV_MW_TYPE_2 || !mw->bound) return EINVAL;
     unbind(mw);
@@ -128,7 +128,7 @@ ibv_mw *alloc_mw(ibv_pd *pd, ibv_mw_type type) try {
         errno = ENOMEM;
         return nullptr;
     }
-    mw->entry.pd = reinterpret_cast<Pd *>(pd);
+    mw->entry.pd = pd_root(pd);
     mw->entry.window = mw;
     if (!to_ctx(pd->context)->nic->mrs.insert(&mw->entry)) {
         delete mw;

@@ -55,6 +55,13 @@ int sroce_get_async_event(struct ibv_context *ctx, struct ibv_async_event *event
 void sroce_ack_async_event(struct ibv_async_event *event);
 
 struct ibv_pd *sroce_alloc_pd(struct ibv_context *ctx);
+/* Object import (import.cpp); a sroce context's command FD is one of ours
+ * when sroce_is_cmd_fd() says so. */
+struct ibv_context *sroce_import_device(int cmd_fd);
+struct ibv_pd *sroce_import_pd(struct ibv_context *ctx, uint32_t pd_handle);
+void sroce_unimport_pd(struct ibv_pd *pd);
+struct ibv_mr *sroce_import_mr(struct ibv_pd *pd, uint32_t mr_handle);
+void sroce_unimport_mr(struct ibv_mr *mr);
 int sroce_dealloc_pd(struct ibv_pd *pd);
 
 struct ibv_mr *sroce_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,

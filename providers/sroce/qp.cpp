@@ -778,6 +778,7 @@ ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) try {
     qp->scq = tgt ? nullptr : to_cq(attr->send_cq);
     qp->rcq = tgt || qp->type == IBV_QPT_XRC_SEND ? nullptr : to_cq(attr->recv_cq);
     qp->srq = tgt ? nullptr : (attr->srq ? to_srq(attr->srq) : nullptr);
+    qp->pd = tgt ? nullptr : pd_root(attr->pd);
     if (tgt) qp->xrcd = reinterpret_cast<Xrcd *>(attr->xrcd);
     try {
         init_queues(qp, attr, ops);

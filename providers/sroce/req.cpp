@@ -299,7 +299,7 @@ bool req_fill_sges(Qp *qp, SendWqe &w, const ibv_sge *sg, size_t n) {
     if (n > qp->req.max_sge) return false;
     bool atomic = is_atomic(w);
     unsigned need = is_read(w) || atomic ? IBV_ACCESS_LOCAL_WRITE : 0;
-    Pd *pd = reinterpret_cast<Pd *>(qp->qpx.qp_base.pd);
+    Pd *pd = qp->pd;
     uint64_t total = 0;
     w.num_sge = uint32_t(n);
     for (size_t i = 0; i < n; i++) {

@@ -137,7 +137,7 @@ bool take_recv(Rx &rx) {
     r.recv = w;
     r.recv.sge = r.recv_sge;
     // The lkeys are checked now, against the MRs as they are now.
-    Pd *pd = rx.srq ? rx.srq->pd : reinterpret_cast<Pd *>(rx.qp->qpx.qp_base.pd);
+    Pd *pd = rx.srq ? rx.srq->pd : rx.qp->pd;
     r.recv_bad = false;
     for (uint32_t i = 0; i < w.num_sge; i++) {
         uint8_t *host = check_lkey(rx.qp->nic, pd, w.sge[i], IBV_ACCESS_LOCAL_WRITE);
@@ -854,7 +854,7 @@ int resp_post_recv(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
 
 void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
     uint8_t op = pkt.rc_opcode();
-    Rx rx{qp, pkt, tx, op, pkt.info->flags, reinterpret_cast<Pd *>(qp->qpx.qp_base.pd), qp->srq};
+    Rx rx{qp, pkt, tx, op, pkt.info->flags, qp->pd, qp->srq};
     for (Stage stage : kStages) {
         Outcome o = stage(rx);
         if (o != Outcome::kNext) {

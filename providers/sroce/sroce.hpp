@@ -76,6 +76,10 @@ struct Context {
     verbs_context vctx; // first; vctx.context is what applications see
     Device *dev = nullptr;
     Nic *nic = nullptr;
+    // The command FD's file: contexts imported from it (ibv_import_device)
+    // share their objects with the one that made it.
+    dev_t file_dev = 0;
+    ino_t file_ino = 0;
     int async_rd = -1, async_wr = -1; // pipe: one byte per queued event, for poll(2)
     // Events live here rather than in the pipe so that destroying a QP or CQ
     // can withdraw the events that name it before the pointer dangles.
@@ -94,7 +98,17 @@ inline Context *to_ctx(ibv_context *c) {
 
 struct Pd {
     ibv_pd ibpd;
+    // An imported PD (ibv_import_pd) is a handle of its own naming another
+    // PD: protection checks compare roots.
+    Pd *root = this;
 };
+
+inline Pd *pd_root(ibv_pd *p) {
+    return p ? reinterpret_cast<Pd *>(p)->root : nullptr;
+}
+// The registry ibv_import_pd finds PDs in (import.cpp); false: no memory.
+bool register_pd(Pd *pd);
+void unregister_pd(Pd *pd);
 
 struct Mr {
     ibv_mr ibmr;
@@ -113,6 +127,9 @@ struct Mr {
     std::atomic<uint32_t> key{0};
     std::atomic<int> windows{0}; // memory windows bound to this MR
     Mw *window = nullptr;        // set when this entry is a memory window's
+    // An imported MR (ibv_import_mr) is a handle naming this MR; it is never
+    // in the key table.
+    Mr *imported_from = nullptr;
 };
 
 // A memory window: a key-table entry of its own that grants remote access
@@ -463,6 +480,7 @@ struct Qp {
     Nic *nic = nullptr;
     Cq *scq = nullptr, *rcq = nullptr;
     Srq *srq = nullptr;
+    Pd *pd = nullptr; // the root of the QP's PD (none for an XRC receive QP)
     ibv_qp_type type = IBV_QPT_RC;
     Xrcd *xrcd = nullptr; // XRC target QPs
 

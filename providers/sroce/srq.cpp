@@ -97,8 +97,7 @@ ibv_srq *create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr) try {
         errno = EINVAL;
         return nullptr;
     }
-    Srq *srq =
-        make_srq(to_ctx(ibctx), reinterpret_cast<Pd *>(attr->pd), attr->attr, attr->srq_context);
+    Srq *srq = make_srq(to_ctx(ibctx), pd_root(attr->pd), attr->attr, attr->srq_context);
     if (!srq) return nullptr;
     srq->type = type;
     if (xrc) {
@@ -202,8 +201,7 @@ using namespace sroce;
 extern "C" {
 
 struct ibv_srq *sroce_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr) try {
-    Srq *srq =
-        make_srq(to_ctx(pd->context), reinterpret_cast<Pd *>(pd), attr->attr, attr->srq_context);
+    Srq *srq = make_srq(to_ctx(pd->context), pd_root(pd), attr->attr, attr->srq_context);
     return srq ? &srq->ibsrq : nullptr;
 } catch (const std::bad_alloc &) {
     return out_of_memory<struct ibv_srq *>(nullptr);

@@ -349,25 +349,32 @@ int sroce_read_sysfs_file(const char *dir, const char *file, char *buf, size_t s
     return out_of_memory(-1);
 }
 
-struct ibv_context *sroce_open_device(struct ibv_device *ibdev) try {
+} // extern "C"
+
+namespace sroce {
+namespace {
+
+// A context of `ibdev` whose command FD is `cmd_fd` (taken over, closed on
+// failure); nullptr with errno set.
+ibv_context *open_context(ibv_device *ibdev, int cmd_fd) {
     Device *dev = to_dev(ibdev);
+    struct stat st;
+    if (fstat(cmd_fd, &st) < 0) {
+        close(cmd_fd);
+        return nullptr;
+    }
     Nic *nic = Nic::acquire(dev);
-    if (!nic) return nullptr;
+    if (!nic) {
+        close(cmd_fd);
+        return nullptr;
+    }
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) < 0) {
+        close(cmd_fd);
         nic->release();
         return nullptr;
     }
     fcntl(fds[1], F_SETFL, O_NONBLOCK);
-    // A command FD of its own (an empty memfd: a unique inode), since
-    // programs dup() or pass it on to share a context (ibv_import_device).
-    int cmd_fd = memfd_create("sroce-context", MFD_CLOEXEC);
-    if (cmd_fd < 0) {
-        close(fds[0]);
-        close(fds[1]);
-        nic->release();
-        return nullptr;
-    }
     auto *ctx = new (std::nothrow) Context;
     if (ctx) {
         // Registered before anything else can fail, so close finds it.
@@ -389,6 +396,8 @@ struct ibv_context *sroce_open_device(struct ibv_device *ibdev) try {
     std::memset(&ctx->vctx, 0, sizeof ctx->vctx);
     ctx->dev = dev;
     ctx->nic = nic;
+    ctx->file_dev = st.st_dev;
+    ctx->file_ino = st.st_ino;
     ctx->async_rd = fds[0];
     ctx->async_wr = fds[1];
     verbs_context &v = ctx->vctx;
@@ -419,6 +428,37 @@ struct ibv_context *sroce_open_device(struct ibv_device *ibdev) try {
     c.ops.bind_mw = bind_mw;
     c.ops.dealloc_mw = dealloc_mw;
     return &c;
+}
+
+} // namespace
+} // namespace sroce
+
+extern "C" {
+
+struct ibv_context *sroce_open_device(struct ibv_device *ibdev) try {
+    // A command FD of its own (an empty memfd: a unique inode), since
+    // programs dup() or pass it on to share a context (ibv_import_device).
+    int cmd_fd = memfd_create("sroce-context", MFD_CLOEXEC);
+    if (cmd_fd < 0) return nullptr;
+    return open_context(ibdev, cmd_fd);
+} catch (const std::bad_alloc &) {
+    return out_of_memory<struct ibv_context *>(nullptr);
+}
+
+struct ibv_context *sroce_import_device(int cmd_fd) try {
+    struct stat a;
+    if (fstat(cmd_fd, &a) != 0) return nullptr;
+    ibv_device *dev = nullptr;
+    {
+        std::lock_guard<std::mutex> g(g_ctx_mu);
+        for (Context *c : g_ctxs)
+            if (c->file_dev == a.st_dev && c->file_ino == a.st_ino) dev = c->vctx.context.device;
+    }
+    if (!dev) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    return open_context(dev, cmd_fd);
 } catch (const std::bad_alloc &) {
     return out_of_memory<struct ibv_context *>(nullptr);
 }
@@ -427,11 +467,8 @@ int sroce_is_cmd_fd(int fd) {
     struct stat a;
     if (fstat(fd, &a) != 0) return 0;
     std::lock_guard<std::mutex> g(g_ctx_mu);
-    for (Context *c : g_ctxs) {
-        struct stat b;
-        if (fstat(c->vctx.context.cmd_fd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
-            return 1;
-    }
+    for (Context *c : g_ctxs)
+        if (c->file_dev == a.st_dev && c->file_ino == a.st_ino) return 1;
     return 0;
 }
 

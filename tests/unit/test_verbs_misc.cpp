@@ -83,15 +83,40 @@ TEST(Device, RtValuesCountMonotonicNanoseconds) {
     EXPECT_LE(t, after);
 }
 
-TEST(Device, CommandFdIsOursAndNotImportable) {
-    int fd = g_ctx[0]->cmd_fd;
-    ASSERT_GE(fd, 0);
-    int dup_fd = dup(fd);
+// A context imported from another's command FD sees its PD and MR by
+// handle; an MR of the imported PD's QP works through the imported handles.
+TEST(Device, ImportedContextSharesPdAndMr) {
+    int dup_fd = dup(g_ctx[0]->cmd_fd);
     ASSERT_GE(dup_fd, 0);
+    ibv_context *imported = ibv_import_device(dup_fd);
+    ASSERT_NE(imported, nullptr) << std::strerror(errno);
+    ibv_pd *pd = ibv_alloc_pd(g_ctx[0]);
+    ASSERT_NE(pd, nullptr);
+    std::vector<uint8_t> mem(4096);
+    ibv_mr *mr = ibv_reg_mr(pd, mem.data(), mem.size(), IBV_ACCESS_LOCAL_WRITE);
+    ASSERT_NE(mr, nullptr);
+    ibv_pd *ipd = ibv_import_pd(imported, pd->handle);
+    ASSERT_NE(ipd, nullptr) << std::strerror(errno);
+    EXPECT_EQ(ipd->context, imported);
+    EXPECT_EQ(ipd->handle, pd->handle);
+    ibv_mr *imr = ibv_import_mr(ipd, mr->handle);
+    ASSERT_NE(imr, nullptr) << std::strerror(errno);
+    EXPECT_EQ(imr->lkey, mr->lkey);
+    EXPECT_EQ(imr->rkey, mr->rkey);
+    EXPECT_EQ(imr->length, mr->length);
+    EXPECT_EQ(imr->addr, nullptr) << "the kernel knows no address for an imported MR";
+    // Only handles of the same command FD's contexts can be imported.
     errno = 0;
-    EXPECT_EQ(ibv_import_device(dup_fd), nullptr);
-    EXPECT_EQ(errno, EOPNOTSUPP);
-    close(dup_fd);
+    EXPECT_EQ(ibv_import_pd(g_ctx[1], pd->handle), nullptr);
+    EXPECT_EQ(errno, EINVAL);
+    errno = 0;
+    EXPECT_EQ(ibv_import_mr(ipd, mr->handle ^ 0x100), nullptr);
+    EXPECT_EQ(errno, EINVAL);
+    ibv_unimport_mr(imr);
+    ibv_unimport_pd(ipd);
+    EXPECT_EQ(ibv_dereg_mr(mr), 0);
+    EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+    EXPECT_EQ(ibv_close_device(imported), 0);
 }
 
 TEST(CqEx, BadSizeOrVectorIsEinvalBeforeAnythingElse) {
