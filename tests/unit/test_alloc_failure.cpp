@@ -3,7 +3,8 @@
 // An allocation failure inside sroce must reach a C program as an error
 // (NULL or ENOMEM), never as an exception through extern "C" code, which
 // would terminate it.  This binary replaces operator new with one that
-// fails on demand (for the calling thread), makes every verb that allocates
+// fails on demand (for the calling thread; every form of it, so that
+// new and delete always pair), makes every verb that allocates
 // fail once, checks the error, and then checks that the same objects work.
 // Devices on 127.0.1.19 and 127.0.1.20, used by no other test.
 #include "qp_kinds.hpp"
@@ -28,6 +29,24 @@ void *operator new(std::size_t n) {
 }
 void *operator new[](std::size_t n) {
     return operator new(n);
+}
+void *operator new(std::size_t n, const std::nothrow_t &) noexcept {
+    return t_fail_new ? nullptr : std::malloc(n ? n : 1);
+}
+void *operator new[](std::size_t n, const std::nothrow_t &) noexcept {
+    return t_fail_new ? nullptr : std::malloc(n ? n : 1);
+}
+void *operator new(std::size_t n, std::align_val_t a) {
+    if (t_fail_new) throw std::bad_alloc();
+    std::size_t al = std::size_t(a);
+    if (void *p = std::aligned_alloc(al, (n + al - 1) / al * al)) return p;
+    throw std::bad_alloc();
+}
+void operator delete(void *p, std::align_val_t) noexcept {
+    std::free(p);
+}
+void operator delete(void *p, std::size_t, std::align_val_t) noexcept {
+    std::free(p);
 }
 void operator delete(void *p) noexcept {
     std::free(p);
