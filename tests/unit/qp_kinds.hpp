@@ -100,34 +100,41 @@ inline int ud_to_rts(ibv_qp *qp, uint32_t qkey) {
     return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
 }
 
-// UC, RC and XRC QPs connected back to back.
+// RTR without responder resources or RNR timer: UC, and XRC send QPs,
+// which have no responder (the kernel's table refuses those attributes).
+inline int to_rtr_path(ibv_qp *qp, const ibv_gid &dgid, uint32_t dqpn, uint32_t rq_psn) {
+    ibv_qp_attr x{};
+    x.qp_state = IBV_QPS_RTR;
+    x.path_mtu = IBV_MTU_1024;
+    x.dest_qp_num = dqpn;
+    x.rq_psn = rq_psn;
+    x.ah_attr.is_global = 1;
+    x.ah_attr.port_num = 1;
+    x.ah_attr.grh.dgid = dgid;
+    x.ah_attr.grh.sgid_index = 1;
+    return ibv_modify_qp(
+        qp, &x, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN);
+}
+
+// RTS with only the SQ PSN (UC), plus a timeout for an XRC receive QP, which
+// sends responses only.
+inline int to_rts_plain(ibv_qp *qp, uint32_t sq_psn, uint8_t timeout = 0) {
+    ibv_qp_attr x{};
+    x.qp_state = IBV_QPS_RTS;
+    x.sq_psn = sq_psn;
+    x.timeout = timeout;
+    return ibv_modify_qp(qp, &x, IBV_QP_STATE | IBV_QP_SQ_PSN | (timeout ? IBV_QP_TIMEOUT : 0));
+}
+
+// UC, RC and XRC (a: send QP, b: receive QP) QPs connected back to back.
 inline void connect(ibv_qp *a, const End &ea, ibv_qp *b, const End &eb, bool rc) {
     ASSERT_EQ(to_init(a, kAllAccess), 0);
     ASSERT_EQ(to_init(b, kAllAccess), 0);
     if (a->qp_type == IBV_QPT_XRC_SEND) {
-        // The sending half has no responder: no responder resources or RNR
-        // timer at RTR (the kernel's table refuses them).
-        ibv_qp_attr x{};
-        x.qp_state = IBV_QPS_RTR;
-        x.path_mtu = IBV_MTU_1024;
-        x.dest_qp_num = b->qp_num;
-        x.rq_psn = 100;
-        x.ah_attr.is_global = 1;
-        x.ah_attr.port_num = 1;
-        x.ah_attr.grh.dgid = eb.gid;
-        x.ah_attr.grh.sgid_index = 1;
-        ASSERT_EQ(ibv_modify_qp(a, &x,
-                                IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                    IBV_QP_RQ_PSN),
-                  0);
+        ASSERT_EQ(to_rtr_path(a, eb.gid, b->qp_num, 100), 0);
         ASSERT_EQ(to_rtr(b, ea.gid, a->qp_num, 200, IBV_MTU_1024, 4, 1), 0);
         ASSERT_EQ(to_rts(a, 200, 14, 7, 7, 4), 0);
-        // The receiving half sends only responses: no retry counts either.
-        x = {};
-        x.qp_state = IBV_QPS_RTS;
-        x.sq_psn = 100;
-        x.timeout = 14;
-        ASSERT_EQ(ibv_modify_qp(b, &x, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT), 0);
+        ASSERT_EQ(to_rts_plain(b, 100, 14), 0);
         return;
     }
     if (rc) {
@@ -137,29 +144,74 @@ inline void connect(ibv_qp *a, const End &ea, ibv_qp *b, const End &eb, bool rc)
         ASSERT_EQ(to_rts(b, 100, 14, 7, 7, 4), 0);
         return;
     }
-    for (auto [q, gid, dqpn, psn] :
-         {std::tuple{a, eb.gid, b->qp_num, 100u}, std::tuple{b, ea.gid, a->qp_num, 200u}}) {
-        ibv_qp_attr x{};
-        x.qp_state = IBV_QPS_RTR;
-        x.path_mtu = IBV_MTU_1024;
-        x.dest_qp_num = dqpn;
-        x.rq_psn = psn;
-        x.ah_attr.is_global = 1;
-        x.ah_attr.port_num = 1;
-        x.ah_attr.grh.dgid = gid;
-        x.ah_attr.grh.sgid_index = 1;
-        ASSERT_EQ(ibv_modify_qp(q, &x,
-                                IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                    IBV_QP_RQ_PSN),
-                  0);
-    }
-    for (auto [q, psn] : {std::pair{a, 200u}, std::pair{b, 100u}}) {
-        ibv_qp_attr x{};
-        x.qp_state = IBV_QPS_RTS;
-        x.sq_psn = psn;
-        ASSERT_EQ(ibv_modify_qp(q, &x, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
-    }
+    ASSERT_EQ(to_rtr_path(a, eb.gid, b->qp_num, 100), 0);
+    ASSERT_EQ(to_rtr_path(b, ea.gid, a->qp_num, 200), 0);
+    ASSERT_EQ(to_rts_plain(a, 200), 0);
+    ASSERT_EQ(to_rts_plain(b, 100), 0);
 }
+
+// An XRC setup: a domain on B's side with an XRC SRQ (completions on
+// `cq`) and a receive QP, and a send QP on A's side; the QPs are not
+// connected yet.
+struct Xrc {
+    ibv_xrcd *xrcd = nullptr;
+    ibv_srq *srq = nullptr;
+    uint32_t srqn = 0;
+    ibv_qp *recv_qp = nullptr, *send_qp = nullptr;
+
+    void make(End &a, End &b, ibv_cq *cq, uint32_t max_wr) {
+        ibv_xrcd_init_attr xa{};
+        xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+        xa.fd = -1;
+        xa.oflags = O_CREAT;
+        xrcd = ibv_open_xrcd(b.ctx, &xa);
+        ASSERT_NE(xrcd, nullptr) << std::strerror(errno);
+        srq = xrc_srq(b, cq, max_wr);
+        ASSERT_NE(srq, nullptr) << std::strerror(errno);
+        ASSERT_EQ(ibv_get_srq_num(srq, &srqn), 0);
+        ibv_qp_init_attr_ex ta{};
+        ta.qp_type = IBV_QPT_XRC_RECV;
+        ta.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+        ta.xrcd = xrcd;
+        recv_qp = ibv_create_qp_ex(b.ctx, &ta);
+        ASSERT_NE(recv_qp, nullptr) << std::strerror(errno);
+        ibv_qp_init_attr_ex ia{};
+        ia.qp_type = IBV_QPT_XRC_SEND;
+        ia.comp_mask = IBV_QP_INIT_ATTR_PD;
+        ia.pd = a.pd;
+        ia.send_cq = a.scq;
+        ia.cap = {16, 0, 1, 0, 0};
+        ia.sq_sig_all = 1;
+        send_qp = ibv_create_qp_ex(a.ctx, &ia);
+        ASSERT_NE(send_qp, nullptr) << std::strerror(errno);
+        a.qps.push_back(send_qp);
+    }
+    // Another XRC SRQ of the same domain.
+    ibv_srq *xrc_srq(End &b, ibv_cq *cq, uint32_t max_wr) const {
+        ibv_srq_init_attr_ex sa{};
+        sa.attr = {max_wr, 1, 0};
+        sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+                       IBV_SRQ_INIT_ATTR_CQ;
+        sa.srq_type = IBV_SRQT_XRC;
+        sa.pd = b.pd;
+        sa.xrcd = xrcd;
+        sa.cq = cq;
+        return ibv_create_srq_ex(b.ctx, &sa);
+    }
+    // Destroys what lives on B's side (the send QP belongs to A's End).
+    void destroy() {
+        if (recv_qp) {
+            EXPECT_EQ(ibv_destroy_qp(recv_qp), 0);
+        }
+        if (srq) {
+            EXPECT_EQ(ibv_destroy_srq(srq), 0);
+        }
+        if (xrcd) {
+            EXPECT_EQ(ibv_close_xrcd(xrcd), 0);
+        }
+        *this = Xrc{};
+    }
+};
 
 inline int post_ud(ibv_qp *qp, uint64_t id, ibv_ah *ah, uint32_t qpn, uint32_t qkey,
                    std::vector<ibv_sge> sg, ibv_wr_opcode op = IBV_WR_SEND, uint32_t imm = 0) {

@@ -224,40 +224,11 @@ TEST_P(DatagramFaults, SrqAndXrcDeliverEverythingOnce) {
     EXPECT_EQ(received, size_t(kMsgs));
     EXPECT_TRUE(drain(b.rcq, 20ms).empty()) << "a message arrived twice";
 
-    ibv_xrcd_init_attr xa{};
-    xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-    xa.fd = -1;
-    xa.oflags = O_CREAT;
-    ibv_xrcd *xrcd = ibv_open_xrcd(b.ctx, &xa);
-    ASSERT_NE(xrcd, nullptr);
-    ibv_srq_init_attr_ex sa{};
-    sa.attr = {kSlots, 1, 0};
-    sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
-                   IBV_SRQ_INIT_ATTR_CQ;
-    sa.srq_type = IBV_SRQT_XRC;
-    sa.pd = b.pd;
-    sa.xrcd = xrcd;
-    sa.cq = b.rcq;
-    ibv_srq *xsrq = ibv_create_srq_ex(b.ctx, &sa);
-    ASSERT_NE(xsrq, nullptr);
-    uint32_t srqn = 0;
-    ASSERT_EQ(ibv_get_srq_num(xsrq, &srqn), 0);
-    ibv_qp_init_attr_ex ta{};
-    ta.qp_type = IBV_QPT_XRC_RECV;
-    ta.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-    ta.xrcd = xrcd;
-    ibv_qp *tgt = ibv_create_qp_ex(b.ctx, &ta);
-    ASSERT_NE(tgt, nullptr);
-    ibv_qp_init_attr_ex ia{};
-    ia.qp_type = IBV_QPT_XRC_SEND;
-    ia.comp_mask = IBV_QP_INIT_ATTR_PD;
-    ia.pd = a.pd;
-    ia.send_cq = a.scq;
-    ia.cap = {16, 0, 1, 0, 0};
-    ia.sq_sig_all = 1;
-    ibv_qp *ini = ibv_create_qp_ex(a.ctx, &ia);
-    ASSERT_NE(ini, nullptr);
-    a.qps.push_back(ini);
+    Xrc x;
+    ASSERT_NO_FATAL_FAILURE(x.make(a, b, b.rcq, kSlots));
+    ibv_srq *xsrq = x.srq;
+    uint32_t srqn = x.srqn;
+    ibv_qp *ini = x.send_qp, *tgt = x.recv_qp;
     ASSERT_NO_FATAL_FAILURE(connect(ini, a, tgt, b, true));
     for (uint64_t s = 0; s < kSlots; s++)
         ASSERT_EQ(post_srq(xsrq, s, {dst.sge(size_t(s) * kMax, kMax)}), 0);
@@ -280,9 +251,7 @@ TEST_P(DatagramFaults, SrqAndXrcDeliverEverythingOnce) {
         ASSERT_EQ(post_srq(xsrq, wc[0].wr_id, {dst.sge(size_t(wc[0].wr_id) * kMax, kMax)}), 0);
     }
     EXPECT_TRUE(drain(b.rcq, 20ms).empty()) << "an XRC message arrived twice";
-    EXPECT_EQ(ibv_destroy_qp(tgt), 0);
-    EXPECT_EQ(ibv_destroy_srq(xsrq), 0);
-    EXPECT_EQ(ibv_close_xrcd(xrcd), 0);
+    x.destroy();
 }
 
 INSTANTIATE_TEST_SUITE_P(

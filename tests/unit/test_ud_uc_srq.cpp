@@ -361,49 +361,19 @@ TEST_F(Ud, SrqLimitEventAndQueries) {
 // XRC
 
 TEST_F(Ud, XrcSendsReachTheNamedSrq) {
-    ibv_xrcd_init_attr xa{};
-    xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-    xa.fd = -1;
-    xa.oflags = O_CREAT;
-    ibv_xrcd *xrcd = ibv_open_xrcd(g_ctx[1], &xa);
-    ASSERT_NE(xrcd, nullptr) << std::strerror(errno);
     ibv_cq *xcq = ibv_create_cq(g_ctx[1], 64, nullptr, nullptr, 0);
     ASSERT_NE(xcq, nullptr);
-    ibv_srq *srqs[2];
-    uint32_t srqn[2];
-    for (int i = 0; i < 2; i++) {
-        ibv_srq_init_attr_ex sa{};
-        sa.attr = {16, 1, 0};
-        sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
-                       IBV_SRQ_INIT_ATTR_CQ;
-        sa.srq_type = IBV_SRQT_XRC;
-        sa.pd = b.pd;
-        sa.xrcd = xrcd;
-        sa.cq = xcq;
-        srqs[i] = ibv_create_srq_ex(g_ctx[1], &sa);
-        ASSERT_NE(srqs[i], nullptr) << std::strerror(errno);
-        ASSERT_EQ(ibv_get_srq_num(srqs[i], &srqn[i]), 0);
-    }
+    Xrc x;
+    ASSERT_NO_FATAL_FAILURE(x.make(a, b, xcq, 16));
+    ibv_srq *second = x.xrc_srq(b, xcq, 16);
+    ASSERT_NE(second, nullptr) << std::strerror(errno);
+    ibv_srq *srqs[2] = {x.srq, second};
+    uint32_t srqn[2] = {x.srqn, 0};
+    ASSERT_EQ(ibv_get_srq_num(second, &srqn[1]), 0);
     EXPECT_NE(srqn[0], srqn[1]);
     // The domain is in use.
-    EXPECT_EQ(ibv_close_xrcd(xrcd), EBUSY);
-
-    ibv_qp_init_attr_ex ta{};
-    ta.qp_type = IBV_QPT_XRC_RECV;
-    ta.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-    ta.xrcd = xrcd;
-    ibv_qp *tgt = ibv_create_qp_ex(g_ctx[1], &ta);
-    ASSERT_NE(tgt, nullptr) << std::strerror(errno);
-    ibv_qp_init_attr_ex ia{};
-    ia.qp_type = IBV_QPT_XRC_SEND;
-    ia.comp_mask = IBV_QP_INIT_ATTR_PD;
-    ia.pd = a.pd;
-    ia.send_cq = a.scq;
-    ia.cap = {16, 0, 1, 0, 0};
-    ia.sq_sig_all = 1;
-    ibv_qp *ini = ibv_create_qp_ex(g_ctx[0], &ia);
-    ASSERT_NE(ini, nullptr) << std::strerror(errno);
-    a.qps.push_back(ini);
+    EXPECT_EQ(ibv_close_xrcd(x.xrcd), EBUSY);
+    ibv_qp *ini = x.send_qp, *tgt = x.recv_qp;
     ASSERT_NO_FATAL_FAILURE(connect(ini, a, tgt, b, true));
 
     Buf src(a.pd, 256), dst(b.pd, 2 * 256), mem(b.pd, 64);
@@ -436,11 +406,9 @@ TEST_F(Ud, XrcSendsReachTheNamedSrq) {
     EXPECT_TRUE(same_bytes(mem.data(), src.data(), 64));
     EXPECT_TRUE(drain(b.rcq).empty());
 
-    EXPECT_EQ(ibv_destroy_qp(tgt), 0);
-    for (ibv_srq *s : srqs)
-        EXPECT_EQ(ibv_destroy_srq(s), 0);
+    EXPECT_EQ(ibv_destroy_srq(second), 0);
+    x.destroy();
     EXPECT_EQ(ibv_destroy_cq(xcq), 0);
-    EXPECT_EQ(ibv_close_xrcd(xrcd), 0);
 }
 
 } // namespace
