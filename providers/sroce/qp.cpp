@@ -280,6 +280,11 @@ bool dest_from_gid(const ibv_gid &gid, in_addr_t *addr) {
 
 int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
     QpAttr &a = qp->attr;
+    // The kernel's uverbs drops the attributes one half of an XRC pair has
+    // no use for before checking the rest, and programs (perftest) rely on it.
+    if (qp->type == IBV_QPT_XRC_SEND) mask &= ~(IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    if (qp->type == IBV_QPT_XRC_RECV)
+        mask &= ~(IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY);
     ibv_qp_state cur = a.state;
     if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != cur) return EINVAL;
     ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;

@@ -5,8 +5,8 @@
 # and client as two processes over two sroce devices on lo (sroce0 =
 # 127.0.15.1 serves, sroce1 = 127.0.15.2 connects): ibverbs-utils'
 # ibv_ud_pingpong, ibv_uc_pingpong, ibv_srq_pingpong and ibv_xsrq_pingpong
-# (with their content checks where they have one), and perftest over UD, UC
-# and shared receive queues.  Each must exit 0 on both sides and report a
+# (with their content checks where they have one), and perftest over UD, UC,
+# XRC and shared receive queues.  Each must exit 0 on both sides and report a
 # plausible figure.
 #
 # Usage: test_transports.sh BUILD-DIR
@@ -16,7 +16,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 sroce_init "${1:?usage: $0 BUILD-DIR}"
 require_cmds ss timeout ibv_ud_pingpong ibv_uc_pingpong ibv_srq_pingpong ibv_xsrq_pingpong \
-	ib_send_bw ib_send_lat ib_write_bw ib_write_lat
+	ib_send_bw ib_send_lat ib_write_bw ib_write_lat ib_read_lat ib_atomic_bw
 require_loopback
 sroce_config sroce0 127.0.15.1 sroce1 127.0.15.2
 
@@ -79,4 +79,9 @@ perftest ib_write_lat "-c UC -n 1000"
 perftest ib_send_bw "--use-srq -s 65536 -n 1000"
 perftest ib_send_bw "--use-srq -q 4 -s 4096 -n 2000"
 perftest ib_send_lat "--use-srq -n 1000"
+perftest ib_send_bw "-c XRC -s 65536 -n 1000"
+perftest ib_send_bw "-c XRC -q 4 -s 4096 -n 2000"
+perftest ib_write_bw "-c XRC -s 65536 -n 1000"
+perftest ib_read_lat "-c XRC -n 1000"
+perftest ib_atomic_bw "-c XRC -n 1000"
 finish

@@ -375,6 +375,17 @@ TEST_F(Ud, XrcSendsReachTheNamedSrq) {
     EXPECT_EQ(ibv_close_xrcd(x.xrcd), EBUSY);
     ibv_qp *ini = x.send_qp, *tgt = x.recv_qp;
     ASSERT_NO_FATAL_FAILURE(connect(ini, a, tgt, b, true));
+    // Attributes of the other half of the pair are ignored, as the kernel's
+    // uverbs does (perftest sets them on both).
+    ibv_qp_attr extra{};
+    extra.max_dest_rd_atomic = 4;
+    extra.min_rnr_timer = 1;
+    EXPECT_EQ(ibv_modify_qp(ini, &extra, IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER), 0)
+        << "a send QP's responder attributes are dropped, not refused";
+    extra = {};
+    extra.qp_state = IBV_QPS_RTS;
+    extra.retry_cnt = 7;
+    EXPECT_EQ(ibv_modify_qp(tgt, &extra, IBV_QP_STATE | IBV_QP_RETRY_CNT), 0);
 
     Buf src(a.pd, 256), dst(b.pd, 2 * 256), mem(b.pd, 64);
     src.fill(23);
