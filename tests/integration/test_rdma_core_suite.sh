@@ -21,7 +21,8 @@
 # test with its reason, grouped by feature, to BUILD-DIR/rdma-core-suite.md
 # (unittest's own output: BUILD-DIR/rdma-core-suite.log).
 #
-# Address 127.0.13.1 (tests/README.md).
+# Address 127.0.13.1 (tests/README.md), or SROCE_SUITE_ADDR (test_trixie.sh
+# runs it inside a Debian 13 root on 127.0.17.3).
 #
 # Usage: test_rdma_core_suite.sh BUILD-DIR
 #
@@ -69,7 +70,7 @@ require_loopback
 $PYTHON -c 'import pyverbs.device' 2>/dev/null || skip "pyverbs not installed for $PYTHON (python3-pyverbs; run scripts/setup.sh)"
 [[ -f $SUITE_SRC/run_tests.py ]] || skip "$SUITE_SRC/run_tests.py missing (python3-pyverbs; run scripts/setup.sh)"
 
-sroce_config sroce0 127.0.13.1
+sroce_config sroce0 "${SROCE_SUITE_ADDR:-127.0.13.1}"
 
 # The package ships most modules gzipped, and the directory is not writable
 # for a user: unpack a private copy.
