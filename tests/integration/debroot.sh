@@ -118,6 +118,9 @@ debroot_run() {
 		set -e
 		root=$1 archives=$2 nbinds=$3
 		shift 3
+		# The root a mount point of its own, as / is: programs that make
+		# their own mount namespace (sroce exec) change the propagation of /.
+		mount --bind "$root" "$root"
 		mount -t proc proc "$root/proc"
 		mount -t sysfs sysfs "$root/sys"
 		mount --rbind /dev "$root/dev"

@@ -42,7 +42,7 @@ read -r -d '' ACCEPTABLE <<'EOF'
 non MLX5 device|not an MLX5 device                  | other vendors' hardware | mlx5 direct verbs, DevX, steering: Mellanox/NVIDIA interfaces
 non EFA device                                      | other vendors' hardware | EFA direct verbs: AWS interfaces
 Converting timestamp to nanoseconds is not supported | other vendors' hardware | mlx5dv_get_clock_info/mlx5dv_ts_to_ns convert mlx5 clock ticks only
-[Dd]mabuf|cuda|CUDA                                 | GPUs / dmabuf           | memory of a GPU (DRM render node, CUDA): not host memory
+[Dd]mabuf|cuda|CUDA|/dev/dri/renderD               | GPUs / dmabuf           | memory of a GPU (DRM render node, CUDA): not host memory
 PCI device must be passed                           | PCI / VFIO              | mlx5 VFIO driver over a PCI function
 Raw Packet QP|QP type 8 is not supported            | raw packet QPs          | Ethernet frames from user space, flow steering, RSS: NIC hardware features, not RoCE
 Device memory is not supported                      | device memory           | on-NIC memory (ibv_alloc_dm): a software NIC has none
