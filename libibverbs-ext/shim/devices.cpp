@@ -280,7 +280,7 @@ SROCE_SHIM_EXPORT int ibv_query_gid_type(ibv_context *context, uint8_t port_num,
                                                  : IBV_GID_TYPE_SYSFS_IB_ROCE_V1;
         return 0;
     }
-    SROCE_FORWARD(ibv_query_gid_type, kPrivate34, -1, context, port_num, index, type);
+    SROCE_FORWARD(ibv_query_gid_type, kPrivate, -1, context, port_num, index, type);
 }
 
 SROCE_SHIM_EXPORT int ibv_query_pkey(ibv_context *context, uint8_t port_num, int index,

@@ -25,7 +25,9 @@ inline constexpr char kV1_11[] = "IBVERBS_1.11";
 inline constexpr char kV1_12[] = "IBVERBS_1.12";
 inline constexpr char kV1_13[] = "IBVERBS_1.13";
 inline constexpr char kV1_14[] = "IBVERBS_1.14";
-inline constexpr char kPrivate34[] = "IBVERBS_PRIVATE_34";
+// The system's private node (IBVERBS_PRIVATE_34 up to rdma-core 56, then
+// one per release), found when the project was configured.
+inline constexpr char kPrivate[] = SROCE_IBVERBS_PRIVATE;
 
 // Address of `name`@`version` in the real libibverbs: first the objects
 // loaded after the shim (RTLD_NEXT), then an explicitly opened

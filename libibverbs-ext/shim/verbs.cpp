@@ -189,11 +189,15 @@ SROCE_SHIM_EXPORT ibv_qp_ex *ibv_qp_to_qp_ex(ibv_qp *qp) {
 
 SROCE_SHIM_EXPORT int ibv_query_qp_data_in_order(ibv_qp *qp, ibv_wr_opcode op, uint32_t flags) {
     if (owns(qp)) {
-        // sroce places the payload of a message in order. rdma-core 44 has
-        // no capability flags yet: the answer is a plain boolean.
+        // sroce places the payload of a message in order.  Without flags the
+        // answer is a boolean; rdma-core >= 46 adds a flag asking for
+        // capability bits instead (values as there, since older headers lack
+        // the names): the whole message in order, hence every aligned
+        // 128-byte block too.
+        constexpr uint32_t kReturnCaps = 1u << 0;
+        constexpr int kWholeMsg = 1 << 0, kAligned128Bytes = 1 << 1;
         (void)op;
-        (void)flags;
-        return 1;
+        return flags & kReturnCaps ? kWholeMsg | kAligned128Bytes : 1;
     }
     SROCE_FORWARD(ibv_query_qp_data_in_order, kV1_14, 0, qp, op, flags);
 }

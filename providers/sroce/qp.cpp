@@ -17,8 +17,10 @@ namespace sroce {
 namespace {
 
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
-    // rdma-core 44's enum lacks FLUSH, so it cannot be a case label.
+    // Older rdma-core enums lack FLUSH and ATOMIC_WRITE, so they cannot be
+    // case labels.
     if (op == IBV_WR_FLUSH) return IBV_WC_FLUSH;
+    if (op == IBV_WR_ATOMIC_WRITE) return IBV_WC_ATOMIC_WRITE;
     switch (op) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
@@ -29,8 +31,6 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
         return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
         return IBV_WC_FETCH_ADD;
-    case IBV_WR_ATOMIC_WRITE:
-        return IBV_WC_ATOMIC_WRITE;
     case IBV_WR_LOCAL_INV:
         return IBV_WC_LOCAL_INV;
     case IBV_WR_BIND_MW:
@@ -658,12 +658,20 @@ void init_qp_ex_ops(Qp *qp) {
     x.wr_set_sge_list = wr_set_sge_list;
     x.wr_set_inline_data = wr_set_inline_data;
     x.wr_set_inline_data_list = wr_set_inline_data_list;
-    x.wr_atomic_write = wr_atomic_write;
     x.wr_local_inv = wr_local_inv;
     x.wr_bind_mw = wr_bind_mw;
     x.wr_set_ud_addr = wr_set_ud_addr;
     x.wr_set_xrc_srqn = wr_set_xrc_srqn;
-    qp->wr_flush = wr_flush;
+#if PMOF_VERBS_HAVE_ATOMIC_WRITE
+    x.wr_atomic_write = wr_atomic_write;
+#else
+    qp->ex.wr_atomic_write = wr_atomic_write;
+#endif
+#if PMOF_VERBS_HAVE_UPSTREAM_FLUSH
+    x.wr_flush = wr_flush;
+#else
+    qp->ex.wr_flush = wr_flush;
+#endif
 }
 
 // The send operations each QP type may enable through send_ops_flags.

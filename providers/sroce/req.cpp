@@ -471,7 +471,8 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
             break;
         }
         bool atomic = false;
-        switch (wr->opcode) {
+        // On int: rdma-core < 44's enum lacks ATOMIC_WRITE, a case label here.
+        switch (int(wr->opcode)) {
         case IBV_WR_ATOMIC_CMP_AND_SWP:
         case IBV_WR_ATOMIC_FETCH_AND_ADD:
             atomic = true;

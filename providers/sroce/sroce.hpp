@@ -464,11 +464,21 @@ struct CommitState {
     bool peer_native = false;
 };
 
-struct Qp {
-    ibv_qp_ex qpx; // first; qpx.qp_base is the ibv_qp
-    // rdma-core >= 45 appends wr_flush right after wr_atomic_write; programs
-    // built against it find ours there (see struct ibv_qp_ex_flush).
+// rdma-core 44 and 45 append wr_atomic_write and wr_flush to ibv_qp_ex;
+// built against older headers, a Qp has them right after its ibv_qp_ex, where
+// programs built against newer ones look for them (struct ibv_qp_ex_flush).
+struct QpExTail {
+#if !PMOF_VERBS_HAVE_ATOMIC_WRITE
+    void (*wr_atomic_write)(ibv_qp_ex *, uint32_t, uint64_t, const void *) = nullptr;
+#endif
+#if !PMOF_VERBS_HAVE_UPSTREAM_FLUSH
     void (*wr_flush)(ibv_qp_ex *, uint32_t, uint64_t, size_t, uint8_t, uint8_t) = nullptr;
+#endif
+};
+
+struct Qp {
+    ibv_qp_ex qpx;                     // first; qpx.qp_base is the ibv_qp
+    [[no_unique_address]] QpExTail ex; // right after qpx (empty with rdma-core >= 45)
 
     std::mutex mu;
     // Orders this QP's transmissions.  Packets are built under `mu`, which
@@ -508,8 +518,20 @@ inline bool wr_ack_only(ibv_wr_opcode op) {
     return op == IBV_WR_FLUSH || op == IBV_WR_ATOMIC_WRITE;
 }
 
+// The QP's entry points lie where rdma-core 45's ibv_qp_ex has them, whichever
+// header this is built against: Qp (above) adds what the header lacks.
+#if PMOF_VERBS_HAVE_UPSTREAM_FLUSH
+static_assert(offsetof(ibv_qp_ex, wr_flush) ==
+                      offsetof(ibv_qp_ex, wr_atomic_write) + sizeof(void *) &&
+                  sizeof(ibv_qp_ex) == offsetof(ibv_qp_ex, wr_flush) + sizeof(void *),
+              "ibv_qp_ex must end with wr_atomic_write, wr_flush as in rdma-core >= 45");
+#elif PMOF_VERBS_HAVE_ATOMIC_WRITE
 static_assert(sizeof(ibv_qp_ex) == offsetof(ibv_qp_ex, wr_atomic_write) + sizeof(void *),
               "wr_atomic_write must be the last member of rdma-core 44's ibv_qp_ex");
+#else
+static_assert(sizeof(ibv_qp_ex) == offsetof(ibv_qp_ex, wr_abort) + sizeof(void *),
+              "wr_abort must be the last member of rdma-core < 44's ibv_qp_ex");
+#endif
 
 inline Qp *to_qp(ibv_qp *q) {
     return reinterpret_cast<Qp *>(q);

@@ -45,13 +45,20 @@ _Static_assert((IBV_QP_EX_WITH_FLUSH & (IBV_QP_EX_WITH_TSO | IBV_QP_EX_WITH_ATOM
 
 /*
  * Where the flush entry point lives: right after wr_atomic_write, which in
- * rdma-core 44 ends struct ibv_qp_ex.
+ * rdma-core 44 ends struct ibv_qp_ex and before it follows the struct.
  */
+#if PMOF_VERBS_HAVE_ATOMIC_WRITE
 #define ATOMIC_WRITE_END (offsetof(struct ibv_qp_ex, wr_atomic_write) + sizeof(void *))
+#else
+#define ATOMIC_WRITE_END (sizeof(struct ibv_qp_ex) + sizeof(void *))
+_Static_assert(offsetof(struct ibv_qp_ex_flush, wr_atomic_write) == sizeof(struct ibv_qp_ex),
+               "wr_atomic_write follows the system's struct ibv_qp_ex");
+#endif
 #if PMOF_VERBS_HAVE_UPSTREAM_FLUSH
 _Static_assert(offsetof(struct ibv_qp_ex, wr_flush) == ATOMIC_WRITE_END, "wr_flush offset");
 #else
-_Static_assert(ATOMIC_WRITE_END == sizeof(struct ibv_qp_ex),
+_Static_assert(ATOMIC_WRITE_END ==
+                   sizeof(struct ibv_qp_ex) + sizeof(void *) * !PMOF_VERBS_HAVE_ATOMIC_WRITE,
                "wr_atomic_write is the last member of struct ibv_qp_ex");
 _Static_assert(offsetof(struct ibv_qp_ex_flush, qpx) == 0, "ibv_qp_ex_flush starts with the QP");
 _Static_assert(offsetof(struct ibv_qp_ex_flush, wr_flush) == ATOMIC_WRITE_END, "wr_flush offset");
@@ -106,6 +113,7 @@ int use_write_commit(struct ibv_context *ctx, struct ibv_qp_ex *qp) {
 typedef void (*flush_fn)(struct ibv_qp_ex *, uint32_t, uint64_t, size_t, uint8_t, uint8_t);
 
 /* A provider's QP object: the rdma-core 44 struct, then one more pointer. */
+typedef void (*atomic_write_fn)(struct ibv_qp_ex *, uint32_t, uint64_t, const void *);
 union fake_qp {
     struct ibv_qp_ex qpx;
     unsigned char bytes[ATOMIC_WRITE_END + sizeof(flush_fn)];
@@ -181,7 +189,14 @@ int main(void) {
 
     memset(&q, 0, sizeof(q));
     memcpy(q.bytes + ATOMIC_WRITE_END, &f, sizeof(f));
+#if PMOF_VERBS_HAVE_ATOMIC_WRITE
     q.qpx.wr_atomic_write = fake_atomic_write;
+#else
+    {
+        atomic_write_fn a = fake_atomic_write;
+        memcpy(q.bytes + ATOMIC_WRITE_END - sizeof(a), &a, sizeof(a));
+    }
+#endif
 
     ibv_wr_flush(&q.qpx, 0x1234, 0xfeed0000, 4096, IBV_FLUSH_GLOBAL | IBV_FLUSH_PERSISTENT,
                  IBV_FLUSH_RANGE);

@@ -34,11 +34,17 @@ static_assert(std::is_same_v<std::remove_cv_t<decltype(IBV_WC_FLUSH)>, ibv_wc_op
 static_assert(std::is_same_v<decltype(&ibv_wr_flush),
                              void (*)(ibv_qp_ex *, uint32_t, uint64_t, size_t, uint8_t, uint8_t)>);
 
+#if PMOF_VERBS_HAVE_ATOMIC_WRITE
 constexpr auto kAtomicWriteEnd = offsetof(ibv_qp_ex, wr_atomic_write) + sizeof(void *);
+#else
+constexpr auto kAtomicWriteEnd = sizeof(ibv_qp_ex) + sizeof(void *);
+static_assert(offsetof(ibv_qp_ex_flush, wr_atomic_write) == sizeof(ibv_qp_ex),
+              "wr_atomic_write follows rdma-core < 44's struct ibv_qp_ex");
+#endif
 #if PMOF_VERBS_HAVE_UPSTREAM_FLUSH
 static_assert(offsetof(ibv_qp_ex, wr_flush) == kAtomicWriteEnd);
 #else
-static_assert(kAtomicWriteEnd == sizeof(ibv_qp_ex),
+static_assert(!PMOF_VERBS_HAVE_ATOMIC_WRITE || kAtomicWriteEnd == sizeof(ibv_qp_ex),
               "wr_atomic_write is the last member of rdma-core 44's struct ibv_qp_ex");
 static_assert(offsetof(ibv_qp_ex_flush, wr_flush) == kAtomicWriteEnd);
 static_assert(std::is_standard_layout_v<ibv_qp_ex_flush>);
@@ -94,8 +100,13 @@ struct ProviderQp {
 #else
 struct ProviderQp {
     ibv_qp_ex qpx;
+#if !PMOF_VERBS_HAVE_ATOMIC_WRITE
+    void (*wr_atomic_write)(ibv_qp_ex *, uint32_t, uint64_t, const void *);
+#endif
     FlushFn flush;
-    void set_flush(FlushFn f) { flush = f; }
+    void set_flush(FlushFn f) {
+        flush = f;
+    }
 };
 static_assert(offsetof(ProviderQp, flush) == kAtomicWriteEnd);
 #endif
@@ -158,7 +169,11 @@ void check(bool ok, const char *what, int line) {
 int main() {
     ProviderQp q{};
     q.set_flush(fake_flush);
+#if PMOF_VERBS_HAVE_ATOMIC_WRITE
     q.qpx.wr_atomic_write = fake_atomic_write;
+#else
+    q.wr_atomic_write = fake_atomic_write;
+#endif
 
     ibv_wr_flush(&q.qpx, 0xabc, 0x2000, 64, IBV_FLUSH_PERSISTENT, IBV_FLUSH_RANGE);
     CHECK(seen.calls == 1 && seen.qp == &q.qpx && seen.rkey == 0xabc && seen.addr == 0x2000 &&

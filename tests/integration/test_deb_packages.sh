@@ -33,39 +33,12 @@ SRC_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 SUITE=bookworm
 CACHE=${SROCE_DEB_CACHE:-/var/tmp/sroce-deb-test}
 
-(($(id -u) == 0)) || skip "debootstrap and chroot need root"
-require_cmds debootstrap unshare chroot flock timeout ss
-unshare -m true 2>/dev/null || skip "cannot create a mount namespace here"
+. "$(dirname "${BASH_SOURCE[0]}")/debroot.sh"
+debroot_require
+require_cmds ss
 require_loopback
 
-# The first Debian mirror of the host's apt sources (one-line or deb822) that
-# serves the suite.
-find_mirror() {
-	local f
-	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
-		[[ -f $f ]] || continue
-		awk -v suite="$SUITE" '
-			function stanza() {
-				if (!found && deb && uri != "" && ok) { print uri; found = 1; exit }
-				deb = 0; uri = ""; ok = 0
-			}
-			/^[[:space:]]*#/ { next }
-			/^deb[[:space:]]/ {
-				line = $0
-				gsub(/\[[^]]*\]/, "", line)
-				split(line, w, " ")
-				if (w[3] == suite) { print w[2]; found = 1; exit }
-				next
-			}
-			/^Types:/ { for (j = 2; j <= NF; j++) if ($j == "deb") deb = 1 }
-			/^URIs:/ { uri = $2 }
-			/^Suites:/ { for (j = 2; j <= NF; j++) if ($j == suite) ok = 1 }
-			/^[[:space:]]*$/ { stanza() }
-			END { stanza() }
-		' "$f"
-	done | head -n1
-}
-MIRROR=${SROCE_DEB_MIRROR:-$(find_mirror)}
+MIRROR=${SROCE_DEB_MIRROR:-$(debroot_find_mirror "$SUITE")}
 [[ -n $MIRROR ]] || skip "no mirror serving $SUITE in /etc/apt/sources.list*"
 log "mirror: $MIRROR"
 
@@ -102,35 +75,10 @@ done
 
 # -------------------------------------------------------------- base root
 # A minbase root as debootstrap makes it, cached as a tarball per mirror.
-# The lock is held to the end: runs from several checkouts share the cache,
-# and apt's download directory in it.
-mkdir -p "$CACHE/apt-archives/partial" "$CACHE/roots"
-base=$CACHE/$SUITE-minbase-$(printf '%s' "$MIRROR" | md5sum | cut -c1-8).tar
-exec 9>"$CACHE/lock"
-flock 9
-if [[ ! -s $base ]]; then
-	start=$(now)
-	fresh=$CACHE/debootstrap.$$
-	rm -rf --one-file-system "$fresh"
-	# debootstrap mounts /proc and /sys inside the root; in a mount namespace
-	# of its own those mounts vanish with it, whatever happens.
-	if ! unshare -m --propagation private \
-		debootstrap --variant=minbase "$SUITE" "$fresh" "$MIRROR" >"$WORK/debootstrap.log" 2>&1; then
-		tail -n 30 "$WORK/debootstrap.log"
-		rm -rf --one-file-system "$fresh"
-		die "debootstrap $SUITE from $MIRROR failed"
-	fi
-	tar -C "$fresh" -cf "$base.tmp" . && mv "$base.tmp" "$base"
-	rm -rf --one-file-system "$fresh"
-	log "debootstrap $SUITE: $(elapsed "$start") s"
-fi
-
-# Roots of runs that were killed before they could remove theirs (named
-# after the test's process id).
-for old in "$CACHE"/roots/*; do
-	[[ -d $old && ${old##*/} =~ ^[0-9]+$ ]] || continue
-	kill -0 "${old##*/}" 2>/dev/null || rm -rf --one-file-system "$old"
-done
+debroot_lock "$CACHE"
+mkdir -p "$CACHE/roots"
+base=$(debroot_base "$SUITE" "$MIRROR" "$CACHE")
+debroot_remove_stale "$CACHE/roots"
 ROOT=$CACHE/roots/$$
 rm -rf --one-file-system "$ROOT"
 mkdir "$ROOT"
@@ -143,13 +91,7 @@ remove_root() {
 trap remove_root EXIT
 tar -C "$ROOT" -xf "$base"
 
-# apt inside the root: the host's name server, the mirror, and no expiry
-# check on Release files (mirrors that serve a frozen snapshot have expired
-# ones).
-cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf"
-printf 'deb %s %s main\ndeb %s %s-updates main\n' "$MIRROR" "$SUITE" "$MIRROR" "$SUITE" \
-	>"$ROOT/etc/apt/sources.list"
-printf 'Acquire::Check-Valid-Until "false";\n' >"$ROOT/etc/apt/apt.conf.d/90sroce-test"
+debroot_apt_sources "$ROOT" "$MIRROR" "$SUITE"
 mkdir -p "$ROOT/tmp/debs"
 cp "$DEBS"/*.deb "$ROOT/tmp/debs/"
 
@@ -258,21 +200,9 @@ next_port
 version=$(dpkg-deb -f "$(compgen -G "$DEBS/sroce_*.deb" | head -n1)" Version)
 version=${version%-*}
 start=$(now)
-# A private mount namespace: /proc, /sys, /dev and the apt cache are mounted
-# for the chroot only and disappear with it.
 rc=0
-# shellcheck disable=SC2016 # expanded by the inner bash
-timeout -k 10 900 unshare -m --propagation private bash -c '
-	set -e
-	root=$1 archives=$2
-	shift 2
-	mount -t proc proc "$root/proc"
-	mount -t sysfs sysfs "$root/sys"
-	mount --rbind /dev "$root/dev"
-	mount --bind "$archives" "$root/var/cache/apt/archives"
-	exec chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
-		bash /tmp/check.sh "$@"
-' sroce-deb "$ROOT" "$CACHE/apt-archives" "$PORT" "$version" || rc=$?
+DEBROOT_TIMEOUT=900 debroot_run "$ROOT" "$CACHE/apt-archives" -- \
+	bash /tmp/check.sh "$PORT" "$version" || rc=$?
 log "checks in the $SUITE root: $(elapsed "$start") s"
 ((rc == 0)) || die "checks in the $SUITE root failed (exit $rc)"
 echo "Debian packages install and work on a clean $SUITE root"

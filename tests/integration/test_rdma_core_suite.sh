@@ -21,7 +21,8 @@
 # test with its reason, grouped by feature, to BUILD-DIR/rdma-core-suite.md
 # (unittest's own output: BUILD-DIR/rdma-core-suite.log).
 #
-# Address 127.0.13.1 (tests/README.md).
+# Address 127.0.13.1 (tests/README.md), or SROCE_SUITE_ADDR (test_trixie.sh
+# runs it inside a Debian 13 root on 127.0.17.3).
 #
 # Usage: test_rdma_core_suite.sh BUILD-DIR
 #
@@ -41,7 +42,7 @@ read -r -d '' ACCEPTABLE <<'EOF'
 non MLX5 device|not an MLX5 device                  | other vendors' hardware | mlx5 direct verbs, DevX, steering: Mellanox/NVIDIA interfaces
 non EFA device                                      | other vendors' hardware | EFA direct verbs: AWS interfaces
 Converting timestamp to nanoseconds is not supported | other vendors' hardware | mlx5dv_get_clock_info/mlx5dv_ts_to_ns convert mlx5 clock ticks only
-[Dd]mabuf|cuda|CUDA                                 | GPUs / dmabuf           | memory of a GPU (DRM render node, CUDA): not host memory
+[Dd]mabuf|cuda|CUDA|/dev/dri/renderD               | GPUs / dmabuf           | memory of a GPU (DRM render node, CUDA): not host memory
 PCI device must be passed                           | PCI / VFIO              | mlx5 VFIO driver over a PCI function
 Raw Packet QP|QP type 8 is not supported            | raw packet QPs          | Ethernet frames from user space, flow steering, RSS: NIC hardware features, not RoCE
 Device memory is not supported                      | device memory           | on-NIC memory (ibv_alloc_dm): a software NIC has none
@@ -68,7 +69,7 @@ require_loopback
 $PYTHON -c 'import pyverbs.device' 2>/dev/null || skip "pyverbs not installed for $PYTHON (python3-pyverbs; run scripts/setup.sh)"
 [[ -f $SUITE_SRC/run_tests.py ]] || skip "$SUITE_SRC/run_tests.py missing (python3-pyverbs; run scripts/setup.sh)"
 
-sroce_config sroce0 127.0.13.1
+sroce_config sroce0 "${SROCE_SUITE_ADDR:-127.0.13.1}"
 
 # The package ships most modules gzipped, and the directory is not writable
 # for a user: unpack a private copy.

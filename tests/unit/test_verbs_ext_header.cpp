@@ -17,7 +17,11 @@
 
 namespace {
 
+#if PMOF_VERBS_HAVE_ATOMIC_WRITE
 constexpr size_t kAtomicWriteEnd = offsetof(ibv_qp_ex, wr_atomic_write) + sizeof(void *);
+#else
+constexpr size_t kAtomicWriteEnd = sizeof(ibv_qp_ex) + sizeof(void *);
+#endif
 
 TEST(VerbsExtHeader, UpstreamValues) {
     EXPECT_EQ(IBV_ACCESS_FLUSH_GLOBAL, 1 << 8);
@@ -65,15 +69,20 @@ TEST(VerbsExtHeader, FlushAccessIsMandatoryAndDistinct) {
     EXPECT_LT(flush, unsigned(IBV_ACCESS_OPTIONAL_FIRST));
 }
 
-// PMOF_VERBS_HAVE_UPSTREAM_FLUSH was decided by compiling against the
-// system's headers; the struct those headers define must agree with it.
+// PMOF_VERBS_HAVE_ATOMIC_WRITE and PMOF_VERBS_HAVE_UPSTREAM_FLUSH were
+// decided by compiling against the system's headers; the struct those
+// headers define must agree with them.
 TEST(VerbsExtHeader, ConfigMatchesSystemHeaders) {
 #if PMOF_VERBS_HAVE_UPSTREAM_FLUSH
     EXPECT_EQ(offsetof(ibv_qp_ex, wr_flush), kAtomicWriteEnd);
 #else
+#if PMOF_VERBS_HAVE_ATOMIC_WRITE
     EXPECT_EQ(sizeof(ibv_qp_ex), kAtomicWriteEnd)
         << "the system's struct ibv_qp_ex has members after wr_atomic_write, yet the "
            "configuration says it lacks wr_flush";
+#else
+    EXPECT_EQ(offsetof(ibv_qp_ex_flush, wr_atomic_write), sizeof(ibv_qp_ex));
+#endif
     EXPECT_EQ(offsetof(ibv_qp_ex_flush, qpx), 0u);
     EXPECT_EQ(offsetof(ibv_qp_ex_flush, wr_flush), kAtomicWriteEnd);
 #endif

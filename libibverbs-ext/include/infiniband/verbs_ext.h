@@ -2,12 +2,14 @@
 /*
  * PMoF extensions to libibverbs: remote persistence verbs.
  *
- * Part 1 - upstream names.  rdma-core 45 added IBTA FLUSH and completed
- * ATOMIC WRITE; Debian's rdma-core 44 lacks FLUSH.  This header supplies
- * exactly the upstream names and values when <infiniband/verbs.h> does not,
- * so code written for rdma-core >= 45 builds unchanged against either.
- * PMOF_VERBS_HAVE_UPSTREAM_FLUSH tells which case applies; it is decided when
- * the project is configured against the system's headers.
+ * Part 1 - upstream names.  rdma-core 44 added IBTA ATOMIC WRITE and
+ * rdma-core 45 FLUSH, each with a member appended to struct ibv_qp_ex
+ * (wr_atomic_write, then wr_flush).  This header supplies exactly the
+ * upstream names and values that <infiniband/verbs.h> lacks, so code written
+ * for rdma-core >= 45 builds unchanged against rdma-core 39 and later.
+ * PMOF_VERBS_HAVE_ATOMIC_WRITE and PMOF_VERBS_HAVE_UPSTREAM_FLUSH tell which
+ * case applies; they are decided when the project is configured against the
+ * system's headers.
  */
 #ifndef INFINIBAND_VERBS_EXT_H
 #define INFINIBAND_VERBS_EXT_H
@@ -28,6 +30,14 @@ extern "C" {
 #define IB_UVERBS_DEVICE_FLUSH_GLOBAL (1ULL << 38)
 #define IB_UVERBS_DEVICE_FLUSH_PERSISTENT (1ULL << 39)
 #define IB_UVERBS_DEVICE_ATOMIC_WRITE (1ULL << 40)
+#endif
+
+#if !PMOF_VERBS_HAVE_ATOMIC_WRITE
+/* ibv_qp_init_attr_ex.send_ops_flags, enum ibv_wr_opcode and enum
+ * ibv_wc_opcode values of ATOMIC WRITE. */
+#define IBV_QP_EX_WITH_ATOMIC_WRITE (1 << 12)
+#define IBV_WR_ATOMIC_WRITE ((enum ibv_wr_opcode)15)
+#define IBV_WC_ATOMIC_WRITE ((enum ibv_wc_opcode)9)
 #endif
 
 #if !PMOF_VERBS_HAVE_UPSTREAM_FLUSH
@@ -56,12 +66,17 @@ enum ibv_selectivity_level {
 };
 
 /*
- * rdma-core >= 45 appends wr_flush to struct ibv_qp_ex right after
- * wr_atomic_write; providers of this project lay their QPs out that way, so
- * the member is reached at the same offset here.
+ * rdma-core 45's struct ibv_qp_ex over the system's shorter one: the members
+ * it appends, at the offsets they have there.  Providers of this project lay
+ * their QPs out that way, so programs built against either header reach the
+ * same entry points.
  */
 struct ibv_qp_ex_flush {
     struct ibv_qp_ex qpx;
+#if !PMOF_VERBS_HAVE_ATOMIC_WRITE
+    void (*wr_atomic_write)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr,
+                            const void *atomic_wr);
+#endif
     void (*wr_flush)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, size_t len,
                      uint8_t type, uint8_t level);
 };
@@ -70,6 +85,13 @@ static inline void ibv_wr_flush(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t re
                                 size_t len, uint8_t type, uint8_t level) {
     ((struct ibv_qp_ex_flush *)qp)->wr_flush(qp, rkey, remote_addr, len, type, level);
 }
+
+#if !PMOF_VERBS_HAVE_ATOMIC_WRITE
+static inline void ibv_wr_atomic_write(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr,
+                                       const void *atomic_wr) {
+    ((struct ibv_qp_ex_flush *)qp)->wr_atomic_write(qp, rkey, remote_addr, atomic_wr);
+}
+#endif
 
 #endif /* !PMOF_VERBS_HAVE_UPSTREAM_FLUSH */
 

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# Run inside a Debian root by test_trixie.sh: installs the build
+# dependencies with scripts/setup.sh, builds SRC with the default preset and
+# runs the unit tests, check_shim_symbols, perftest and ibverbs-utils over two
+# sroce devices (ADDR1, ADDR2) and rdma-core's pyverbs suite over a third
+# (ADDR3).  Logs go to SRC/build/in-root-*.log; on failure their tails are
+# printed.  Exit status: 0 when every step passed.
+#
+# Usage: in_root.sh SRC ADDR1 ADDR2 ADDR3 [STEP...]
+#   steps: setup build unit symbols clients suite (default: all, in order)
+set -uo pipefail
+
+src=${1:?usage: $0 SRC ADDR1 ADDR2 ADDR3 [STEP...]}
+a1=${2:?} a2=${3:?} a3=${4:?}
+shift 4
+steps=("$@")
+((${#steps[@]} > 0)) || steps=(setup build unit symbols clients suite)
+cd "$src" || exit 1
+export DEBIAN_FRONTEND=noninteractive
+build=$src/build
+mkdir -p "$build"
+
+passed=0 failed=0
+t0=$SECONDS
+say() { echo "[in root +$((SECONDS - t0))s] $*"; }
+# step NAME CMD...: runs CMD with its output in build/in-root-NAME.log.
+step() {
+	local name=$1 log=$build/in-root-$1.log start=$SECONDS
+	shift
+	if "$@" >"$log" 2>&1; then
+		passed=$((passed + 1))
+		say "ok   $name ($((SECONDS - start)) s)"
+	else
+		failed=$((failed + 1))
+		say "FAIL $name ($((SECONDS - start)) s), last lines of $log:"
+		tail -n 40 "$log" | sed 's/^/    /'
+		return 1
+	fi
+}
+want() { [[ " ${steps[*]} " == *" $1 "* ]]; }
+
+say "$(. /etc/os-release && echo "$PRETTY_NAME")"
+
+if want setup; then
+	step setup bash scripts/setup.sh build clients || exit 1
+	say "$(dpkg-query -W -f='${Package} ${Version}\n' libibverbs1 perftest python3-pyverbs clang g++ cmake | tr '\n' ';')"
+fi
+
+if want build; then
+	build_all() {
+		cmake --preset default && cmake --build build -j2
+	}
+	step build build_all || exit 1
+fi
+
+if want unit; then
+	# One line per test in the log; the summary line is what is shown.
+	unit() {
+		ctest --test-dir build -L unit -j2 --timeout 300 --output-on-failure
+	}
+	step unit unit
+	grep -E 'tests passed|tests failed' "$build/in-root-unit.log" | sed 's/^/    /'
+fi
+
+if want symbols; then
+	step symbols bash tests/integration/check_shim_symbols.sh build/libibverbs-ext/shim/libsroce.so
+	sed 's/^/    /' "$build/in-root-symbols.log"
+fi
+
+if want clients; then
+	# Debian's own programs over two devices, through lib.sh's run_pair.
+	clients() (
+		set -e
+		. tests/integration/lib.sh
+		sroce_init build
+		require_cmds ib_write_bw ib_send_bw ibv_rc_pingpong ss
+		sroce_config tx0 "$a1" tx1 "$a2"
+		run_pair ib_write_bw -d tx0 -x 1 -s 65536 -n 2000 -p @PORT@ -- \
+			ib_write_bw -d tx1 -x 1 -s 65536 -n 2000 -p @PORT@ "$a1"
+		echo "ib_write_bw: $(perftest_result "$RP_CLIENT_LOG") MB/s"
+		run_pair ib_send_bw -d tx0 -x 1 -c UD -s 1024 -n 2000 -p @PORT@ -- \
+			ib_send_bw -d tx1 -x 1 -c UD -s 1024 -n 2000 -p @PORT@ "$a1"
+		echo "ib_send_bw -c UD: $(perftest_result "$RP_CLIENT_LOG") MB/s"
+		run_pair ibv_rc_pingpong -d tx0 -g 1 -n 1000 -p @PORT@ -- \
+			ibv_rc_pingpong -d tx1 -g 1 -n 1000 -p @PORT@ "$a1"
+		grep 'iters in' "$RP_CLIENT_LOG"
+	)
+	step clients clients && sed 's/^/    /' "$build/in-root-clients.log" | grep -E 'MB/s|iters in'
+fi
+
+if want suite; then
+	step suite env SROCE_SUITE_ADDR="$a3" bash tests/integration/test_rdma_core_suite.sh build
+	grep -E '^[0-9]+ tests in ' "$build/in-root-suite.log" | tail -n 1 | sed 's/^/    /'
+fi
+
+say "$passed steps passed, $failed failed"
+((failed == 0))

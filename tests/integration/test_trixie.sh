@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# The project on Debian 13 (trixie, rdma-core 56, clang 19, GCC 14): makes a
+# trixie root with debootstrap from the mirror the host uses, installs the
+# build dependencies there with the project's own scripts/setup.sh, builds a
+# copy of this source tree inside with the default preset (warnings are
+# errors) and runs inside (tests/integration/in_root.sh):
+#   - the unit tests (ctest -L unit) and check_shim_symbols against
+#     rdma-core 56's libibverbs and Debian 13's perftest and ibverbs-utils;
+#   - Debian 13's ib_write_bw, ib_send_bw -c UD and ibv_rc_pingpong over two
+#     sroce devices on 127.0.17.1 and 127.0.17.2;
+#   - rdma-core 56's own pyverbs suite over a sroce device on 127.0.17.3
+#     (test_rdma_core_suite.sh, with the root's python3 and python3-pyverbs).
+#
+# The root shares the host's network stack, so the devices are on the host's
+# lo; /proc, /sys and /dev are mounted only in a private mount namespace.
+# Everything is cached in SROCE_TRIXIE_CACHE (default /var/tmp/sroce-trixie):
+# the debootstrap tarball, apt's downloads, and the root itself with its
+# packages and its build tree, so a later run installs nothing new and
+# rebuilds only what changed.  SROCE_TRIXIE_MIRROR=URL overrides the mirror.
+# Skipped (77) only when a root cannot be made here: not root, no
+# debootstrap, no mount namespace or no Debian mirror in the apt sources.
+#
+# Usage: test_trixie.sh BUILD-DIR   (BUILD-DIR only holds this run's logs)
+# ctest: TIMEOUT=3600 LABELS=slow RESOURCE_LOCK=lo-127.0.17.1,lo-127.0.17.2,lo-127.0.17.3 PROCESSORS=2
+set -euo pipefail
+
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+sroce_init "${1:?usage: $0 BUILD-DIR}"
+. "$(dirname "${BASH_SOURCE[0]}")/debroot.sh"
+SRC_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+SUITE=trixie
+CACHE=${SROCE_TRIXIE_CACHE:-/var/tmp/sroce-trixie}
+
+debroot_require
+require_cmds tar md5sum
+require_loopback
+MIRROR=${SROCE_TRIXIE_MIRROR:-$(debroot_find_mirror "$SUITE")}
+[[ -n $MIRROR ]] || skip "no Debian mirror in /etc/apt/sources.list*"
+log "mirror: $MIRROR"
+
+debroot_lock "$CACHE"
+base=$(debroot_base "$SUITE" "$MIRROR" "$CACHE")
+
+# The root is kept between runs (with the packages setup.sh installed and
+# the build tree); it is made afresh when the base changed or a run broke
+# off while making it.
+ROOT=$CACHE/$SUITE-root
+if [[ ! -d $ROOT || "$(cat "$ROOT.base" 2>/dev/null)" != "$base" ]]; then
+	start=$(now)
+	rm -f "$ROOT.base"
+	rm -rf --one-file-system "$ROOT"
+	mkdir -p "$ROOT"
+	tar -C "$ROOT" -xf "$base"
+	debroot_apt_sources "$ROOT" "$MIRROR" "$SUITE"
+	echo "$base" >"$ROOT.base"
+	log "root unpacked in $(elapsed "$start") s"
+fi
+cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf"
+
+# This source tree as git sees it (tracked and untracked, not ignored: no
+# build trees), with its timestamps, so the kept build tree rebuilds only
+# what changed.  /src/build (the preset's build tree) stays.
+start=$(now)
+mkdir -p "$ROOT/src"
+find "$ROOT/src" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf --one-file-system {} +
+if git -C "$SRC_DIR" rev-parse --show-toplevel >/dev/null 2>&1; then
+	git -C "$SRC_DIR" ls-files -z --cached --others --exclude-standard |
+		(cd "$SRC_DIR" && xargs -0 sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh) |
+		tar -C "$SRC_DIR" --null -T - -cf - | tar -C "$ROOT/src" -xf -
+else
+	tar -C "$SRC_DIR" --exclude='./build*' -cf - . | tar -C "$ROOT/src" -xf -
+fi
+log "source copied in $(elapsed "$start") s"
+
+start=$(now)
+rc=0
+DEBROOT_TIMEOUT=3300 debroot_run "$ROOT" "$CACHE/apt-archives" -- \
+	bash /src/tests/integration/in_root.sh /src 127.0.17.1 127.0.17.2 127.0.17.3 ||
+	rc=$?
+cp "$ROOT/src/build/rdma-core-suite.md" "$BUILD_DIR/rdma-core-suite-$SUITE.md" 2>/dev/null || true
+log "build and tests in the $SUITE root: $(elapsed "$start") s"
+((rc == 0)) || die "the project fails on $SUITE (exit $rc)"
+echo "the project builds and works on Debian $SUITE"
