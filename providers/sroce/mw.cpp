@@ -98,12 +98,12 @@ ibv_wc_status mw_bind(Qp *qp, const SendWqe &wqe) {
     return IBV_WC_SUCCESS;
 }
 
-// Invalidates the type 2 window `rkey` names; `remote` for a SEND WITH
-// INVALIDATE received by `qp`.  0 or an errno.
-int invalidate_window(Qp *qp, uint32_t rkey) {
+// Invalidates the type 2 window `rkey` names, which must belong to `pd` (the
+// QP's, or for an XRC receive QP the named SRQ's).  0 or an errno.
+int invalidate_window(Qp *qp, Pd *pd, uint32_t rkey) {
     Mr *e = qp->nic->mrs.lookup(rkey);
     Mw *mw = e ? window_of(e) : nullptr;
-    if (!mw || e->pd != qp->pd) return EINVAL;
+    if (!mw || e->pd != pd) return EINVAL;
     std::lock_guard<std::mutex> g(mw->mu);
     if (mw->ibmw.type != IBV_MW_TYPE_2 || !mw->bound) return EINVAL;
     unbind(mw);
@@ -111,11 +111,20 @@ int invalidate_window(Qp *qp, uint32_t rkey) {
 }
 
 ibv_wc_status mw_local_invalidate(Qp *qp, uint32_t rkey) {
-    return invalidate_window(qp, rkey) ? IBV_WC_LOC_QP_OP_ERR : IBV_WC_SUCCESS;
+    return invalidate_window(qp, qp->pd, rkey) ? IBV_WC_LOC_QP_OP_ERR : IBV_WC_SUCCESS;
 }
 
-int invalidate_rkey(Qp *qp, uint32_t rkey) {
-    return invalidate_window(qp, rkey);
+int invalidate_rkey(Qp *qp, Pd *pd, uint32_t rkey) {
+    return invalidate_window(qp, pd, rkey);
+}
+
+void unbind_windows_of(Qp *qp) {
+    qp->nic->mrs.for_each([qp](Mr *e) {
+        if (Mw *w = window_of(e)) {
+            std::lock_guard<std::mutex> g(w->mu);
+            if (w->qp == qp) unbind(w);
+        }
+    });
 }
 
 ibv_mw *alloc_mw(ibv_pd *pd, ibv_mw_type type) try {
@@ -163,15 +172,14 @@ int dealloc_mw(ibv_mw *ibmw) {
 }
 
 // ibv_bind_mw(): a type 1 bind, posted on the QP's send queue like any work
-// request; the window's rkey changes at once (its consumer key advances).
+// request; the window's consumer key advances.
 int bind_mw(ibv_qp *ibqp, ibv_mw *ibmw, ibv_mw_bind *mb) {
     if (ibmw->type != IBV_MW_TYPE_1 || ibmw->context != ibqp->context) return EINVAL;
     if (mb->bind_info.mr && mb->bind_info.mr->context != ibqp->context) return EINVAL;
+    // The new rkey becomes the window's when the bind is carried out.
     uint32_t rkey = ibv_inc_rkey(ibmw->rkey);
-    int err = req_post_local(to_qp(ibqp), IBV_WR_BIND_MW, mb->wr_id, unsigned(mb->send_flags),
-                             reinterpret_cast<Mw *>(ibmw), rkey, &mb->bind_info);
-    if (!err) ibmw->rkey = rkey;
-    return err;
+    return req_post_local(to_qp(ibqp), IBV_WR_BIND_MW, mb->wr_id, unsigned(mb->send_flags),
+                          reinterpret_cast<Mw *>(ibmw), rkey, &mb->bind_info);
 }
 
 } // namespace sroce

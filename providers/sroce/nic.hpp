@@ -62,6 +62,13 @@ class Nic {
     // QP table: QPN = kQpnBase + slot.
     uint32_t add_qp(Qp *qp); // 0 when full
     void remove_qp(Qp *qp);
+    // Calls fn(qp) for every live QP; caller holds objects_mu.
+    template <class Fn>
+    void for_each_qp(Fn &&fn) {
+        uint32_t top = qp_top_.load(std::memory_order_acquire);
+        for (uint32_t i = 0; i < top; i++)
+            if (Qp *qp = qps_[i].load(std::memory_order_acquire)) fn(qp);
+    }
     Qp *find_qp(uint32_t qpn) const {
         uint32_t i = qpn - kQpnBase;
         return i < kMaxQps ? qps_[i].load(std::memory_order_acquire) : nullptr;

@@ -157,7 +157,8 @@ void qp_enter_error(Qp *qp) {
     qp_flush_queues(qp);
     // A QP on an SRQ that leaves service tells its owner when nothing more
     // will be consumed from the SRQ on its behalf (IBTA 10.3.1).
-    if (!was && qp->srq) post_async_event(qp, IBV_EVENT_QP_LAST_WQE_REACHED);
+    if (!was && (qp->srq || qp->type == IBV_QPT_XRC_RECV))
+        post_async_event(qp, IBV_EVENT_QP_LAST_WQE_REACHED);
 }
 
 namespace {
@@ -687,7 +688,7 @@ uint64_t send_ops_for(ibv_qp_type type) {
         return kRc | IBV_QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_ATOMIC_WRITE |
                IBV_QP_EX_WITH_RDMA_WRITE_COMMIT;
     case IBV_QPT_UC:
-        return kSends | kWrites | kLocal | IBV_QP_EX_WITH_SEND_WITH_INV;
+        return kSends | kWrites | kLocal;
     case IBV_QPT_UD:
         return kSends;
     case IBV_QPT_XRC_SEND:
@@ -923,6 +924,7 @@ int sroce_destroy_qp(struct ibv_qp *ibqp) {
         // The progress thread holds objects_mu while it uses any QP.
         std::lock_guard<std::mutex> g(nic->objects_mu);
         nic->remove_qp(qp);
+        unbind_windows_of(qp);
     }
     qp->ctx->forget_events(ibqp);
     forget_completions(qp);

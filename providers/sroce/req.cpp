@@ -151,6 +151,18 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx) {
 
 } // namespace
 
+void req_fail_at_tail(Qp *qp) {
+    Requester &q = qp->req;
+    SendWqe &w = q.at(q.tail);
+    w.started = true;
+    w.done = true;
+    complete_send(qp, w, w.status);
+    // Retired here, or the flush that follows would complete it twice.
+    q.tail++;
+    q.cur = q.tail;
+    qp_enter_error(qp);
+}
+
 void req_arm_timer(Qp *qp) {
     Completer &c = qp->comp;
     if (wire::psn_diff(qp->req.next_psn, c.una_psn) > 0 && qp->attr.timeout)
@@ -173,14 +185,8 @@ void req_run(Qp *qp, TxBatch &tx) {
         if (!w.started) {
             if (w.status != IBV_WC_SUCCESS) {
                 // A WQE that failed local checks completes in order, once
-                // everything before it has.
-                if (q.tail != q.cur) break;
-                w.started = true;
-                w.done = true;
-                complete_send(qp, w, w.status);
-                // Retired here, or the flush below would complete it twice.
-                q.tail++;
-                qp_enter_error(qp);
+                // everything before it has (req_fail_at_tail).
+                if (q.tail == q.cur) req_fail_at_tail(qp);
                 return;
             }
             if ((w.flags & IBV_SEND_FENCE) && q.rd_outstanding) break;
@@ -379,9 +385,9 @@ bool req_check_wqe(Qp *qp, SendWqe &w) {
         if (w.length > qp->attr.mtu) return false;
         break;
     case IBV_QPT_UC:
+        // IBTA defines no UC SEND WITH INVALIDATE opcode.
         if (w.opcode != IBV_WR_SEND && w.opcode != IBV_WR_SEND_WITH_IMM &&
-            w.opcode != IBV_WR_RDMA_WRITE && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
-            w.opcode != IBV_WR_SEND_WITH_INV && !is_local(w))
+            w.opcode != IBV_WR_RDMA_WRITE && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM && !is_local(w))
             return false;
         break;
     case IBV_QPT_XRC_SEND:
@@ -389,6 +395,8 @@ bool req_check_wqe(Qp *qp, SendWqe &w) {
             w.opcode == kWrWriteCommit)
             return false;
         break;
+    case IBV_QPT_XRC_RECV:
+        return false; // no send queue
     default:
         break;
     }
@@ -423,6 +431,12 @@ void req_retire_sent(Qp *qp) {
         if (!w.done) break;
         if (w.signaled) complete_send(qp, w, IBV_WC_SUCCESS);
         q.tail++;
+    }
+    // A WQE that failed local checks waits for those before it; with no
+    // acknowledgement to wake the requester, its turn comes here.
+    if (q.tail == q.cur && q.cur != q.head) {
+        SendWqe &w = q.at(q.cur);
+        if (!w.started && w.status != IBV_WC_SUCCESS) req_fail_at_tail(qp);
     }
 }
 

@@ -301,6 +301,9 @@ RdResource &new_resource(Qp *qp, uint32_t first_psn, uint32_t last_psn) {
 Outcome check_transport(Rx &rx) {
     Qp *qp = rx.qp;
     uint8_t t = transport_of(rx.pkt.opcode);
+    // Only the connected peer may talk to a connected QP: checked first, so
+    // that no stranger's packet can fail the QP.
+    if (qp->connected() && rx.pkt.src_addr != qp->attr.dest_addr) return Outcome::kDrop;
     switch (qp->type) {
     case IBV_QPT_RC:
         if (t != kTransportRc && t != kTransportVendor) return Outcome::kDrop;
@@ -322,8 +325,6 @@ Outcome check_transport(Rx &rx) {
     default:
         return Outcome::kDrop;
     }
-    // Only the connected peer may talk to a connected QP.
-    if (qp->connected() && rx.pkt.src_addr != qp->attr.dest_addr) return Outcome::kDrop;
     return Outcome::kNext;
 }
 
@@ -548,7 +549,7 @@ Outcome exec_send(Rx &rx) {
         return Outcome::kNext;
     }
     if (rx.f & kOpInv) {
-        int err = invalidate_rkey(rx.qp, pkt.ieth());
+        int err = invalidate_rkey(rx.qp, rx.pd, pkt.ieth());
         if (err) return Outcome::kInvalidRequest;
     }
     r.in_msg = 0;

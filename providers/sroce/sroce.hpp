@@ -163,6 +163,12 @@ class MrTable {
         Mr *m = slots_[slot_of(key)].load(std::memory_order_acquire);
         return (m && m->key.load(std::memory_order_acquire) == key) ? m : nullptr;
     }
+    template <class Fn>
+    void for_each(Fn &&fn) {
+        std::lock_guard<std::mutex> g(mu_);
+        for (auto &s : slots_)
+            if (Mr *m = s.load(std::memory_order_relaxed)) fn(m);
+    }
 
   private:
     std::atomic<Mr *> slots_[kSlots] = {};

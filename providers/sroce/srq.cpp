@@ -258,6 +258,16 @@ int sroce_destroy_srq(struct ibv_srq *ibsrq) {
     {
         std::lock_guard<std::mutex> g(nic->objects_mu);
         nic->remove_srq(srq);
+        // An XRC receive QP is no user of an SRQ, but may be in the middle
+        // of a message whose WQE it took from this one: that WQE goes with it.
+        nic->for_each_qp([srq](Qp *qp) {
+            std::lock_guard<std::mutex> q(qp->mu);
+            if (qp->resp.recv_taken && qp->resp.recv_srq == srq) {
+                qp->resp.recv_taken = false;
+                qp->resp.recv_srq = nullptr;
+                qp->resp.in_msg = 0;
+            }
+        });
     }
     srq->ctx->forget_events(ibsrq);
     if (srq->xrcd) srq->xrcd->refs--;

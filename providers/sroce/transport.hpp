@@ -14,6 +14,9 @@ void req_run(Qp *qp, TxBatch &tx);
 void req_rewind(Qp *qp, uint32_t psn);
 void req_timers(Qp *qp, TxBatch &tx, uint64_t now);
 void req_arm_timer(Qp *qp);
+// Completes the WQE at the tail with the local error found when it was
+// posted, and puts the QP in the error state.
+void req_fail_at_tail(Qp *qp);
 // Building blocks shared by ibv_post_send and the ibv_wr_* interface.
 SendWqe &req_new_wqe(Qp *qp, uint32_t slot, uint64_t wr_id, ibv_wr_opcode op, unsigned flags);
 bool req_fill_sges(Qp *qp, SendWqe &w, const ibv_sge *sg, size_t n);
@@ -69,12 +72,15 @@ void post_async_event(Qp *qp, ibv_event_type type);
 void post_cq_overflow(Context *ctx, Cq *cq);
 // Memory windows (mw.cpp).  SEND WITH INVALIDATE: invalidates the type 2
 // window `rkey` names.  0 or an errno.
-int invalidate_rkey(Qp *qp, uint32_t rkey);
+int invalidate_rkey(Qp *qp, Pd *pd, uint32_t rkey);
 // Carries out a BIND_MW / LOCAL_INV work request when the requester reaches it.
 ibv_wc_status mw_bind(Qp *qp, const SendWqe &wqe);
 ibv_wc_status mw_local_invalidate(Qp *qp, uint32_t rkey);
 // The MR a window is bound to, or nullptr.
 Mr *window_parent(Mw *mw);
+// Takes the type 2 windows bound through `qp` out of service (QP destroyed);
+// caller holds objects_mu.
+void unbind_windows_of(Qp *qp);
 
 // Retransmit timeout of the QP's `timeout` attribute: 4.096 us * 2^timeout.
 inline uint64_t timeout_ns(uint8_t t) {

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <infiniband/verbs.h>
@@ -1598,6 +1599,75 @@ TEST_F(FakePeer, AsyncEventOfADestroyedQpIsNotDelivered) {
                       << static_cast<void *>(ev.element.qp)
                       << (ev.element.qp == dead ? " (the one just destroyed)" : "");
     }
+}
+
+// An XRC receive QP answers only its connected peer: a stranger's request
+// naming an SRQ that does not exist must not put it in the error state.
+TEST(XrcBadInput, StrangersRequestNamingNoSrqIsDropped) {
+    World &w = world();
+    if (!w.skip.empty()) GTEST_SKIP() << w.skip;
+    ASSERT_EQ(w.fatal, "");
+    ibv_xrcd_init_attr xa{};
+    xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+    xa.fd = -1;
+    xa.oflags = O_CREAT;
+    ibv_xrcd *xrcd = ibv_open_xrcd(w.ctx, &xa);
+    ASSERT_NE(xrcd, nullptr) << strerror(errno);
+    ibv_qp_init_attr_ex ia{};
+    ia.qp_type = IBV_QPT_XRC_RECV;
+    ia.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+    ia.xrcd = xrcd;
+    ibv_qp *qp = ibv_create_qp_ex(w.ctx, &ia);
+    ASSERT_NE(qp, nullptr) << strerror(errno);
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    ASSERT_EQ(
+        ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+        0);
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = kPeerQpn;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 1;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.port_num = 1;
+    a.ah_attr.grh.sgid_index = 1;
+    a.ah_attr.grh.dgid.raw[10] = a.ah_attr.grh.dgid.raw[11] = 0xFF;
+    uint32_t peer = ip4(kPeerAddr);
+    std::memcpy(a.ah_attr.grh.dgid.raw + 12, &peer, 4);
+    ASSERT_EQ(ibv_modify_qp(qp, &a,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+              0);
+    a = {};
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT), 0);
+    Bytes xrceth = {0, 0x0A, 0xBC, 0xDE}; // no such SRQ
+    for (const char *src : {kStrangerAddr, kPeerAddr}) {
+        SCOPED_TRACE(src);
+        Bytes p = packet(wire::kXrcBase | kSendOnly, qp->qp_num, 0, xrceth, pattern(8, 1), true,
+                         kDefaultPkey, src);
+        send_raw(std::strcmp(src, kPeerAddr) ? w.stranger : w.peer, p);
+        ibv_qp_attr got{};
+        ibv_qp_init_attr init{};
+        std::optional<Rx> r = receive(w.peer, kSilenceMs);
+        ASSERT_EQ(ibv_query_qp(qp, &got, IBV_QP_STATE, &init), 0);
+        if (std::strcmp(src, kStrangerAddr) == 0) {
+            EXPECT_FALSE(r) << "a stranger's packet was answered";
+            EXPECT_EQ(got.qp_state, IBV_QPS_RTS);
+        } else {
+            // From the peer the same packet is an invalid request.
+            ASSERT_TRUE(r);
+            EXPECT_EQ(r->raw[kBthLen] & 0xE0, aeth::kNak);
+            EXPECT_EQ(got.qp_state, IBV_QPS_ERR);
+        }
+    }
+    EXPECT_EQ(ibv_destroy_qp(qp), 0);
+    EXPECT_EQ(ibv_close_xrcd(xrcd), 0);
 }
 
 } // namespace

@@ -247,6 +247,33 @@ TEST_F(Ud, UcCarriesMultiPacketSendsAndWrites) {
         EINVAL);
 }
 
+// Nothing acknowledges UC: a WQE that failed its local checks behind one
+// already sent must still complete, in order, and fail the QP.
+TEST_F(Ud, UcLocalErrorBehindASentWqeCompletes) {
+    ibv_qp *qa = a.qp(IBV_QPT_UC), *qb = b.qp(IBV_QPT_UC);
+    ASSERT_NO_FATAL_FAILURE(connect(qa, a, qb, b, false));
+    Buf src(a.pd, 64), dst(b.pd, 64);
+    ASSERT_EQ(post_recv(qb, 1, {dst.sge(0, 64)}), 0);
+    std::vector<ibv_sge> good{src.sge(0, 64)}, bad{src.sge(0, 64)};
+    bad[0].lkey ^= 0x00FF0000u;
+    ibv_send_wr wr[2] = {send_wr(1, IBV_WR_SEND, good), send_wr(2, IBV_WR_SEND, bad)};
+    wr[0].next = &wr[1];
+    ibv_send_wr *badwr = nullptr;
+    ASSERT_EQ(ibv_post_send(qa, wr, &badwr), 0);
+    std::vector<ibv_wc> sc = poll_n(a.scq, 2);
+    ASSERT_EQ(sc.size(), 2u);
+    expect_wc(sc[0], {1, IBV_WC_SUCCESS, IBV_WC_SEND, qa->qp_num});
+    expect_wc(sc[1], {2, IBV_WC_LOC_PROT_ERR, IBV_WC_SEND, qa->qp_num});
+    EXPECT_EQ(qp_state(qa), IBV_QPS_ERR);
+    expect_one(b.rcq, {1, IBV_WC_SUCCESS, IBV_WC_RECV, qb->qp_num, 64});
+    // IBTA defines no UC SEND WITH INVALIDATE.
+    ibv_qp *qc = a.qp(IBV_QPT_UC), *qd = b.qp(IBV_QPT_UC);
+    ASSERT_NO_FATAL_FAILURE(connect(qc, a, qd, b, false));
+    ibv_send_wr inv = send_wr(3, IBV_WR_SEND_WITH_INV, good);
+    inv.invalidate_rkey = 0x1234;
+    EXPECT_EQ(post(qc, inv), EINVAL);
+}
+
 TEST_F(Ud, UcBadRkeyLosesTheMessageNotTheQp) {
     ibv_qp *qa = a.qp(IBV_QPT_UC), *qb = b.qp(IBV_QPT_UC);
     ASSERT_NO_FATAL_FAILURE(connect(qa, a, qb, b, false));
