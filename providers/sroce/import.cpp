@@ -60,12 +60,15 @@ struct ibv_pd *sroce_import_pd(struct ibv_context *ctx, uint32_t handle) {
     pd->ibpd.context = ctx;
     pd->ibpd.handle = handle;
     pd->root = root;
+    root->imports++;
     return &pd->ibpd;
 }
 
 void sroce_unimport_pd(struct ibv_pd *ibpd) {
     Pd *pd = reinterpret_cast<Pd *>(ibpd);
-    if (pd->root != pd) delete pd;
+    if (pd->root == pd) return;
+    pd->root->imports--;
+    delete pd;
 }
 
 struct ibv_mr *sroce_import_mr(struct ibv_pd *pd, uint32_t handle) {

@@ -129,7 +129,15 @@ struct ibv_pd *sroce_alloc_pd(struct ibv_context *ctx) try {
 
 int sroce_dealloc_pd(struct ibv_pd *ibpd) {
     Pd *pd = reinterpret_cast<Pd *>(ibpd);
-    if (pd->root == pd) unregister_pd(pd);
+    if (pd->root != pd) {
+        // An imported handle goes away; the PD stays its owner's.
+        pd->root->imports--;
+        delete pd;
+        return 0;
+    }
+    // Imported handles still name it.
+    if (pd->imports.load()) return EBUSY;
+    unregister_pd(pd);
     delete pd;
     return 0;
 }

@@ -161,6 +161,14 @@ int dealloc_mw(ibv_mw *ibmw) {
     {
         // Wait until the progress thread is not between lookup and use.
         std::lock_guard<std::mutex> g(nic->objects_mu);
+        // A bind still waiting on a send queue would find the window gone.
+        bool queued = false;
+        nic->for_each_qp([mw, &queued](Qp *qp) {
+            std::lock_guard<std::mutex> q(qp->mu);
+            for (uint32_t i = qp->req.cur; i != qp->req.head && !queued; i++)
+                queued = qp->req.at(i).opcode == IBV_WR_BIND_MW && qp->req.at(i).mw == mw;
+        });
+        if (queued) return EBUSY;
         nic->mrs.erase(&mw->entry);
     }
     {

@@ -101,6 +101,7 @@ struct Pd {
     // An imported PD (ibv_import_pd) is a handle of its own naming another
     // PD: protection checks compare roots.
     Pd *root = this;
+    std::atomic<int> imports{0}; // a root's imported handles
 };
 
 inline Pd *pd_root(ibv_pd *p) {

@@ -113,6 +113,7 @@ TEST(Device, ImportedContextSharesPdAndMr) {
     EXPECT_EQ(ibv_import_mr(ipd, mr->handle ^ 0x100), nullptr);
     EXPECT_EQ(errno, EINVAL);
     ibv_unimport_mr(imr);
+    EXPECT_EQ(ibv_dealloc_pd(pd), EBUSY) << "an imported handle still names it";
     ibv_unimport_pd(ipd);
     EXPECT_EQ(ibv_dereg_mr(mr), 0);
     EXPECT_EQ(ibv_dealloc_pd(pd), 0);
