@@ -21,7 +21,7 @@ uint64_t clock_ns(clockid_t clk) {
 
 } // namespace
 
-bool Cq::push(const ibv_wc &wc, bool solicited) {
+bool Cq::push(const ibv_wc &wc, bool solicited, const ibv_wc_tm_info *t) {
     std::lock_guard<std::mutex> g(mu);
     uint32_t size = uint32_t(ring.size());
     if (count == size) {
@@ -32,6 +32,7 @@ bool Cq::push(const ibv_wc &wc, bool solicited) {
     ring[slot] = wc;
     if (!ts.empty()) ts[slot] = clock_ns(CLOCK_MONOTONIC);
     if (!wallclock.empty()) wallclock[slot] = clock_ns(CLOCK_REALTIME);
+    if (!tm.empty()) tm[slot] = t ? *t : ibv_wc_tm_info{};
     count++;
     if (armed && channel && (!solicited_only || solicited || wc.status != IBV_WC_SUCCESS)) {
         armed = false;
@@ -52,6 +53,7 @@ void Cq::forget_qp(uint32_t qp_num) {
         ring[to] = ring[from];
         if (!ts.empty()) ts[to] = ts[from];
         if (!wallclock.empty()) wallclock[to] = wallclock[from];
+        if (!tm.empty()) tm[to] = tm[from];
         kept++;
     }
     count = kept;
@@ -80,6 +82,7 @@ int advance(Cq *cq) {
     if (!cq->count) return ENOENT;
     if (!cq->ts.empty()) cq->cur_ts = cq->ts[cq->head];
     if (!cq->wallclock.empty()) cq->cur_wallclock = cq->wallclock[cq->head];
+    if (!cq->tm.empty()) cq->cur_tm = cq->tm[cq->head];
     cq->cur = pop(cq);
     cq->cqx.wr_id = cq->cur.wr_id;
     cq->cqx.status = cq->cur.status;
@@ -158,6 +161,9 @@ uint32_t read_slid(ibv_cq_ex *c) {
 uint8_t read_sl(ibv_cq_ex *c) {
     return cur(c)->cur.sl;
 }
+void read_tm_info(ibv_cq_ex *c, ibv_wc_tm_info *tm_info) {
+    *tm_info = cur(c)->cur_tm;
+}
 uint8_t read_dlid_path_bits(ibv_cq_ex *c) {
     return cur(c)->cur.dlid_path_bits;
 }
@@ -220,7 +226,7 @@ ibv_cq_ex *create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr) try {
         IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
         IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
         IBV_WC_EX_WITH_DLID_PATH_BITS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
-        IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+        IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK | IBV_WC_EX_WITH_TM_INFO;
     // A CQ is only ever polled under its lock, so single-threaded use needs
     // nothing; overruns are always reported.
     constexpr uint32_t kFlags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
@@ -245,6 +251,10 @@ ibv_cq_ex *create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr) try {
     if (attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK) {
         cq->wallclock.resize(cq->ring.size());
         cq->cqx.read_completion_wallclock_ns = read_completion_wallclock_ns;
+    }
+    if (attr->wc_flags & IBV_WC_EX_WITH_TM_INFO) {
+        cq->tm.resize(cq->ring.size());
+        cq->cqx.read_tm_info = read_tm_info;
     }
     return &cq->cqx;
 } catch (const std::bad_alloc &) {
@@ -300,14 +310,17 @@ int sroce_resize_cq(struct ibv_cq *ibcq, int cqe) try {
     std::vector<ibv_wc> ring(size_t(cqe) + 1);
     std::vector<uint64_t> ts(cq->ts.empty() ? 0 : ring.size());
     std::vector<uint64_t> wallclock(cq->wallclock.empty() ? 0 : ring.size());
+    std::vector<ibv_wc_tm_info> tm(cq->tm.empty() ? 0 : ring.size());
     uint32_t size = uint32_t(cq->ring.size());
     for (uint32_t i = 0; i < cq->count; i++) {
         uint32_t from = (cq->head + i) % size;
         ring[i] = cq->ring[from];
         if (!ts.empty()) ts[i] = cq->ts[from];
         if (!wallclock.empty()) wallclock[i] = cq->wallclock[from];
+        if (!tm.empty()) tm[i] = cq->tm[from];
     }
     cq->ring.swap(ring);
+    cq->tm.swap(tm);
     cq->ts.swap(ts);
     cq->wallclock.swap(wallclock);
     cq->head = 0;

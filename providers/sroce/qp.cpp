@@ -57,6 +57,10 @@ void silence_rest_of_commit(Qp *qp, const SendWqe &w) {
 
 void complete_send(Qp *qp, const SendWqe &w, ibv_wc_status status) {
     if (w.suppressed) return;
+    if (w.tm_internal) {
+        req_tm_done(qp, w, status);
+        return;
+    }
     if (w.commit_part == kCommitInner) {
         if (status == IBV_WC_SUCCESS) return;
         silence_rest_of_commit(qp, w);
@@ -83,7 +87,7 @@ void complete_recv(Qp *qp, const RecvWqe &r, const RecvCompletion &c) {
     wc.wc_flags = c.wc_flags;
     wc.pkey_index = qp->attr.pkey_index;
     Cq *cq = (c.srq && c.srq->cq) ? c.srq->cq : qp->rcq;
-    if (!cq->push(wc, c.solicited)) post_cq_overflow(qp->ctx, cq);
+    if (!cq->push(wc, c.solicited, c.tm)) post_cq_overflow(qp->ctx, cq);
 }
 
 void Context::post_event(const ibv_async_event &ev) {
@@ -730,7 +734,8 @@ int check_create(Context *ctx, const ibv_qp_init_attr_ex *attr) {
     if (type != IBV_QPT_XRC_SEND && (!attr->recv_cq || attr->recv_cq->context != ibctx))
         return EINVAL;
     if (attr->srq && (type == IBV_QPT_XRC_SEND || attr->srq->context != ibctx ||
-                      to_srq(attr->srq)->type != IBV_SRQT_BASIC))
+                      to_srq(attr->srq)->type == IBV_SRQT_XRC ||
+                      (to_srq(attr->srq)->type == IBV_SRQT_TM && type != IBV_QPT_RC)))
         return EINVAL;
     uint64_t ops = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) ? attr->send_ops_flags : 0;
     if (ops & ~send_ops_for(type)) return EOPNOTSUPP;

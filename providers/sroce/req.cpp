@@ -151,6 +151,62 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx) {
 
 } // namespace
 
+bool req_post_tm_read(Qp *qp, TxBatch &tx, Srq *srq, uint64_t wr_id, uint64_t tag, uint32_t priv,
+                      const ibv_sge &buf, uint32_t len, uint64_t va, uint32_t rkey) {
+    Requester &q = qp->req;
+    if (q.head - q.tail >= q.max_wr) return false;
+    SendWqe &w = req_new_wqe(qp, q.head % q.max_wr, 0, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED);
+    w.signaled = true;
+    w.num_sge = len ? 1 : 0;
+    w.sge[0] = {buf.addr, len, buf.lkey};
+    w.length = len;
+    w.remote_addr = va;
+    w.rkey = rkey;
+    w.tm_internal = kTmRead;
+    w.tm_srq = srq;
+    w.tm_wr_id = wr_id;
+    w.tm_tag = tag;
+    w.tm_priv = priv;
+    q.head++;
+    req_run(qp, tx);
+    return true;
+}
+
+void req_tm_done(Qp *qp, const SendWqe &w, ibv_wc_status status) {
+    if (w.tm_internal != kTmRead) return; // a FIN: nothing to report
+    ibv_wc wc{};
+    wc.wr_id = w.tm_wr_id;
+    wc.status = status;
+    wc.opcode = IBV_WC_TM_RECV;
+    wc.byte_len = w.length;
+    wc.qp_num = qp->qpx.qp_base.qp_num;
+    wc.wc_flags = status == IBV_WC_SUCCESS ? IBV_WC_TM_DATA_VALID : 0;
+    if (!w.tm_srq->cq->push(wc, false)) post_cq_overflow(qp->ctx, w.tm_srq->cq);
+    if (status != IBV_WC_SUCCESS) return;
+    // The FIN carries a TMH naming the tag back to the sender.
+    Requester &q = qp->req;
+    std::memset(q.tm_fin, 0, sizeof q.tm_fin);
+    q.tm_fin[0] = IBV_TMH_FIN;
+    wire::put32(q.tm_fin + 4, w.tm_priv);
+    wire::put64(q.tm_fin + 8, w.tm_tag);
+    q.tm_fin_pending = true;
+}
+
+// Posts a pending FIN once the send queue has room.
+void post_tm_fin(Qp *qp) {
+    Requester &q = qp->req;
+    if (!q.tm_fin_pending || q.head - q.tail >= q.max_wr) return;
+    SendWqe &w = req_new_wqe(qp, q.head % q.max_wr, 0, IBV_WR_SEND, IBV_SEND_SIGNALED);
+    w.signaled = true;
+    w.tm_internal = kTmFin;
+    std::memcpy(w.tm_fin, q.tm_fin, sizeof w.tm_fin);
+    w.num_sge = 1;
+    w.sge[0] = {uintptr_t(w.tm_fin), uint32_t(sizeof w.tm_fin), 0};
+    w.length = sizeof w.tm_fin;
+    q.head++;
+    q.tm_fin_pending = false;
+}
+
 void req_fail_at_tail(Qp *qp) {
     Requester &q = qp->req;
     SendWqe &w = q.at(q.tail);
@@ -174,6 +230,7 @@ void req_arm_timer(Qp *qp) {
 void req_run(Qp *qp, TxBatch &tx) {
     Requester &q = qp->req;
     if (qp->attr.state != IBV_QPS_RTS || qp->comp.rnr_deadline_ns) return;
+    post_tm_fin(qp);
     bool reliable = qp->reliable();
     bool sent = false, local_done = false;
     while (q.cur != q.head) {

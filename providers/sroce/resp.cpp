@@ -120,6 +120,60 @@ void send_atomic_ack(Qp *qp, TxBatch &tx, uint32_t psn, uint64_t orig) {
 // ---------------------------------------------------------------------------
 // Receive WQEs
 
+// What the tag-matching header (TMH) of a SEND to a tag-matching SRQ made of
+// the message (Responder::tm_mode).
+constexpr uint8_t kTmMsgNone = 0, // no tag matching
+    kTmMsgNoTag = 1,              // NO_TAG: an ordinary receive
+    kTmMsgMatched = 2,            // EAGER whose tag matched: the data go to the tag's buffer
+    kTmMsgUnexpected = 3,         // EAGER or RNDV that matched no tag: an ordinary receive
+    kTmMsgRndv = 4;               // RNDV whose tag matched: the data are READ from the sender
+constexpr uint32_t kTmhLen = 16, kRvhLen = 16;
+
+// Classifies a SEND to a tag-matching SRQ by its TMH and, for a matched tag,
+// makes the tag's buffer the message's receive WQE.  True when the message
+// still needs an ordinary WQE.
+bool tm_classify(Rx &rx) {
+    Responder &r = R(rx);
+    const Packet &pkt = rx.pkt;
+    r.tm_mode = kTmMsgNone;
+    r.skip = 0;
+    if (pkt.payload_len < kTmhLen) return true;
+    const uint8_t *tmh = pkt.payload;
+    uint8_t op = tmh[0];
+    uint64_t tag = get64(tmh + 8);
+    if (op == IBV_TMH_NO_TAG) {
+        r.tm_mode = kTmMsgNoTag;
+        return true;
+    }
+    bool rndv = op == IBV_TMH_RNDV && pkt.payload_len >= kTmhLen + kRvhLen;
+    std::lock_guard<std::mutex> g(rx.srq->mu);
+    if (op == IBV_TMH_EAGER || rndv) {
+        for (Srq::Tag &t : rx.srq->tags) {
+            if (!t.valid || (tag & t.mask) != (t.tag & t.mask)) continue;
+            t.valid = false;
+            r.tm_mode = rndv ? kTmMsgRndv : kTmMsgMatched;
+            r.tm_tag = tag;
+            r.tm_priv = get32(tmh + 4);
+            r.recv = RecvWqe{t.wr_id, t.sge.length ? 1u : 0u, r.recv_sge, t.sge.length};
+            r.recv_sge[0] = t.sge;
+            r.recv_taken = true;
+            r.recv_srq = rx.srq;
+            r.recv_bad = false;
+            if (rndv) {
+                r.rvh_va = get64(tmh + kTmhLen);
+                r.rvh_rkey = get32(tmh + kTmhLen + 8);
+                r.rvh_len = get32(tmh + kTmhLen + 12);
+                r.skip = UINT32_MAX; // the request itself is not placed
+            } else {
+                r.skip = kTmhLen;
+            }
+            return false;
+        }
+    }
+    r.tm_mode = kTmMsgUnexpected;
+    return true;
+}
+
 // Takes the next receive WQE for the message starting now, from the SRQ or
 // the QP's own queue.  False when there is none.
 bool take_recv(Rx &rx) {
@@ -179,6 +233,18 @@ void finish_recv(Qp *qp, ibv_wc_status status, ibv_wc_opcode opcode, uint32_t by
         c.src_qp = pkt->src_qpn();
         c.wc_flags |= IBV_WC_GRH;
     }
+    // Tag matching: what the TMH made of the message.
+    ibv_wc_tm_info tm{};
+    if (r.tm_mode != kTmMsgNone && status == IBV_WC_SUCCESS) {
+        c.opcode = r.tm_mode == kTmMsgNoTag ? IBV_WC_TM_NO_TAG : IBV_WC_TM_RECV;
+        if (r.tm_mode == kTmMsgMatched || r.tm_mode == kTmMsgRndv) {
+            c.wc_flags |= IBV_WC_TM_MATCH;
+            if (r.tm_mode == kTmMsgMatched) c.wc_flags |= IBV_WC_TM_DATA_VALID;
+            tm = {r.tm_tag, r.tm_priv};
+        }
+    }
+    c.tm = &tm;
+    r.tm_mode = kTmMsgNone;
     complete_recv(qp, r.recv, c);
     r.recv_taken = false;
     r.recv_srq = nullptr;
@@ -445,6 +511,11 @@ Outcome check_resource(Rx &rx) {
         if (r.recv_taken || !q.empty()) return Outcome::kNext;
         return rx.qp->reliable() ? Outcome::kRnr : Outcome::kDrop;
     }
+    bool tm = rx.srq && rx.srq->type == IBV_SRQT_TM;
+    if (tm && !r.recv_taken && !tm_classify(rx)) {
+        r.msg_offset = 0;
+        return Outcome::kNext;
+    }
     if (!take_recv(rx)) return rx.qp->reliable() ? Outcome::kRnr : Outcome::kDrop;
     r.msg_offset = 0;
     // A receive WQE whose memory is no longer there (its MR deregistered or
@@ -459,8 +530,8 @@ Outcome check_length(Rx &rx) {
     const Packet &pkt = rx.pkt;
     if (rx.f & kOpSend) {
         uint32_t grh = rx.qp->type == IBV_QPT_UD ? uint32_t(kGrhLen) : 0;
-        if (uint64_t(r.msg_offset) + grh + pkt.payload_len > r.recv.length)
-            return Outcome::kRecvLength;
+        uint32_t placed = pkt.payload_len - std::min(r.skip, pkt.payload_len);
+        if (uint64_t(r.msg_offset) + grh + placed > r.recv.length) return Outcome::kRecvLength;
     } else if ((rx.f & kOpWrite) && !(rx.f & kOpFirst)) {
         if (pkt.payload_len > r.write_remaining) return Outcome::kInvalidRequest;
         if ((rx.f & kOpLast) && pkt.payload_len != r.write_remaining)
@@ -542,10 +613,28 @@ Outcome exec_send(Rx &rx) {
         place_recv(r, grh, kGrhLen);
         r.msg_offset += kGrhLen;
     }
-    place_recv(r, pkt.payload, pkt.payload_len);
-    r.msg_offset += pkt.payload_len;
+    // A matched EAGER's TMH, or all of a matched RNDV request, is not data.
+    uint32_t skip = std::min(r.skip, pkt.payload_len);
+    r.skip -= skip;
+    place_recv(r, pkt.payload + skip, pkt.payload_len - skip);
+    r.msg_offset += pkt.payload_len - skip;
     if (!(rx.f & kOpLast)) {
         r.in_msg = kOpSend;
+        return Outcome::kNext;
+    }
+    if (r.tm_mode == kTmMsgRndv) {
+        // The match is reported now; the data follow by RDMA READ from the
+        // sender's buffer, then a FIN tells the sender it may reuse it.
+        RecvWqe buf = r.recv;
+        ibv_sge sge = r.recv_sge[0];
+        Srq *srq = r.recv_srq;
+        uint64_t tag = r.tm_tag;
+        uint32_t priv = r.tm_priv, len = std::min(r.rvh_len, buf.length);
+        r.in_msg = 0;
+        finish_recv(rx.qp, IBV_WC_SUCCESS, IBV_WC_TM_RECV, 0, &pkt, pkt.se);
+        if (!req_post_tm_read(rx.qp, rx.tx, srq, buf.wr_id, tag, priv, sge, len, r.rvh_va,
+                              r.rvh_rkey))
+            return Outcome::kRemoteOp;
         return Outcome::kNext;
     }
     if (rx.f & kOpInv) {

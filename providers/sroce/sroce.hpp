@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <infiniband/tm_types.h>
 #include <infiniband/verbs.h>
 #include <infiniband/verbs_ext.h>
 #include <mutex>
@@ -34,8 +35,10 @@ constexpr int kMaxDevices = 64;
 constexpr uint32_t kMaxQps = 4096;
 constexpr uint32_t kQpnBase = 0x11; // QPN 0 and 1 are the special QPs
 constexpr uint32_t kMaxSrqs = 4096;
-constexpr int kMaxMcGroups = 32;   // multicast groups per device and process
-constexpr int kMaxMcAttach = 1024; // QPs attached to one group
+constexpr uint32_t kMaxTmTags = 64;  // tagged buffers per tag-matching SRQ
+constexpr uint32_t kMaxRndvHdr = 64; // TMH + RVH, with room to spare
+constexpr int kMaxMcGroups = 32;     // multicast groups per device and process
+constexpr int kMaxMcAttach = 1024;   // QPs attached to one group
 constexpr uint32_t kSrqnBase = 0x100;
 constexpr uint32_t kMaxWr = 16384;
 constexpr uint32_t kMaxSge = 32;
@@ -71,6 +74,7 @@ int mtu_bytes(ibv_mtu m);
 struct Qp;
 struct Cq;
 struct Mw;
+struct Srq;
 
 struct Context {
     verbs_context vctx; // first; vctx.context is what applications see
@@ -242,9 +246,13 @@ struct Cq {
     // CLOCK_REALTIME; empty unless the CQ asked for them.
     std::vector<uint64_t> ts, wallclock;
     uint64_t cur_ts = 0, cur_wallclock = 0;
+    // IBV_WC_EX_WITH_TM_INFO: the tag and application context of each
+    // tag-matching completion (same index); empty unless asked for.
+    std::vector<ibv_wc_tm_info> tm;
+    ibv_wc_tm_info cur_tm{};
 
     // Returns false on overflow.
-    bool push(const ibv_wc &wc, bool solicited);
+    bool push(const ibv_wc &wc, bool solicited, const ibv_wc_tm_info *tm = nullptr);
     // Removes the completions of QP `qp_num` that are still queued (a QP
     // reset or destroyed), keeping the others in order.
     void forget_qp(uint32_t qp_num);
@@ -280,6 +288,13 @@ struct SendWqe {
     in_addr_t ud_addr = 0;
     uint32_t ud_qpn = 0, ud_qkey = 0;
     uint32_t xrc_srqn = 0; // XRC: the remote SRQ the message is for
+    // Tag matching: a rendezvous's READ or the FIN that follows it, carried
+    // out for the responder and never reported to the application.
+    uint8_t tm_internal = 0; // kTmNone / kTmRead / kTmFin
+    Srq *tm_srq = nullptr;
+    uint64_t tm_wr_id = 0, tm_tag = 0;
+    uint32_t tm_priv = 0;
+    uint8_t tm_fin[16] = {}; // the FIN's payload (a TMH)
     // BIND_MW: the window, its new rkey and the binding; LOCAL_INV: the rkey
     // (in `rkey`).
     Mw *mw = nullptr;
@@ -296,6 +311,7 @@ struct SendWqe {
 };
 
 constexpr uint8_t kCommitNone = 0, kCommitInner = 1, kCommitFinal = 2;
+constexpr uint8_t kTmNone = 0, kTmRead = 1, kTmFin = 2;
 // Work-request opcode of a native write-commit, never handed to rdma-core.
 // It must lie inside the range of enum ibv_wr_opcode's values (0..15 in
 // rdma-core 44): converting anything else to the enum is undefined in C++.
@@ -361,6 +377,14 @@ struct Srq {
     uint32_t limit = 0; // armed limit: an event when fewer WQEs remain
     bool error = false;
     std::atomic<int> users{0}; // QPs attached
+    // Tag matching (IBV_SRQT_TM): the tagged buffers ibv_post_srq_ops
+    // added, by handle, and how many messages found none.
+    struct Tag {
+        bool valid = false;
+        uint64_t tag = 0, mask = 0, wr_id = 0;
+        ibv_sge sge{}; // host address, checked when added
+    };
+    std::vector<Tag> tags;
     // XRC SRQ
     ibv_srq_type type = IBV_SRQT_BASIC;
     Cq *cq = nullptr; // an XRC SRQ's completions go here
@@ -423,6 +447,10 @@ struct Requester {
     uint32_t next_psn = 0; // next PSN to assign to a new WQE
     uint32_t rd_outstanding = 0;
     uint32_t pkts_since_ackreq = 0;
+    // Tag matching: a rendezvous's READ has completed and its FIN waits for
+    // a send queue slot (the READ's own is freed only after it completes).
+    bool tm_fin_pending = false;
+    uint8_t tm_fin[16] = {};
     SendWqe &at(uint32_t i) { return wqe[i % max_wr]; }
 };
 
@@ -453,6 +481,13 @@ struct Responder {
     ibv_sge recv_sge[kMaxSge]; // its SGEs with host addresses, checked when taken
     Srq *recv_srq = nullptr;   // where `recv` came from (nullptr: the QP's own queue)
     bool recv_bad = false;     // an SGE of `recv` failed its lkey check
+    // Tag matching on a TM SRQ: what the message in progress is.
+    uint8_t tm_mode = 0; // kTmMsg* (resp.cpp)
+    uint32_t skip = 0;   // leading message bytes not placed (a matched EAGER's TMH)
+    uint64_t tm_tag = 0, tm_wr_id = 0;
+    uint32_t tm_priv = 0;
+    uint64_t rvh_va = 0; // a matched rendezvous's source
+    uint32_t rvh_rkey = 0, rvh_len = 0;
     uint8_t *write_ptr = nullptr;
     uint64_t write_remaining = 0;
     uint32_t write_rkey = 0;

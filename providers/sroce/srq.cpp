@@ -6,6 +6,7 @@
 #include "provider.h"
 #include "transport.hpp"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
 #include <cstring>
@@ -75,14 +76,15 @@ std::map<std::pair<Context *, InodeKey>, std::pair<Xrcd *, int>> g_xrcd_files;
 
 ibv_srq *create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr) try {
     constexpr uint32_t kKnown = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD |
-                                IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+                                IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ |
+                                IBV_SRQ_INIT_ATTR_TM;
     if (attr->comp_mask & ~kKnown) {
         errno = EOPNOTSUPP;
         return nullptr;
     }
     ibv_srq_type type =
         (attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) ? attr->srq_type : IBV_SRQT_BASIC;
-    if (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC) {
+    if (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC && type != IBV_SRQT_TM) {
         errno = EOPNOTSUPP;
         return nullptr;
     }
@@ -97,9 +99,21 @@ ibv_srq *create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr) try {
         errno = EINVAL;
         return nullptr;
     }
+    bool tm = type == IBV_SRQT_TM;
+    if (tm &&
+        (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_TM) || !(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) ||
+         !attr->cq || attr->cq->context != ibctx || !attr->tm_cap.max_num_tags ||
+         attr->tm_cap.max_num_tags > kMaxTmTags || attr->tm_cap.max_ops > kMaxTmTags)) {
+        errno = EINVAL;
+        return nullptr;
+    }
     Srq *srq = make_srq(to_ctx(ibctx), pd_root(attr->pd), attr->attr, attr->srq_context);
     if (!srq) return nullptr;
     srq->type = type;
+    if (tm) {
+        srq->tags.resize(attr->tm_cap.max_num_tags);
+        srq->cq = to_cq(attr->cq);
+    }
     if (xrc) {
         srq->xrcd = reinterpret_cast<Xrcd *>(attr->xrcd);
         srq->xrcd->refs++;
@@ -114,6 +128,67 @@ int srq_num(ibv_srq *ibsrq, uint32_t *num) {
     Srq *srq = to_srq(ibsrq);
     if (srq->type != IBV_SRQT_XRC) return EOPNOTSUPP;
     *num = srq->srq_num;
+    return 0;
+}
+
+// ibv_post_srq_ops(): the tag list of a tag-matching SRQ.  Each operation
+// takes effect at once, so its completion (when signaled) is pushed here.
+int post_srq_ops(ibv_srq *ibsrq, ibv_ops_wr *op, ibv_ops_wr **bad_op) {
+    Srq *srq = to_srq(ibsrq);
+    if (srq->type != IBV_SRQT_TM) {
+        *bad_op = op;
+        return EINVAL;
+    }
+    std::lock_guard<std::mutex> g(srq->mu);
+    for (; op; op = op->next) {
+        ibv_wc wc{};
+        wc.wr_id = op->wr_id;
+        switch (op->opcode) {
+        case IBV_WR_TAG_ADD: {
+            auto it = std::find_if(srq->tags.begin(), srq->tags.end(),
+                                   [](const Srq::Tag &t) { return !t.valid; });
+            if (it == srq->tags.end() || op->tm.add.num_sge > 1 ||
+                (op->tm.add.num_sge && !op->tm.add.sg_list)) {
+                *bad_op = op;
+                return it == srq->tags.end() ? ENOMEM : EINVAL;
+            }
+            Srq::Tag t;
+            if (op->tm.add.num_sge) {
+                const ibv_sge &s = op->tm.add.sg_list[0];
+                uint8_t *host = check_lkey(srq->ctx->nic, srq->pd, s, IBV_ACCESS_LOCAL_WRITE);
+                if (!host && s.length) {
+                    *bad_op = op;
+                    return EINVAL;
+                }
+                t.sge = {uintptr_t(host), s.length, s.lkey};
+            }
+            t.valid = true;
+            t.tag = op->tm.add.tag;
+            t.mask = op->tm.add.mask;
+            t.wr_id = op->tm.add.recv_wr_id;
+            *it = t;
+            op->tm.handle = uint32_t(it - srq->tags.begin());
+            wc.opcode = IBV_WC_TM_ADD;
+            break;
+        }
+        case IBV_WR_TAG_DEL:
+            if (op->tm.handle >= srq->tags.size() || !srq->tags[op->tm.handle].valid) {
+                *bad_op = op;
+                return EINVAL;
+            }
+            srq->tags[op->tm.handle].valid = false;
+            wc.opcode = IBV_WC_TM_DEL;
+            break;
+        case IBV_WR_TAG_SYNC:
+            // Software has caught up with the unexpected messages it counts.
+            wc.opcode = IBV_WC_TM_SYNC;
+            break;
+        default:
+            *bad_op = op;
+            return EINVAL;
+        }
+        if (op->flags & IBV_OPS_SIGNALED) srq->cq->push(wc, false);
+    }
     return 0;
 }
 

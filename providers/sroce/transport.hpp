@@ -32,6 +32,13 @@ bool req_take_atomic_write_value(SendWqe &w);
 void req_kick(Qp *qp);
 // Retires the WQEs of an unreliable QP (UC, UD) once their packets are sent.
 void req_retire_sent(Qp *qp);
+// Tag matching: posts the RDMA READ that fetches a matched rendezvous's data
+// into the tag's buffer (the FIN follows when it completes); false when the
+// send queue is full.
+bool req_post_tm_read(Qp *qp, TxBatch &tx, Srq *srq, uint64_t wr_id, uint64_t tag, uint32_t priv,
+                      const ibv_sge &buf, uint32_t len, uint64_t va, uint32_t rkey);
+// Called by complete_send for the requester's own tag-matching WQEs.
+void req_tm_done(Qp *qp, const SendWqe &w, ibv_wc_status status);
 // Posts a local work request (BIND_MW for ibv_bind_mw()) as ibv_post_send
 // would; 0 or an errno.
 int req_post_local(Qp *qp, ibv_wr_opcode op, uint64_t wr_id, unsigned flags, Mw *mw, uint32_t rkey,
@@ -66,6 +73,7 @@ struct RecvCompletion {
     uint32_t src_qp = 0;    // UD: the sender's QP (others report the connected peer)
     bool solicited = false; // the message carried the SE bit (wakes a solicited-only CQ)
     Srq *srq = nullptr;     // the WQE came from this SRQ (an XRC SRQ has its own CQ)
+    const ibv_wc_tm_info *tm = nullptr; // tag matching: the tag and context
 };
 void complete_recv(Qp *qp, const RecvWqe &wqe, const RecvCompletion &c);
 void post_async_event(Qp *qp, ibv_event_type type);

@@ -30,6 +30,7 @@ ibv_qp *create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr);
 ibv_srq *create_srq_ex(ibv_context *ctx, ibv_srq_init_attr_ex *attr);
 int srq_num(ibv_srq *srq, uint32_t *num);
 int post_srq_recv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
+int post_srq_ops(ibv_srq *srq, ibv_ops_wr *op, ibv_ops_wr **bad_op);
 ibv_xrcd *open_xrcd(ibv_context *ctx, ibv_xrcd_init_attr *attr);
 int close_xrcd(ibv_xrcd *xrcd);
 ibv_mw *alloc_mw(ibv_pd *pd, ibv_mw_type type);
@@ -173,6 +174,12 @@ int query_device_ex(ibv_context *ctx, const ibv_query_device_ex_input *input,
     a.odp_caps.per_transport_caps.ud_odp_caps =
         IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
     a.xrc_odp_caps = kOdpAll;
+    // Tag matching for RC: eager and rendezvous, one buffer per tag.
+    a.tm_caps.max_rndv_hdr_size = kMaxRndvHdr;
+    a.tm_caps.max_num_tags = kMaxTmTags;
+    a.tm_caps.flags = IBV_TM_CAP_RC;
+    a.tm_caps.max_ops = kMaxTmTags;
+    a.tm_caps.max_sge = 1;
     a.completion_timestamp_mask = ~0ull;
     a.hca_core_clock = kCoreClockKhz;
     std::memcpy(attr, &a, std::min(attr_size, sizeof a));
@@ -408,6 +415,7 @@ ibv_context *open_context(ibv_device *ibdev, int cmd_fd) {
     v.create_cq_ex = create_cq_ex;
     v.create_srq_ex = create_srq_ex;
     v.get_srq_num = srq_num;
+    v.post_srq_ops = post_srq_ops;
     v.open_xrcd = open_xrcd;
     v.close_xrcd = close_xrcd;
     v.query_rt_values = query_rt_values;

@@ -59,9 +59,7 @@ EOF
 # script says when).
 # TEST-REGEX | FEATURE | EXPECT | waits for
 read -r -d '' NOT_YET <<'EOF'
-test_tag_matching\.                                 | other | skip | tag matching offload (SRQ of type IBV_SRQT_TM, ibv_post_srq_ops, IBV_WC_EX_WITH_TM_INFO, rendezvous): the suite skips at the CQ with TM info
 test_rdmacm\.                                       | rdma_cm | fail | librdmacm over sroce (QP1, the IB CM, rdma_cm): the tests find the device's net interface and fail to create an rdma_cm id
-test_mlx5_rdmacm\.                                  | rdma_cm | skip | as test_rdmacm (then an mlx5 DC test: acceptable)
 EOF
 
 require_loopback

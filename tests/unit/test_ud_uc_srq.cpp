@@ -6,6 +6,8 @@
 // events and error codes are checked field by field.
 #include "qp_kinds.hpp"
 
+#include <infiniband/tm_types.h>
+
 #include <fcntl.h>
 #include <poll.h>
 
@@ -447,6 +449,175 @@ TEST_F(Ud, XrcSendsReachTheNamedSrq) {
     EXPECT_EQ(ibv_destroy_srq(second), 0);
     x.destroy();
     EXPECT_EQ(ibv_destroy_cq(xcq), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Tag matching
+
+// A TMH (and RVH) at the start of a send buffer, as a tag-matching sender
+// writes them.
+void put_tmh(uint8_t *p, uint8_t op, uint32_t ctx, uint64_t tag) {
+    std::memset(p, 0, 16);
+    p[0] = op;
+    uint32_t c = htonl(ctx);
+    std::memcpy(p + 4, &c, 4);
+    for (int i = 0; i < 8; i++)
+        p[8 + i] = uint8_t(tag >> (56 - 8 * i));
+}
+
+struct TmCqe {
+    uint64_t wr_id;
+    ibv_wc_status status;
+    ibv_wc_opcode opcode;
+    unsigned flags;
+    uint32_t byte_len;
+    ibv_wc_tm_info tm;
+};
+
+std::vector<TmCqe> poll_tm(ibv_cq_ex *cq, size_t n) {
+    std::vector<TmCqe> out;
+    auto end = Clock::now() + kDeadline;
+    ibv_poll_cq_attr pa{};
+    while (out.size() < n && Clock::now() < end) {
+        if (ibv_start_poll(cq, &pa) != 0) continue;
+        do {
+            TmCqe c{cq->wr_id,
+                    cq->status,
+                    ibv_wc_read_opcode(cq),
+                    ibv_wc_read_wc_flags(cq),
+                    ibv_wc_read_byte_len(cq),
+                    {}};
+            ibv_wc_read_tm_info(cq, &c.tm);
+            out.push_back(c);
+        } while (out.size() < n && ibv_next_poll(cq) == 0);
+        ibv_end_poll(cq);
+    }
+    return out;
+}
+
+TEST_F(Ud, TagMatchingEagerUnexpectedNoTagAndRendezvous) {
+    ibv_device_attr_ex dx{};
+    ASSERT_EQ(ibv_query_device_ex(g_ctx[1], nullptr, &dx), 0);
+    ASSERT_TRUE(dx.tm_caps.flags & IBV_TM_CAP_RC);
+    ibv_cq_init_attr_ex ca{};
+    ca.cqe = 64;
+    ca.wc_flags = uint64_t(IBV_WC_STANDARD_FLAGS) | IBV_WC_EX_WITH_TM_INFO;
+    ibv_cq_ex *tcq = ibv_create_cq_ex(g_ctx[1], &ca);
+    ASSERT_NE(tcq, nullptr) << std::strerror(errno);
+    ibv_srq_init_attr_ex sa{};
+    sa.attr = {16, 1, 0};
+    sa.comp_mask =
+        IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM;
+    sa.srq_type = IBV_SRQT_TM;
+    sa.pd = b.pd;
+    sa.cq = ibv_cq_ex_to_cq(tcq);
+    sa.tm_cap = {4, 4};
+    ibv_srq *srq = ibv_create_srq_ex(g_ctx[1], &sa);
+    ASSERT_NE(srq, nullptr) << std::strerror(errno);
+    b.srqs.push_back(srq);
+    ibv_qp *qa = a.qp(IBV_QPT_RC), *qb = b.qp(IBV_QPT_RC, srq);
+    ASSERT_NO_FATAL_FAILURE(connect(qa, a, qb, b, true));
+    constexpr size_t kLen = 200;
+    Buf src(a.pd, 4 * kLen), tagged(b.pd, 2 * kLen), plain(b.pd, 4 * kLen), fin(a.pd, 64);
+    src.fill(61);
+    tagged.set(0);
+    for (int i = 0; i < 4; i++)
+        ASSERT_EQ(post_srq(srq, uint64_t(100 + i), {plain.sge(size_t(i) * kLen, kLen)}), 0);
+    ASSERT_EQ(post_recv(qa, 7, {fin.sge(0, 64)}), 0);
+    // Two tagged buffers; the second is removed again.
+    ibv_ops_wr op{};
+    ibv_sge s0 = tagged.sge(0, kLen), s1 = tagged.sge(kLen, kLen);
+    op.wr_id = 1;
+    op.opcode = IBV_WR_TAG_ADD;
+    op.flags = IBV_OPS_SIGNALED;
+    op.tm.add = {11, &s0, 1, 0x5000, 0xFFFF};
+    ibv_ops_wr *bad = nullptr;
+    ASSERT_EQ(ibv_post_srq_ops(srq, &op, &bad), 0);
+    uint32_t h0 = op.tm.handle;
+    op.wr_id = 2;
+    op.tm.add = {12, &s1, 1, 0x6000, 0xFFFF};
+    ASSERT_EQ(ibv_post_srq_ops(srq, &op, &bad), 0);
+    op.wr_id = 3;
+    op.opcode = IBV_WR_TAG_DEL;
+    ASSERT_EQ(ibv_post_srq_ops(srq, &op, &bad), 0);
+    EXPECT_EQ(ibv_post_srq_ops(srq, &op, &bad), EINVAL) << "deleted twice";
+    std::vector<TmCqe> ops = poll_tm(tcq, 3);
+    ASSERT_EQ(ops.size(), 3u);
+    EXPECT_EQ(ops[0].opcode, IBV_WC_TM_ADD);
+    EXPECT_EQ(ops[2].opcode, IBV_WC_TM_DEL);
+    EXPECT_NE(h0, op.tm.handle);
+
+    // EAGER matching tag 0x5000 (and only the low 16 bits count): its data,
+    // without the TMH, land in the tagged buffer.
+    put_tmh(src.data(), IBV_TMH_EAGER, 0xC0FFEE, 0xAB5000);
+    ASSERT_EQ(post_send(qa, 1, {src.sge(0, kLen)}), 0);
+    // EAGER with a tag no buffer has, and NO_TAG: ordinary receives, whole.
+    put_tmh(src.data() + kLen, IBV_TMH_EAGER, 1, 0x6000);
+    ASSERT_EQ(post_send(qa, 2, {src.sge(kLen, kLen)}), 0);
+    put_tmh(src.data() + 2 * kLen, IBV_TMH_NO_TAG, 2, 0);
+    ASSERT_EQ(post_send(qa, 3, {src.sge(2 * kLen, kLen)}), 0);
+    ASSERT_EQ(poll_n(a.scq, 3).size(), 3u);
+    std::vector<TmCqe> rc = poll_tm(tcq, 3);
+    ASSERT_EQ(rc.size(), 3u);
+    EXPECT_EQ(rc[0].wr_id, 11u);
+    EXPECT_EQ(rc[0].opcode, IBV_WC_TM_RECV);
+    EXPECT_EQ(rc[0].flags & (IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID),
+              unsigned(IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID));
+    EXPECT_EQ(rc[0].byte_len, kLen - 16);
+    EXPECT_EQ(rc[0].tm.tag, 0xAB5000u);
+    EXPECT_EQ(rc[0].tm.priv, 0xC0FFEEu);
+    EXPECT_EQ(rc[1].wr_id, 100u);
+    EXPECT_EQ(rc[1].opcode, IBV_WC_TM_RECV);
+    EXPECT_EQ(rc[1].flags & (IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID), 0u) << "unexpected";
+    EXPECT_EQ(rc[1].byte_len, kLen);
+    EXPECT_EQ(rc[2].wr_id, 101u);
+    EXPECT_EQ(rc[2].opcode, IBV_WC_TM_NO_TAG);
+    Pair::sync_with(Side{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, qb});
+    EXPECT_TRUE(same_bytes(tagged.data(), src.data() + 16, kLen - 16));
+    EXPECT_TRUE(same_bytes(plain.data(), src.data() + kLen, kLen));
+    EXPECT_TRUE(same_bytes(plain.data() + kLen, src.data() + 2 * kLen, kLen));
+
+    // RNDV: the match is reported, the data are READ from the sender's
+    // buffer, and a FIN tells the sender so.
+    op = {};
+    op.wr_id = 4;
+    op.opcode = IBV_WR_TAG_ADD;
+    op.flags = IBV_OPS_SIGNALED;
+    op.tm.add = {13, &s0, 1, 0x7000, 0xFFFF};
+    ASSERT_EQ(ibv_post_srq_ops(srq, &op, &bad), 0);
+    ASSERT_EQ(poll_tm(tcq, 1).size(), 1u);
+    uint8_t *req = src.data() + 3 * kLen;
+    put_tmh(req, IBV_TMH_RNDV, 9, 0x7000);
+    uint64_t va = src.addr(0);
+    uint32_t rk = htonl(src.rkey()), len = htonl(uint32_t(kLen));
+    for (int i = 0; i < 8; i++)
+        req[16 + i] = uint8_t(va >> (56 - 8 * i));
+    std::memcpy(req + 24, &rk, 4);
+    std::memcpy(req + 28, &len, 4);
+    tagged.set(0);
+    Pair::sync_with(Side{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, qb});
+    ASSERT_EQ(post_send(qa, 4, {src.sge(3 * kLen, 32)}), 0);
+    ASSERT_EQ(poll_n(a.scq, 1).size(), 1u);
+    std::vector<TmCqe> rv = poll_tm(tcq, 2);
+    ASSERT_EQ(rv.size(), 2u);
+    EXPECT_EQ(rv[0].wr_id, 13u);
+    EXPECT_EQ(rv[0].flags & (IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID), unsigned(IBV_WC_TM_MATCH));
+    EXPECT_EQ(rv[0].tm.tag, 0x7000u);
+    EXPECT_EQ(rv[1].wr_id, 13u);
+    EXPECT_EQ(rv[1].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(rv[1].flags & IBV_WC_TM_DATA_VALID, unsigned(IBV_WC_TM_DATA_VALID));
+    EXPECT_EQ(rv[1].byte_len, kLen);
+    std::vector<ibv_wc> f = poll_n(a.rcq, 1);
+    ASSERT_EQ(f.size(), 1u);
+    EXPECT_EQ(f[0].wr_id, 7u);
+    EXPECT_EQ(fin.data()[0], IBV_TMH_FIN);
+    Pair::sync_with(Side{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, qb});
+    EXPECT_TRUE(same_bytes(tagged.data(), src.data(), kLen));
+    ibv_destroy_qp(qb);
+    b.qps.pop_back();
+    ibv_destroy_srq(srq);
+    b.srqs.pop_back();
+    EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(tcq)), 0);
 }
 
 } // namespace
