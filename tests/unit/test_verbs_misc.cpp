@@ -125,7 +125,7 @@ TEST(CqEx, BadSizeOrVectorIsEinvalBeforeAnythingElse) {
     ASSERT_EQ(ibv_query_device(g_ctx[0], &da), 0);
     ibv_cq_init_attr_ex ca{};
     ca.cqe = uint32_t(da.max_cqe) + 1;
-    ca.wc_flags = IBV_WC_EX_WITH_TM_INFO; // would be EOPNOTSUPP
+    ca.wc_flags = IBV_WC_EX_WITH_FLOW_TAG; // would be EOPNOTSUPP
     errno = 0;
     EXPECT_EQ(ibv_create_cq_ex(g_ctx[0], &ca), nullptr);
     EXPECT_EQ(errno, EINVAL);
@@ -140,7 +140,7 @@ TEST(CqEx, BadSizeOrVectorIsEinvalBeforeAnythingElse) {
 TEST(CqEx, UnsupportedFlagsAreEopnotsupp) {
     ibv_cq_init_attr_ex ca{};
     ca.cqe = 10;
-    ca.wc_flags = IBV_WC_EX_WITH_TM_INFO;
+    ca.wc_flags = IBV_WC_EX_WITH_FLOW_TAG; // a steering feature sroce has none of
     errno = 0;
     EXPECT_EQ(ibv_create_cq_ex(g_ctx[0], &ca), nullptr);
     EXPECT_EQ(errno, EOPNOTSUPP);
