@@ -112,6 +112,10 @@ inline void set(uint8_t *body, Field f, uint64_t v) {
     }
 }
 
+// Every connected-mode message but REQ starts with the sender's and the
+// receiver's communication IDs.
+constexpr Field kLocalCommId{0, 0, 32}, kRemoteCommId{4, 0, 32};
+
 // REQ (IBTA table 106).
 namespace req {
 constexpr Field kLocalCommId{0, 0, 32}, kVendorId{5, 0, 24}, kServiceId{8, 0, 64},
@@ -131,39 +135,34 @@ constexpr size_t kPrivateData = 140, kPrivateDataLen = 92;
 
 // MRA (table 107).
 namespace mra {
-constexpr Field kLocalCommId{0, 0, 32}, kRemoteCommId{4, 0, 32}, kMessageMraed{8, 0, 2},
-    kServiceTimeout{9, 0, 5};
+constexpr Field kMessageMraed{8, 0, 2}, kServiceTimeout{9, 0, 5};
 constexpr size_t kPrivateData = 10, kPrivateDataLen = 222;
 } // namespace mra
 
 // REJ (table 108).
 namespace rej {
-constexpr Field kLocalCommId{0, 0, 32}, kRemoteCommId{4, 0, 32}, kMessageRejected{8, 0, 2},
-    kRejectedInfoLength{9, 0, 7}, kReason{10, 0, 16};
+constexpr Field kMessageRejected{8, 0, 2}, kRejectedInfoLength{9, 0, 7}, kReason{10, 0, 16};
 constexpr size_t kAri = 12, kAriLen = 72, kPrivateData = 84, kPrivateDataLen = 148;
 } // namespace rej
 
 // REP (table 110).
 namespace rep {
-constexpr Field kLocalCommId{0, 0, 32}, kRemoteCommId{4, 0, 32}, kLocalQkey{8, 0, 32},
-    kLocalQpn{12, 0, 24}, kLocalEecn{16, 0, 24}, kStartingPsn{20, 0, 24},
-    kResponderResources{24, 0, 8}, kInitiatorDepth{25, 0, 8}, kTargetAckDelay{26, 0, 5},
-    kFailoverAccepted{26, 5, 2}, kEndToEndFlowControl{26, 7, 1}, kRnrRetryCount{27, 0, 3},
-    kSrq{27, 3, 1}, kLocalCaGuid{28, 0, 64};
+constexpr Field kLocalQkey{8, 0, 32}, kLocalQpn{12, 0, 24}, kLocalEecn{16, 0, 24},
+    kStartingPsn{20, 0, 24}, kResponderResources{24, 0, 8}, kInitiatorDepth{25, 0, 8},
+    kTargetAckDelay{26, 0, 5}, kFailoverAccepted{26, 5, 2}, kEndToEndFlowControl{26, 7, 1},
+    kRnrRetryCount{27, 0, 3}, kSrq{27, 3, 1}, kLocalCaGuid{28, 0, 64};
 constexpr size_t kPrivateData = 36, kPrivateDataLen = 196;
 } // namespace rep
 
 // RTU, DREQ, DREP (tables 111-113).
 namespace rtu {
-constexpr Field kLocalCommId{0, 0, 32}, kRemoteCommId{4, 0, 32};
 constexpr size_t kPrivateData = 8, kPrivateDataLen = 224;
 } // namespace rtu
 namespace dreq {
-constexpr Field kLocalCommId{0, 0, 32}, kRemoteCommId{4, 0, 32}, kRemoteQpn{8, 0, 24};
+constexpr Field kRemoteQpn{8, 0, 24};
 constexpr size_t kPrivateData = 12, kPrivateDataLen = 220;
 } // namespace dreq
 namespace drep {
-constexpr Field kLocalCommId{0, 0, 32}, kRemoteCommId{4, 0, 32};
 constexpr size_t kPrivateData = 8, kPrivateDataLen = 224;
 } // namespace drep
 

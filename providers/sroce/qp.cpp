@@ -276,13 +276,6 @@ constexpr unsigned kQpAccessKnown =
     IBV_ACCESS_HUGETLB | IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT |
     IBV_ACCESS_RELAXED_ORDERING;
 
-bool dest_from_gid(const ibv_gid &gid, in_addr_t *addr) {
-    static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
-    if (std::memcmp(gid.raw, kMapped, 12) != 0) return false;
-    std::memcpy(addr, gid.raw + 12, 4);
-    return true;
-}
-
 int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
     QpAttr &a = qp->attr;
     // The kernel's uverbs drops the attributes one half of an XRC pair has
@@ -304,7 +297,7 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
     in_addr_t dest = a.dest_addr;
     if (mask & IBV_QP_AV) {
         if (!attr->ah_attr.is_global || attr->ah_attr.grh.sgid_index >= kNumGids ||
-            !dest_from_gid(attr->ah_attr.grh.dgid, &dest))
+            !gid_ipv4(attr->ah_attr.grh.dgid, &dest))
             return EINVAL;
     }
     if ((mask & IBV_QP_PORT) && attr->port_num != 1) return EINVAL;
@@ -959,11 +952,7 @@ int sroce_qp_set_commit_peer(struct ibv_qp *ibqp, uint32_t peer_commit_caps) {
 
 // A RoCEv2 multicast GID over IPv4: the IPv4-mapped form of a class D address.
 static bool multicast_group(const union ibv_gid *gid, in_addr_t *group) {
-    static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
-    if (!gid || std::memcmp(gid->raw, kMapped, 12) != 0 || (gid->raw[12] & 0xF0) != 0xE0)
-        return false;
-    std::memcpy(group, gid->raw + 12, 4);
-    return true;
+    return gid && gid_ipv4(*gid, group) && (gid->raw[12] & 0xF0) == 0xE0;
 }
 
 int sroce_attach_mcast(struct ibv_qp *ibqp, const union ibv_gid *gid, uint16_t) try {

@@ -69,6 +69,15 @@ struct Device {
 };
 
 Device *to_dev(ibv_device *d);
+
+// The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), the only GIDs a
+// RoCEv2-over-IPv4 peer or group can have; false for any other GID.
+inline bool gid_ipv4(const ibv_gid &gid, in_addr_t *addr) {
+    static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+    if (std::memcmp(gid.raw, kMapped, 12) != 0) return false;
+    std::memcpy(addr, gid.raw + 12, 4);
+    return true;
+}
 int mtu_bytes(ibv_mtu m);
 
 struct Qp;

@@ -355,9 +355,9 @@ int sroce_destroy_srq(struct ibv_srq *ibsrq) {
 struct ibv_ah *sroce_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr) {
     // RoCE addresses are global: the GRH names the destination GID, an
     // IPv4-mapped one for RoCEv2 over IPv4.
-    static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+    in_addr_t addr;
     if (!attr->is_global || attr->port_num != 1 || attr->grh.sgid_index >= kNumGids ||
-        std::memcmp(attr->grh.dgid.raw, kMapped, 12) != 0) {
+        !gid_ipv4(attr->grh.dgid, &addr)) {
         errno = EINVAL;
         return nullptr;
     }
@@ -367,7 +367,7 @@ struct ibv_ah *sroce_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr) {
         return nullptr;
     }
     ah->attr = *attr;
-    std::memcpy(&ah->addr, attr->grh.dgid.raw + 12, 4);
+    ah->addr = addr;
     ah->ibah.context = pd->context;
     ah->ibah.pd = pd;
     static std::atomic<uint32_t> handles{1};

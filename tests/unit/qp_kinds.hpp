@@ -103,17 +103,8 @@ inline int ud_to_rts(ibv_qp *qp, uint32_t qkey) {
 // RTR without responder resources or RNR timer: UC, and XRC send QPs,
 // which have no responder (the kernel's table refuses those attributes).
 inline int to_rtr_path(ibv_qp *qp, const ibv_gid &dgid, uint32_t dqpn, uint32_t rq_psn) {
-    ibv_qp_attr x{};
-    x.qp_state = IBV_QPS_RTR;
-    x.path_mtu = IBV_MTU_1024;
-    x.dest_qp_num = dqpn;
-    x.rq_psn = rq_psn;
-    x.ah_attr.is_global = 1;
-    x.ah_attr.port_num = 1;
-    x.ah_attr.grh.dgid = dgid;
-    x.ah_attr.grh.sgid_index = 1;
-    return ibv_modify_qp(
-        qp, &x, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN);
+    ibv_qp_attr x = rtr_path(dgid, dqpn, rq_psn, IBV_MTU_1024);
+    return ibv_modify_qp(qp, &x, kRtrPathMask);
 }
 
 // RTS with only the SQ PSN (UC), plus a timeout for an XRC receive QP, which

@@ -39,6 +39,12 @@ inline uint32_t mtu_bytes(ibv_mtu m) {
     return 128u << int(m);
 }
 
+// Port 1's active MTU in bytes, or 0 if the port cannot be queried.
+inline uint32_t active_mtu(ibv_context *ctx) {
+    ibv_port_attr port{};
+    return ibv_query_port(ctx, 1, &port) ? 0 : mtu_bytes(port.active_mtu);
+}
+
 // Writes a link configuration naming two devices on lo and points
 // SROCE_CONFIG at it.  The engine reads the file once, at the process's first
 // ibv_get_device_list(), so this must come first; the file is removed once
@@ -335,23 +341,30 @@ inline int to_init(ibv_qp *qp, unsigned access) {
                          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 }
 
-inline int to_rtr(ibv_qp *qp, const ibv_gid &dgid, uint32_t dqpn, uint32_t rq_psn, ibv_mtu mtu,
-                  uint8_t max_dest_rd_atomic, uint8_t min_rnr_timer) {
+// The path half of an RTR transition: the peer's GID (index 1, RoCE v2),
+// QPN and first PSN.
+inline ibv_qp_attr rtr_path(const ibv_gid &dgid, uint32_t dqpn, uint32_t rq_psn, ibv_mtu mtu) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTR;
     a.path_mtu = mtu;
     a.dest_qp_num = dqpn;
     a.rq_psn = rq_psn;
-    a.max_dest_rd_atomic = max_dest_rd_atomic;
-    a.min_rnr_timer = min_rnr_timer;
     a.ah_attr.is_global = 1;
     a.ah_attr.port_num = 1;
     a.ah_attr.grh.dgid = dgid;
     a.ah_attr.grh.sgid_index = 1;
     a.ah_attr.grh.hop_limit = 1;
-    return ibv_modify_qp(qp, &a,
-                         IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                             IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    return a;
+}
+inline constexpr int kRtrPathMask =
+    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+
+inline int to_rtr(ibv_qp *qp, const ibv_gid &dgid, uint32_t dqpn, uint32_t rq_psn, ibv_mtu mtu,
+                  uint8_t max_dest_rd_atomic, uint8_t min_rnr_timer) {
+    ibv_qp_attr a = rtr_path(dgid, dqpn, rq_psn, mtu);
+    a.max_dest_rd_atomic = max_dest_rd_atomic;
+    a.min_rnr_timer = min_rnr_timer;
+    return ibv_modify_qp(qp, &a, kRtrPathMask | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 }
 
 inline int to_rts(ibv_qp *qp, uint32_t sq_psn, uint8_t timeout, uint8_t retry_cnt,
