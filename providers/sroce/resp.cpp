@@ -225,8 +225,9 @@ void finish_recv(Qp *qp, ibv_wc_status status, ibv_wc_opcode opcode, uint32_t by
         std::memcpy(&c.imm, pkt->hdr + pkt->info->immdt, 4);
         c.wc_flags |= IBV_WC_WITH_IMM;
     }
+    // ibv_wc.invalidated_rkey shares imm_data's bytes but is host order.
     if (pkt && (pkt->info->flags & kOpInv)) {
-        c.imm = htonl(pkt->ieth());
+        c.imm = pkt->ieth();
         c.wc_flags |= IBV_WC_WITH_INV;
     }
     if (pkt && qp->type == IBV_QPT_UD) {

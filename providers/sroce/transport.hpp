@@ -68,7 +68,9 @@ struct RecvCompletion {
     ibv_wc_status status = IBV_WC_SUCCESS;
     ibv_wc_opcode opcode = IBV_WC_RECV;
     uint32_t byte_len = 0;
-    __be32 imm = 0; // immediate data, or the invalidated rkey (network order)
+    // Immediate data in network order, or the invalidated rkey in host order
+    // (ibv_wc's union has them so).
+    __be32 imm = 0;
     unsigned wc_flags = 0;
     uint32_t src_qp = 0;    // UD: the sender's QP (others report the connected peer)
     bool solicited = false; // the message carried the SE bit (wakes a solicited-only CQ)

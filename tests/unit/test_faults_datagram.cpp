@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 //
-// UD, UC, shared receive queues and XRC under the engine's fault injector
+// UD, UC, shared receive queues, XRC and memory windows under the engine's fault injector
 // (SROCE_FAULT: each NIC drops, duplicates or reorders what it receives).
 // The reliable ones (RC on an SRQ, XRC) must deliver every message exactly
 // once and in order; the unreliable ones may lose messages (UD, UC) or see
@@ -252,6 +252,73 @@ TEST_P(DatagramFaults, SrqAndXrcDeliverEverythingOnce) {
     }
     EXPECT_TRUE(drain(b.rcq, 20ms).empty()) << "an XRC message arrived twice";
     x.destroy();
+}
+
+// RC through a type 2 memory window: every write and read lands exactly
+// once through the window's rkey, a duplicated SEND WITH INVALIDATE is
+// acknowledged again rather than invalidating twice (which would fail the
+// QP), and once invalidated the rkey is refused.
+TEST_P(DatagramFaults, RcThroughAWindowThenInvalidated) {
+    End &a = *a_, &b = *b_;
+    constexpr uint32_t kMsgs = 200;
+    constexpr size_t kWin = 4096;
+    ibv_qp *qa = a.qp(IBV_QPT_RC), *qb = b.qp(IBV_QPT_RC);
+    ASSERT_NO_FATAL_FAILURE(connect(qa, a, qb, b, true));
+    Buf src(a.pd, kWin), back(a.pd, kWin), rx(b.pd, 64);
+    Buf mem(b.pd, 2 * kWin, kAllAccess | IBV_ACCESS_MW_BIND);
+    ASSERT_TRUE(mem.ok());
+    mem.set(0);
+    std::unique_ptr<ibv_mw, int (*)(ibv_mw *)> mw(ibv_alloc_mw(b.pd, IBV_MW_TYPE_2),
+                                                  ibv_dealloc_mw);
+    ASSERT_NE(mw, nullptr);
+    std::vector<ibv_sge> none;
+    ibv_send_wr bind = send_wr(1, IBV_WR_BIND_MW, none);
+    bind.bind_mw.mw = mw.get();
+    bind.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+    bind.bind_mw.bind_info = {mem.mr(), mem.addr(kWin / 2), kWin,
+                              IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ};
+    ASSERT_EQ(post(qb, bind), 0);
+    expect_one(b.scq, {1, IBV_WC_SUCCESS, IBV_WC_BIND_MW, qb->qp_num});
+    const uint32_t rkey = bind.bind_mw.rkey;
+    ASSERT_EQ(mw->rkey, rkey);
+    const uint64_t win = mem.addr(kWin / 2);
+
+    for (uint32_t seq = 0; seq < kMsgs; seq++) {
+        size_t len = msg_len(seq, kWin), off = (seq * 131u) % (kWin - len + 1);
+        fill_pattern(src.data(), len, seq);
+        ASSERT_EQ(post_rdma(qa, 2 * seq, IBV_WR_RDMA_WRITE, {src.sge(0, len)}, win + off, rkey), 0);
+        back.set(0);
+        ASSERT_EQ(post_rdma(qa, 2 * seq + 1, IBV_WR_RDMA_READ, {back.sge(0, len)}, win + off, rkey),
+                  0);
+        std::vector<ibv_wc> wc = poll_n(a.scq, 2);
+        ASSERT_EQ(wc.size(), 2u) << "message " << seq;
+        expect_wc(wc[0], {2 * seq, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, qa->qp_num});
+        expect_wc(wc[1], {2 * seq + 1, IBV_WC_SUCCESS, IBV_WC_RDMA_READ, qa->qp_num, int64_t(len)});
+        ASSERT_TRUE(same_bytes(mem.data() + kWin / 2 + off, src.data(), len)) << seq;
+        ASSERT_TRUE(same_bytes(back.data(), src.data(), len)) << seq;
+    }
+    // Nothing outside the window was touched.
+    std::vector<uint8_t> zero(kWin / 2, 0);
+    EXPECT_TRUE(same_bytes(mem.data(), zero.data(), kWin / 2));
+    EXPECT_TRUE(same_bytes(mem.data() + kWin / 2 + kWin, zero.data(), kWin / 2));
+
+    ASSERT_EQ(post_recv(qb, 7, {rx.sge(0, 64)}), 0);
+    std::vector<ibv_sge> eight{src.sge(0, 8)};
+    ibv_send_wr inv = send_wr(8, IBV_WR_SEND_WITH_INV, eight);
+    inv.invalidate_rkey = rkey;
+    ASSERT_EQ(post(qa, inv), 0);
+    expect_one(a.scq, {8, IBV_WC_SUCCESS, IBV_WC_SEND, qa->qp_num});
+    std::vector<ibv_wc> got = poll_n(b.rcq, 1);
+    ASSERT_EQ(got.size(), 1u);
+    expect_wc(got[0], {7, IBV_WC_SUCCESS, IBV_WC_RECV, qb->qp_num, 8, IBV_WC_WITH_INV});
+    EXPECT_EQ(got[0].invalidated_rkey, rkey);
+    EXPECT_TRUE(drain(b.rcq, 20ms).empty()) << "the invalidating send arrived twice";
+    EXPECT_EQ(qp_state(qb), IBV_QPS_RTS);
+
+    std::vector<uint8_t> before(mem.data(), mem.data() + 2 * kWin);
+    ASSERT_EQ(post_rdma(qa, 9, IBV_WR_RDMA_WRITE, {src.sge(0, 64)}, win, rkey), 0);
+    expect_one(a.scq, {9, IBV_WC_REM_ACCESS_ERR, IBV_WC_RDMA_WRITE, qa->qp_num});
+    EXPECT_TRUE(same_bytes(mem.data(), before.data(), before.size()));
 }
 
 INSTANTIATE_TEST_SUITE_P(
