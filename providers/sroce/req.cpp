@@ -151,10 +151,21 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx) {
 
 } // namespace
 
+bool req_sq_full(const Qp *qp) {
+    return qp->req.head - qp->req.tail >= qp->req.max_wr;
+}
+
 bool req_post_tm_read(Qp *qp, TxBatch &tx, Srq *srq, uint64_t wr_id, uint64_t tag, uint32_t priv,
                       const ibv_sge &buf, uint32_t len, uint64_t va, uint32_t rkey) {
     Requester &q = qp->req;
-    if (q.head - q.tail >= q.max_wr) return false;
+    if (req_sq_full(qp)) {
+        SendWqe failed;
+        failed.tm_internal = kTmRead;
+        failed.tm_srq = srq;
+        failed.tm_wr_id = wr_id;
+        req_tm_done(qp, failed, IBV_WC_LOC_QP_OP_ERR);
+        return false;
+    }
     SendWqe &w = req_new_wqe(qp, q.head % q.max_wr, 0, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED);
     w.signaled = true;
     w.num_sge = len ? 1 : 0;

@@ -513,6 +513,11 @@ Outcome check_resource(Rx &rx) {
         return rx.qp->reliable() ? Outcome::kRnr : Outcome::kDrop;
     }
     bool tm = rx.srq && rx.srq->type == IBV_SRQT_TM;
+    // A rendezvous needs a send queue slot for its READ: with none, the
+    // sender retries later (RNR) before any tag is consumed.
+    if (tm && !r.recv_taken && rx.pkt.payload_len >= kTmhLen + kRvhLen &&
+        rx.pkt.payload[0] == IBV_TMH_RNDV && req_sq_full(rx.qp))
+        return Outcome::kRnr;
     if (tm && !r.recv_taken && !tm_classify(rx)) {
         r.msg_offset = 0;
         return Outcome::kNext;

@@ -32,9 +32,12 @@ bool req_take_atomic_write_value(SendWqe &w);
 void req_kick(Qp *qp);
 // Retires the WQEs of an unreliable QP (UC, UD) once their packets are sent.
 void req_retire_sent(Qp *qp);
+// True when the send queue has no room for another WQE.
+bool req_sq_full(const Qp *qp);
 // Tag matching: posts the RDMA READ that fetches a matched rendezvous's data
-// into the tag's buffer (the FIN follows when it completes); false when the
-// send queue is full.
+// into the tag's buffer (the FIN follows when it completes).  When the send
+// queue is full it completes the tag's buffer with IBV_WC_LOC_QP_OP_ERR, so
+// its owner does not wait for data that will not come, and returns false.
 bool req_post_tm_read(Qp *qp, TxBatch &tx, Srq *srq, uint64_t wr_id, uint64_t tag, uint32_t priv,
                       const ibv_sge &buf, uint32_t len, uint64_t va, uint32_t rkey);
 // Called by complete_send for the requester's own tag-matching WQEs.

@@ -472,9 +472,9 @@ struct TmCqe {
     ibv_wc_tm_info tm;
 };
 
-std::vector<TmCqe> poll_tm(ibv_cq_ex *cq, size_t n) {
+std::vector<TmCqe> poll_tm(ibv_cq_ex *cq, size_t n, Clock::duration within = kDeadline) {
     std::vector<TmCqe> out;
-    auto end = Clock::now() + kDeadline;
+    auto end = Clock::now() + within;
     ibv_poll_cq_attr pa{};
     while (out.size() < n && Clock::now() < end) {
         if (ibv_start_poll(cq, &pa) != 0) continue;
@@ -611,6 +611,40 @@ TEST_F(Ud, TagMatchingEagerUnexpectedNoTagAndRendezvous) {
     EXPECT_EQ(fin.data()[0], IBV_TMH_FIN);
     Pair::sync_with(Side{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, qb});
     EXPECT_TRUE(same_bytes(tagged.data(), src.data(), kLen));
+
+    // With the receiving QP's send queue full (its sends wait on the peer's
+    // empty receive queue), a rendezvous has no room for its READ: it is
+    // refused RNR, without consuming the tag, and lands once there is room.
+    op.wr_id = 5;
+    op.tm.add = {14, &s1, 1, 0x7100, 0xFFFF};
+    ASSERT_EQ(ibv_post_srq_ops(srq, &op, &bad), 0);
+    ASSERT_EQ(poll_tm(tcq, 1).size(), 1u);
+    for (uint64_t i = 0; i < 64; i++)
+        ASSERT_EQ(post_send(qb, 200 + i, {plain.sge(0, 8)}), 0);
+    EXPECT_EQ(post_send(qb, 300, {plain.sge(0, 8)}), ENOMEM) << "the send queue is not full";
+    put_tmh(req, IBV_TMH_RNDV, 10, 0x7100);
+    tagged.set(0);
+    Pair::sync_with(Side{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, qb});
+    ASSERT_EQ(post_send(qa, 5, {src.sge(3 * kLen, 32)}), 0);
+    EXPECT_TRUE(poll_tm(tcq, 1, 200ms).empty()) << "matched with no room for the READ";
+    EXPECT_TRUE(drain(a.scq, 0ms).empty());
+    for (uint64_t i = 0; i < 64; i++)
+        ASSERT_EQ(post_recv(qa, 400 + i, {fin.sge(0, 64)}), 0);
+    ASSERT_EQ(poll_n(b.scq, 64).size(), 64u);
+    ASSERT_EQ(poll_n(a.rcq, 64).size(), 64u);
+    ASSERT_EQ(post_recv(qa, 500, {fin.sge(0, 64)}), 0); // for the FIN
+    expect_one(a.scq, {5, IBV_WC_SUCCESS, IBV_WC_SEND, qa->qp_num});
+    rv = poll_tm(tcq, 2);
+    ASSERT_EQ(rv.size(), 2u);
+    EXPECT_EQ(rv[0].wr_id, 14u);
+    EXPECT_EQ(rv[0].tm.tag, 0x7100u);
+    EXPECT_EQ(rv[1].wr_id, 14u);
+    EXPECT_EQ(rv[1].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(rv[1].flags & IBV_WC_TM_DATA_VALID, unsigned(IBV_WC_TM_DATA_VALID));
+    expect_one(a.rcq, {500, IBV_WC_SUCCESS, IBV_WC_RECV, qa->qp_num});
+    EXPECT_EQ(fin.data()[0], IBV_TMH_FIN);
+    Pair::sync_with(Side{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, qb});
+    EXPECT_TRUE(same_bytes(tagged.data() + kLen, src.data(), kLen));
     ibv_destroy_qp(qb);
     b.qps.pop_back();
     ibv_destroy_srq(srq);
