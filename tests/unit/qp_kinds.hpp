@@ -216,10 +216,7 @@ inline int post_ud(ibv_qp *qp, uint64_t id, ibv_ah *ah, uint32_t qpn, uint32_t q
 }
 
 inline int post_srq(ibv_srq *srq, uint64_t id, std::vector<ibv_sge> sg) {
-    ibv_recv_wr wr{};
-    wr.wr_id = id;
-    wr.sg_list = sg.empty() ? nullptr : sg.data();
-    wr.num_sge = int(sg.size());
+    ibv_recv_wr wr = recv_wr(id, sg);
     ibv_recv_wr *bad = nullptr;
     return ibv_post_srq_recv(srq, &wr, &bad);
 }

@@ -568,11 +568,16 @@ inline int post_atomic(ibv_qp *qp, uint64_t id, ibv_wr_opcode op, ibv_sge local,
     return post(qp, wr);
 }
 
-inline int post_recv(ibv_qp *qp, uint64_t id, std::vector<ibv_sge> sg) {
+inline ibv_recv_wr recv_wr(uint64_t id, std::vector<ibv_sge> &sg) {
     ibv_recv_wr wr{};
     wr.wr_id = id;
     wr.sg_list = sg.empty() ? nullptr : sg.data();
     wr.num_sge = int(sg.size());
+    return wr;
+}
+
+inline int post_recv(ibv_qp *qp, uint64_t id, std::vector<ibv_sge> sg) {
+    ibv_recv_wr wr = recv_wr(id, sg);
     ibv_recv_wr *bad = nullptr;
     int rc = ibv_post_recv(qp, &wr, &bad);
     if (rc) {
