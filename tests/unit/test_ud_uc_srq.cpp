@@ -283,12 +283,13 @@ TEST_F(Ud, UcBadRkeyLosesTheMessageNotTheQp) {
     ASSERT_EQ(
         post_rdma(qa, 1, IBV_WR_RDMA_WRITE, {src.sge(0, 256)}, mem.addr(), mem.rkey() ^ 0x100), 0);
     ASSERT_EQ(post_rdma(qa, 2, IBV_WR_RDMA_WRITE, {src.sge(0, 256)}, mem.addr(), mem.rkey()), 0);
-    ASSERT_EQ(poll_n(a.scq, 2).size(), 2u);
-    // The second write lands, so the first one was dropped rather than the QP failed.
-    auto until = Clock::now() + kDeadline;
-    while (Clock::now() < until && qp_state(qb) == IBV_QPS_RTS &&
-           mem.data()[255] != src.data()[255])
-        std::this_thread::sleep_for(1ms);
+    // A send behind the writes: once it is received the writes before it
+    // have been executed (UC keeps a QP's messages in order).
+    ASSERT_EQ(post_recv(qb, 3, {mem.sge(0, 0)}), 0);
+    ASSERT_EQ(post_send(qa, 3, {}), 0);
+    ASSERT_EQ(poll_n(a.scq, 3).size(), 3u);
+    expect_one(b.rcq, {3, IBV_WC_SUCCESS, IBV_WC_RECV, qb->qp_num, 0});
+    // The second write landed, so the first one was dropped rather than the QP failed.
     EXPECT_EQ(qp_state(qb), IBV_QPS_RTS);
     EXPECT_TRUE(same_bytes(mem.data(), src.data(), 256));
 }
