@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <stdexcept>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <system_error>
 #include <time.h>
 #include <unistd.h>
@@ -76,6 +77,9 @@ double next_uniform(uint64_t &s) {
 Nic *Nic::acquire(Device *dev) {
     std::lock_guard<std::mutex> g(g_nics_mu);
     Nic *&slot = g_nics[dev->index];
+    // A lost device stays with the contexts that had it; a new open gets a
+    // new lease (from a restarted agent).
+    if (slot && slot->lost()) slot = nullptr;
     if (!slot) {
         Nic *n = nullptr;
         try {
@@ -104,7 +108,7 @@ Nic *Nic::acquire(Device *dev) {
 void Nic::release() {
     std::lock_guard<std::mutex> g(g_nics_mu);
     if (--refs_ > 0) return;
-    g_nics[dev_->index] = nullptr;
+    if (g_nics[dev_->index] == this) g_nics[dev_->index] = nullptr;
     delete this;
 }
 
@@ -176,9 +180,40 @@ Nic::~Nic() {
     }
     if (fd_ >= 0) close(fd_);
     if (wake_fd_ >= 0) close(wake_fd_);
+    if (lease_.conn >= 0) close(lease_.conn);
+    if (table_) munmap(table_, kMaxQps * sizeof(agent::QpEntry));
+    if (table_fd_ >= 0) close(table_fd_);
 }
 
 int Nic::open_socket() {
+    static_assert(kMaxQps == agent::kTableEntries);
+    size_t table_len = kMaxQps * sizeof(agent::QpEntry);
+    table_fd_ = memfd_create("sroce-qps", MFD_CLOEXEC);
+    if (table_fd_ < 0 || ftruncate(table_fd_, off_t(table_len)) < 0) return errno;
+    void *t = mmap(nullptr, table_len, PROT_READ | PROT_WRITE, MAP_SHARED, table_fd_, 0);
+    if (t == MAP_FAILED) return errno;
+    table_ = static_cast<agent::QpEntry *>(t);
+    wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd_ < 0) return errno;
+    uint32_t slot = 1;
+    if (const char *a = getenv("SROCE_AGENT"); a && !strcmp(a, "off")) {
+        if (int err = open_exclusive()) return err;
+    } else {
+        if (int err = agent::lease_slot(dev_->ibdev.name, dev_->link.netdev.c_str(), dev_->addr,
+                                        table_fd_, lease_))
+            return err;
+        fd_ = lease_.udp;
+        slot = lease_.slot;
+    }
+    qpn_base_ = slot << agent::kSlotShift | kQpnBase;
+    srqn_base_ = slot << agent::kSlotShift | kSrqnBase;
+    // Start numbering where this process's previous lease of the slot is
+    // unlikely to have stopped, so a late packet meets no QP of ours.
+    qp_next_ = uint32_t(getpid()) % kMaxQps;
+    return 0;
+}
+
+int Nic::open_exclusive() {
     fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd_ < 0) return errno;
     // DF set and an unconnected socket make Linux write IP ID 0, which keeps
@@ -201,20 +236,45 @@ int Nic::open_socket() {
         int err = errno;
         char a[INET_ADDRSTRLEN];
         inet_ntop(AF_INET, &dev_->addr, a, sizeof a);
-        if (err == EADDRINUSE)
-            fprintf(stderr,
-                    "sroce: %s: %s:%u is already in use by another process; an sroce device "
-                    "address can be opened by one process at a time (add another link, e.g. "
-                    "'sroce link add NAME netdev lo addr 127.0.0.2')\n",
-                    dev_->ibdev.name, a, wire::kRoceV2Port);
-        else
-            fprintf(stderr, "sroce: %s: cannot bind %s:%u: %s\n", dev_->ibdev.name, a,
-                    wire::kRoceV2Port, strerror(err));
+        fprintf(stderr,
+                "sroce: %s: cannot bind %s:%u: %s (SROCE_AGENT=off gives a process the "
+                "address to itself)\n",
+                dev_->ibdev.name, a, wire::kRoceV2Port, strerror(err));
         return err;
     }
-    wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (wake_fd_ < 0) return errno;
     return 0;
+}
+
+void Nic::watch_agent() {
+    if (lease_.conn < 0 || lost()) return;
+    pollfd p = {lease_.conn, POLLIN, 0};
+    if (poll(&p, 1, 0) <= 0) return;
+    char b;
+    if (recv(lease_.conn, &b, 1, MSG_DONTWAIT) == 0 || (p.revents & (POLLHUP | POLLERR)))
+        lose_device();
+}
+
+void Nic::lose_device() {
+    fprintf(stderr,
+            "sroce: %s: the sroce agent exited; the device is lost (its QPs are in error, "
+            "IBV_EVENT_DEVICE_FATAL); close and reopen it to go on\n",
+            dev_->ibdev.name);
+    lost_.store(true);
+    {
+        std::lock_guard<std::mutex> g(objects_mu);
+        for_each_qp([](Qp *qp) {
+            std::lock_guard<std::mutex> q(qp->mu);
+            qp_enter_error(qp);
+        });
+    }
+    post_device_event(this, IBV_EVENT_DEVICE_FATAL);
+    // The address's group must empty for a restarted agent to rebuild it:
+    // our socket goes now, replaced by an unbound one so that no thread
+    // ever uses a closed descriptor number.
+    if (int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0); s >= 0) {
+        dup2(s, fd_);
+        close(s);
+    }
 }
 
 uint32_t Nic::add_qp(Qp *qp) {
@@ -226,7 +286,7 @@ uint32_t Nic::add_qp(Qp *qp) {
             qp_next_ = i + 1;
             if (i + 1 > qp_top_.load(std::memory_order_relaxed))
                 qp_top_.store(i + 1, std::memory_order_release);
-            return kQpnBase + i;
+            return qpn_base_ + i;
         }
     }
     return 0;
@@ -237,20 +297,33 @@ uint32_t Nic::add_srq(Srq *srq) {
     for (uint32_t i = 0; i < kMaxSrqs; i++) {
         if (!srqs_[i].load(std::memory_order_relaxed)) {
             srqs_[i].store(srq, std::memory_order_release);
-            return kSrqnBase + i;
+            return srqn_base_ + i;
         }
     }
     return 0;
 }
 
 void Nic::remove_srq(Srq *srq) {
-    uint32_t i = srq->srq_num - kSrqnBase;
+    uint32_t i = srq->srq_num - srqn_base_;
     if (i < kMaxSrqs) srqs_[i].store(nullptr, std::memory_order_release);
 }
 
 void Nic::remove_qp(Qp *qp) {
-    uint32_t i = qp->qpx.qp_base.qp_num - kQpnBase;
-    if (i < kMaxQps) qps_[i].store(nullptr, std::memory_order_release);
+    uint32_t i = qp->qpx.qp_base.qp_num - qpn_base_;
+    if (i >= kMaxQps) return;
+    qps_[i].store(nullptr, std::memory_order_release);
+    table_[i].id.store(0, std::memory_order_relaxed);
+}
+
+void Nic::publish_qp(const Qp *qp) {
+    uint32_t qpn = qp->qpx.qp_base.qp_num;
+    uint32_t i = qpn - qpn_base_;
+    if (i >= kMaxQps) return;
+    bool connected = qp->type != IBV_QPT_UD && qp->attr.state >= IBV_QPS_RTR;
+    table_[i].peer.store(connected ? uint64_t(qp->attr.dest_addr) << 32 | qp->attr.dest_qpn : 0,
+                         std::memory_order_relaxed);
+    table_[i].id.store(agent::qp_entry_id(qpn, qp->type, qp->attr.state),
+                       std::memory_order_relaxed);
 }
 
 void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
@@ -600,7 +673,7 @@ void Nic::nap(uint64_t ns) {
 }
 
 void Nic::run() {
-    uint64_t last_timer_scan = 0;
+    uint64_t last_timer_scan = 0, last_agent_check = 0;
     uint64_t spin_until = 0;
     while (!stop_.load(std::memory_order_relaxed)) {
         wait_for_work(spin_until);
@@ -631,9 +704,15 @@ void Nic::run() {
         // Timers need no receive lock, so an application that keeps it busy
         // cannot hold retransmissions back.
         if (now - last_timer_scan > 500000) {
-            std::lock_guard<std::mutex> g(objects_mu);
-            fire_timers(*timer_tx_);
+            {
+                std::lock_guard<std::mutex> g(objects_mu);
+                fire_timers(*timer_tx_);
+            }
             last_timer_scan = now;
+            if (now - last_agent_check > 20000000) {
+                watch_agent();
+                last_agent_check = now;
+            }
         }
     }
 }

@@ -5,6 +5,7 @@
 // and the QP and MR tables that packets are resolved against.
 #pragma once
 
+#include "agent_client.hpp"
 #include "sroce.hpp"
 
 #include <sys/socket.h>
@@ -59,9 +60,13 @@ class Nic {
                int iovcnt, uint32_t payload_len);
     void flush(TxBatch &b);
 
-    // QP table: QPN = kQpnBase + slot.
+    // QP table: QPN = qpn_base_ + index, where qpn_base_ carries the
+    // process's slot on the device (agent_proto.hpp) in bits 16-23.
     uint32_t add_qp(Qp *qp); // 0 when full
     void remove_qp(Qp *qp);
+    // Updates the QP's entry in the table the agent lists (type, state,
+    // peer); caller holds qp->mu or owns the QP alone.
+    void publish_qp(const Qp *qp);
     // Calls fn(qp) for every live QP; caller holds objects_mu.
     template <class Fn>
     void for_each_qp(Fn &&fn) {
@@ -70,7 +75,7 @@ class Nic {
             if (Qp *qp = qps_[i].load(std::memory_order_acquire)) fn(qp);
     }
     Qp *find_qp(uint32_t qpn) const {
-        uint32_t i = qpn - kQpnBase;
+        uint32_t i = qpn - qpn_base_;
         return i < kMaxQps ? qps_[i].load(std::memory_order_acquire) : nullptr;
     }
     // Multicast (UD QPs): a group is an IPv4 multicast address, joined by a
@@ -80,11 +85,12 @@ class Nic {
     int detach_mcast(Qp *qp, in_addr_t group);
     void detach_all(Qp *qp);
 
-    // SRQ table, for the SRQ numbers XRC packets name: SRQN = kSrqnBase + slot.
+    // SRQ table, for the SRQ numbers XRC packets name: SRQN = srqn_base_ +
+    // index, unique on the device like QPNs.
     uint32_t add_srq(Srq *srq); // 0 when full
     void remove_srq(Srq *srq);
     Srq *find_srq(uint32_t srqn) const {
-        uint32_t i = srqn - kSrqnBase;
+        uint32_t i = srqn - srqn_base_;
         return i < kMaxSrqs ? srqs_[i].load(std::memory_order_acquire) : nullptr;
     }
 
@@ -94,6 +100,10 @@ class Nic {
     // Returns true when it dispatched anything.  Never blocks: when another
     // thread is receiving, that thread does the work.
     bool app_progress();
+
+    // The agent that leased this process its slot is gone: every QP is in
+    // error, the socket is closed, and no new object can be made (EIO).
+    bool lost() const { return lost_.load(std::memory_order_relaxed); }
 
     MrTable mrs;
     // Held by whoever dispatches packets (the progress thread or an
@@ -106,6 +116,11 @@ class Nic {
     explicit Nic(Device *dev);
     ~Nic();
     int open_socket();
+    // A socket of our own, bound without the agent (SROCE_AGENT=off).
+    int open_exclusive();
+    // Checks the agent connection; on its end, loses the device.
+    void watch_agent();
+    void lose_device();
     void run();
     // Sleeps until the socket may hold something (or not at all while the
     // progress thread spins, or parks while an application spins).
@@ -126,6 +141,11 @@ class Nic {
     Device *dev_;
     int refs_ = 0;
     int fd_ = -1;
+    agent::Lease lease_;
+    agent::QpEntry *table_ = nullptr; // shared with the agent
+    int table_fd_ = -1;
+    uint32_t qpn_base_ = 0, srqn_base_ = 0;
+    std::atomic<bool> lost_{false};
     int wake_fd_ = -1;
     std::atomic<bool> stop_{false};
     std::thread thread_;

@@ -159,6 +159,7 @@ void qp_enter_error(Qp *qp) {
     qp->attr.state = IBV_QPS_ERR;
     qp->qpx.qp_base.state = IBV_QPS_ERR;
     qp_flush_queues(qp);
+    qp->nic->publish_qp(qp);
     // A QP on an SRQ that leaves service tells its owner when nothing more
     // will be consumed from the SRQ on its behalf (IBTA 10.3.1).
     if (!was && (qp->srq || qp->type == IBV_QPT_XRC_RECV))
@@ -708,6 +709,7 @@ int check_create(Context *ctx, const ibv_qp_init_attr_ex *attr) {
     constexpr uint32_t kKnown = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD |
                                 IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     if (attr->comp_mask & ~kKnown) return EOPNOTSUPP;
+    if (ctx->nic->lost()) return EIO;
     // No creation flag is supported; asking for none is fine.
     if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags) return EOPNOTSUPP;
     ibv_qp_type type = attr->qp_type;
@@ -827,6 +829,7 @@ ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) try {
     }
     b.qp_num = qpn;
     b.handle = qpn;
+    ctx->nic->publish_qp(qp);
     if (qp->xrcd) qp->xrcd->refs++;
     if (qp->srq) qp->srq->users++;
     init_qp_ex_ops(qp);
@@ -909,7 +912,9 @@ int sroce_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 int sroce_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask) try {
     Qp *qp = to_qp(ibqp);
     std::lock_guard<std::mutex> g(qp->mu);
-    return modify(qp, attr, mask);
+    int rc = modify(qp, attr, mask);
+    if (!rc) qp->nic->publish_qp(qp);
+    return rc;
 } catch (const std::bad_alloc &) {
     return ENOMEM;
 }

@@ -83,6 +83,8 @@ struct RecvCompletion {
 void complete_recv(Qp *qp, const RecvWqe &wqe, const RecvCompletion &c);
 void post_async_event(Qp *qp, ibv_event_type type);
 void post_cq_overflow(Context *ctx, Cq *cq);
+// A device event (IBV_EVENT_DEVICE_FATAL) for every context on `nic` (verbs.cpp).
+void post_device_event(Nic *nic, ibv_event_type type);
 // Memory windows (mw.cpp).  SEND WITH INVALIDATE: invalidates the type 2
 // window `rkey` names.  0 or an errno.
 int invalidate_rkey(Qp *qp, Pd *pd, uint32_t rkey);

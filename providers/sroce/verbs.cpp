@@ -4,6 +4,7 @@
 // opening a device, device/port/GID queries and async events.
 #include "nic.hpp"
 #include "provider.h"
+#include "transport.hpp"
 
 #include <arpa/inet.h>
 #include <cerrno>
@@ -359,6 +360,18 @@ int sroce_read_sysfs_file(const char *dir, const char *file, char *buf, size_t s
 } // extern "C"
 
 namespace sroce {
+
+void post_device_event(Nic *nic, ibv_event_type type) {
+    std::lock_guard<std::mutex> g(g_ctx_mu);
+    for (Context *c : g_ctxs) {
+        if (c->nic != nic) continue;
+        ibv_async_event ev{};
+        ev.element.port_num = 1;
+        ev.event_type = type;
+        c->post_event(ev);
+    }
+}
+
 namespace {
 
 // A context of `ibdev` whose command FD is `cmd_fd` (taken over, closed on

@@ -168,6 +168,8 @@ void setup() {
     setenv("SROCE_CONFIG", conf.c_str(), 1);
     unsetenv("SROCE_FAULT");
     unsetenv("SROCE_BUSY_POLL");
+    // One process, no agent: the fuzzer owns the address and every packet.
+    setenv("SROCE_AGENT", "off", 1);
 
     h.dev_addr = ip4(kDevAddr);
     h.peer_addr = ip4(kPeerAddr);

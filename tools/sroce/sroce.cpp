@@ -3,6 +3,8 @@
 // sroce(8): manages the sroce link configuration and runs programs with the
 // verbs shim preloaded.  The command syntax follows iproute2's `rdma link` so
 // that instructions written for rxe carry over with only the tool renamed.
+#include "agent.hpp"
+#include "agent_proto.hpp"
 #include "config.hpp"
 #include "devview.hpp"
 #include "mountview.hpp"
@@ -21,6 +23,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -579,6 +582,45 @@ std::optional<int> find_exec_word(int argc, char **argv) {
     return std::nullopt;
 }
 
+// `sroce resource show [qp]`, in the shape of iproute2's `rdma resource show`.
+void resource_show(bool qps, bool as_json) {
+    nlohmann::json r = nlohmann::json::parse(sroce::agent::query(sroce::agent::kResources));
+    if (as_json) {
+        std::cout << r.dump() << '\n';
+        return;
+    }
+    int index = 0;
+    for (const auto &d : r["devices"]) {
+        if (!qps) {
+            std::set<std::string> names;
+            size_t nqp = 0, nproc = 0;
+            for (const auto &p : d["processes"]) {
+                if (p.contains("ifname")) names.insert(p["ifname"].get<std::string>());
+                if (p["slot"] != 0) nproc++;
+                nqp += p["qps"].size();
+            }
+            std::string joined;
+            for (const std::string &n : names)
+                joined += (joined.empty() ? "" : ",") + n;
+            std::cout << index++ << ": " << (joined.empty() ? "-" : joined) << ": addr "
+                      << d["addr"].get<std::string>() << " processes " << nproc << " qp " << nqp
+                      << '\n';
+            continue;
+        }
+        for (const auto &p : d["processes"]) {
+            std::string link = p.contains("ifname") ? p["ifname"].get<std::string>()
+                                                    : d["addr"].get<std::string>();
+            for (const auto &q : p["qps"]) {
+                std::cout << "link " << link << "/1 lqpn " << q["qpn"].get<uint32_t>();
+                if (q.contains("rqpn")) std::cout << " rqpn " << q["rqpn"].get<uint32_t>();
+                std::cout << " type " << q["type"].get<std::string>() << " state "
+                          << q["state"].get<std::string>() << " pid " << p["pid"].get<int>()
+                          << " comm " << p["comm"].get<std::string>() << '\n';
+            }
+        }
+    }
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -625,6 +667,32 @@ int main(int argc, char **argv) {
     show->fallthrough();
     show->add_option("NAME", show_name, "Device name (NAME or NAME/1)");
 
+    CLI::App *agent = app.add_subcommand(
+        "agent", "The host's sroce agent, which shares each device between processes");
+    agent->require_subcommand(1);
+    sroce::agent::Options agent_opts;
+    CLI::App *agent_start =
+        agent->add_subcommand("start", "Start it in the background unless one runs");
+    CLI::App *agent_run = agent->add_subcommand("run", "Run it in the foreground");
+    for (CLI::App *a : {agent_start, agent_run}) {
+        a->add_option("--idle-exit", agent_opts.idle_exit,
+                      "Exit after this many seconds with no process using a device "
+                      "(0: never; default 10)")
+            ->type_name("SECONDS");
+    }
+    agent_start->add_option("--log", agent_opts.log, "Append messages to FILE")->type_name("FILE");
+    CLI::App *agent_stop = agent->add_subcommand("stop", "Stop the running agent");
+    CLI::App *agent_status = agent->add_subcommand("status", "Show the running agent");
+
+    CLI::App *res = app.add_subcommand("resource", "Show which processes and QPs use devices");
+    res->alias("res");
+    res->fallthrough();
+    res->require_subcommand(0, 1);
+    CLI::App *res_show = res->add_subcommand("show", "Show a summary, or every QP");
+    res_show->fallthrough();
+    std::string res_what;
+    res_show->add_option("OBJECT", res_what, "qp")->check(CLI::IsMember({"qp"}));
+
     CLI::App *exec =
         app.add_subcommand("exec", "Run PROGRAM with the sroce verbs shim in LD_PRELOAD");
     exec->footer("Usage: sroce exec [--] PROGRAM [ARGS...]\n"
@@ -655,6 +723,23 @@ int main(int argc, char **argv) {
     const std::string path = config_override.empty() ? sroce::config_path() : config_override;
     try {
         if (*exec) return run_exec(command, config_override);
+        if (*agent_start || *agent_run) {
+            agent_opts.detach = bool(*agent_start);
+            return sroce::agent::run(agent_opts);
+        }
+        if (*agent_stop) {
+            sroce::agent::query(sroce::agent::kStop);
+            return 0;
+        }
+        if (*agent_status) {
+            nlohmann::json st = nlohmann::json::parse(sroce::agent::query(sroce::agent::kStatus));
+            std::cout << (json ? st.dump() : st.dump(2)) << '\n';
+            return 0;
+        }
+        if (*res) {
+            resource_show(res_what == "qp", json);
+            return 0;
+        }
         if (*add) {
             link_add(path, add_name, add_keywords);
         } else if (*del) {

@@ -1,0 +1,633 @@
+// SPDX-License-Identifier: MIT
+#include "agent.hpp"
+
+#include "agent_proto.hpp"
+#include "wire.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <arpa/inet.h>
+#include <array>
+#include <cerrno>
+#include <csignal>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <fstream>
+#include <linux/filter.h>
+#include <memory>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdexcept>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+#include <vector>
+
+#ifndef SROCE_VERSION
+#define SROCE_VERSION "unknown"
+#endif
+
+namespace sroce::agent {
+namespace {
+
+using nlohmann::json;
+
+uint64_t mono_s() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return uint64_t(ts.tv_sec);
+}
+
+void log(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("sroce agent: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+std::string ip_text(in_addr_t a) {
+    char s[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &a, s, sizeof s);
+    return s;
+}
+
+const char *type_name(uint32_t t) {
+    switch (t) {
+    case 1:
+        return "GSI";
+    case 2:
+        return "RC";
+    case 3:
+        return "UC";
+    case 4:
+        return "UD";
+    case 8:
+        return "RAW_PACKET";
+    case 9:
+        return "XRC_SEND";
+    case 10:
+        return "XRC_RECV";
+    default:
+        return "UNKNOWN";
+    }
+}
+
+const char *state_name(uint32_t s) {
+    static const char *const names[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
+    return s < 7 ? names[s] : "UNKNOWN";
+}
+
+// An abstract Unix address: the name is a byte string after a NUL.
+socklen_t abstract_addr(const std::string &name, sockaddr_un &sa) {
+    sa = {};
+    sa.sun_family = AF_UNIX;
+    size_t n = std::min(name.size(), sizeof sa.sun_path - 1);
+    std::memcpy(sa.sun_path + 1, name.data(), n);
+    return socklen_t(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
+struct SlotUse {
+    int conn = -1;
+    pid_t pid = 0;
+    std::string comm, dev_name;
+    const QpEntry *table = nullptr;
+};
+
+// One device address: its reuseport group, in slot order, and who uses which
+// slot.  Sockets join the group in slot order and are never closed while the
+// agent lives, because the kernel keeps a group in join order and fills a
+// leaving socket's place with the last one: closing one would re-steer
+// another process's QPs.
+struct Dev {
+    in_addr_t addr = 0;
+    std::string netdev;
+    int lock = -1;
+    std::vector<int> socks;
+    std::array<SlotUse, kMaxSlots> use;
+    uint32_t next = 1;
+    uint64_t rx_gsi = 0, rx_unroutable = 0;
+
+    ~Dev() {
+        for (int fd : socks)
+            close(fd);
+        if (lock >= 0) close(lock);
+        for (SlotUse &u : use)
+            if (u.table) munmap(const_cast<QpEntry *>(u.table), kTableEntries * sizeof(QpEntry));
+    }
+};
+
+// A connection whose first message has not come yet, or an sroce(8) query.
+struct Conn {
+    int fd = -1;
+};
+
+class Agent {
+  public:
+    explicit Agent(const Options &o) : opts_(o) {}
+    ~Agent() {
+        for (Conn &c : conns_)
+            close(c.fd);
+        if (listen_ >= 0) close(listen_);
+    }
+    // 0, EADDRINUSE when another agent listens, or another errno.
+    int listen_socket();
+    int loop();
+
+  private:
+    void accept_conns();
+    // false: the connection is finished with and must be closed.
+    bool serve(int fd, Dev **owner, uint32_t *slot);
+    void open_device(int fd, const Request &rq, int table_fd, Dev **owner, uint32_t *slot);
+    Dev *device(in_addr_t addr, const std::string &netdev, std::string &why);
+    int new_socket(in_addr_t addr, bool reuseport, std::string &why);
+    void steer(Dev &d);
+    void release(Dev &d, uint32_t slot);
+    void drain_gsi(Dev &d);
+    json resources() const;
+    json status() const;
+    void send_json(int fd, const json &j);
+    bool busy() const;
+
+    Options opts_;
+    int listen_ = -1;
+    std::vector<Conn> conns_; // admin and not-yet-identified connections
+    std::vector<std::unique_ptr<Dev>> devs_;
+    bool stop_ = false;
+};
+
+int Agent::listen_socket() {
+    listen_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (listen_ < 0) return errno;
+    sockaddr_un sa;
+    socklen_t len = abstract_addr(socket_name(), sa);
+    if (bind(listen_, reinterpret_cast<sockaddr *>(&sa), len) < 0 || listen(listen_, 64) < 0)
+        return errno;
+    return 0;
+}
+
+int Agent::new_socket(in_addr_t addr, bool reuseport, std::string &why) {
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        why = std::string("socket: ") + strerror(errno);
+        return -1;
+    }
+    int one = 1;
+    if (reuseport) setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    // DF set and an unconnected socket make Linux write IP ID 0, which keeps
+    // the IPv4 header (covered by the ICRC) predictable.
+    int pmtu = IP_PMTUDISC_DO;
+    setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    // Multicast datagrams leave through the device's own interface.
+    in_addr ifaddr{addr};
+    setsockopt(fd, IPPROTO_IP, IP_MULTICAST_IF, &ifaddr, sizeof ifaddr);
+    int buf = 16 << 20;
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf) < 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buf, sizeof buf) < 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(wire::kRoceV2Port);
+    sa.sin_addr.s_addr = addr;
+    if (bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0) {
+        int err = errno;
+        why = ip_text(addr) + ":4791: " + strerror(err);
+        if (err == EADDRINUSE)
+            why += " (held by a program outside this agent: an sroce process started with "
+                   "SROCE_AGENT=off, another agent (SROCE_AGENT_SOCKET), or another RoCE "
+                   "stack)";
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
+}
+
+// The group's program: the destination QPN's bits 16-23 (byte 5 of the BTH,
+// which starts the UDP payload the program sees) are the slot; anything past
+// the group, and a datagram too short to have the byte (the load fails and
+// the program returns 0), goes to the agent's socket.
+void Agent::steer(Dev &d) {
+    sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 5),
+        BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, uint32_t(d.socks.size()), 1, 0),
+        BPF_STMT(BPF_RET | BPF_A, 0),
+        BPF_STMT(BPF_RET | BPF_K, 0),
+    };
+    sock_fprog prog{uint16_t(sizeof code / sizeof code[0]), code};
+    if (setsockopt(d.socks[0], SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog) < 0)
+        log("%s: cannot attach the steering program: %s", ip_text(d.addr).c_str(), strerror(errno));
+}
+
+Dev *Agent::device(in_addr_t addr, const std::string &netdev, std::string &why) {
+    for (auto &d : devs_)
+        if (d->addr == addr) return d.get();
+    auto d = std::make_unique<Dev>();
+    d->addr = addr;
+    d->netdev = netdev;
+    // Two agents (SROCE_AGENT_SOCKET) must never build one group together:
+    // an address is locked by name in the namespace, released by death.
+    d->lock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un sa;
+    socklen_t len = abstract_addr("sroce-addr:" + ip_text(addr), sa);
+    if (d->lock < 0 || bind(d->lock, reinterpret_cast<sockaddr *>(&sa), len) < 0) {
+        why = ip_text(addr) + " is served by another sroce agent";
+        errno = EADDRINUSE;
+        return nullptr;
+    }
+    // Bound without SO_REUSEPORT first: that fails if anyone else has the
+    // port, where a reuseport bind would silently join their group.
+    int probe = new_socket(addr, false, why);
+    if (probe < 0) return nullptr;
+    close(probe);
+    int fd = new_socket(addr, true, why);
+    if (fd < 0) return nullptr;
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    d->socks.push_back(fd);
+    steer(*d);
+    log("serving %s (%s)", ip_text(addr).c_str(), netdev.c_str());
+    devs_.push_back(std::move(d));
+    return devs_.back().get();
+}
+
+void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, uint32_t *slot) {
+    OpenReply rep{};
+    rep.version = kProtoVersion;
+    auto fail = [&](int err, const std::string &why) {
+        rep.err = err;
+        snprintf(rep.msg, sizeof rep.msg, "%s", why.c_str());
+        send(fd, &rep, sizeof rep, MSG_NOSIGNAL);
+    };
+    std::string why;
+    std::string netdev(rq.netdev, strnlen(rq.netdev, sizeof rq.netdev));
+    Dev *d = device(rq.addr, netdev, why);
+    if (!d) return fail(errno ? errno : EADDRINUSE, why);
+    void *table =
+        mmap(nullptr, kTableEntries * sizeof(QpEntry), PROT_READ, MAP_SHARED, table_fd, 0);
+    if (table == MAP_FAILED) return fail(EINVAL, "the QP table cannot be mapped");
+    // Next fit over the slots in use and one more: a freed slot is reused as
+    // late as possible, so a QPN comes back late too.
+    uint32_t n = std::min<uint32_t>(uint32_t(d->socks.size()) + 1, kMaxSlots);
+    uint32_t s = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t c = d->next + k;
+        c = 1 + (c - 1) % (n - 1);
+        if (d->use[c].conn < 0) {
+            s = c;
+            break;
+        }
+    }
+    if (!s) {
+        munmap(table, kTableEntries * sizeof(QpEntry));
+        return fail(EMFILE, "all " + std::to_string(kMaxSlots - 1) + " process slots of " +
+                                ip_text(d->addr) + " are in use");
+    }
+    if (s == d->socks.size()) {
+        int sock = new_socket(d->addr, true, why);
+        if (sock < 0) {
+            munmap(table, kTableEntries * sizeof(QpEntry));
+            return fail(errno, why);
+        }
+        d->socks.push_back(sock);
+        steer(*d);
+    } else {
+        // What a previous owner left unread is not for the next one.
+        char b[64];
+        while (recv(d->socks[s], b, sizeof b, MSG_DONTWAIT) >= 0) {
+        }
+    }
+    SlotUse &u = d->use[s];
+    ucred cred{};
+    socklen_t cl = sizeof cred;
+    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+    u.pid = cred.pid;
+    u.comm.clear();
+    std::ifstream(("/proc/" + std::to_string(cred.pid) + "/comm").c_str()) >> u.comm;
+    u.dev_name.assign(rq.name, strnlen(rq.name, sizeof rq.name));
+    u.table = static_cast<const QpEntry *>(table);
+    rep.slot = s;
+    char ctl[CMSG_SPACE(sizeof(int))] = {};
+    iovec iov{&rep, sizeof rep};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &d->socks[s], sizeof(int));
+    if (sendmsg(fd, &m, MSG_NOSIGNAL) < 0) {
+        munmap(table, kTableEntries * sizeof(QpEntry));
+        u = SlotUse{};
+        return;
+    }
+    u.conn = fd;
+    d->next = s + 1;
+    *owner = d;
+    *slot = s;
+    log("%s slot %u: pid %d (%s)", ip_text(d->addr).c_str(), s, int(u.pid), u.comm.c_str());
+}
+
+void Agent::release(Dev &d, uint32_t slot) {
+    SlotUse &u = d.use[slot];
+    log("%s slot %u: pid %d left", ip_text(d.addr).c_str(), slot, int(u.pid));
+    if (u.table) munmap(const_cast<QpEntry *>(u.table), kTableEntries * sizeof(QpEntry));
+    close(u.conn);
+    u = SlotUse{};
+}
+
+void Agent::send_json(int fd, const json &j) {
+    // One message per chunk, then an empty one: a SEQPACKET message must fit
+    // the socket buffer.
+    std::string s = j.dump();
+    constexpr size_t kChunk = 32 << 10;
+    for (size_t off = 0; off < s.size(); off += kChunk)
+        if (send(fd, s.data() + off, std::min(kChunk, s.size() - off), MSG_NOSIGNAL) < 0) return;
+    send(fd, "", 0, MSG_NOSIGNAL);
+}
+
+json Agent::resources() const {
+    json devs = json::array();
+    for (auto &d : devs_) {
+        json procs = json::array();
+        json gsi = {{"qpn", 1}, {"type", "GSI"}, {"state", "RTS"}};
+        procs.push_back({{"slot", 0},
+                         {"pid", int(getpid())},
+                         {"comm", "sroce-agent"},
+                         {"qps", json::array({gsi})}});
+        for (uint32_t s = 1; s < kMaxSlots; s++) {
+            const SlotUse &u = d->use[s];
+            if (u.conn < 0) continue;
+            json qps = json::array();
+            for (uint32_t i = 0; i < kTableEntries; i++) {
+                uint64_t id = u.table[i].id.load(std::memory_order_relaxed);
+                if (!(id >> 63)) continue;
+                uint64_t peer = u.table[i].peer.load(std::memory_order_relaxed);
+                json q = {{"qpn", id & 0xFFFFFF},
+                          {"type", type_name(uint32_t(id >> 32) & 0xFF)},
+                          {"state", state_name(uint32_t(id >> 40) & 0xFF)}};
+                if (peer >> 32) {
+                    q["rqpn"] = peer & 0xFFFFFF;
+                    q["raddr"] = ip_text(in_addr_t(peer >> 32));
+                }
+                qps.push_back(q);
+            }
+            procs.push_back({{"slot", s},
+                             {"pid", int(u.pid)},
+                             {"comm", u.comm},
+                             {"ifname", u.dev_name},
+                             {"qps", qps}});
+        }
+        devs.push_back({{"addr", ip_text(d->addr)}, {"netdev", d->netdev}, {"processes", procs}});
+    }
+    return {{"devices", devs}};
+}
+
+json Agent::status() const {
+    json devs = json::array();
+    for (auto &d : devs_) {
+        unsigned used = 0;
+        for (uint32_t s = 1; s < kMaxSlots; s++)
+            used += d->use[s].conn >= 0;
+        devs.push_back({{"addr", ip_text(d->addr)},
+                        {"netdev", d->netdev},
+                        {"slots", d->socks.size() - 1},
+                        {"processes", used},
+                        {"rx_gsi", d->rx_gsi},
+                        {"rx_unroutable", d->rx_unroutable}});
+    }
+    return {{"pid", int(getpid())},
+            {"version", SROCE_VERSION},
+            {"protocol", kProtoVersion},
+            {"socket", socket_name()},
+            {"devices", devs}};
+}
+
+bool Agent::serve(int fd, Dev **owner, uint32_t *slot) {
+    Request rq{};
+    iovec iov{&rq, sizeof rq};
+    char ctl[CMSG_SPACE(sizeof(int) * 4)];
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    ssize_t n = recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) return errno == EAGAIN || errno == EINTR;
+    int table_fd = -1;
+    for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int f;
+            std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+            if (table_fd < 0)
+                table_fd = f;
+            else
+                close(f);
+        }
+    }
+    struct Closer {
+        int fd;
+        ~Closer() {
+            if (fd >= 0) close(fd);
+        }
+    } closer{table_fd};
+    if (n == 0) return false;
+    if (size_t(n) != sizeof rq || rq.version != kProtoVersion) {
+        OpenReply rep{};
+        rep.version = kProtoVersion;
+        rep.err = EPROTO;
+        snprintf(rep.msg, sizeof rep.msg,
+                 "the running sroce agent (pid %d) speaks protocol %u; stop it with "
+                 "'sroce agent stop' so that this release's starts",
+                 int(getpid()), kProtoVersion);
+        send(fd, &rep, sizeof rep, MSG_NOSIGNAL);
+        return false;
+    }
+    switch (rq.op) {
+    case kOpenDevice:
+        if (*owner || table_fd < 0) return false;
+        open_device(fd, rq, table_fd, owner, slot);
+        return *owner != nullptr;
+    case kResources:
+        send_json(fd, resources());
+        return false;
+    case kStatus:
+        send_json(fd, status());
+        return false;
+    case kStop:
+        send(fd, "", 0, MSG_NOSIGNAL);
+        stop_ = true;
+        return false;
+    default:
+        return false;
+    }
+}
+
+void Agent::accept_conns() {
+    for (;;) {
+        int fd = accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) return;
+        conns_.push_back({fd});
+    }
+}
+
+// QP1 and everything unroutable land here.  Counted for `sroce agent
+// status`; a datagram is never for a process.
+void Agent::drain_gsi(Dev &d) {
+    uint8_t b[4096 + 256];
+    for (;;) {
+        ssize_t n = recv(d.socks[0], b, sizeof b, MSG_DONTWAIT);
+        if (n < 0) return;
+        if (n >= ssize_t(wire::kBthLen) && wire::bth::qpn(b) == 1)
+            d.rx_gsi++;
+        else
+            d.rx_unroutable++;
+    }
+}
+
+bool Agent::busy() const {
+    if (!conns_.empty()) return true;
+    for (auto &d : devs_)
+        for (uint32_t s = 1; s < kMaxSlots; s++)
+            if (d->use[s].conn >= 0) return true;
+    return false;
+}
+
+int Agent::loop() {
+    uint64_t idle_since = mono_s();
+    std::vector<pollfd> pfds;
+    // What each pollfd past the first is: a pending connection, a slot's
+    // connection, or a device's own socket.
+    struct Ref {
+        Dev *dev;
+        uint32_t slot; // 0 with dev: the device's socket; without: conns_[slot]
+    };
+    std::vector<Ref> refs;
+    while (!stop_) {
+        pfds.assign(1, {listen_, POLLIN, 0});
+        refs.assign(1, {nullptr, 0});
+        for (uint32_t i = 0; i < conns_.size(); i++) {
+            pfds.push_back({conns_[i].fd, POLLIN, 0});
+            refs.push_back({nullptr, i});
+        }
+        for (auto &d : devs_) {
+            pfds.push_back({d->socks[0], POLLIN, 0});
+            refs.push_back({d.get(), 0});
+            for (uint32_t s = 1; s < kMaxSlots; s++)
+                if (d->use[s].conn >= 0) {
+                    pfds.push_back({d->use[s].conn, POLLIN, 0});
+                    refs.push_back({d.get(), s});
+                }
+        }
+        int r = poll(pfds.data(), pfds.size(), 1000);
+        if (r < 0 && errno != EINTR) {
+            log("poll: %s", strerror(errno));
+            return 1;
+        }
+        std::vector<uint32_t> done; // conns_ entries finished with
+        for (size_t i = 1; r > 0 && i < pfds.size(); i++) {
+            if (!pfds[i].revents) continue;
+            Ref ref = refs[i];
+            if (!ref.dev) {
+                Dev *owner = nullptr;
+                uint32_t slot = 0;
+                bool keep = serve(conns_[ref.slot].fd, &owner, &slot);
+                if (owner || !keep) done.push_back(ref.slot);
+                if (!keep) close(conns_[ref.slot].fd);
+            } else if (ref.slot == 0) {
+                drain_gsi(*ref.dev);
+            } else {
+                // A process's connection only ever ends: its end is the
+                // process's release of the slot, whatever the cause.
+                char b[64];
+                if (recv(pfds[i].fd, b, sizeof b, MSG_DONTWAIT) <= 0 || pfds[i].revents & POLLHUP)
+                    release(*ref.dev, ref.slot);
+            }
+        }
+        for (auto it = done.rbegin(); it != done.rend(); ++it)
+            conns_.erase(conns_.begin() + *it);
+        if (pfds[0].revents & POLLIN) accept_conns();
+        uint64_t now = mono_s();
+        if (busy()) idle_since = now;
+        if (opts_.idle_exit && now - idle_since >= opts_.idle_exit) {
+            log("idle for %u s, exiting", opts_.idle_exit);
+            break;
+        }
+    }
+    return 0;
+}
+
+} // namespace
+
+int run(const Options &opts) {
+    signal(SIGPIPE, SIG_IGN);
+    auto agent = std::make_unique<Agent>(opts);
+    if (int err = agent->listen_socket()) {
+        if (err == EADDRINUSE) return 0; // another agent serves this namespace
+        fprintf(stderr, "sroce agent: cannot listen on @%s: %s\n", socket_name().c_str(),
+                strerror(err));
+        return 1;
+    }
+    if (opts.detach) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            perror("sroce agent: fork");
+            return 1;
+        }
+        // The parent returns once the socket listens, so whoever started it
+        // can connect at once.
+        if (pid > 0) _exit(0);
+        setsid();
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        int out = opts.log.empty()
+                      ? null
+                      : open(opts.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (out < 0) out = null;
+        // A starter's pipes held open by a long-lived agent would keep its
+        // reader (a shell's $(...), a test harness) waiting for their end.
+        dup2(null, 0);
+        dup2(out, 1);
+        dup2(out, 2);
+        if (out != null) close(out);
+        close(null);
+    }
+    log("pid %d listening on @%s", int(getpid()), socket_name().c_str());
+    return agent->loop();
+}
+
+std::string query(uint32_t op) {
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::runtime_error(std::string("socket: ") + strerror(errno));
+    sockaddr_un sa;
+    socklen_t len = abstract_addr(socket_name(), sa);
+    if (connect(fd, reinterpret_cast<sockaddr *>(&sa), len) < 0) {
+        close(fd);
+        throw std::runtime_error("no sroce agent is running (@" + socket_name() + ")");
+    }
+    Request rq{};
+    rq.op = op;
+    rq.version = kProtoVersion;
+    std::string out;
+    if (send(fd, &rq, sizeof rq, MSG_NOSIGNAL) == ssize_t(sizeof rq)) {
+        std::vector<char> b(64 << 10);
+        for (;;) {
+            ssize_t n = recv(fd, b.data(), b.size(), 0);
+            if (n <= 0) break;
+            out.append(b.data(), size_t(n));
+        }
+    }
+    close(fd);
+    return out;
+}
+
+} // namespace sroce::agent

@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: MIT
+//
+// The host's sroce agent (docs/shared-device.md): one process per network
+// namespace that owns the UDP sockets of every sroce device address, gives
+// each process using a device a slot (a socket the kernel steers that
+// process's QP numbers to), and serves what a device shares between
+// processes.  sroce(8) runs it as `sroce agent`; the engine starts it on
+// demand.
+#pragma once
+
+#include <string>
+
+namespace sroce::agent {
+
+struct Options {
+    // Seconds the agent stays up with no process using a device; 0 = forever.
+    unsigned idle_exit = 10;
+    // Detach (new session, stdio to /dev/null or `log`) once listening; the
+    // calling process exits 0 then, or non-zero with the reason on stderr.
+    bool detach = false;
+    std::string log; // where a detached agent writes its messages
+};
+
+// Runs the agent until it is stopped or idle.  Returns the exit status;
+// 0 also when another agent already serves this namespace (`start` then has
+// nothing to do).
+int run(const Options &opts);
+
+// Asks the running agent for `op`'s JSON (kResources, kStatus) or to stop
+// (kStop, empty result).  Throws std::runtime_error when no agent answers.
+std::string query(uint32_t op);
+
+} // namespace sroce::agent

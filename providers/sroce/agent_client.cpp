@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: MIT
+//
+// The process's side of the agent protocol (agent_proto.hpp): finding the
+// agent, starting it when none runs, and leasing a slot on a device.
+#include "agent_client.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dlfcn.h>
+#include <spawn.h>
+#include <string>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+extern char **environ;
+
+namespace sroce::agent {
+
+std::string socket_name() {
+    const char *s = getenv("SROCE_AGENT_SOCKET");
+    return s && *s ? s : "sroce-agent";
+}
+
+namespace {
+
+// The sroce(8) that matches this library: the build tree's when this code
+// runs from the build tree (tests), else the installed one.
+std::string agent_binary() {
+    if (const char *b = getenv("SROCE_AGENT_BIN"); b && *b) return b;
+#if defined(SROCE_BUILD_DIR) && defined(SROCE_BUILD_TOOL)
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void *>(&agent_binary), &info) && info.dli_fname &&
+        std::strncmp(info.dli_fname, SROCE_BUILD_DIR "/", sizeof SROCE_BUILD_DIR) == 0 &&
+        access(SROCE_BUILD_TOOL, X_OK) == 0)
+        return SROCE_BUILD_TOOL;
+#endif
+#ifdef SROCE_INSTALL_TOOL
+    return SROCE_INSTALL_TOOL;
+#else
+    return "sroce";
+#endif
+}
+
+int try_connect() {
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::string name = socket_name();
+    size_t n = std::min(name.size(), sizeof sa.sun_path - 1);
+    std::memcpy(sa.sun_path + 1, name.data(), n);
+    if (connect(fd, reinterpret_cast<sockaddr *>(&sa),
+                socklen_t(offsetof(sockaddr_un, sun_path) + 1 + n)) == 0)
+        return fd;
+    int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+}
+
+// Runs `sroce agent start`, which returns once an agent listens (its own,
+// detached, or one that beat it to it).  0 or an errno.
+int start_agent() {
+    std::string bin = agent_binary();
+    char *argv[] = {const_cast<char *>(bin.c_str()), const_cast<char *>("agent"),
+                    const_cast<char *>("start"), nullptr};
+    pid_t pid;
+    int rc = posix_spawnp(&pid, bin.c_str(), nullptr, nullptr, argv, environ);
+    if (rc) {
+        fprintf(stderr, "sroce: cannot start the sroce agent (%s): %s\n", bin.c_str(),
+                strerror(rc));
+        return rc;
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0) {
+        // A program that reaps every child may have taken it: fine, the
+        // connection attempts that follow tell.
+        if (errno != EINTR) return 0;
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "sroce: the sroce agent (%s) failed to start\n", bin.c_str());
+        return EIO;
+    }
+    return 0;
+}
+
+} // namespace
+
+int connect_agent(bool start) {
+    int fd = try_connect();
+    if (fd >= 0 || !start) return fd;
+    if (int err = start_agent()) {
+        errno = err;
+        return -1;
+    }
+    // It listens before `start` returns; a few tries cover a rival agent
+    // that won the name and is just getting there.
+    for (int i = 0; i < 50; i++) {
+        fd = try_connect();
+        if (fd >= 0) return fd;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    fprintf(stderr, "sroce: the sroce agent started but does not answer on @%s\n",
+            socket_name().c_str());
+    errno = ECONNREFUSED;
+    return -1;
+}
+
+int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int table_fd, Lease &out) {
+    int fd = connect_agent(true);
+    if (fd < 0) return errno;
+    Request rq{};
+    rq.op = kOpenDevice;
+    rq.version = kProtoVersion;
+    snprintf(rq.name, sizeof rq.name, "%s", dev_name);
+    snprintf(rq.netdev, sizeof rq.netdev, "%s", netdev);
+    rq.addr = addr;
+    char ctl[CMSG_SPACE(sizeof(int))] = {};
+    iovec iov{&rq, sizeof rq};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &table_fd, sizeof(int));
+    if (sendmsg(fd, &m, MSG_NOSIGNAL) < 0) {
+        int err = errno;
+        close(fd);
+        return err;
+    }
+    OpenReply rep{};
+    char rctl[CMSG_SPACE(sizeof(int) * 4)];
+    iovec riov{&rep, sizeof rep};
+    msghdr r{};
+    r.msg_iov = &riov;
+    r.msg_iovlen = 1;
+    r.msg_control = rctl;
+    r.msg_controllen = sizeof rctl;
+    ssize_t n;
+    while ((n = recvmsg(fd, &r, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
+    }
+    int udp = -1;
+    for (cmsghdr *k = n > 0 ? CMSG_FIRSTHDR(&r) : nullptr; k; k = CMSG_NXTHDR(&r, k)) {
+        if (k->cmsg_level != SOL_SOCKET || k->cmsg_type != SCM_RIGHTS) continue;
+        size_t cnt = (k->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < cnt; i++) {
+            int f;
+            std::memcpy(&f, CMSG_DATA(k) + i * sizeof(int), sizeof f);
+            if (udp < 0)
+                udp = f;
+            else
+                close(f);
+        }
+    }
+    int err = 0;
+    if (n != ssize_t(sizeof rep)) {
+        err = n < 0 ? errno : EPROTO;
+        fprintf(stderr, "sroce: %s: the sroce agent did not answer\n", dev_name);
+    } else if (rep.err) {
+        err = rep.err;
+        rep.msg[sizeof rep.msg - 1] = 0;
+        fprintf(stderr, "sroce: %s: %s\n", dev_name, rep.msg);
+    } else if (udp < 0 || rep.slot == 0 || rep.slot >= kMaxSlots) {
+        err = EPROTO;
+        fprintf(stderr, "sroce: %s: the sroce agent sent no usable socket\n", dev_name);
+    }
+    if (err) {
+        if (udp >= 0) close(udp);
+        close(fd);
+        return err;
+    }
+    out.conn = fd;
+    out.udp = udp;
+    out.slot = rep.slot;
+    return 0;
+}
+
+} // namespace sroce::agent

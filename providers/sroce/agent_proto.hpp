@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: MIT
+//
+// What a process and the host's sroce agent say to each other.  The agent is
+// the "kernel" of sroce (docs/shared-device.md): it owns every device
+// address's UDP sockets, hands each process one of them (its slot), and
+// keeps what is shared per host.  A process's data path never goes through
+// the agent: the kernel's reuseport steering puts a packet straight into the
+// socket of the process that owns its destination QP.
+//
+// The connection is a Unix SOCK_SEQPACKET socket, one per opened device, so
+// that its end is the end of the process's use of the device, however the
+// process ends.  Messages are fixed-layout structs; file descriptors travel
+// as SCM_RIGHTS.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace sroce::agent {
+
+// Bumped whenever a message's layout or meaning changes: a process and an
+// agent from different builds then refuse each other with a clear message
+// instead of misreading.
+constexpr uint32_t kProtoVersion = 1;
+
+// The agent listens on an abstract Unix socket, so there is one per network
+// namespace, which is exactly the scope of the addresses it serves.
+// $SROCE_AGENT_SOCKET names another (tests that must not share the host's).
+std::string socket_name();
+
+// A QPN's bits 16-23 are its slot: the steering program reads that byte of
+// the BTH and returns it as the index into the address's reuseport group.
+// Slot 0 is the agent's (QP0, QP1 and anything unroutable).
+constexpr uint32_t kSlotShift = 16;
+constexpr uint32_t kMaxSlots = 256;
+inline uint32_t qpn_slot(uint32_t qpn) {
+    return (qpn >> kSlotShift) & 0xFF;
+}
+
+enum Op : uint32_t {
+    kOpenDevice = 1, // process: give me a slot on this address
+    kResources = 2,  // sroce(8): the processes and QPs of every device, as JSON
+    kStop = 3,       // sroce(8): exit now
+    kStatus = 4,     // sroce(8): pid, version, devices, as JSON
+};
+
+struct Request {
+    uint32_t op;
+    uint32_t version;
+    char name[64];   // kOpenDevice: the device's name, for listings
+    char netdev[16]; // kOpenDevice: its interface
+    uint32_t addr;   // kOpenDevice: IPv4 address, network order
+    uint32_t reserved;
+};
+
+// kOpenDevice carries one descriptor, the process's QP table (below).  The
+// reply, when err == 0, carries the slot's UDP socket: bound to addr:4791,
+// in the address's reuseport group, so the kernel delivers it every packet
+// whose destination QPN has this slot.
+struct OpenReply {
+    uint32_t version;
+    int32_t err; // an errno, 0 on success
+    uint32_t slot;
+    uint32_t reserved;
+    char msg[256]; // why not, for the process to print
+};
+
+// The table a process shares with the agent (a memfd it sends with
+// kOpenDevice): one entry per QP slot of the process, written by the
+// process whenever a QP is created, changes state or is destroyed, read by
+// the agent only for listings.  A reader may see a half-updated entry; it is
+// never used for anything but display.
+constexpr uint32_t kTableEntries = 4096; // = the engine's QPs per process
+struct QpEntry {
+    // bit 63 valid, bits 40-47 state (ibv_qp_state), 32-39 type
+    // (ibv_qp_type), 0-23 QPN
+    std::atomic<uint64_t> id;
+    // bits 32-63 peer IPv4 address (network order), 0-23 peer QPN
+    std::atomic<uint64_t> peer;
+};
+static_assert(sizeof(QpEntry) == 16);
+
+inline uint64_t qp_entry_id(uint32_t qpn, uint32_t type, uint32_t state) {
+    return 1ull << 63 | uint64_t(state & 0xFF) << 40 | uint64_t(type & 0xFF) << 32 |
+           (qpn & 0xFFFFFF);
+}
+
+} // namespace sroce::agent
