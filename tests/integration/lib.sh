@@ -42,8 +42,17 @@ _sroce_cleanup() {
 	for pid in "${SROCE_BG_PIDS[@]}"; do
 		wait "$pid" 2>/dev/null || true
 	done
+	[[ -n ${SROCE_PRIVATE_AGENT:-} ]] && "$SROCE_BIN" agent stop 2>/dev/null
 	[[ -n ${WORK:-} && -d $WORK ]] && rm -rf "$WORK"
 	return 0
+}
+
+# private_agent: this script's processes use an agent of their own (stopped
+# on exit) rather than the namespace's, so that stopping or killing it
+# disturbs no other test.  Its addresses must still be the script's alone.
+private_agent() {
+	export SROCE_AGENT_SOCKET=sroce-test-$$
+	SROCE_PRIVATE_AGENT=1
 }
 
 # sroce_init BUILD-DIR: finds the sroce command and libsroce.so in the build

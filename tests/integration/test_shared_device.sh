@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# One sroce device, many processes (docs/shared-device.md): servers and
+# clients of Debian's unmodified programs on the same device address, four
+# perftest pairs at once, `sroce resource show`, a process killed mid-run
+# that disturbs nobody, and the agent killed under running programs (they
+# fail with a clear message, never hang; the next program restarts it).
+#
+# Usage: test_shared_device.sh BUILD-DIR
+# ctest: TIMEOUT=400 RESOURCE_LOCK=lo-127.0.9.1,lo-127.0.9.2
+set -euo pipefail
+
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+sroce_init "${1:?usage: $0 BUILD-DIR}"
+require_cmds ss timeout ibv_rc_pingpong ibv_ud_pingpong ib_write_bw ib_send_bw
+require_loopback
+sroce_config sroce0 127.0.9.1 sroce1 127.0.9.2
+private_agent
+
+# --- server and client on one device ------------------------------------------
+if run_pair ibv_rc_pingpong -d sroce0 -g 1 -n 200 -c -p @PORT@ -- \
+	ibv_rc_pingpong -d sroce0 -g 1 -n 200 -c -p @PORT@ 127.0.0.1; then
+	pass "ibv_rc_pingpong: server and client on sroce0, buffers checked"
+else
+	fail "ibv_rc_pingpong on one device"
+fi
+if run_pair ibv_ud_pingpong -d sroce0 -g 1 -n 200 -p @PORT@ -- \
+	ibv_ud_pingpong -d sroce0 -g 1 -n 200 -p @PORT@ 127.0.0.1; then
+	pass "ibv_ud_pingpong: server and client on sroce0"
+else
+	fail "ibv_ud_pingpong on one device"
+fi
+if run_pair ib_send_bw -d sroce0 -x 1 -c UD -n 2000 -p @PORT@ -- \
+	ib_send_bw -d sroce0 -x 1 -c UD -n 2000 -p @PORT@ 127.0.0.1; then
+	pass "ib_send_bw -c UD on one device: $(perftest_result "$RP_CLIENT_LOG") MB/s"
+else
+	fail "ib_send_bw -c UD on one device"
+fi
+
+# --- four perftest pairs at once on one pair of devices ----------------------
+pids=() logs=()
+for i in 1 2 3 4; do
+	next_port
+	p=$PORT
+	sroce_bg "$WORK/bw$i.server" ib_write_bw -d sroce0 -x 1 -s 65536 -n 3000 -p "$p"
+	spid=$BG_PID
+	wait_listen "$p" "$spid" || die "ib_write_bw server $i did not listen"
+	sroce_bg "$WORK/bw$i.client" ib_write_bw -d sroce1 -x 1 -s 65536 -n 3000 -p "$p" 127.0.0.1
+	pids+=("$spid" "$BG_PID")
+	logs+=("$WORK/bw$i.server" "$WORK/bw$i.client")
+done
+# All eight processes hold slots while the pairs run; their QPs show up
+# once the clients have connected.
+for ((t = 0; t < 100; t++)); do
+	out=$("$SROCE_BIN" resource show qp 2>&1 || true)
+	rcqps=$(grep -c ' type RC .*comm ib_write_bw' <<<"$out" || true)
+	((rcqps >= 8)) && break
+	sleep 0.1
+done
+# QPNs are unique per device (each has its own QP1).
+dupes=$(awk '{ for (i = 1; i < NF; i++) if ($i == "lqpn") print $2, $(i + 1) }' <<<"$out" | sort | uniq -d)
+if [[ -z $dupes ]] && ((rcqps >= 8)); then
+	pass "sroce resource show qp: $rcqps RC QPs listed, every QPN unique"
+else
+	fail "sroce resource show qp" "duplicate QPNs '$dupes' or no RC QP in:"$'\n'"$out"
+fi
+grep -q 'comm ib_write_bw' <<<"$out" && pass "resource show names the processes" ||
+	fail "resource show names the processes" "in:"$'\n'"$out"
+bad=0
+for k in "${!pids[@]}"; do
+	bg_wait "${pids[$k]}"
+	if ((BG_RC != 0)); then
+		bad=1
+		log "--- ${logs[$k]} (exit $BG_RC)"
+		cat "${logs[$k]}" >&2
+	fi
+done
+if ((!bad)); then
+	figs=$(for i in 1 2 3 4; do perftest_result "$WORK/bw$i.client"; done | tr '\n' ' ')
+	pass "four ib_write_bw pairs at once: $figs MB/s"
+else
+	fail "four ib_write_bw pairs at once"
+fi
+
+# --- a process killed mid-run disturbs nobody ---------------------------------
+next_port
+pa=$PORT
+sroce_bg "$WORK/a.server" ib_write_bw -d sroce0 -x 1 -D 20 -p "$pa"
+a_srv=$BG_PID
+wait_listen "$pa" "$a_srv" || die "victim server did not listen"
+sroce_bg "$WORK/a.client" ib_write_bw -d sroce1 -x 1 -D 20 -p "$pa" 127.0.0.1
+a_cli=$BG_PID
+sleep 3
+# The client's own process, not the timeout wrapper around it.
+victim=$(pgrep -f -n "ib_write_bw -d sroce1 -x 1 -D 20 -p $pa" || true)
+[[ -n $victim ]] || die "victim client not found"
+kill -9 "$victim"
+if run_pair ib_write_bw -d sroce0 -x 1 -n 2000 -p @PORT@ -- \
+	ib_write_bw -d sroce1 -x 1 -n 2000 -p @PORT@ 127.0.0.1; then
+	pass "a pair runs while another's client was killed: $(perftest_result "$RP_CLIENT_LOG") MB/s"
+else
+	fail "a pair after a killed process"
+fi
+out=$("$SROCE_BIN" resource show qp 2>&1 || true)
+if grep -q "pid $victim " <<<"$out"; then
+	fail "a killed process's QPs are freed" "pid $victim still listed:"$'\n'"$out"
+else
+	pass "a killed process's QPs are freed"
+fi
+kill "$a_srv" 2>/dev/null || true
+bg_wait "$a_cli"
+bg_wait "$a_srv"
+
+# --- the agent dies under running programs ------------------------------------
+next_port
+pb=$PORT
+sroce_bg "$WORK/b.server" ib_write_bw -d sroce0 -x 1 -D 30 -p "$pb"
+b_srv=$BG_PID
+wait_listen "$pb" "$b_srv" || die "server did not listen"
+sroce_bg "$WORK/b.client" ib_write_bw -d sroce1 -x 1 -D 30 -p "$pb" 127.0.0.1
+b_cli=$BG_PID
+sleep 3
+agent_pid=$("$SROCE_BIN" -j agent status | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
+[[ -n $agent_pid ]] || die "agent pid not found"
+start=$(now)
+kill -9 "$agent_pid"
+bg_wait "$b_cli"
+cli_rc=$BG_RC
+bg_wait "$b_srv"
+srv_rc=$BG_RC
+secs=$(elapsed "$start")
+if ((cli_rc != 0 && cli_rc != 124 && srv_rc != 0 && srv_rc != 124)) &&
+	grep -q 'the sroce agent exited' "$WORK/b.client" && num_between "$secs" 0 20; then
+	pass "killing the agent ends both programs with an error in ${secs}s"
+else
+	fail "killing the agent" "client $cli_rc, server $srv_rc after ${secs}s:"$'\n'"$(cat "$WORK/b.client" "$WORK/b.server")"
+fi
+if run_pair ib_write_bw -d sroce0 -x 1 -n 2000 -p @PORT@ -- \
+	ib_write_bw -d sroce1 -x 1 -n 2000 -p @PORT@ 127.0.0.1; then
+	pass "the next programs restart the agent: $(perftest_result "$RP_CLIENT_LOG") MB/s"
+else
+	fail "restart after the agent died"
+fi
+
+finish
