@@ -19,6 +19,9 @@ steps=("$@")
 ((${#steps[@]} > 0)) || steps=(setup build unit symbols clients suite)
 cd "$src" || exit 1
 export DEBIAN_FRONTEND=noninteractive
+# The root's own agent: it shares the host's network namespace, where the
+# host's build tree may run one too.
+export SROCE_AGENT_SOCKET=sroce-root-test-$$
 build=$src/build
 mkdir -p "$build"
 
@@ -95,5 +98,6 @@ if want suite; then
 	grep -E '^[0-9]+ tests in ' "$build/in-root-suite.log" | tail -n 1 | sed 's/^/    /'
 fi
 
+[[ -x build/tools/sroce/sroce ]] && build/tools/sroce/sroce agent stop 2>/dev/null || true
 say "$passed steps passed, $failed failed"
 ((failed == 0))

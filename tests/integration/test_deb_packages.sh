@@ -102,6 +102,9 @@ cat >"$ROOT/tmp/check.sh" <<'EOF'
 set -uo pipefail
 port=$1 version=$2
 export DEBIAN_FRONTEND=noninteractive
+# The packaged agent, not one a program of the host's build tree started
+# (the root shares the host's network namespace).
+export SROCE_AGENT_SOCKET=sroce-deb-test-$$
 passed=0 failed=0
 pass() { passed=$((passed + 1)); echo "ok   $*"; }
 fail() { failed=$((failed + 1)); echo "FAIL $*"; }
@@ -192,6 +195,7 @@ check "links with \$(pkg-config --libs libibverbs-ext)" \
 check "linked program sees pkg0 without LD_PRELOAD" \
 	bash -c 'env -u LD_PRELOAD timeout 30 /tmp/header'
 
+sroce agent stop 2>/dev/null
 echo "$passed checks passed, $failed failed"
 ((failed == 0))
 EOF
