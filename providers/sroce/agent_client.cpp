@@ -184,4 +184,53 @@ int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int tabl
     return 0;
 }
 
+namespace {
+
+// One request and its OpenReply on a fresh connection; -1 with errno set.
+int agent_request(const void *msg, size_t len, OpenReply &rep) {
+    int fd = connect_agent(true);
+    if (fd < 0) return -1;
+    ssize_t n = send(fd, msg, len, MSG_NOSIGNAL);
+    if (n == ssize_t(len)) {
+        while ((n = recv(fd, &rep, sizeof rep, 0)) < 0 && errno == EINTR) {
+        }
+    }
+    if (n != ssize_t(sizeof rep) || rep.err) {
+        int err = n != ssize_t(sizeof rep) ? EPROTO : rep.err;
+        if (rep.err == EPROTO) fprintf(stderr, "sroce: %s\n", rep.msg);
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
+}
+
+} // namespace
+
+int open_cm_channel(CmChannel &out) {
+    std::vector<CmDeviceInfo> devs = cm_device_infos();
+    std::vector<uint8_t> msg(sizeof(Request) + devs.size() * sizeof(CmDeviceInfo));
+    Request rq{};
+    rq.op = kCmChannel;
+    rq.version = kProtoVersion;
+    std::memcpy(msg.data(), &rq, sizeof rq);
+    if (!devs.empty())
+        std::memcpy(msg.data() + sizeof rq, devs.data(), devs.size() * sizeof(CmDeviceInfo));
+    OpenReply rep{};
+    int ev = agent_request(msg.data(), msg.size(), rep);
+    if (ev < 0) return errno;
+    rq.op = kCmCommands;
+    rq.reserved = rep.slot;
+    int cmd = agent_request(&rq, sizeof rq, rep);
+    if (cmd < 0) {
+        int err = errno;
+        close(ev);
+        return err;
+    }
+    out.events = ev;
+    out.commands = cmd;
+    out.number = rep.slot;
+    return 0;
+}
+
 } // namespace sroce::agent

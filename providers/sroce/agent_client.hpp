@@ -5,6 +5,10 @@
 
 #include "agent_proto.hpp"
 
+#include <vector>
+
+#include <vector>
+
 namespace sroce::agent {
 
 // A process's hold on one device: the connection whose end releases it, the
@@ -23,4 +27,18 @@ int connect_agent(bool start);
 // table in `table_fd` for listings.  0 or an errno; the reason is printed.
 int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int table_fd, Lease &out);
 
+// An rdma_cm event channel at the agent: `events` is the file the process
+// polls (one byte per event), `commands` carries the channel's commands.
+struct CmChannel {
+    int events = -1, commands = -1;
+    uint32_t number = 0;
+};
+// 0 or an errno.
+int open_cm_channel(CmChannel &out);
+
 } // namespace sroce::agent
+
+namespace sroce {
+// This process's sroce devices as the agent's rdma_cm needs them (verbs.cpp).
+std::vector<agent::CmDeviceInfo> cm_device_infos();
+} // namespace sroce

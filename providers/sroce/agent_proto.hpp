@@ -44,7 +44,41 @@ enum Op : uint32_t {
     kResources = 2,  // sroce(8): the processes and QPs of every device, as JSON
     kStop = 3,       // sroce(8): exit now
     kStatus = 4,     // sroce(8): pid, version, devices, as JSON
+    // librdmacm's event channel (an open of the rdma_cm device): followed by
+    // the process's devices as CmDeviceInfo[]; the reply's `slot` is the
+    // channel's number.  The connection then carries one wake-up byte per
+    // event queued (what poll(2) on the channel sees).
+    kCmChannel = 5,
+    // The same channel's commands (`reserved` = its number): CmCommand in,
+    // CmReply out, one at a time.
+    kCmCommands = 6,
 };
+
+// What a process's libibverbs says about one of its devices, for the
+// answers the rdma_cm ABI gives about it.
+struct CmDeviceInfo {
+    uint32_t addr;  // IPv4, network order
+    uint32_t index; // ibv_get_device_index()
+    uint64_t guid;  // ibv_get_device_guid(), as stored (network order)
+    uint8_t mtu;    // the port's active ibv_mtu
+    uint8_t reserved[7];
+    char name[64];
+};
+
+// One rdma_ucm command: the command struct after its header (`in_len`
+// bytes, a user pointer's data appended), and how much reply the caller
+// takes.
+struct CmCommand {
+    uint32_t cmd;
+    uint32_t in_len;
+    uint32_t out_cap;
+    uint32_t reserved;
+};
+struct CmReply {
+    int32_t err; // an errno, 0 on success
+    uint32_t out_len;
+};
+constexpr size_t kCmMaxMsg = 4096;
 
 struct Request {
     uint32_t op;

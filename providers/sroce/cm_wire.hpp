@@ -128,7 +128,7 @@ constexpr Field kLocalCommId{0, 0, 32}, kVendorId{5, 0, 24}, kServiceId{8, 0, 64
     kExtendedTransportType{51, 5, 3}, kPrimaryLocalLid{52, 0, 16}, kPrimaryRemoteLid{54, 0, 16},
     kPrimaryFlowLabel{88, 0, 20}, kPrimaryPacketRate{91, 2, 6}, kPrimaryTrafficClass{92, 0, 8},
     kPrimaryHopLimit{93, 0, 8}, kPrimarySl{94, 0, 4}, kPrimarySubnetLocal{94, 4, 1},
-    kPrimaryLocalAckTimeout{95, 0, 5};
+    kPrimaryLocalAckTimeout{95, 0, 5}, kAlternateLocalLid{96, 0, 16};
 constexpr size_t kPrimaryLocalGid = 56, kPrimaryRemoteGid = 72; // 16 bytes each
 constexpr size_t kPrivateData = 140, kPrivateDataLen = 92;
 } // namespace req
@@ -151,6 +151,8 @@ constexpr Field kLocalQkey{8, 0, 32}, kLocalQpn{12, 0, 24}, kLocalEecn{16, 0, 24
     kStartingPsn{20, 0, 24}, kResponderResources{24, 0, 8}, kInitiatorDepth{25, 0, 8},
     kTargetAckDelay{26, 0, 5}, kFailoverAccepted{26, 5, 2}, kEndToEndFlowControl{26, 7, 1},
     kRnrRetryCount{27, 0, 3}, kSrq{27, 3, 1}, kLocalCaGuid{28, 0, 64};
+// ECE's vendor ID, a byte each in the low bytes of the QPN, EECN and PSN words.
+constexpr Field kVendorIdH{15, 0, 8}, kVendorIdM{19, 0, 8}, kVendorIdL{23, 0, 8};
 constexpr size_t kPrivateData = 36, kPrivateDataLen = 196;
 } // namespace rep
 
@@ -173,7 +175,7 @@ constexpr size_t kPrivateData = 16, kPrivateDataLen = 216;
 } // namespace sidr_req
 namespace sidr_rep {
 constexpr Field kRequestId{0, 0, 32}, kStatus{4, 0, 8}, kAddInfoLength{5, 0, 8}, kQpn{8, 0, 24},
-    kServiceId{12, 0, 64}, kQkey{20, 0, 32};
+    kServiceId{12, 0, 64}, kQkey{20, 0, 32}, kVendorIdH{6, 0, 16}, kVendorIdL{11, 0, 8};
 constexpr size_t kAddInfo = 24, kAddInfoLen = 72, kPrivateData = 96, kPrivateDataLen = 136;
 } // namespace sidr_rep
 
@@ -190,12 +192,21 @@ static_assert(sidr_rep::kPrivateData + sidr_rep::kPrivateDataLen == kCmDataLen);
 // The REJ reasons rdma_cm and the kernel's CM use (table 109).
 enum RejReason : uint16_t {
     kRejNoQp = 1,
-    kRejNoResources = 4,
+    kRejNoResources = 3,
+    kRejTimeout = 4,
     kRejInvalidServiceId = 8,
     kRejStaleConn = 10,
-    kRejTimeout = 26,
+    kRejInvalidGid = 12,
     kRejConsumerDefined = 28,
-    kRejVendorOptionNotSupported = 31,
+    kRejVendorOptionNotSupported = 35,
+};
+
+// SIDR_REP status (table 120).
+enum SidrStatus : uint8_t {
+    kSidrSuccess = 0,
+    kSidrUnsupported = 1,
+    kSidrReject = 2,
+    kSidrNoQp = 3,
 };
 
 enum class ParseError {

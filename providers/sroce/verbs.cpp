@@ -361,6 +361,22 @@ int sroce_read_sysfs_file(const char *dir, const char *file, char *buf, size_t s
 
 namespace sroce {
 
+std::vector<agent::CmDeviceInfo> cm_device_infos() {
+    std::call_once(g_once, load_devices);
+    std::vector<agent::CmDeviceInfo> out;
+    for (int i = 0; i < g_ndevs; i++) {
+        const Device &d = g_devs[i];
+        agent::CmDeviceInfo c{};
+        c.addr = d.addr;
+        c.index = uint32_t(sroce_get_device_index(const_cast<ibv_device *>(&d.ibdev)));
+        c.guid = d.guid;
+        c.mtu = uint8_t(d.active_mtu);
+        snprintf(c.name, sizeof c.name, "%s", d.ibdev.name);
+        out.push_back(c);
+    }
+    return out;
+}
+
 void post_device_event(Nic *nic, ibv_event_type type) {
     std::lock_guard<std::mutex> g(g_ctx_mu);
     for (Context *c : g_ctxs) {

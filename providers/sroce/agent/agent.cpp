@@ -2,6 +2,8 @@
 #include "agent.hpp"
 
 #include "agent_proto.hpp"
+#include "cm.hpp"
+#include "icrc.hpp"
 #include "wire.hpp"
 
 #include <nlohmann/json.hpp>
@@ -40,6 +42,12 @@ uint64_t mono_s() {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return uint64_t(ts.tv_sec);
+}
+
+uint64_t mono_ms() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
 }
 
 void log(const char *fmt, ...) {
@@ -111,7 +119,8 @@ struct Dev {
     std::vector<int> socks;
     std::array<SlotUse, kMaxSlots> use;
     uint32_t next = 1;
-    uint64_t rx_gsi = 0, rx_unroutable = 0;
+    uint32_t gsi_psn = 0; // QP1's send PSN, counting every MAD sent
+    uint64_t rx_gsi = 0, rx_unroutable = 0, rx_gsi_bad = 0;
 
     ~Dev() {
         for (int fd : socks)
@@ -127,11 +136,22 @@ struct Conn {
     int fd = -1;
 };
 
+// One end of a process's rdma_cm event channel: its wake-up end (the file
+// the process polls) or its command end.
+struct CmConn {
+    int fd = -1;
+    uint32_t channel = 0;
+    bool commands = false;
+};
+
 class Agent {
   public:
-    explicit Agent(const Options &o) : opts_(o) {}
+    explicit Agent(const Options &o)
+        : opts_(o), cm_([this](uint32_t l, uint32_t r, const uint8_t *m) { send_mad(l, r, m); }) {}
     ~Agent() {
         for (Conn &c : conns_)
+            close(c.fd);
+        for (CmConn &c : cm_conns_)
             close(c.fd);
         if (listen_ >= 0) close(listen_);
     }
@@ -141,8 +161,10 @@ class Agent {
 
   private:
     void accept_conns();
-    // false: the connection is finished with and must be closed.
-    bool serve(int fd, Dev **owner, uint32_t *slot);
+    enum class Served { kKeep, kClose, kSlot, kCm };
+    Served serve(int fd, Dev **owner, uint32_t *slot);
+    void cm_command(CmConn &c);
+    void send_mad(uint32_t local, uint32_t remote, const uint8_t *mad);
     void open_device(int fd, const Request &rq, int table_fd, Dev **owner, uint32_t *slot);
     Dev *device(in_addr_t addr, const std::string &netdev, std::string &why);
     int new_socket(in_addr_t addr, bool reuseport, std::string &why);
@@ -158,6 +180,9 @@ class Agent {
     int listen_ = -1;
     std::vector<Conn> conns_; // admin and not-yet-identified connections
     std::vector<std::unique_ptr<Dev>> devs_;
+    std::vector<CmConn> cm_conns_;
+    std::vector<CmConn> new_cm_conns_; // made while serving, joined after
+    Cm cm_;
     bool stop_ = false;
 };
 
@@ -411,9 +436,9 @@ json Agent::status() const {
             {"devices", devs}};
 }
 
-bool Agent::serve(int fd, Dev **owner, uint32_t *slot) {
-    Request rq{};
-    iovec iov{&rq, sizeof rq};
+Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
+    alignas(8) uint8_t msg[16384];
+    iovec iov{msg, sizeof msg};
     char ctl[CMSG_SPACE(sizeof(int) * 4)];
     msghdr m{};
     m.msg_iov = &iov;
@@ -421,7 +446,7 @@ bool Agent::serve(int fd, Dev **owner, uint32_t *slot) {
     m.msg_control = ctl;
     m.msg_controllen = sizeof ctl;
     ssize_t n = recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0) return errno == EAGAIN || errno == EINTR;
+    if (n < 0) return errno == EAGAIN || errno == EINTR ? Served::kKeep : Served::kClose;
     int table_fd = -1;
     for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -441,8 +466,10 @@ bool Agent::serve(int fd, Dev **owner, uint32_t *slot) {
             if (fd >= 0) close(fd);
         }
     } closer{table_fd};
-    if (n == 0) return false;
-    if (size_t(n) != sizeof rq || rq.version != kProtoVersion) {
+    if (n == 0) return Served::kClose;
+    Request rq{};
+    std::memcpy(&rq, msg, std::min(sizeof rq, size_t(n)));
+    if (size_t(n) < sizeof rq || rq.version != kProtoVersion) {
         OpenReply rep{};
         rep.version = kProtoVersion;
         rep.err = EPROTO;
@@ -451,26 +478,123 @@ bool Agent::serve(int fd, Dev **owner, uint32_t *slot) {
                  "'sroce agent stop' so that this release's starts",
                  int(getpid()), kProtoVersion);
         send(fd, &rep, sizeof rep, MSG_NOSIGNAL);
-        return false;
+        return Served::kClose;
     }
     switch (rq.op) {
     case kOpenDevice:
-        if (*owner || table_fd < 0) return false;
+        if (size_t(n) != sizeof rq || table_fd < 0) return Served::kClose;
         open_device(fd, rq, table_fd, owner, slot);
-        return *owner != nullptr;
+        return *owner ? Served::kSlot : Served::kClose;
+    case kCmChannel: {
+        size_t ndev = (size_t(n) - sizeof rq) / sizeof(CmDeviceInfo);
+        std::vector<CmDevice> devs;
+        for (size_t i = 0; i < ndev; i++) {
+            CmDeviceInfo di;
+            std::memcpy(&di, msg + sizeof rq + i * sizeof di, sizeof di);
+            CmDevice d;
+            d.addr = di.addr;
+            d.index = di.index;
+            d.guid = di.guid;
+            d.mtu = di.mtu;
+            std::memcpy(d.name, di.name, sizeof d.name);
+            d.name[sizeof d.name - 1] = 0;
+            devs.push_back(d);
+            // QP1 of every device the process may connect through must
+            // answer, whether or not a process has the device open.
+            std::string why;
+            if (!device(d.addr, d.name, why)) log("%s", why.c_str());
+        }
+        ucred cred{};
+        socklen_t cl = sizeof cred;
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+        OpenReply rep{};
+        rep.version = kProtoVersion;
+        rep.slot = cm_.open_channel(fd, cred.pid, std::move(devs));
+        if (send(fd, &rep, sizeof rep, MSG_NOSIGNAL) < 0) {
+            cm_.close_channel(rep.slot);
+            return Served::kClose;
+        }
+        new_cm_conns_.push_back({fd, rep.slot, false});
+        return Served::kCm;
+    }
+    case kCmCommands: {
+        OpenReply rep{};
+        rep.version = kProtoVersion;
+        rep.slot = rq.reserved;
+        bool known = false;
+        for (const CmConn &c : cm_conns_)
+            known |= !c.commands && c.channel == rq.reserved;
+        for (const CmConn &c : new_cm_conns_)
+            known |= !c.commands && c.channel == rq.reserved;
+        if (!known) rep.err = ENOENT;
+        if (send(fd, &rep, sizeof rep, MSG_NOSIGNAL) < 0 || !known) return Served::kClose;
+        new_cm_conns_.push_back({fd, rq.reserved, true});
+        return Served::kCm;
+    }
     case kResources:
         send_json(fd, resources());
-        return false;
+        return Served::kClose;
     case kStatus:
         send_json(fd, status());
-        return false;
+        return Served::kClose;
     case kStop:
         send(fd, "", 0, MSG_NOSIGNAL);
         stop_ = true;
-        return false;
+        return Served::kClose;
     default:
-        return false;
+        return Served::kClose;
     }
+}
+
+void Agent::cm_command(CmConn &c) {
+    alignas(8) uint8_t in[kCmMaxMsg];
+    ssize_t n = recv(c.fd, in, sizeof in, MSG_DONTWAIT);
+    if (n <= 0) {
+        if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+            close(c.fd);
+            c.fd = -1;
+        }
+        return;
+    }
+    CmCommand cmd{};
+    alignas(8) uint8_t out[sizeof(CmReply) + kCmMaxMsg];
+    CmReply rep{};
+    size_t out_len = 0;
+    if (size_t(n) < sizeof cmd) {
+        rep.err = EINVAL;
+    } else {
+        std::memcpy(&cmd, in, sizeof cmd);
+        size_t in_len = std::min<size_t>(cmd.in_len, size_t(n) - sizeof cmd);
+        rep.err = cm_.command(c.channel, cmd.cmd, in + sizeof cmd, in_len, out + sizeof rep,
+                              std::min<size_t>(cmd.out_cap, kCmMaxMsg), &out_len);
+    }
+    rep.out_len = uint32_t(out_len);
+    std::memcpy(out, &rep, sizeof rep);
+    send(c.fd, out, sizeof rep + out_len, MSG_NOSIGNAL);
+}
+
+// A MAD to QP1 of `remote` from the device at `local`, as the kernel sends
+// one (docs/wire-protocol.md, QP1): UD SEND ONLY with AckReq, P_Key 0xFFFF,
+// DETH Q_Key 0x80010000 from QP1.
+void Agent::send_mad(uint32_t local, uint32_t remote, const uint8_t *mad) {
+    Dev *d = nullptr;
+    for (auto &x : devs_)
+        if (x->addr == local) d = x.get();
+    if (!d) return;
+    uint8_t pkt[wire::kBthLen + 8 + 256 + 4];
+    wire::bth::build(pkt, wire::kUdSendOnly, false, 0, 0xFFFF, 1, true, d->gsi_psn);
+    d->gsi_psn = (d->gsi_psn + 1) & 0xFFFFFF;
+    wire::put32(pkt + wire::kBthLen, 0x80010000);
+    wire::put32(pkt + wire::kBthLen + 4, 1);
+    std::memcpy(pkt + wire::kBthLen + 8, mad, 256);
+    Ipv4Header ip{local, remote, wire::kRoceV2Port, wire::kRoceV2Port};
+    icrc_store(pkt + sizeof pkt - 4, icrc_compute(ip, pkt, sizeof pkt));
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(wire::kRoceV2Port);
+    sa.sin_addr.s_addr = remote;
+    sendto(d->socks[0], pkt, sizeof pkt, MSG_DONTWAIT, reinterpret_cast<sockaddr *>(&sa),
+           sizeof sa);
 }
 
 void Agent::accept_conns() {
@@ -481,22 +605,35 @@ void Agent::accept_conns() {
     }
 }
 
-// QP1 and everything unroutable land here.  Counted for `sroce agent
-// status`; a datagram is never for a process.
+// QP1 and everything unroutable land here: CM MADs go to the CM, the
+// rest is counted (`sroce agent status`) and dropped.
 void Agent::drain_gsi(Dev &d) {
-    uint8_t b[4096 + 256];
+    alignas(8) uint8_t b[4096 + 256];
     for (;;) {
-        ssize_t n = recv(d.socks[0], b, sizeof b, MSG_DONTWAIT);
+        sockaddr_in from{};
+        socklen_t fl = sizeof from;
+        ssize_t n = recvfrom(d.socks[0], b, sizeof b, MSG_DONTWAIT,
+                             reinterpret_cast<sockaddr *>(&from), &fl);
         if (n < 0) return;
-        if (n >= ssize_t(wire::kBthLen) && wire::bth::qpn(b) == 1)
-            d.rx_gsi++;
-        else
+        wire::Packet pkt;
+        if (wire::parse(b, size_t(n), pkt) != wire::ParseError::kOk || pkt.qpn != 1) {
             d.rx_unroutable++;
+            continue;
+        }
+        d.rx_gsi++;
+        Ipv4Header ip{from.sin_addr.s_addr, d.addr, ntohs(from.sin_port), wire::kRoceV2Port};
+        // QP1 takes UD SENDs with the GSI Q_Key only, as rxe does.
+        if (!icrc_verify(ip, b, size_t(n)) || pkt.opcode != wire::kUdSendOnly ||
+            pkt.qkey() != 0x80010000 || (wire::bth::pkey(b) & 0x7FFF) != 0x7FFF) {
+            d.rx_gsi_bad++;
+            continue;
+        }
+        cm_.receive(d.addr, from.sin_addr.s_addr, pkt.payload, pkt.payload_len);
     }
 }
 
 bool Agent::busy() const {
-    if (!conns_.empty()) return true;
+    if (!conns_.empty() || !cm_conns_.empty()) return true;
     for (auto &d : devs_)
         for (uint32_t s = 1; s < kMaxSlots; s++)
             if (d->use[s].conn >= 0) return true;
@@ -506,30 +643,36 @@ bool Agent::busy() const {
 int Agent::loop() {
     uint64_t idle_since = mono_s();
     std::vector<pollfd> pfds;
-    // What each pollfd past the first is: a pending connection, a slot's
-    // connection, or a device's own socket.
+    // What each pollfd past the first is.
+    enum class Kind { kConn, kDevice, kSlot, kCm };
     struct Ref {
+        Kind kind;
         Dev *dev;
-        uint32_t slot; // 0 with dev: the device's socket; without: conns_[slot]
+        uint32_t index; // conns_, a slot, or cm_conns_
     };
     std::vector<Ref> refs;
     while (!stop_) {
         pfds.assign(1, {listen_, POLLIN, 0});
-        refs.assign(1, {nullptr, 0});
+        refs.assign(1, {Kind::kConn, nullptr, 0});
         for (uint32_t i = 0; i < conns_.size(); i++) {
             pfds.push_back({conns_[i].fd, POLLIN, 0});
-            refs.push_back({nullptr, i});
+            refs.push_back({Kind::kConn, nullptr, i});
         }
         for (auto &d : devs_) {
             pfds.push_back({d->socks[0], POLLIN, 0});
-            refs.push_back({d.get(), 0});
+            refs.push_back({Kind::kDevice, d.get(), 0});
             for (uint32_t s = 1; s < kMaxSlots; s++)
                 if (d->use[s].conn >= 0) {
                     pfds.push_back({d->use[s].conn, POLLIN, 0});
-                    refs.push_back({d.get(), s});
+                    refs.push_back({Kind::kSlot, d.get(), s});
                 }
         }
-        int r = poll(pfds.data(), pfds.size(), 1000);
+        for (uint32_t i = 0; i < cm_conns_.size(); i++) {
+            pfds.push_back({cm_conns_[i].fd, POLLIN, 0});
+            refs.push_back({Kind::kCm, nullptr, i});
+        }
+        int timeout = cm_.timers(mono_ms());
+        int r = poll(pfds.data(), pfds.size(), timeout < 0 || timeout > 1000 ? 1000 : timeout);
         if (r < 0 && errno != EINTR) {
             log("poll: %s", strerror(errno));
             return 1;
@@ -538,24 +681,50 @@ int Agent::loop() {
         for (size_t i = 1; r > 0 && i < pfds.size(); i++) {
             if (!pfds[i].revents) continue;
             Ref ref = refs[i];
-            if (!ref.dev) {
+            switch (ref.kind) {
+            case Kind::kConn: {
                 Dev *owner = nullptr;
                 uint32_t slot = 0;
-                bool keep = serve(conns_[ref.slot].fd, &owner, &slot);
-                if (owner || !keep) done.push_back(ref.slot);
-                if (!keep) close(conns_[ref.slot].fd);
-            } else if (ref.slot == 0) {
+                Served sv = serve(conns_[ref.index].fd, &owner, &slot);
+                if (sv != Served::kKeep) done.push_back(ref.index);
+                if (sv == Served::kClose) close(conns_[ref.index].fd);
+                break;
+            }
+            case Kind::kDevice:
                 drain_gsi(*ref.dev);
-            } else {
+                break;
+            case Kind::kSlot: {
                 // A process's connection only ever ends: its end is the
                 // process's release of the slot, whatever the cause.
                 char b[64];
                 if (recv(pfds[i].fd, b, sizeof b, MSG_DONTWAIT) <= 0 || pfds[i].revents & POLLHUP)
-                    release(*ref.dev, ref.slot);
+                    release(*ref.dev, ref.index);
+                break;
+            }
+            case Kind::kCm: {
+                CmConn &c = cm_conns_[ref.index];
+                if (c.commands) {
+                    cm_command(c);
+                } else {
+                    // The wake-up end only ever ends (close(2) of the
+                    // channel, or the process's death): the channel goes.
+                    char b[64];
+                    ssize_t k = recv(c.fd, b, sizeof b, MSG_DONTWAIT);
+                    if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
+                        cm_.close_channel(c.channel);
+                        close(c.fd);
+                        c.fd = -1;
+                    }
+                }
+                break;
+            }
             }
         }
         for (auto it = done.rbegin(); it != done.rend(); ++it)
             conns_.erase(conns_.begin() + *it);
+        std::erase_if(cm_conns_, [](const CmConn &c) { return c.fd < 0; });
+        cm_conns_.insert(cm_conns_.end(), new_cm_conns_.begin(), new_cm_conns_.end());
+        new_cm_conns_.clear();
         if (pfds[0].revents & POLLIN) accept_conns();
         uint64_t now = mono_s();
         if (busy()) idle_since = now;

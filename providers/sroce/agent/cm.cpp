@@ -1,0 +1,1501 @@
+// SPDX-License-Identifier: MIT
+//
+// rdma_cm ids and the InfiniBand CM under them (cm.hpp).  The behaviour is
+// the Linux kernel's (cma.c, cm.c, ucma.c), point by point where librdmacm
+// or a kernel peer can tell the difference; docs/connection-manager.md lists
+// the choices.
+#include "cm.hpp"
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <unistd.h>
+
+namespace sroce::agent {
+
+namespace {
+
+// The event numbers of the ucma ABI (rdma_cm_event_type, which
+// <rdma/rdma_cma.h> declares next to names that clash with the ABI header).
+enum : uint32_t {
+    RDMA_CM_EVENT_ADDR_RESOLVED = 0,
+    RDMA_CM_EVENT_ADDR_ERROR = 1,
+    RDMA_CM_EVENT_ROUTE_RESOLVED = 2,
+    RDMA_CM_EVENT_ROUTE_ERROR = 3,
+    RDMA_CM_EVENT_CONNECT_REQUEST = 4,
+    RDMA_CM_EVENT_CONNECT_RESPONSE = 5,
+    RDMA_CM_EVENT_CONNECT_ERROR = 6,
+    RDMA_CM_EVENT_UNREACHABLE = 7,
+    RDMA_CM_EVENT_REJECTED = 8,
+    RDMA_CM_EVENT_ESTABLISHED = 9,
+    RDMA_CM_EVENT_DISCONNECTED = 10,
+    RDMA_CM_EVENT_DEVICE_REMOVAL = 11,
+    RDMA_CM_EVENT_MULTICAST_JOIN = 12,
+    RDMA_CM_EVENT_MULTICAST_ERROR = 13,
+    RDMA_CM_EVENT_ADDR_CHANGE = 14,
+    RDMA_CM_EVENT_TIMEWAIT_EXIT = 15,
+};
+
+// What the kernel's rdma_cm uses on RoCE (cma.c).
+constexpr uint8_t kCmResponseTimeout = 20; // CMA_CM_RESPONSE_TIMEOUT
+constexpr uint8_t kMaxCmRetries = 15;      // CMA_MAX_CM_RETRIES
+constexpr uint8_t kPacketLifeTime = 18;    // CMA_IBOE_PACKET_LIFETIME
+constexpr uint8_t kAckDelay = 15;          // what the device advertises as its CA ACK delay
+constexpr uint32_t kUdpQkey = 0x01234567;  // RDMA_UDP_QKEY
+constexpr uint32_t kMaxBacklog = 1024;
+constexpr uint32_t kInvalidIndex = 0xFFFFFFFF;
+constexpr uint16_t kEphemeralLo = 32768, kEphemeralHi = 60999;
+
+// 4.096 us * 2^t, as cm.c rounds it.
+uint32_t conv_ms(uint8_t t) {
+    return 1u << (t > 8 ? std::min<uint8_t>(t - 8, 31) : 0);
+}
+
+// cm.c's ACK timeout from the peer's ACK delay and the packet life time.
+uint8_t ack_timeout(uint8_t delay, uint8_t plt) {
+    uint8_t t = plt + 1;
+    if (t >= delay)
+        t += delay >= t - 1;
+    else
+        t = delay + (t >= delay - 1);
+    return std::min<uint8_t>(t, 31);
+}
+
+uint64_t now_ms() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
+}
+
+void mapped_gid(uint32_t addr, uint8_t gid[16]) {
+    std::memset(gid, 0, 16);
+    gid[10] = gid[11] = 0xFF;
+    std::memcpy(gid + 12, &addr, 4);
+}
+
+bool is_any(uint32_t addr) {
+    return addr == 0;
+}
+
+template <class T>
+T load(const uint8_t *p, size_t len) {
+    T v{};
+    std::memcpy(&v, p, std::min(len, sizeof v));
+    return v;
+}
+
+// An IPv4 sockaddr from a sockaddr_in6-sized or sockaddr_storage field.
+bool ipv4_of(const void *sa, sockaddr_in &out) {
+    sockaddr_in s;
+    std::memcpy(&s, sa, sizeof s);
+    if (s.sin_family != AF_INET) return false;
+    out = s;
+    return true;
+}
+
+// The local source address the kernel would pick to reach `dst`.
+uint32_t route_source(uint32_t dst) {
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return 0;
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(9);
+    sa.sin_addr.s_addr = dst;
+    uint32_t src = 0;
+    if (::connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0) {
+        socklen_t l = sizeof sa;
+        if (getsockname(fd, reinterpret_cast<sockaddr *>(&sa), &l) == 0) src = sa.sin_addr.s_addr;
+    }
+    close(fd);
+    return src;
+}
+
+} // namespace
+
+enum class IdState {
+    kIdle,
+    kAddrQuery,
+    kAddrResolved,
+    kRouteQuery,
+    kRouteResolved,
+    kConnect,
+    kDisconnect,
+    kAddrBound,
+    kListen
+};
+enum class CmState {
+    kIdle,
+    kReqSent,
+    kMraReqRcvd,
+    kReqRcvd,
+    kMraReqSent,
+    kRepSent,
+    kMraRepRcvd,
+    kRepRcvd,
+    kMraRepSent,
+    kEstablished,
+    kDreqSent,
+    kDreqRcvd,
+    kTimewait,
+    kSidrReqSent
+};
+
+struct Cm::Channel {
+    uint32_t num = 0;
+    int event_fd = -1;
+    pid_t pid = 0;
+    std::vector<CmDevice> devs;
+    std::deque<rdma_ucm_event_resp> events;
+};
+
+struct Cm::Id {
+    uint32_t handle = 0;
+    uint64_t uid = 0;
+    uint32_t ch = 0;
+    uint16_t ps = 0;
+    uint8_t qp_type = 0;
+    IdState state = IdState::kIdle;
+    sockaddr_in src{}, dst{};
+    bool bound = false, reuseaddr = false, afonly = true;
+    uint8_t tos = 0;
+    uint8_t ack_timeout_opt = 0; // RDMA_OPTION_ID_ACK_TIMEOUT, 0 = not set
+    uint32_t dev = 0;            // the device's address once known
+    uint32_t seq_num = 0;        // the PSN this side receives from (rdma_cm's seq_num)
+    uint32_t events_reported = 0;
+    bool destroyed = false; // the process let go; the CM finishes quietly
+    uint32_t backlog = 0, pending = 0;
+    uint32_t listener = 0; // a connection request's listener
+    rdma_ucm_conn_param param{};
+    rdma_ucm_ece ece{};
+    // What the peer said (REQ or REP), in this side's view.
+    uint32_t remote_qpn = 0, remote_psn = 0;
+    uint8_t responder_resources = 0, initiator_depth = 0, retry_count = 7, rnr_retry_count = 7;
+    uint8_t path_mtu = 3, local_ack_timeout = 19;
+    bool active = false;
+    // InfiniBand CM
+    CmState cm = CmState::kIdle;
+    uint32_t local_comm = 0, remote_comm = 0;
+    uint64_t remote_guid = 0;
+    uint64_t tid = 0;
+    uint32_t peer_ip = 0;
+    uint32_t cm_timeout_ms = 0;
+    uint8_t max_cm_retries = kMaxCmRetries;
+    uint8_t mad[cm::kMadLen] = {};
+    int retries_left = 0;
+    uint32_t retry_ms = 0;
+    uint64_t deadline = 0;       // retransmission, 0 = none
+    uint64_t timewait_until = 0; // 0 = not in timewait
+};
+
+Cm::Cm(MadSender send) : send_(std::move(send)) {
+    std::random_device rd;
+    comm_xor_ = rd();
+    next_comm_ = rd();
+}
+
+Cm::~Cm() = default;
+
+// ------------------------------------------------------------ channels
+
+uint32_t Cm::open_channel(int event_fd, pid_t pid, std::vector<CmDevice> devs) {
+    auto c = std::make_unique<Channel>();
+    c->num = next_channel_++;
+    c->event_fd = event_fd;
+    c->pid = pid;
+    c->devs = std::move(devs);
+    uint32_t n = c->num;
+    channels_[n] = std::move(c);
+    return n;
+}
+
+void Cm::close_channel(uint32_t ch) {
+    auto it = channels_.find(ch);
+    if (it == channels_.end()) return;
+    std::vector<uint32_t> mine;
+    for (auto &[h, id] : ids_)
+        if (id->ch == ch && !id->destroyed) mine.push_back(h);
+    for (uint32_t h : mine) {
+        size_t len = 0;
+        uint8_t out[4];
+        destroy_id(*it->second, h, out, &len);
+    }
+    channels_.erase(it);
+}
+
+Cm::Id *Cm::find_id(uint32_t handle) {
+    auto it = ids_.find(handle);
+    return it == ids_.end() || it->second->destroyed ? nullptr : it->second.get();
+}
+
+CmDevice *Cm::device_of(Channel &c, uint32_t addr) {
+    for (CmDevice &d : c.devs)
+        if (d.addr == addr) return &d;
+    return nullptr;
+}
+
+rdma_ucm_event_resp &Cm::queue_event_resp(Id &id, uint32_t event, int status) {
+    static rdma_ucm_event_resp sink;
+    auto ch = channels_.find(id.ch);
+    // ucma queues nothing for an id the process has not taken yet (uid 0:
+    // a connection request not accepted) or has let go.
+    if (ch == channels_.end() || id.destroyed || id.uid == 0) {
+        sink = {};
+        return sink;
+    }
+    rdma_ucm_event_resp &e = ch->second->events.emplace_back();
+    e = {};
+    e.uid = id.uid;
+    e.id = id.handle;
+    e.event = event;
+    e.status = uint32_t(status);
+    char b = 1;
+    if (send(ch->second->event_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+        // A full token queue only makes poll(2) late, never wrong: the
+        // events are all there for GET_EVENT.
+    }
+    return e;
+}
+
+void Cm::queue_event(Id &id, uint32_t event, int status) {
+    queue_event_resp(id, event, status);
+}
+
+int Cm::get_event(Channel &c, uint8_t *out, size_t cap, size_t *out_len) {
+    if (cap < offsetof(rdma_ucm_event_resp, reserved)) return ENOSPC;
+    if (c.events.empty()) return EAGAIN;
+    rdma_ucm_event_resp e = c.events.front();
+    c.events.pop_front();
+    // A connection request counts on its listener, whose backlog slot it
+    // gives back.
+    if (auto it = ids_.find(e.id); it != ids_.end()) {
+        Id *counted = it->second.get();
+        if (e.event == RDMA_CM_EVENT_CONNECT_REQUEST)
+            if (auto l = ids_.find(counted->listener); l != ids_.end()) {
+                counted = l->second.get();
+                if (counted->pending) counted->pending--;
+            }
+        counted->events_reported++;
+    }
+    size_t n = std::min(cap, sizeof e);
+    std::memcpy(out, &e, n);
+    *out_len = n;
+    return 0;
+}
+
+// ------------------------------------------------------------ commands
+
+int Cm::command(uint32_t chn, uint32_t cmd, const uint8_t *in, size_t in_len, uint8_t *out,
+                size_t out_cap, size_t *out_len) {
+    *out_len = 0;
+    auto cit = channels_.find(chn);
+    if (cit == channels_.end()) return EBADF;
+    Channel &c = *cit->second;
+    // Every command's struct starts after the header; fields the process
+    // did not send read as zero, as the kernel's copy of a short command.
+    uint8_t buf[512] = {};
+    std::memcpy(buf, in, std::min(in_len, sizeof buf));
+    auto id_at = [&](size_t off, Id **idp) -> int {
+        uint32_t h;
+        std::memcpy(&h, buf + off, 4);
+        Id *id = find_id(h);
+        if (!id) return ENOENT;
+        if (id->ch != chn) return EINVAL;
+        *idp = id;
+        return 0;
+    };
+    Id *id = nullptr;
+    switch (cmd) {
+    case RDMA_USER_CM_CMD_CREATE_ID:
+        return create_id(c, load<rdma_ucm_create_id>(buf, sizeof buf), out, out_len);
+    case RDMA_USER_CM_CMD_DESTROY_ID: {
+        auto d = load<rdma_ucm_destroy_id>(buf, sizeof buf);
+        Id *x = find_id(d.id);
+        if (!x) return ENOENT;
+        if (x->ch != chn) return EINVAL;
+        return destroy_id(c, d.id, out, out_len);
+    }
+    case RDMA_USER_CM_CMD_BIND_IP: {
+        auto b = load<rdma_ucm_bind_ip>(buf, sizeof buf);
+        if (int e = id_at(offsetof(rdma_ucm_bind_ip, id), &id)) return e;
+        return bind(*id, reinterpret_cast<const sockaddr *>(&b.addr), sizeof b.addr);
+    }
+    case RDMA_USER_CM_CMD_BIND: {
+        auto b = load<rdma_ucm_bind>(buf, sizeof buf);
+        if (int e = id_at(offsetof(rdma_ucm_bind, id), &id)) return e;
+        if (b.reserved) return EINVAL;
+        return bind(*id, reinterpret_cast<const sockaddr *>(&b.addr), b.addr_size);
+    }
+    case RDMA_USER_CM_CMD_RESOLVE_IP: {
+        auto r = load<rdma_ucm_resolve_ip>(buf, sizeof buf);
+        if (int e = id_at(offsetof(rdma_ucm_resolve_ip, id), &id)) return e;
+        return resolve_addr(*id, reinterpret_cast<const sockaddr *>(&r.src_addr),
+                            reinterpret_cast<const sockaddr *>(&r.dst_addr), r.timeout_ms);
+    }
+    case RDMA_USER_CM_CMD_RESOLVE_ADDR: {
+        auto r = load<rdma_ucm_resolve_addr>(buf, sizeof buf);
+        if (int e = id_at(offsetof(rdma_ucm_resolve_addr, id), &id)) return e;
+        if (r.reserved) return EINVAL;
+        return resolve_addr(*id, reinterpret_cast<const sockaddr *>(&r.src_addr),
+                            reinterpret_cast<const sockaddr *>(&r.dst_addr), r.timeout_ms);
+    }
+    case RDMA_USER_CM_CMD_RESOLVE_ROUTE: {
+        auto r = load<rdma_ucm_resolve_route>(buf, sizeof buf);
+        if (int e = id_at(offsetof(rdma_ucm_resolve_route, id), &id)) return e;
+        if (!r.timeout_ms) return EINVAL;
+        return resolve_route(*id);
+    }
+    case RDMA_USER_CM_CMD_QUERY_ROUTE: {
+        if (int e = id_at(offsetof(rdma_ucm_query, id), &id)) return e;
+        if (out_cap < offsetof(rdma_ucm_query_route_resp, ibdev_index)) return ENOSPC;
+        return query_route(*id, out, out_len);
+    }
+    case RDMA_USER_CM_CMD_QUERY: {
+        auto q = load<rdma_ucm_query>(buf, sizeof buf);
+        if (int e = id_at(offsetof(rdma_ucm_query, id), &id)) return e;
+        return query(*id, q.option, out, out_cap, out_len);
+    }
+    case RDMA_USER_CM_CMD_CONNECT: {
+        if (in_len < offsetof(rdma_ucm_connect, reserved) + 4) return EINVAL;
+        auto k = load<rdma_ucm_connect>(buf, sizeof buf);
+        if (int e = id_at(offsetof(rdma_ucm_connect, id), &id)) return e;
+        if (!k.conn_param.valid) return EINVAL;
+        if (in_len < sizeof k) k.ece = {};
+        return connect(*id, k.conn_param, k.ece);
+    }
+    case RDMA_USER_CM_CMD_LISTEN: {
+        auto l = load<rdma_ucm_listen>(buf, sizeof buf);
+        if (int e = id_at(offsetof(rdma_ucm_listen, id), &id)) return e;
+        return listen(*id, l.backlog);
+    }
+    case RDMA_USER_CM_CMD_ACCEPT: {
+        if (in_len < offsetof(rdma_ucm_accept, reserved) + 4) return EINVAL;
+        auto a = load<rdma_ucm_accept>(buf, sizeof buf);
+        if (int e = id_at(offsetof(rdma_ucm_accept, id), &id)) return e;
+        if (in_len < sizeof a) a.ece = {};
+        return accept(*id, a.uid, a.conn_param, a.ece, a.conn_param.valid);
+    }
+    case RDMA_USER_CM_CMD_REJECT: {
+        auto r = load<rdma_ucm_reject>(buf, sizeof buf);
+        if (int e = id_at(offsetof(rdma_ucm_reject, id), &id)) return e;
+        return reject(*id, r);
+    }
+    case RDMA_USER_CM_CMD_DISCONNECT:
+        if (int e = id_at(offsetof(rdma_ucm_disconnect, id), &id)) return e;
+        return disconnect(*id);
+    case RDMA_USER_CM_CMD_INIT_QP_ATTR: {
+        auto q = load<rdma_ucm_init_qp_attr>(buf, sizeof buf);
+        if (int e = id_at(offsetof(rdma_ucm_init_qp_attr, id), &id)) return e;
+        if (out_cap < sizeof(ib_uverbs_qp_attr)) return ENOSPC;
+        if (q.qp_state > 6) return EINVAL;
+        return init_qp_attr(*id, q.qp_state, out, out_len);
+    }
+    case RDMA_USER_CM_CMD_GET_EVENT:
+        return get_event(c, out, out_cap, out_len);
+    case RDMA_USER_CM_CMD_SET_OPTION: {
+        // The process put optlen bytes of the value right after the struct.
+        auto s = load<rdma_ucm_set_option>(buf, sizeof buf);
+        if (int e = id_at(offsetof(rdma_ucm_set_option, id), &id)) return e;
+        if (sizeof s + s.optlen > in_len) return EFAULT;
+        return set_option(*id, s.level, s.optname, in + sizeof s, s.optlen);
+    }
+    case RDMA_USER_CM_CMD_NOTIFY: {
+        auto n = load<rdma_ucm_notify>(buf, sizeof buf);
+        if (int e = id_at(offsetof(rdma_ucm_notify, id), &id)) return e;
+        return notify(*id, n.event);
+    }
+    case RDMA_USER_CM_CMD_MIGRATE_ID: {
+        // The process replaced the old file descriptor with the old
+        // channel's number.
+        auto m = load<rdma_ucm_migrate_id>(buf, sizeof buf);
+        if (out_cap < 4) return ENOSPC;
+        return migrate(c, m.fd, m.id, out, out_len);
+    }
+    case RDMA_USER_CM_CMD_JOIN_IP_MCAST:
+    case RDMA_USER_CM_CMD_JOIN_MCAST:
+    case RDMA_USER_CM_CMD_LEAVE_MCAST:
+        return ENOSYS;
+    case RDMA_USER_CM_CMD_GET_OPTION:
+        return ENOSYS;
+    default:
+        return EINVAL;
+    }
+}
+
+int Cm::create_id(Channel &c, const rdma_ucm_create_id &cmd, uint8_t *out, size_t *out_len) {
+    uint8_t qp_type;
+    switch (cmd.ps) {
+    case RDMA_PS_TCP:
+        qp_type = 2; // IB_QPT_RC
+        break;
+    case RDMA_PS_UDP:
+    case RDMA_PS_IPOIB:
+        qp_type = 4; // IB_QPT_UD
+        break;
+    case RDMA_PS_IB:
+        qp_type = cmd.qp_type;
+        break;
+    default:
+        return EINVAL;
+    }
+    // librdmacm keeps handles below 65536 in its index map.
+    uint32_t h = 0;
+    for (uint32_t k = 0; k < 65535 && !h; k++) {
+        uint32_t cand = 1 + (next_id_ + k - 1) % 65535;
+        if (!ids_.count(cand)) h = cand;
+    }
+    if (!h) return ENOMEM;
+    next_id_ = h + 1;
+    auto id = std::make_unique<Id>();
+    id->handle = h;
+    id->uid = cmd.uid;
+    id->ch = c.num;
+    id->ps = cmd.ps;
+    id->qp_type = qp_type;
+    id->seq_num = uint32_t(std::random_device{}()) & 0xFFFFFF;
+    ids_[h] = std::move(id);
+    rdma_ucm_create_id_resp r{h};
+    std::memcpy(out, &r, sizeof r);
+    *out_len = sizeof r;
+    return 0;
+}
+
+void Cm::free_id(Id *id) {
+    ids_.erase(id->handle);
+}
+
+int Cm::destroy_id(Channel &c, uint32_t h, uint8_t *out, size_t *out_len) {
+    Id *id = find_id(h);
+    if (!id) return ENOENT;
+    // Its queued events go; connection requests it never handed out are
+    // refused as the kernel refuses them.
+    std::vector<uint32_t> orphans;
+    for (auto it = c.events.begin(); it != c.events.end();) {
+        bool mine =
+            it->id == h || (it->uid == id->uid && it->event == RDMA_CM_EVENT_CONNECT_REQUEST);
+        if (mine && it->event == RDMA_CM_EVENT_CONNECT_REQUEST && it->id != h)
+            orphans.push_back(it->id);
+        it = mine ? c.events.erase(it) : it + 1;
+    }
+    rdma_ucm_destroy_id_resp r{id->events_reported};
+    std::memcpy(out, &r, sizeof r);
+    *out_len = sizeof r;
+    id->destroyed = true;
+    for (uint32_t o : orphans)
+        if (auto it = ids_.find(o); it != ids_.end() && !it->second->destroyed) {
+            uint8_t b[4];
+            size_t l;
+            destroy_id(c, o, b, &l);
+        }
+    switch (id->cm) {
+    case CmState::kReqSent:
+    case CmState::kMraReqRcvd:
+        send_rej(*id, cm::kRejTimeout, 2, nullptr, 0);
+        cm_reset(*id);
+        break;
+    case CmState::kReqRcvd:
+    case CmState::kMraReqSent:
+    case CmState::kRepSent:
+    case CmState::kMraRepRcvd:
+    case CmState::kRepRcvd:
+    case CmState::kMraRepSent:
+        send_rej(*id, cm::kRejConsumerDefined,
+                 id->cm == CmState::kRepRcvd || id->cm == CmState::kMraRepSent ? 1 : 0, nullptr, 0);
+        cm_reset(*id);
+        break;
+    case CmState::kEstablished:
+        send_dreq(*id);
+        return 0; // freed at the end of timewait
+    case CmState::kDreqRcvd:
+        send_drep(*id);
+        return 0;
+    case CmState::kDreqSent:
+    case CmState::kTimewait:
+        return 0;
+    default:
+        break;
+    }
+    free_id(id);
+    return 0;
+}
+
+bool Cm::port_free(const Id &me, uint16_t port) const {
+    for (auto &[h, id] : ids_) {
+        if (id.get() == &me || id->destroyed || !id->bound || id->listener || id->ps != me.ps ||
+            id->src.sin_port != port)
+            continue;
+        if (me.reuseaddr && id->reuseaddr) continue;
+        uint32_t a = me.src.sin_addr.s_addr, b = id->src.sin_addr.s_addr;
+        if (is_any(a) || is_any(b) || a == b) return false;
+    }
+    return true;
+}
+
+uint16_t Cm::ephemeral_port(const Id &me) const {
+    static uint16_t last = 0;
+    uint32_t span = kEphemeralHi - kEphemeralLo + 1;
+    uint32_t start = std::random_device{}() % span;
+    for (uint32_t k = 0; k < span; k++) {
+        uint16_t p = uint16_t(kEphemeralLo + (start + k) % span);
+        if (p == last) continue;
+        if (port_free(me, htons(p))) {
+            last = p;
+            return htons(p);
+        }
+    }
+    return 0;
+}
+
+int Cm::bind(Id &id, const sockaddr *sa, size_t len) {
+    if (id.state != IdState::kIdle) return EINVAL;
+    if (len >= sizeof(sa_family_t) && sa->sa_family == AF_IB) {
+        // librdmacm's probe binds AF_IB to learn whether the kernel speaks
+        // the newer commands; RoCE has no AF_IB addresses to bind to.
+        return EAFNOSUPPORT;
+    }
+    sockaddr_in s;
+    if (len < sizeof s || !ipv4_of(sa, s))
+        return sa->sa_family == AF_INET6 ? EAFNOSUPPORT : EAFNOSUPPORT;
+    uint32_t a = s.sin_addr.s_addr;
+    Channel &c = *channels_.at(id.ch);
+    bool loopback = (ntohl(a) >> 24) == 127;
+    if (!is_any(a) && !device_of(c, a)) {
+        // Not an sroce device's address: local (ENODEV) or not (EADDRNOTAVAIL).
+        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        sockaddr_in t = s;
+        t.sin_port = 0;
+        bool local = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr *>(&t), sizeof t) == 0;
+        if (fd >= 0) close(fd);
+        if (!loopback || !local) return local ? ENODEV : EADDRNOTAVAIL;
+    }
+    id.src = s;
+    id.src.sin_family = AF_INET;
+    if (s.sin_port == 0) {
+        uint16_t p = ephemeral_port(id);
+        if (!p) return EADDRNOTAVAIL;
+        id.src.sin_port = p;
+    } else {
+        if (ntohs(s.sin_port) < 1024 && geteuid() != 0) return EACCES;
+        if (!port_free(id, s.sin_port)) return EADDRINUSE;
+    }
+    id.bound = true;
+    id.dev = device_of(c, a) ? a : 0;
+    id.state = IdState::kAddrBound;
+    return 0;
+}
+
+int Cm::resolve_addr(Id &id, const sockaddr *srcp, const sockaddr *dstp, uint32_t) {
+    sockaddr_in dst;
+    if (!ipv4_of(dstp, dst)) return EAFNOSUPPORT;
+    if (id.state != IdState::kIdle && id.state != IdState::kAddrBound &&
+        id.state != IdState::kAddrResolved)
+        return EINVAL;
+    Channel &c = *channels_.at(id.ch);
+    if (id.state == IdState::kIdle) {
+        sockaddr_in src{};
+        src.sin_family = AF_INET;
+        if (srcp && srcp->sa_family == AF_INET) ipv4_of(srcp, src);
+        if (int e = bind(id, reinterpret_cast<sockaddr *>(&src), sizeof src)) return e;
+    }
+    id.dst = dst;
+    uint32_t src = id.src.sin_addr.s_addr;
+    if (is_any(src)) src = route_source(dst.sin_addr.s_addr);
+    if (!src) return ENETUNREACH;
+    id.state = IdState::kAddrQuery;
+    if (!device_of(c, src)) {
+        // No sroce device on the source the route picks (the kernel finds
+        // no RDMA device on the netdev).
+        id.state = IdState::kAddrBound;
+        queue_event(id, RDMA_CM_EVENT_ADDR_ERROR, -ENODEV);
+        return 0;
+    }
+    id.src.sin_addr.s_addr = src;
+    id.dev = src;
+    id.state = IdState::kAddrResolved;
+    queue_event(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+    return 0;
+}
+
+int Cm::resolve_route(Id &id) {
+    if (id.state != IdState::kAddrResolved) return EINVAL;
+    if (!id.dev) return ENODEV;
+    CmDevice *d = device_of(*channels_.at(id.ch), id.dev);
+    id.path_mtu = d ? d->mtu : 3;
+    id.state = IdState::kRouteResolved;
+    queue_event(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+    return 0;
+}
+
+namespace {
+
+// The path record rdma_cm builds for RoCE (cma_resolve_iboe_route).
+void fill_path(ib_user_path_rec &p, uint32_t src, uint32_t dst, uint8_t mtu, uint8_t tos,
+               uint16_t sport, uint16_t dport, uint8_t plt) {
+    p = {};
+    mapped_gid(dst, p.dgid);
+    mapped_gid(src, p.sgid);
+    p.flow_label = htonl((uint32_t(ntohs(sport)) * 31 + ntohs(dport)) & 0xFFFFF);
+    p.reversible = 1;
+    p.mtu = mtu;
+    p.pkey = htons(0xFFFF);
+    p.hop_limit = 64;
+    p.traffic_class = tos;
+    p.numb_path = 1;
+    p.mtu_selector = 2;
+    p.rate_selector = 2;
+    p.packet_life_time_selector = 2;
+    p.packet_life_time = plt;
+}
+
+} // namespace
+
+int Cm::query_route(Id &id, uint8_t *out, size_t *out_len) {
+    rdma_ucm_query_route_resp r{};
+    Channel &c = *channels_.at(id.ch);
+    CmDevice *d = id.dev ? device_of(c, id.dev) : nullptr;
+    r.ibdev_index = kInvalidIndex;
+    if (d) {
+        r.node_guid = d->guid;
+        r.ibdev_index = d->index;
+        r.port_num = 1;
+    }
+    std::memcpy(&r.src_addr, &id.src, sizeof id.src);
+    std::memcpy(&r.dst_addr, &id.dst, sizeof id.dst);
+    if (id.state == IdState::kRouteResolved || id.state == IdState::kConnect ||
+        id.state == IdState::kDisconnect) {
+        r.num_paths = 1;
+        fill_path(r.ib_route[0], id.src.sin_addr.s_addr, id.dst.sin_addr.s_addr, id.path_mtu,
+                  id.tos, id.src.sin_port, id.dst.sin_port, kPacketLifeTime);
+    } else {
+        mapped_gid(id.src.sin_addr.s_addr, r.ib_route[0].sgid);
+        mapped_gid(id.dst.sin_addr.s_addr, r.ib_route[0].dgid);
+        r.ib_route[0].pkey = htons(0xFFFF);
+    }
+    std::memcpy(out, &r, sizeof r);
+    *out_len = sizeof r;
+    return 0;
+}
+
+int Cm::query(Id &id, uint32_t option, uint8_t *out, size_t cap, size_t *out_len) {
+    Channel &c = *channels_.at(id.ch);
+    CmDevice *d = id.dev ? device_of(c, id.dev) : nullptr;
+    switch (option) {
+    case RDMA_USER_CM_QUERY_ADDR: {
+        if (cap < offsetof(rdma_ucm_query_addr_resp, ibdev_index)) return ENOSPC;
+        rdma_ucm_query_addr_resp r{};
+        r.ibdev_index = kInvalidIndex;
+        if (d) {
+            r.node_guid = d->guid;
+            r.port_num = 1;
+            r.ibdev_index = d->index;
+        }
+        r.pkey = htons(0xFFFF);
+        r.src_size = sizeof(sockaddr_in);
+        r.dst_size = sizeof(sockaddr_in);
+        std::memcpy(&r.src_addr, &id.src, sizeof id.src);
+        std::memcpy(&r.dst_addr, &id.dst, sizeof id.dst);
+        size_t n = std::min(cap, sizeof r);
+        std::memcpy(out, &r, n);
+        *out_len = n;
+        return 0;
+    }
+    case RDMA_USER_CM_QUERY_GID: {
+        if (cap < offsetof(rdma_ucm_query_addr_resp, ibdev_index)) return ENOSPC;
+        rdma_ucm_query_addr_resp r{};
+        r.ibdev_index = kInvalidIndex;
+        if (d) {
+            r.node_guid = d->guid;
+            r.port_num = 1;
+            r.ibdev_index = d->index;
+        }
+        r.pkey = htons(0xFFFF);
+        // sockaddr_ib: family, pkey, flowinfo, then the 16-byte GID.
+        r.src_size = r.dst_size = 48;
+        auto put_ib = [](__kernel_sockaddr_storage &s, uint32_t a) {
+            uint8_t *p = reinterpret_cast<uint8_t *>(&s);
+            uint16_t fam = AF_IB;
+            std::memcpy(p, &fam, 2);
+            uint16_t pkey = htons(0xFFFF);
+            std::memcpy(p + 2, &pkey, 2);
+            mapped_gid(a, p + 8);
+        };
+        put_ib(r.src_addr, id.src.sin_addr.s_addr);
+        put_ib(r.dst_addr, id.dst.sin_addr.s_addr);
+        size_t n = std::min(cap, sizeof r);
+        std::memcpy(out, &r, n);
+        *out_len = n;
+        return 0;
+    }
+    case RDMA_USER_CM_QUERY_PATH: {
+        if (cap < 8) return ENOSPC;
+        rdma_ucm_query_path_resp hdr{};
+        size_t n = 8;
+        if ((id.state == IdState::kRouteResolved || id.state == IdState::kConnect ||
+             id.state == IdState::kDisconnect) &&
+            cap >= 8 + sizeof(ib_path_rec_data)) {
+            hdr.num_paths = 1;
+            ib_path_rec_data pd{};
+            // IB_PATH_GMP | IB_PATH_PRIMARY | IB_PATH_BIDIRECTIONAL, and the
+            // SA PathRecord in wire format.
+            pd.flags = 0x2B;
+            uint8_t *w = reinterpret_cast<uint8_t *>(pd.path_rec);
+            mapped_gid(id.dst.sin_addr.s_addr, w + 8);
+            mapped_gid(id.src.sin_addr.s_addr, w + 24);
+            uint32_t fl =
+                (uint32_t(ntohs(id.src.sin_port)) * 31 + ntohs(id.dst.sin_port)) & 0xFFFFF;
+            wire::put32(w + 44, 0x80000000u | fl << 8 | 64); // raw traffic 0, flow label, hop limit
+            w[48] = id.tos;
+            w[49] = 0x80 | 1; // reversible, numb_path 1
+            wire::put16(w + 50, 0xFFFF);
+            w[54] = uint8_t(2 << 6 | id.path_mtu);
+            w[55] = uint8_t(2 << 6 | 3);
+            w[56] = uint8_t(2 << 6 | kPacketLifeTime);
+            wire::put32(w + 40, 0); // raw traffic / reserved
+            std::memcpy(out + 8, &pd, sizeof pd);
+            n += sizeof pd;
+        }
+        std::memcpy(out, &hdr, 8);
+        *out_len = n;
+        return 0;
+    }
+    default:
+        return ENOSYS;
+    }
+}
+
+int Cm::listen(Id &id, uint32_t backlog) {
+    if (id.state == IdState::kIdle) {
+        sockaddr_in any{};
+        any.sin_family = AF_INET;
+        if (int e = bind(id, reinterpret_cast<sockaddr *>(&any), sizeof any)) return e;
+    }
+    if (id.state != IdState::kAddrBound) return EINVAL;
+    bool reuse = id.reuseaddr;
+    id.reuseaddr = false;
+    bool ok = port_free(id, id.src.sin_port);
+    id.reuseaddr = reuse && false;
+    if (!ok) return EADDRINUSE;
+    id.backlog = backlog == 0 || backlog > kMaxBacklog ? kMaxBacklog : backlog;
+    id.state = IdState::kListen;
+    return 0;
+}
+
+int Cm::set_option(Id &id, uint32_t level, uint32_t name, const uint8_t *val, uint32_t len) {
+    if (level == RDMA_OPTION_ID) {
+        switch (name) {
+        case RDMA_OPTION_ID_TOS:
+            if (len != 1) return EINVAL;
+            id.tos = val[0];
+            return 0;
+        case RDMA_OPTION_ID_REUSEADDR: {
+            if (len != sizeof(int)) return EINVAL;
+            int v;
+            std::memcpy(&v, val, sizeof v);
+            if (!((v && id.state != IdState::kListen) || id.state == IdState::kIdle)) return EINVAL;
+            id.reuseaddr = v != 0;
+            return 0;
+        }
+        case RDMA_OPTION_ID_AFONLY: {
+            if (len != sizeof(int)) return EINVAL;
+            if (id.state != IdState::kIdle && id.state != IdState::kAddrBound) return EINVAL;
+            int v;
+            std::memcpy(&v, val, sizeof v);
+            id.afonly = v != 0;
+            return 0;
+        }
+        case RDMA_OPTION_ID_ACK_TIMEOUT:
+            if (len != 1) return EINVAL;
+            if (id.qp_type != 2 && id.qp_type != 9) return EINVAL;
+            id.ack_timeout_opt = val[0];
+            return 0;
+        default:
+            return ENOSYS;
+        }
+    }
+    if (level == RDMA_OPTION_IB && name == RDMA_OPTION_IB_PATH) {
+        if (len == 0 || len % sizeof(ib_path_rec_data)) return EINVAL;
+        if (id.state != IdState::kAddrResolved) return EINVAL;
+        if (!id.dev) return ENODEV;
+        id.state = IdState::kRouteResolved;
+        queue_event(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+        return 0;
+    }
+    return ENOSYS;
+}
+
+int Cm::notify(Id &id, uint32_t event) {
+    if (!id.dev) return EINVAL;
+    if (event != 0 /* IBV_EVENT_COMM_EST */ && event != 16 /* IBV_EVENT_PATH_MIG */) return EINVAL;
+    if (event != 0) return 0;
+    if (id.cm == CmState::kEstablished) return EISCONN;
+    if (id.cm != CmState::kRepSent && id.cm != CmState::kMraRepRcvd) return EINVAL;
+    id.deadline = 0;
+    id.cm = CmState::kEstablished;
+    queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0);
+    return 0;
+}
+
+int Cm::migrate(Channel &to, uint32_t from_ch, uint32_t h, uint8_t *out, size_t *out_len) {
+    auto fit = channels_.find(from_ch);
+    if (fit == channels_.end()) return EINVAL;
+    Id *id = find_id(h);
+    if (!id) return ENOENT;
+    if (id->ch != from_ch) return EINVAL;
+    Channel &from = *fit->second;
+    // Its queued events move with it (the old channel keeps a stale wake-up
+    // byte per event, which GET_EVENT there then finds empty).
+    for (auto it = from.events.begin(); it != from.events.end();) {
+        if (it->id == h && it->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+            to.events.push_back(*it);
+            char b = 1;
+            if (send(to.event_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+            }
+            it = from.events.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    id->ch = to.num;
+    rdma_ucm_migrate_resp r{id->events_reported};
+    std::memcpy(out, &r, sizeof r);
+    *out_len = sizeof r;
+    return 0;
+}
+
+// ------------------------------------------------------------ connecting
+
+int Cm::connect(Id &id, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece) {
+    if (id.state != IdState::kRouteResolved) return EINVAL;
+    if (id.qp_type == 4) return EOPNOTSUPP; // SIDR: not yet
+    if (p.private_data_len > cm::req::kPrivateDataLen - cm::CmaHdr::kLen) return EINVAL;
+    Channel &c = *channels_.at(id.ch);
+    CmDevice *d = device_of(c, id.dev);
+    if (!d) return ENODEV;
+    id.param = p;
+    id.ece = ece;
+    id.active = true;
+    id.state = IdState::kConnect;
+    id.local_comm = (next_comm_++) ^ comm_xor_;
+    id.peer_ip = id.dst.sin_addr.s_addr;
+    id.responder_resources = p.responder_resources;
+    id.initiator_depth = p.initiator_depth;
+    id.retry_count = std::min<uint8_t>(p.retry_count, 7);
+    id.local_ack_timeout =
+        ack_timeout(kAckDelay, id.ack_timeout_opt ? id.ack_timeout_opt - 1 : kPacketLifeTime);
+    uint8_t plt = id.ack_timeout_opt ? id.ack_timeout_opt - 1 : kPacketLifeTime;
+    uint8_t b[cm::kCmDataLen] = {};
+    using namespace cm;
+    set(b, req::kLocalCommId, id.local_comm);
+    set(b, req::kVendorId, ece.vendor_id & 0xFFFFFF);
+    set(b, req::kServiceId, service_id(PortSpace(id.ps), ntohs(id.dst.sin_port)));
+    uint64_t guid_be;
+    std::memcpy(&guid_be, &d->guid, 8);
+    set(b, req::kLocalCaGuid, be64toh(guid_be));
+    set(b, req::kLocalQpn, p.qp_num & 0xFFFFFF);
+    set(b, req::kResponderResources, p.responder_resources);
+    set(b, req::kInitiatorDepth, p.initiator_depth);
+    set(b, req::kRemoteCmResponseTimeout, kCmResponseTimeout);
+    set(b, req::kTransportServiceType, id.qp_type == 3 ? 1 : 0);
+    set(b, req::kEndToEndFlowControl, p.flow_control & 1);
+    set(b, req::kStartingPsn, id.seq_num);
+    set(b, req::kLocalCmResponseTimeout, kCmResponseTimeout);
+    set(b, req::kRetryCount, std::min<uint8_t>(p.retry_count, 7));
+    set(b, req::kPartitionKey, 0xFFFF);
+    set(b, req::kPathMtu, id.path_mtu);
+    set(b, req::kRnrRetryCount, std::min<uint8_t>(p.rnr_retry_count, 7));
+    set(b, req::kMaxCmRetries, kMaxCmRetries);
+    set(b, req::kSrq, p.srq & 1);
+    set(b, req::kPrimaryLocalLid, 0xFFFF);
+    set(b, req::kPrimaryRemoteLid, 0xFFFF);
+    mapped_gid(id.src.sin_addr.s_addr, b + req::kPrimaryLocalGid);
+    mapped_gid(id.dst.sin_addr.s_addr, b + req::kPrimaryRemoteGid);
+    set(b, req::kPrimaryFlowLabel,
+        (uint32_t(ntohs(id.src.sin_port)) * 31 + ntohs(id.dst.sin_port)) & 0xFFFFF);
+    set(b, req::kPrimaryTrafficClass, id.tos);
+    set(b, req::kPrimaryHopLimit, 64);
+    set(b, req::kPrimaryLocalAckTimeout, id.local_ack_timeout);
+    CmaHdr hdr;
+    hdr.set_ipv4(id.src.sin_addr.s_addr, id.dst.sin_addr.s_addr);
+    hdr.port = ntohs(id.src.sin_port);
+    hdr.store(b + req::kPrivateData);
+    std::memcpy(b + req::kPrivateData + CmaHdr::kLen, p.private_data, p.private_data_len);
+    id.tid = uint64_t(0x5352) << 48 | id.local_comm;
+    id.cm = CmState::kReqSent;
+    id.max_cm_retries = kMaxCmRetries;
+    send_mad(id, kReq, b, true, 2 * conv_ms(plt) + conv_ms(kCmResponseTimeout));
+    id.mad[20] = 0; // attr_mod carries ECE's attr_mod
+    wire::put32(id.mad + 20, ece.attr_mod);
+    send_(id.dev, id.peer_ip, id.mad);
+    stats_.tx_mads++;
+    return 0;
+}
+
+int Cm::accept(Id &id, uint64_t uid, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece,
+               bool has_param) {
+    if (id.state != IdState::kConnect) return EINVAL;
+    using namespace cm;
+    if (!has_param) {
+        // The active side, after its QP reached RTS: RTU.
+        if (id.cm != CmState::kRepRcvd && id.cm != CmState::kMraRepSent) return EINVAL;
+        uint8_t b[kCmDataLen] = {};
+        set(b, kLocalCommId, id.local_comm);
+        set(b, kRemoteCommId, id.remote_comm);
+        send_mad(id, kRtu, b, false, 0);
+        id.cm = CmState::kEstablished;
+        return 0;
+    }
+    if (id.cm != CmState::kReqRcvd && id.cm != CmState::kMraReqSent) return EINVAL;
+    if (p.private_data_len > rep::kPrivateDataLen) return EINVAL;
+    Channel &c = *channels_.at(id.ch);
+    CmDevice *d = device_of(c, id.dev);
+    if (!d) return ENODEV;
+    id.uid = uid;
+    id.param = p;
+    id.ece = ece;
+    id.responder_resources = p.responder_resources;
+    id.initiator_depth = p.initiator_depth;
+    uint8_t b[kCmDataLen] = {};
+    set(b, kLocalCommId, id.local_comm);
+    set(b, kRemoteCommId, id.remote_comm);
+    set(b, rep::kLocalQpn, p.qp_num & 0xFFFFFF);
+    set(b, rep::kStartingPsn, id.seq_num);
+    set(b, rep::kResponderResources, p.responder_resources);
+    set(b, rep::kInitiatorDepth, p.initiator_depth);
+    set(b, rep::kTargetAckDelay, kAckDelay);
+    set(b, rep::kEndToEndFlowControl, p.flow_control & 1);
+    set(b, rep::kRnrRetryCount, std::min<uint8_t>(p.rnr_retry_count, 7));
+    set(b, rep::kSrq, p.srq & 1);
+    uint64_t guid_be;
+    std::memcpy(&guid_be, &d->guid, 8);
+    set(b, rep::kLocalCaGuid, be64toh(guid_be));
+    set(b, rep::kVendorIdH, (ece.vendor_id >> 16) & 0xFF);
+    set(b, rep::kVendorIdM, (ece.vendor_id >> 8) & 0xFF);
+    set(b, rep::kVendorIdL, ece.vendor_id & 0xFF);
+    std::memcpy(b + rep::kPrivateData, p.private_data, p.private_data_len);
+    id.cm = CmState::kRepSent;
+    send_mad(id, kRep, b, true, id.cm_timeout_ms);
+    wire::put32(id.mad + 20, ece.attr_mod);
+    send_(id.dev, id.peer_ip, id.mad);
+    stats_.tx_mads++;
+    return 0;
+}
+
+int Cm::reject(Id &id, const rdma_ucm_reject &cmd) {
+    uint16_t reason = cmd.reason ? uint16_t(cmd.reason) : uint16_t(cm::kRejConsumerDefined);
+    if (reason != cm::kRejConsumerDefined && reason != cm::kRejVendorOptionNotSupported)
+        return EINVAL;
+    if (!id.dev || id.cm == CmState::kIdle) return EINVAL;
+    if (id.cm != CmState::kReqRcvd && id.cm != CmState::kMraReqSent) return EINVAL;
+    send_rej(id, reason, 0, cmd.private_data,
+             std::min<size_t>(cmd.private_data_len, cm::rej::kPrivateDataLen));
+    cm_reset(id);
+    return 0;
+}
+
+int Cm::disconnect(Id &id) {
+    if (!id.dev || id.cm == CmState::kIdle) return EINVAL;
+    if (id.cm == CmState::kEstablished)
+        send_dreq(id);
+    else if (id.cm == CmState::kDreqRcvd)
+        send_drep(id);
+    return 0;
+}
+
+int Cm::init_qp_attr(Id &id, uint32_t state, uint8_t *out, size_t *out_len) {
+    ib_uverbs_qp_attr a{};
+    a.qp_state = state;
+    a.port_num = 1;
+    a.pkey_index = 0;
+    constexpr uint32_t kState = 0x1, kAccess = 0x8, kPkey = 0x10, kPort = 0x20, kQkey = 0x40,
+                       kAv = 0x80, kMtu = 0x100, kTimeout = 0x200, kRetry = 0x400,
+                       kRnrRetry = 0x800, kRqPsn = 0x1000, kMaxRd = 0x2000, kMinRnr = 0x8000,
+                       kSqPsn = 0x10000, kMaxDestRd = 0x20000, kDestQpn = 0x100000;
+    if (id.cm == CmState::kIdle || id.qp_type == 4) {
+        // No connection yet (or UD): what any QP of the port needs.
+        a.qp_attr_mask = kState | kPkey | kPort;
+        if (id.qp_type == 4) {
+            a.qp_attr_mask |= kQkey;
+            a.qkey = kUdpQkey;
+        } else {
+            a.qp_attr_mask |= kAccess;
+        }
+        if (state == 2) a.rq_psn = id.seq_num;
+    } else if (state == 1) {
+        a.qp_attr_mask = kState | kAccess | kPkey | kPort;
+        a.qp_access_flags = 0x2 /* REMOTE_WRITE */;
+        if (id.responder_resources) a.qp_access_flags |= 0x4 | 0x8; // REMOTE_READ | ATOMIC
+    } else if (state == 2) {
+        if (id.cm == CmState::kReqSent || id.cm == CmState::kMraReqRcvd) return EINVAL;
+        a.qp_attr_mask = kState | kAv | kMtu | kDestQpn | kRqPsn;
+        if (id.qp_type == 2) a.qp_attr_mask |= kMaxDestRd | kMinRnr;
+        ib_uverbs_ah_attr &ah = a.ah_attr;
+        mapped_gid(id.peer_ip, ah.grh.dgid);
+        ah.grh.sgid_index = 1; // the IPv4-mapped RoCEv2 GID
+        ah.grh.hop_limit = id.active ? 64 : 0xFF;
+        ah.grh.traffic_class = id.tos;
+        ah.grh.flow_label =
+            (uint32_t(ntohs(id.src.sin_port)) * 31 + ntohs(id.dst.sin_port)) & 0xFFFFF;
+        ah.is_global = 1;
+        ah.port_num = 1;
+        a.path_mtu = id.path_mtu;
+        a.dest_qp_num = id.remote_qpn;
+        a.rq_psn = id.seq_num;
+        a.max_dest_rd_atomic = id.responder_resources;
+        a.min_rnr_timer = 0;
+    } else if (state == 3) {
+        if (id.cm == CmState::kReqSent || id.cm == CmState::kMraReqRcvd) return EINVAL;
+        a.qp_attr_mask = kState | kSqPsn;
+        if (id.qp_type == 2) a.qp_attr_mask |= kRetry | kRnrRetry | kMaxRd | kTimeout;
+        a.sq_psn = id.remote_psn;
+        a.retry_cnt = id.retry_count;
+        a.rnr_retry = id.rnr_retry_count;
+        a.max_rd_atomic = id.initiator_depth;
+        a.timeout = id.ack_timeout_opt ? id.ack_timeout_opt : id.local_ack_timeout;
+    } else {
+        return EINVAL;
+    }
+    std::memcpy(out, &a, sizeof a);
+    *out_len = sizeof a;
+    return 0;
+}
+
+// ------------------------------------------------------------ the IB CM
+
+void Cm::send_mad(Id &id, uint16_t attr, const uint8_t *body, bool retry, uint32_t timeout_ms) {
+    cm::MadHdr h;
+    h.attr_id = attr;
+    h.tid = id.tid;
+    std::memset(id.mad, 0, sizeof id.mad);
+    h.store(id.mad);
+    std::memcpy(id.mad + cm::kMadHdrLen, body, cm::kCmDataLen);
+    if (retry) {
+        id.retries_left = id.max_cm_retries;
+        id.retry_ms = timeout_ms;
+        id.deadline = now_ms() + timeout_ms;
+        // The caller sends it (after filling the header's attr_mod).
+        return;
+    }
+    id.deadline = 0;
+    send_(id.dev, id.peer_ip, id.mad);
+    stats_.tx_mads++;
+}
+
+void Cm::reply_mad(uint32_t local, uint32_t remote, uint64_t tid, uint16_t attr,
+                   const uint8_t *body) {
+    uint8_t mad[cm::kMadLen] = {};
+    cm::MadHdr h;
+    h.attr_id = attr;
+    h.tid = tid;
+    h.store(mad);
+    std::memcpy(mad + cm::kMadHdrLen, body, cm::kCmDataLen);
+    send_(local, remote, mad);
+    stats_.tx_mads++;
+}
+
+void Cm::send_rej(Id &id, uint16_t reason, uint8_t msg_rejected, const uint8_t *pd, size_t pd_len) {
+    using namespace cm;
+    uint8_t b[kCmDataLen] = {};
+    set(b, kLocalCommId, id.cm == CmState::kReqRcvd ? 0 : id.local_comm);
+    set(b, kRemoteCommId, id.remote_comm);
+    set(b, rej::kMessageRejected, msg_rejected);
+    set(b, rej::kReason, reason);
+    if (reason == kRejTimeout) {
+        CmDevice *d = nullptr;
+        if (auto c = channels_.find(id.ch); c != channels_.end()) d = device_of(*c->second, id.dev);
+        if (d) {
+            std::memcpy(b + rej::kAri, &d->guid, 8);
+            set(b, rej::kRejectedInfoLength, 8);
+        }
+    }
+    if (pd && pd_len) std::memcpy(b + rej::kPrivateData, pd, pd_len);
+    send_mad(id, kRej, b, false, 0);
+}
+
+void Cm::send_dreq(Id &id) {
+    using namespace cm;
+    uint8_t b[kCmDataLen] = {};
+    set(b, kLocalCommId, id.local_comm);
+    set(b, kRemoteCommId, id.remote_comm);
+    set(b, dreq::kRemoteQpn, id.remote_qpn);
+    id.tid = uint64_t(0x5352) << 48 | id.local_comm;
+    id.cm = CmState::kDreqSent;
+    uint32_t t = id.cm_timeout_ms ? id.cm_timeout_ms
+                                  : 2 * conv_ms(kPacketLifeTime) + conv_ms(kCmResponseTimeout);
+    send_mad(id, kDreq, b, true, t);
+    send_(id.dev, id.peer_ip, id.mad);
+    stats_.tx_mads++;
+}
+
+void Cm::send_drep(Id &id) {
+    using namespace cm;
+    uint8_t b[kCmDataLen] = {};
+    set(b, kLocalCommId, id.local_comm);
+    set(b, kRemoteCommId, id.remote_comm);
+    enter_timewait(id);
+    send_mad(id, kDrep, b, false, 0);
+}
+
+void Cm::enter_timewait(Id &id) {
+    id.cm = CmState::kTimewait;
+    id.deadline = 0;
+    id.timewait_until = now_ms() + conv_ms(id.local_ack_timeout);
+}
+
+void Cm::cm_reset(Id &id) {
+    id.cm = CmState::kIdle;
+    id.deadline = 0;
+    id.timewait_until = 0;
+}
+
+Cm::Id *Cm::by_local_comm(uint32_t local_comm) {
+    for (auto &[h, id] : ids_)
+        if (id->local_comm == local_comm && id->cm != CmState::kIdle) return id.get();
+    return nullptr;
+}
+
+void Cm::receive(uint32_t local, uint32_t remote, const uint8_t *data, size_t len) {
+    cm::Mad m;
+    if (cm::parse(data, len, m) != cm::ParseError::kOk) {
+        stats_.rx_bad++;
+        return;
+    }
+    stats_.rx_mads++;
+    switch (m.hdr.attr_id) {
+    case cm::kReq:
+        return recv_req(local, remote, m);
+    case cm::kRep:
+        return recv_rep(m);
+    case cm::kRtu:
+        return recv_rtu(m);
+    case cm::kRej:
+        return recv_rej(m);
+    case cm::kMra:
+        return recv_mra(m);
+    case cm::kDreq:
+        return recv_dreq(local, remote, m);
+    case cm::kDrep:
+        return recv_drep(m);
+    default:
+        return; // SIDR: not yet
+    }
+}
+
+void Cm::recv_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
+    using namespace cm;
+    uint32_t remote_comm = uint32_t(m.field(req::kLocalCommId));
+    uint64_t guid = m.field(req::kLocalCaGuid);
+    uint32_t qpn = uint32_t(m.field(req::kLocalQpn));
+    auto issue_rej = [&](uint16_t reason) {
+        uint8_t b[kCmDataLen] = {};
+        set(b, kRemoteCommId, remote_comm);
+        set(b, kLocalCommId, get(m.body, Field{4, 0, 32}));
+        set(b, rej::kReason, reason);
+        reply_mad(local, remote, m.hdr.tid, kRej, b);
+    };
+    for (auto &[h, id] : ids_) {
+        if (id->cm == CmState::kIdle || id->remote_guid != guid) continue;
+        if (id->remote_comm == remote_comm) return; // a duplicate: our REP has its own retries
+        if (id->remote_qpn == qpn && id->cm != CmState::kTimewait) {
+            // The peer reuses a QP we still count as connected: stale.
+            issue_rej(kRejStaleConn);
+            if (id->cm == CmState::kEstablished) send_dreq(*id);
+            return;
+        }
+    }
+    uint64_t sid = m.field(req::kServiceId);
+    uint16_t ps = uint16_t(sid >> 16), port = uint16_t(sid);
+    CmaHdr hdr;
+    bool ip = hdr.load(m.body + req::kPrivateData, req::kPrivateDataLen) && hdr.ip_version == 4;
+    uint32_t dst_ip = 0, src_ip = 0;
+    if (ip) {
+        std::memcpy(&dst_ip, hdr.dst + 12, 4);
+        std::memcpy(&src_ip, hdr.src + 12, 4);
+    }
+    Id *lis = nullptr;
+    bool any_port = false;
+    for (auto &[h, id] : ids_) {
+        if (id->destroyed || id->state != IdState::kListen || id->ps != ps ||
+            ntohs(id->src.sin_port) != port)
+            continue;
+        any_port = true;
+        if (!ip) continue;
+        uint32_t a = id->src.sin_addr.s_addr;
+        if (!is_any(a) && a != dst_ip) continue;
+        lis = id.get();
+        break;
+    }
+    if (!any_port) return issue_rej(kRejInvalidServiceId);
+    if (!lis) return issue_rej(kRejConsumerDefined);
+    Channel &c = *channels_.at(lis->ch);
+    CmDevice *d = device_of(c, dst_ip);
+    if (!d || dst_ip != local) return issue_rej(kRejConsumerDefined);
+    uint8_t tst = uint8_t(m.field(req::kTransportServiceType));
+    if ((tst == 0 ? 2 : tst == 1 ? 3 : 0) != lis->qp_type) return issue_rej(kRejConsumerDefined);
+    if (lis->pending >= lis->backlog) return; // as the kernel: silently, the peer retries
+    rdma_ucm_create_id cid{};
+    cid.ps = lis->ps;
+    cid.qp_type = lis->qp_type;
+    uint8_t out[4];
+    size_t ol;
+    if (create_id(c, cid, out, &ol)) return;
+    uint32_t h;
+    std::memcpy(&h, out, 4);
+    Id &id = *ids_.at(h);
+    id.uid = 0; // taken by the process at ACCEPT
+    id.listener = lis->handle;
+    id.state = IdState::kConnect;
+    id.bound = true;
+    id.src = lis->src;
+    id.src.sin_addr.s_addr = dst_ip;
+    id.dst.sin_family = AF_INET;
+    id.dst.sin_addr.s_addr = src_ip;
+    id.dst.sin_port = htons(hdr.port);
+    id.dev = dst_ip;
+    id.tos = uint8_t(m.field(req::kPrimaryTrafficClass));
+    uint32_t peer;
+    std::memcpy(&peer, m.body + req::kPrimaryLocalGid + 12, 4);
+    id.peer_ip = peer;
+    id.remote_comm = remote_comm;
+    id.remote_guid = guid;
+    id.remote_qpn = qpn;
+    id.remote_psn = uint32_t(m.field(req::kStartingPsn));
+    id.responder_resources = uint8_t(m.field(req::kInitiatorDepth));
+    id.initiator_depth = uint8_t(m.field(req::kResponderResources));
+    id.retry_count = uint8_t(m.field(req::kRetryCount));
+    id.rnr_retry_count = uint8_t(m.field(req::kRnrRetryCount));
+    id.path_mtu = std::min<uint8_t>(uint8_t(m.field(req::kPathMtu)), d->mtu);
+    id.local_ack_timeout = std::max<uint8_t>(1, uint8_t(m.field(req::kPrimaryLocalAckTimeout)));
+    id.cm_timeout_ms = conv_ms(uint8_t(m.field(req::kLocalCmResponseTimeout)));
+    id.max_cm_retries = uint8_t(m.field(req::kMaxCmRetries));
+    id.tid = m.hdr.tid;
+    id.local_comm = (next_comm_++) ^ comm_xor_;
+    // The kernel marks the request MRA'd with a delayed MRA: nothing is
+    // sent unless the REQ comes again.
+    id.cm = CmState::kMraReqSent;
+    lis->pending++;
+    // The event belongs to the listener (uid), naming the new id.
+    Id shadow = *lis;
+    rdma_ucm_event_resp &e = queue_event_resp(shadow, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+    e.id = id.handle;
+    e.param.conn.qp_num = qpn;
+    e.param.conn.responder_resources = id.responder_resources;
+    e.param.conn.initiator_depth = id.initiator_depth;
+    e.param.conn.flow_control = uint8_t(m.field(req::kEndToEndFlowControl));
+    e.param.conn.retry_count = id.retry_count;
+    e.param.conn.rnr_retry_count = id.rnr_retry_count;
+    e.param.conn.srq = uint8_t(m.field(req::kSrq));
+    e.param.conn.private_data_len = req::kPrivateDataLen - CmaHdr::kLen;
+    std::memcpy(e.param.conn.private_data, m.body + req::kPrivateData + CmaHdr::kLen,
+                req::kPrivateDataLen - CmaHdr::kLen);
+    e.ece.vendor_id = uint32_t(m.field(req::kVendorId));
+    e.ece.attr_mod = m.hdr.attr_mod;
+}
+
+void Cm::recv_rep(const cm::Mad &m) {
+    using namespace cm;
+    uint32_t ours = uint32_t(m.field(kRemoteCommId));
+    Id *id = by_local_comm(ours);
+    if (!id) return;
+    if (id->cm == CmState::kEstablished && id->remote_comm == m.field(kLocalCommId)) {
+        // Our RTU was lost: send it again.
+        uint8_t b[kCmDataLen] = {};
+        set(b, kLocalCommId, id->local_comm);
+        set(b, kRemoteCommId, id->remote_comm);
+        send_mad(*id, kRtu, b, false, 0);
+        return;
+    }
+    if (id->cm != CmState::kReqSent && id->cm != CmState::kMraReqRcvd) return;
+    id->deadline = 0;
+    id->remote_comm = uint32_t(m.field(kLocalCommId));
+    id->remote_guid = m.field(rep::kLocalCaGuid);
+    id->remote_qpn = uint32_t(m.field(rep::kLocalQpn));
+    id->remote_psn = uint32_t(m.field(rep::kStartingPsn));
+    id->responder_resources = uint8_t(m.field(rep::kInitiatorDepth));
+    id->initiator_depth = uint8_t(m.field(rep::kResponderResources));
+    id->rnr_retry_count = uint8_t(m.field(rep::kRnrRetryCount));
+    uint8_t plt = id->ack_timeout_opt ? id->ack_timeout_opt - 1 : kPacketLifeTime;
+    id->local_ack_timeout = ack_timeout(uint8_t(m.field(rep::kTargetAckDelay)), plt);
+    id->tid = m.hdr.tid;
+    id->cm = CmState::kMraRepSent;
+    rdma_ucm_event_resp &e = queue_event_resp(*id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0);
+    e.param.conn.qp_num = id->remote_qpn;
+    e.param.conn.responder_resources = id->responder_resources;
+    e.param.conn.initiator_depth = id->initiator_depth;
+    e.param.conn.flow_control = uint8_t(m.field(rep::kEndToEndFlowControl));
+    e.param.conn.rnr_retry_count = id->rnr_retry_count;
+    e.param.conn.srq = uint8_t(m.field(rep::kSrq));
+    e.param.conn.private_data_len = rep::kPrivateDataLen;
+    std::memcpy(e.param.conn.private_data, m.body + rep::kPrivateData, rep::kPrivateDataLen);
+    e.ece.vendor_id = uint32_t(m.field(rep::kVendorIdH) << 16 | m.field(rep::kVendorIdM) << 8 |
+                               m.field(rep::kVendorIdL));
+    e.ece.attr_mod = m.hdr.attr_mod;
+}
+
+void Cm::recv_rtu(const cm::Mad &m) {
+    using namespace cm;
+    Id *id = by_local_comm(uint32_t(m.field(kRemoteCommId)));
+    if (!id || id->remote_comm != m.field(kLocalCommId)) return;
+    if (id->cm != CmState::kRepSent && id->cm != CmState::kMraRepRcvd) return;
+    id->deadline = 0;
+    id->cm = CmState::kEstablished;
+    queue_event(*id, RDMA_CM_EVENT_ESTABLISHED, 0);
+}
+
+void Cm::recv_mra(const cm::Mad &m) {
+    using namespace cm;
+    uint8_t which = uint8_t(m.field(mra::kMessageMraed));
+    Id *id = by_local_comm(uint32_t(m.field(kRemoteCommId)));
+    if (!id) return;
+    uint32_t extra =
+        conv_ms(uint8_t(m.field(mra::kServiceTimeout))) + conv_ms(id->local_ack_timeout);
+    if (which == 0 && id->cm == CmState::kReqSent) {
+        id->cm = CmState::kMraReqRcvd;
+    } else if (which == 1 && id->cm == CmState::kRepSent &&
+               id->remote_comm == m.field(kLocalCommId)) {
+        id->cm = CmState::kMraRepRcvd;
+    } else {
+        return;
+    }
+    id->retry_ms = extra;
+    id->deadline = now_ms() + extra;
+}
+
+void Cm::recv_rej(const cm::Mad &m) {
+    using namespace cm;
+    uint16_t reason = uint16_t(m.field(rej::kReason));
+    Id *id = by_local_comm(uint32_t(m.field(kRemoteCommId)));
+    if (!id) return;
+    if (m.field(rej::kMessageRejected) != 0 && id->remote_comm != m.field(kLocalCommId)) return;
+    switch (id->cm) {
+    case CmState::kReqSent:
+    case CmState::kMraReqRcvd:
+    case CmState::kRepSent:
+    case CmState::kMraRepRcvd:
+    case CmState::kReqRcvd:
+    case CmState::kMraReqSent:
+        if (reason == kRejStaleConn)
+            enter_timewait(*id);
+        else
+            cm_reset(*id);
+        break;
+    case CmState::kDreqSent:
+    case CmState::kRepRcvd:
+    case CmState::kMraRepSent:
+    case CmState::kEstablished:
+        enter_timewait(*id);
+        break;
+    default:
+        return;
+    }
+    if (id->destroyed) {
+        if (id->cm == CmState::kIdle) free_id(id);
+        return;
+    }
+    if (id->state != IdState::kConnect) return;
+    rdma_ucm_event_resp &e = queue_event_resp(*id, RDMA_CM_EVENT_REJECTED, reason);
+    e.param.conn.private_data_len = rej::kPrivateDataLen;
+    std::memcpy(e.param.conn.private_data, m.body + rej::kPrivateData, rej::kPrivateDataLen);
+}
+
+void Cm::recv_dreq(uint32_t local, uint32_t remote, const cm::Mad &m) {
+    using namespace cm;
+    Id *id = by_local_comm(uint32_t(m.field(kRemoteCommId)));
+    if (!id || id->remote_comm != m.field(kLocalCommId)) {
+        // Unknown connection: a DREP anyway, so the peer stops asking.
+        uint8_t b[kCmDataLen] = {};
+        set(b, kLocalCommId, m.field(kRemoteCommId));
+        set(b, kRemoteCommId, m.field(kLocalCommId));
+        reply_mad(local, remote, m.hdr.tid, kDrep, b);
+        return;
+    }
+    if (m.field(dreq::kRemoteQpn) != (id->param.qp_num & 0xFFFFFF)) return;
+    switch (id->cm) {
+    case CmState::kTimewait: {
+        uint8_t b[kCmDataLen] = {};
+        set(b, kLocalCommId, id->local_comm);
+        set(b, kRemoteCommId, id->remote_comm);
+        reply_mad(local, remote, m.hdr.tid, kDrep, b);
+        return;
+    }
+    case CmState::kEstablished:
+    case CmState::kRepSent:
+    case CmState::kMraRepRcvd:
+    case CmState::kDreqSent:
+        break;
+    default:
+        return;
+    }
+    id->deadline = 0;
+    id->cm = CmState::kDreqRcvd;
+    id->tid = m.hdr.tid;
+    if (id->destroyed) {
+        send_drep(*id);
+        return;
+    }
+    if (id->state == IdState::kConnect) {
+        id->state = IdState::kDisconnect;
+        queue_event(*id, RDMA_CM_EVENT_DISCONNECTED, 0);
+    }
+}
+
+void Cm::recv_drep(const cm::Mad &m) {
+    using namespace cm;
+    Id *id = by_local_comm(uint32_t(m.field(kRemoteCommId)));
+    if (!id || id->remote_comm != m.field(kLocalCommId)) return;
+    if (id->cm != CmState::kDreqSent && id->cm != CmState::kDreqRcvd) return;
+    enter_timewait(*id);
+    if (!id->destroyed && id->state == IdState::kConnect) {
+        id->state = IdState::kDisconnect;
+        queue_event(*id, RDMA_CM_EVENT_DISCONNECTED, 0);
+    }
+}
+
+int Cm::timers(uint64_t now) {
+    int64_t next = -1;
+    std::vector<Id *> done;
+    for (auto &[h, idp] : ids_) {
+        Id &id = *idp;
+        if (id.timewait_until && now >= id.timewait_until) {
+            id.timewait_until = 0;
+            id.cm = CmState::kIdle;
+            if (id.destroyed) {
+                done.push_back(&id);
+                continue;
+            }
+            if (id.state == IdState::kDisconnect) queue_event(id, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
+        }
+        if (id.deadline && now >= id.deadline) {
+            if (id.retries_left > 0) {
+                id.retries_left--;
+                id.deadline = now + id.retry_ms;
+                send_(id.dev, id.peer_ip, id.mad);
+                stats_.tx_mads++;
+                stats_.retries++;
+            } else {
+                id.deadline = 0;
+                CmState was = id.cm;
+                if (was == CmState::kDreqSent) {
+                    enter_timewait(id);
+                    if (!id.destroyed && id.state == IdState::kConnect) {
+                        id.state = IdState::kDisconnect;
+                        queue_event(id, RDMA_CM_EVENT_DISCONNECTED, -ETIMEDOUT);
+                    }
+                } else {
+                    cm_reset(id);
+                    if (id.destroyed)
+                        done.push_back(&id);
+                    else if (id.state == IdState::kConnect)
+                        queue_event(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+                }
+            }
+        }
+        for (uint64_t t : {id.deadline, id.timewait_until})
+            if (t) next = next < 0 ? int64_t(t - now) : std::min<int64_t>(next, int64_t(t - now));
+    }
+    for (Id *id : done)
+        free_id(id);
+    return int(next < 0 ? -1 : std::max<int64_t>(next, 1));
+}
+
+} // namespace sroce::agent

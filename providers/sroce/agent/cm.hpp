@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: MIT
+//
+// Connection management in the agent: the rdma_cm of the kernel's
+// drivers/infiniband/core/cma.c (ids, addresses, ports, listeners, events)
+// over the InfiniBand CM of cm.c (REQ/REP/RTU/REJ/MRA/DREQ/DREP/SIDR on QP1,
+// retransmission, timewait), served to processes through the kernel's
+// rdma_ucm command ABI (<rdma/rdma_user_cm.h>), so that rdma-core's own
+// librdmacm runs over it unchanged (docs/connection-manager.md).
+//
+// Single-threaded: the agent's loop calls everything here.
+#pragma once
+
+#include "agent_proto.hpp"
+#include "cm_wire.hpp"
+
+#include <rdma/rdma_user_cm.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <netinet/in.h>
+#include <string>
+#include <vector>
+
+namespace sroce::agent {
+
+// A device as one process knows it: what the ucma ABI reports about it must
+// match what that process's libibverbs says (GUID, index).
+struct CmDevice {
+    uint32_t addr = 0; // IPv4, network order
+    uint64_t guid = 0; // node GUID as stored in ibv_device_attr (network order bytes)
+    uint32_t index = 0;
+    uint8_t mtu = 3; // ibv_mtu of the port
+    char name[64] = {};
+};
+
+// Sends a 256-byte MAD from the device at `local` to QP1 at `remote`.
+using MadSender = std::function<void(uint32_t local, uint32_t remote, const uint8_t *mad)>;
+
+class Cm {
+  public:
+    explicit Cm(MadSender send);
+    ~Cm();
+
+    // A process's event channel: `event_fd` gets one byte per event queued
+    // (what poll(2) on the rdma_cm file sees), the events themselves are
+    // fetched with GET_EVENT.  Returns the channel's number.
+    uint32_t open_channel(int event_fd, pid_t pid, std::vector<CmDevice> devs);
+    // The process closed the file (or died): its ids go as on close(2).
+    void close_channel(uint32_t ch);
+    // One rdma_ucm command of channel `ch`: `in` is the command struct after
+    // its header (with any user pointer's data inlined by the process), the
+    // reply's bytes go to `out` (at most out_cap).  Returns 0 or an errno.
+    int command(uint32_t ch, uint32_t cmd, const uint8_t *in, size_t in_len, uint8_t *out,
+                size_t out_cap, size_t *out_len);
+
+    // A MAD that reached QP1 of the device at `local`, sent from `remote`.
+    void receive(uint32_t local, uint32_t remote, const uint8_t *mad, size_t len);
+
+    // Milliseconds until the next timer, or -1 with none; fires due ones.
+    int timers(uint64_t now_ms);
+
+    struct Stats {
+        uint64_t rx_mads = 0, tx_mads = 0, rx_bad = 0, retries = 0;
+    };
+    const Stats &stats() const { return stats_; }
+
+    struct Id;
+    struct Channel;
+
+  private:
+    // rdma_cm layer
+    int create_id(Channel &c, const rdma_ucm_create_id &cmd, uint8_t *out, size_t *out_len);
+    int destroy_id(Channel &c, uint32_t id, uint8_t *out, size_t *out_len);
+    int bind(Id &id, const sockaddr *sa, size_t len);
+    int resolve_addr(Id &id, const sockaddr *src, const sockaddr *dst, uint32_t timeout_ms);
+    int resolve_route(Id &id);
+    int query_route(Id &id, uint8_t *out, size_t *out_len);
+    int query(Id &id, uint32_t option, uint8_t *out, size_t cap, size_t *out_len);
+    int connect(Id &id, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece);
+    int listen(Id &id, uint32_t backlog);
+    int accept(Id &id, uint64_t uid, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece,
+               bool has_param);
+    int reject(Id &id, const rdma_ucm_reject &cmd);
+    int disconnect(Id &id);
+    int init_qp_attr(Id &id, uint32_t state, uint8_t *out, size_t *out_len);
+    int get_event(Channel &c, uint8_t *out, size_t cap, size_t *out_len);
+    int set_option(Id &id, uint32_t level, uint32_t name, const uint8_t *val, uint32_t len);
+    int notify(Id &id, uint32_t event);
+    int migrate(Channel &to, uint32_t from_ch, uint32_t id, uint8_t *out, size_t *out_len);
+
+    Id *find_id(uint32_t handle);
+    CmDevice *device_of(Channel &c, uint32_t addr);
+    bool port_free(const Id &id, uint16_t port) const;
+    uint16_t ephemeral_port(const Id &id) const;
+    void queue_event(Id &id, uint32_t event, int status);
+    rdma_ucm_event_resp &queue_event_resp(Id &id, uint32_t event, int status);
+    void free_id(Id *id);
+
+    // InfiniBand CM layer
+    void recv_req(uint32_t local, uint32_t remote, const cm::Mad &m);
+    void recv_rep(const cm::Mad &m);
+    void recv_rtu(const cm::Mad &m);
+    void recv_rej(const cm::Mad &m);
+    void recv_mra(const cm::Mad &m);
+    void recv_dreq(uint32_t local, uint32_t remote, const cm::Mad &m);
+    void recv_drep(const cm::Mad &m);
+    void send_mad(Id &id, uint16_t attr, const uint8_t *body, bool retry, uint32_t timeout_ms);
+    void reply_mad(uint32_t local, uint32_t remote, uint64_t tid, uint16_t attr,
+                   const uint8_t *body);
+    void send_rej(Id &id, uint16_t reason, uint8_t msg_rejected, const uint8_t *pd, size_t pd_len);
+    void send_dreq(Id &id);
+    void send_drep(Id &id);
+    void enter_timewait(Id &id);
+    void cm_reset(Id &id);
+    Id *by_local_comm(uint32_t local_comm);
+
+    MadSender send_;
+    Stats stats_;
+    std::map<uint32_t, std::unique_ptr<Channel>> channels_;
+    std::map<uint32_t, std::unique_ptr<Id>> ids_;
+    uint32_t next_channel_ = 1, next_id_ = 1, next_comm_ = 0;
+    uint32_t comm_xor_ = 0;
+};
+
+} // namespace sroce::agent
