@@ -600,6 +600,9 @@ int Cm::resolve_addr(Id &id, const sockaddr *srcp, const sockaddr *dstp, uint32_
     }
     id.dst = dst;
     uint32_t src = id.src.sin_addr.s_addr;
+    // To a device's own address the path is that device (the kernel routes
+    // a local destination through lo back to the netdev that owns it).
+    if (is_any(src) && device_of(c, dst.sin_addr.s_addr)) src = dst.sin_addr.s_addr;
     if (is_any(src)) src = route_source(dst.sin_addr.s_addr);
     if (!src) return ENETUNREACH;
     id.state = IdState::kAddrQuery;

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# rdma_cm over sroce (docs/connection-manager.md): Debian's unmodified
+# rdmacm-utils and perftest, linked against rdma-core's own librdmacm,
+# connect through the sroce agent's connection manager.  Server and client
+# are separate processes on two devices on lo; each must exit 0 with its
+# data checked (rping -v verifies every ping, ucmatose and rdma_server/
+# rdma_client check their transfers, rstream checks its stream).  Faults: a
+# client whose server is gone gets REJECTED, a peer killed after the
+# connection is established ends its partner with an error, never a hang;
+# garbage datagrams to QP1 are counted and dropped.
+#
+# Usage: test_rdma_cm.sh BUILD-DIR
+# ctest: TIMEOUT=400 RESOURCE_LOCK=lo-127.0.10.1,lo-127.0.10.2
+set -euo pipefail
+
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+sroce_init "${1:?usage: $0 BUILD-DIR}"
+require_cmds ss timeout rping ucmatose rdma_server rdma_client rstream cmtime ib_write_bw
+require_loopback
+sroce_config sroce0 127.0.10.1 sroce1 127.0.10.2
+private_agent
+# Started first, so that the first server is not still starting it when its
+# client's REQ arrives (a REQ to a port nobody listens on is rejected).
+"$SROCE_BIN" agent start
+S=127.0.10.1
+
+# cm_pair NAME PORT SERVER-CMD... -- CLIENT-CMD...: like run_pair, for
+# programs whose server listens on an rdma_cm port (not TCP): the client
+# starts once the server's process is up, and retries are left to the CM
+# (a REQ to a port nobody listens on yet is rejected, so wait a little).
+cm_pair() {
+	local name=$1 server=() client=() seen=0 arg
+	shift
+	for arg in "$@"; do
+		if ((!seen)) && [[ $arg == -- ]]; then
+			seen=1
+			continue
+		fi
+		if ((seen)); then client+=("$arg"); else server+=("$arg"); fi
+	done
+	sroce_bg "$WORK/$name.server" "${server[@]}"
+	local spid=$BG_PID
+	sleep 1
+	local crc=0
+	timeout -k 5 60 "$SROCE_BIN" exec -- "${client[@]}" >"$WORK/$name.client" 2>&1 || crc=$?
+	bg_wait "$spid"
+	if ((crc == 0 && BG_RC == 0)); then
+		return 0
+	fi
+	{
+		echo "--- $name: client exit $crc, server exit $BG_RC"
+		echo "--- server: ${server[*]}"
+		cat "$WORK/$name.server"
+		echo "--- client: ${client[*]}"
+		cat "$WORK/$name.client"
+	} >&2
+	return 1
+}
+
+# --- the programs ---------------------------------------------------------------
+if cm_pair rping rping -s -a $S -p 7471 -v -C 20 -- rping -c -a $S -p 7471 -v -C 20 &&
+	[[ $(grep -c 'ping data: rdma-ping-' "$WORK/rping.client") == 20 ]]; then
+	pass "rping -v: 20 pings, every one verified"
+else
+	fail "rping -v"
+fi
+if cm_pair rpingq rping -s -q -a $S -p 7472 -C 20 -- rping -c -q -a $S -p 7472 -C 20; then
+	pass "rping -q (QPs created by the program, rdma_init_qp_attr, rdma_establish)"
+else
+	fail "rping -q"
+fi
+if cm_pair ucmatose ucmatose -b $S -c 4 -C 50 -- ucmatose -s $S -c 4 -C 50 &&
+	grep -q 'return status 0' "$WORK/ucmatose.client"; then
+	pass "ucmatose: 4 connections, 50 messages each"
+else
+	fail "ucmatose"
+fi
+if cm_pair ucmatose-m ucmatose -m -b $S -- ucmatose -m -s $S; then
+	pass "ucmatose -m (rdma_migrate_id)"
+else
+	fail "ucmatose -m"
+fi
+if cm_pair rdma_server rdma_server -s $S -p 7473 -- rdma_client -s $S -p 7473 &&
+	grep -q 'rdma_client: end 0' "$WORK/rdma_server.client"; then
+	pass "rdma_server/rdma_client (rdma_getaddrinfo, rdma_create_ep, synchronous ids)"
+else
+	fail "rdma_server/rdma_client"
+fi
+if cm_pair rstream rstream -b $S -p 7474 -S 65536 -C 200 -- rstream -s $S -p 7474 -S 65536 -C 200; then
+	pass "rstream (rsockets): $(awk '/^custom/ { print $7 " Gb/s" }' "$WORK/rstream.client")"
+else
+	fail "rstream"
+fi
+# cmtime's server serves until it is stopped.
+sroce_bg "$WORK/cmtime.server" cmtime -b $S -p 7475 -c 50
+cmtime_srv=$BG_PID
+sleep 0.7
+if timeout -k 5 60 "$SROCE_BIN" exec -- cmtime -s $S -p 7475 -c 50 >"$WORK/cmtime.client" 2>&1; then
+	pass "cmtime, 50 connections: $(awk '/^connect *:/ { print $(NF) " us/conn" }' "$WORK/cmtime.client")"
+else
+	fail "cmtime" "$(cat "$WORK/cmtime.client")"
+fi
+kill "$cmtime_srv" 2>/dev/null || true
+bg_wait "$cmtime_srv"
+if cm_pair write_bw ib_write_bw -d sroce0 -x 1 -R -n 2000 -p 7479 -- \
+	ib_write_bw -d sroce1 -x 1 -R -n 2000 -p 7479 $S; then
+	pass "ib_write_bw -R: $(perftest_result "$WORK/write_bw.client") MB/s"
+else
+	fail "ib_write_bw -R"
+fi
+
+# --- faults -----------------------------------------------------------------------
+# Nobody listens: the peer's CM rejects the REQ (invalid service ID, 8).
+out=$(timeout -k 5 30 "$SROCE_BIN" exec -- rping -c -a $S -p 7499 -C 1 2>&1 || true)
+if grep -qE 'REJECTED|reject|rdma_connect|event 8' <<<"$out"; then
+	pass "a connect to a port nobody listens on is rejected"
+else
+	fail "connect without a listener" "$out"
+fi
+# A peer killed after the connection is up: its partner sees the QP fail or
+# DISCONNECTED, and exits; it never hangs.
+sroce_bg "$WORK/kill.server" rping -s -a $S -p 7476 -C 1000000000
+kpid=$BG_PID
+sleep 0.7
+sroce_bg "$WORK/kill.client" rping -c -a $S -p 7476 -C 1000000000
+cpid=$BG_PID
+sleep 2
+victim=$(pgrep -f "^rping -s -a $S -p 7476" || true)
+[[ -n $victim ]] && kill -9 "$victim"
+start=$(now)
+bg_wait "$cpid"
+crc=$BG_RC
+bg_wait "$kpid"
+secs=$(elapsed "$start")
+if [[ -n $victim ]] && ((crc != 124)) && num_between "$secs" -1 60; then
+	pass "a client whose server was killed ends (exit $crc) in ${secs}s"
+else
+	fail "peer killed after ESTABLISHED" "client exit $crc after ${secs}s: $(tail -n 3 "$WORK/kill.client")"
+fi
+# Garbage to QP1: counted, dropped, and the CM still works.
+python3 - "$S" <<'PY'
+import socket, sys, os
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.10.2", 0))
+for i in range(200):
+    # A BTH for QP1 followed by junk of every length.
+    pkt = bytes([0x64, 0, 0xff, 0xff, 0, 0, 0, 1, 0x80, 0, 0, i]) + os.urandom(i * 3)
+    s.sendto(pkt, (sys.argv[1], 4791))
+PY
+if cm_pair rping-after rping -s -a $S -p 7477 -v -C 5 -- rping -c -a $S -p 7477 -v -C 5; then
+	st=$("$SROCE_BIN" -j agent status)
+	pass "garbage to QP1 is dropped and the CM still connects ($(grep -o '"rx_gsi":[0-9]*' <<<"$st" | head -1))"
+else
+	fail "rping after garbage to QP1"
+fi
+
+finish
