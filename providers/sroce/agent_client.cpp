@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
+#include <netinet/in.h>
 #include <spawn.h>
 #include <string>
 #include <sys/socket.h>
@@ -20,6 +21,21 @@
 extern char **environ;
 
 namespace sroce::agent {
+
+void roce_socket_options(int fd, uint32_t addr) {
+    // DF set and an unconnected socket make Linux write IP ID 0, which keeps
+    // the IPv4 header (covered by the ICRC) predictable.
+    int pmtu = IP_PMTUDISC_DO;
+    setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    // Multicast datagrams leave through the device's own interface.
+    in_addr ifaddr{addr};
+    setsockopt(fd, IPPROTO_IP, IP_MULTICAST_IF, &ifaddr, sizeof ifaddr);
+    int buf = 16 << 20;
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf) < 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buf, sizeof buf) < 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+}
 
 std::string socket_name() {
     const char *s = getenv("SROCE_AGENT_SOCKET");

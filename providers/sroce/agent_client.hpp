@@ -19,6 +19,10 @@ struct Lease {
     uint32_t slot = 0;
 };
 
+// The options every device socket gets, whoever makes it (the agent, or a
+// process with SROCE_AGENT=off): DF, the multicast interface, 16 MiB buffers.
+void roce_socket_options(int fd, uint32_t addr);
+
 // A connection to the agent, starting one (`sroce agent start`) when none
 // answers and `start` is set; -1 with errno otherwise.
 int connect_agent(bool start);

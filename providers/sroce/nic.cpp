@@ -216,18 +216,7 @@ int Nic::open_socket() {
 int Nic::open_exclusive() {
     fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd_ < 0) return errno;
-    // DF set and an unconnected socket make Linux write IP ID 0, which keeps
-    // the IPv4 header (covered by the ICRC) predictable.
-    int pmtu = IP_PMTUDISC_DO;
-    setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-    // Multicast datagrams leave through the device's own interface.
-    in_addr ifaddr{dev_->addr};
-    setsockopt(fd_, IPPROTO_IP, IP_MULTICAST_IF, &ifaddr, sizeof ifaddr);
-    int buf = 16 << 20;
-    if (setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf) < 0)
-        setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-    if (setsockopt(fd_, SOL_SOCKET, SO_SNDBUFFORCE, &buf, sizeof buf) < 0)
-        setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    agent::roce_socket_options(fd_, dev_->addr);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_port = htons(wire::kRoceV2Port);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "agent.hpp"
 
+#include "agent_client.hpp"
 #include "agent_proto.hpp"
 #include "cm.hpp"
 #include "icrc.hpp"
@@ -204,18 +205,7 @@ int Agent::new_socket(in_addr_t addr, bool reuseport, std::string &why) {
     }
     int one = 1;
     if (reuseport) setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
-    // DF set and an unconnected socket make Linux write IP ID 0, which keeps
-    // the IPv4 header (covered by the ICRC) predictable.
-    int pmtu = IP_PMTUDISC_DO;
-    setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-    // Multicast datagrams leave through the device's own interface.
-    in_addr ifaddr{addr};
-    setsockopt(fd, IPPROTO_IP, IP_MULTICAST_IF, &ifaddr, sizeof ifaddr);
-    int buf = 16 << 20;
-    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf) < 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buf, sizeof buf) < 0)
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    roce_socket_options(fd, addr);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_port = htons(wire::kRoceV2Port);
