@@ -196,6 +196,18 @@ ssize_t cm_write(int fd, const void *buf, size_t len) {
         m.fd = from->channel;
         std::memcpy(in, &m, sizeof m);
     }
+    // Where the reply goes, checked before the agent acts on the command,
+    // as the kernel would fail the copy (EFAULT) of a command with no
+    // place for its reply.
+    int off = response_offset(hdr.cmd);
+    uint64_t resp = 0;
+    if (off >= 0 && hdr.out) {
+        std::memcpy(&resp, in + off, sizeof resp);
+        if (!resp) {
+            errno = EFAULT;
+            return -1;
+        }
+    }
     alignas(8) uint8_t out[kCmMaxMsg];
     size_t out_len = 0;
     int err;
@@ -221,16 +233,7 @@ ssize_t cm_write(int fd, const void *buf, size_t len) {
         errno = err;
         return -1;
     }
-    int off = response_offset(hdr.cmd);
-    if (off >= 0 && out_len) {
-        uint64_t resp;
-        std::memcpy(&resp, in + off, sizeof resp);
-        if (!resp) {
-            errno = EFAULT;
-            return -1;
-        }
-        std::memcpy(reinterpret_cast<void *>(resp), out, out_len);
-    }
+    if (resp && out_len) std::memcpy(reinterpret_cast<void *>(resp), out, out_len);
     return ssize_t(len);
 }
 

@@ -37,6 +37,49 @@ void roce_socket_options(int fd, uint32_t addr) {
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
 }
 
+ssize_t send_with_fd(int sock, const void *buf, size_t len, int fd) {
+    char ctl[CMSG_SPACE(sizeof(int))] = {};
+    iovec iov{const_cast<void *>(buf), len};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    return sendmsg(sock, &m, MSG_NOSIGNAL);
+}
+
+ssize_t recv_with_fd(int sock, void *buf, size_t len, int flags, int *fd) {
+    char ctl[CMSG_SPACE(sizeof(int) * 4)];
+    iovec iov{buf, len};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    ssize_t n;
+    while ((n = recvmsg(sock, &m, flags | MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
+    }
+    *fd = -1;
+    for (cmsghdr *c = n >= 0 ? CMSG_FIRSTHDR(&m) : nullptr; c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int f;
+            std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+            if (*fd < 0)
+                *fd = f;
+            else
+                close(f);
+        }
+    }
+    return n;
+}
+
 std::string socket_name() {
     const char *s = getenv("SROCE_AGENT_SOCKET");
     return s && *s ? s : "sroce-agent";
@@ -136,47 +179,14 @@ int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int tabl
     snprintf(rq.name, sizeof rq.name, "%s", dev_name);
     snprintf(rq.netdev, sizeof rq.netdev, "%s", netdev);
     rq.addr = addr;
-    char ctl[CMSG_SPACE(sizeof(int))] = {};
-    iovec iov{&rq, sizeof rq};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
-    cmsghdr *c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &table_fd, sizeof(int));
-    if (sendmsg(fd, &m, MSG_NOSIGNAL) < 0) {
+    if (send_with_fd(fd, &rq, sizeof rq, table_fd) < 0) {
         int err = errno;
         close(fd);
         return err;
     }
     OpenReply rep{};
-    char rctl[CMSG_SPACE(sizeof(int) * 4)];
-    iovec riov{&rep, sizeof rep};
-    msghdr r{};
-    r.msg_iov = &riov;
-    r.msg_iovlen = 1;
-    r.msg_control = rctl;
-    r.msg_controllen = sizeof rctl;
-    ssize_t n;
-    while ((n = recvmsg(fd, &r, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
-    }
-    int udp = -1;
-    for (cmsghdr *k = n > 0 ? CMSG_FIRSTHDR(&r) : nullptr; k; k = CMSG_NXTHDR(&r, k)) {
-        if (k->cmsg_level != SOL_SOCKET || k->cmsg_type != SCM_RIGHTS) continue;
-        size_t cnt = (k->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < cnt; i++) {
-            int f;
-            std::memcpy(&f, CMSG_DATA(k) + i * sizeof(int), sizeof f);
-            if (udp < 0)
-                udp = f;
-            else
-                close(f);
-        }
-    }
+    int udp;
+    ssize_t n = recv_with_fd(fd, &rep, sizeof rep, 0, &udp);
     int err = 0;
     if (n != ssize_t(sizeof rep)) {
         err = n < 0 ? errno : EPROTO;

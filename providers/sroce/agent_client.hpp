@@ -5,8 +5,10 @@
 
 #include "agent_proto.hpp"
 
+#include <sys/types.h>
 #include <vector>
 
+#include <sys/types.h>
 #include <vector>
 
 namespace sroce::agent {
@@ -22,6 +24,12 @@ struct Lease {
 // The options every device socket gets, whoever makes it (the agent, or a
 // process with SROCE_AGENT=off): DF, the multicast interface, 16 MiB buffers.
 void roce_socket_options(int fd, uint32_t addr);
+
+// One message with one descriptor attached (SCM_RIGHTS); -1 with errno.
+ssize_t send_with_fd(int sock, const void *buf, size_t len, int fd);
+// One message (retried on EINTR); *fd gets the first descriptor attached
+// (close-on-exec), the others are closed, -1 when none came.
+ssize_t recv_with_fd(int sock, void *buf, size_t len, int flags, int *fd);
 
 // A connection to the agent, starting one (`sroce agent start`) when none
 // answers and `start` is set; -1 with errno otherwise.

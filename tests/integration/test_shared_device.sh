@@ -65,8 +65,11 @@ if [[ -z $dupes ]] && ((rcqps >= 8)); then
 else
 	fail "sroce resource show qp" "duplicate QPNs '$dupes' or no RC QP in:"$'\n'"$out"
 fi
-grep -q 'comm ib_write_bw' <<<"$out" && pass "resource show names the processes" ||
+if grep -q 'comm ib_write_bw' <<<"$out"; then
+	pass "resource show names the processes"
+else
 	fail "resource show names the processes" "in:"$'\n'"$out"
+fi
 bad=0
 for k in "${!pids[@]}"; do
 	bg_wait "${pids[$k]}"

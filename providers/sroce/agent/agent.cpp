@@ -327,19 +327,7 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
     u.dev_name.assign(rq.name, strnlen(rq.name, sizeof rq.name));
     u.table = static_cast<const QpEntry *>(table);
     rep.slot = s;
-    char ctl[CMSG_SPACE(sizeof(int))] = {};
-    iovec iov{&rep, sizeof rep};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
-    cmsghdr *c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &d->socks[s], sizeof(int));
-    if (sendmsg(fd, &m, MSG_NOSIGNAL) < 0) {
+    if (send_with_fd(fd, &rep, sizeof rep, d->socks[s]) < 0) {
         munmap(table, kTableEntries * sizeof(QpEntry));
         u = SlotUse{};
         return;
@@ -417,39 +405,26 @@ json Agent::status() const {
                         {"slots", d->socks.size() - 1},
                         {"processes", used},
                         {"rx_gsi", d->rx_gsi},
+                        {"rx_gsi_dropped", d->rx_gsi_bad},
                         {"rx_unroutable", d->rx_unroutable}});
     }
     return {{"pid", int(getpid())},
             {"version", SROCE_VERSION},
             {"protocol", kProtoVersion},
             {"socket", socket_name()},
+            {"cm",
+             {{"rx_mads", cm_.stats().rx_mads},
+              {"rx_bad_mads", cm_.stats().rx_bad},
+              {"tx_mads", cm_.stats().tx_mads},
+              {"retries", cm_.stats().retries}}},
             {"devices", devs}};
 }
 
 Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
     alignas(8) uint8_t msg[16384];
-    iovec iov{msg, sizeof msg};
-    char ctl[CMSG_SPACE(sizeof(int) * 4)];
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
-    ssize_t n = recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0) return errno == EAGAIN || errno == EINTR ? Served::kKeep : Served::kClose;
-    int table_fd = -1;
-    for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < k; i++) {
-            int f;
-            std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
-            if (table_fd < 0)
-                table_fd = f;
-            else
-                close(f);
-        }
-    }
+    int table_fd;
+    ssize_t n = recv_with_fd(fd, msg, sizeof msg, MSG_DONTWAIT, &table_fd);
+    if (n < 0) return errno == EAGAIN ? Served::kKeep : Served::kClose;
     struct Closer {
         int fd;
         ~Closer() {

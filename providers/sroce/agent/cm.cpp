@@ -235,31 +235,21 @@ CmDevice *Cm::device_of(Channel &c, uint32_t addr) {
     return nullptr;
 }
 
-rdma_ucm_event_resp &Cm::queue_event_resp(Id &id, uint32_t event, int status) {
-    static rdma_ucm_event_resp sink;
+void Cm::queue_event(const Id &id, uint32_t event, int status, rdma_ucm_event_resp e) {
     auto ch = channels_.find(id.ch);
     // ucma queues nothing for an id the process has not taken yet (uid 0:
     // a connection request not accepted) or has let go.
-    if (ch == channels_.end() || id.destroyed || id.uid == 0) {
-        sink = {};
-        return sink;
-    }
-    rdma_ucm_event_resp &e = ch->second->events.emplace_back();
-    e = {};
+    if (ch == channels_.end() || id.destroyed || id.uid == 0) return;
     e.uid = id.uid;
-    e.id = id.handle;
+    if (!e.id) e.id = id.handle;
     e.event = event;
     e.status = uint32_t(status);
+    ch->second->events.push_back(e);
     char b = 1;
     if (send(ch->second->event_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-        // A full token queue only makes poll(2) late, never wrong: the
+        // A full wake-up queue only makes poll(2) late, never wrong: the
         // events are all there for GET_EVENT.
     }
-    return e;
-}
-
-void Cm::queue_event(Id &id, uint32_t event, int status) {
-    queue_event_resp(id, event, status);
 }
 
 int Cm::get_event(Channel &c, uint8_t *out, size_t cap, size_t *out_len) {
@@ -549,14 +539,11 @@ uint16_t Cm::ephemeral_port(const Id &me) const {
 
 int Cm::bind(Id &id, const sockaddr *sa, size_t len) {
     if (id.state != IdState::kIdle) return EINVAL;
-    if (len >= sizeof(sa_family_t) && sa->sa_family == AF_IB) {
-        // librdmacm's probe binds AF_IB to learn whether the kernel speaks
-        // the newer commands; RoCE has no AF_IB addresses to bind to.
-        return EAFNOSUPPORT;
-    }
+    // IPv4 only.  librdmacm's start-up probe binds AF_IB to learn whether
+    // the kernel speaks the newer commands; refused, it uses the older ones
+    // (RoCE has no AF_IB addresses to bind anyway).
     sockaddr_in s;
-    if (len < sizeof s || !ipv4_of(sa, s))
-        return sa->sa_family == AF_INET6 ? EAFNOSUPPORT : EAFNOSUPPORT;
+    if (len < sizeof s || !ipv4_of(sa, s)) return EAFNOSUPPORT;
     uint32_t a = s.sin_addr.s_addr;
     Channel &c = *channels_.at(id.ch);
     bool loopback = (ntohl(a) >> 24) == 127;
@@ -684,26 +671,10 @@ int Cm::query(Id &id, uint32_t option, uint8_t *out, size_t cap, size_t *out_len
     Channel &c = *channels_.at(id.ch);
     CmDevice *d = id.dev ? device_of(c, id.dev) : nullptr;
     switch (option) {
-    case RDMA_USER_CM_QUERY_ADDR: {
-        if (cap < offsetof(rdma_ucm_query_addr_resp, ibdev_index)) return ENOSPC;
-        rdma_ucm_query_addr_resp r{};
-        r.ibdev_index = kInvalidIndex;
-        if (d) {
-            r.node_guid = d->guid;
-            r.port_num = 1;
-            r.ibdev_index = d->index;
-        }
-        r.pkey = htons(0xFFFF);
-        r.src_size = sizeof(sockaddr_in);
-        r.dst_size = sizeof(sockaddr_in);
-        std::memcpy(&r.src_addr, &id.src, sizeof id.src);
-        std::memcpy(&r.dst_addr, &id.dst, sizeof id.dst);
-        size_t n = std::min(cap, sizeof r);
-        std::memcpy(out, &r, n);
-        *out_len = n;
-        return 0;
-    }
+    case RDMA_USER_CM_QUERY_ADDR:
     case RDMA_USER_CM_QUERY_GID: {
+        // The same answer; QUERY_GID gives the addresses as sockaddr_ib
+        // (family, P_Key, flow info, then the 16-byte GID).
         if (cap < offsetof(rdma_ucm_query_addr_resp, ibdev_index)) return ENOSPC;
         rdma_ucm_query_addr_resp r{};
         r.ibdev_index = kInvalidIndex;
@@ -713,18 +684,21 @@ int Cm::query(Id &id, uint32_t option, uint8_t *out, size_t cap, size_t *out_len
             r.ibdev_index = d->index;
         }
         r.pkey = htons(0xFFFF);
-        // sockaddr_ib: family, pkey, flowinfo, then the 16-byte GID.
-        r.src_size = r.dst_size = 48;
-        auto put_ib = [](__kernel_sockaddr_storage &s, uint32_t a) {
-            uint8_t *p = reinterpret_cast<uint8_t *>(&s);
-            uint16_t fam = AF_IB;
-            std::memcpy(p, &fam, 2);
-            uint16_t pkey = htons(0xFFFF);
-            std::memcpy(p + 2, &pkey, 2);
-            mapped_gid(a, p + 8);
-        };
-        put_ib(r.src_addr, id.src.sin_addr.s_addr);
-        put_ib(r.dst_addr, id.dst.sin_addr.s_addr);
+        if (option == RDMA_USER_CM_QUERY_ADDR) {
+            r.src_size = r.dst_size = sizeof(sockaddr_in);
+            std::memcpy(&r.src_addr, &id.src, sizeof id.src);
+            std::memcpy(&r.dst_addr, &id.dst, sizeof id.dst);
+        } else {
+            r.src_size = r.dst_size = 48;
+            for (auto [sa, a] : {std::pair{&r.src_addr, id.src.sin_addr.s_addr},
+                                 std::pair{&r.dst_addr, id.dst.sin_addr.s_addr}}) {
+                uint8_t *p = reinterpret_cast<uint8_t *>(sa);
+                uint16_t fam = AF_IB, pkey = htons(0xFFFF);
+                std::memcpy(p, &fam, 2);
+                std::memcpy(p + 2, &pkey, 2);
+                mapped_gid(a, p + 8);
+            }
+        }
         size_t n = std::min(cap, sizeof r);
         std::memcpy(out, &r, n);
         *out_len = n;
@@ -774,11 +748,10 @@ int Cm::listen(Id &id, uint32_t backlog) {
         if (int e = bind(id, reinterpret_cast<sockaddr *>(&any), sizeof any)) return e;
     }
     if (id.state != IdState::kAddrBound) return EINVAL;
-    bool reuse = id.reuseaddr;
+    // A listener shares its port with nobody: checked again without
+    // REUSEADDR, which it then loses (cma.c does the same).
     id.reuseaddr = false;
-    bool ok = port_free(id, id.src.sin_port);
-    id.reuseaddr = reuse && false;
-    if (!ok) return EADDRINUSE;
+    if (!port_free(id, id.src.sin_port)) return EADDRINUSE;
     id.backlog = backlog == 0 || backlog > kMaxBacklog ? kMaxBacklog : backlog;
     id.state = IdState::kListen;
     return 0;
@@ -926,11 +899,8 @@ int Cm::connect(Id &id, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece) {
     id.tid = uint64_t(0x5352) << 48 | id.local_comm;
     id.cm = CmState::kReqSent;
     id.max_cm_retries = kMaxCmRetries;
-    send_mad(id, kReq, b, true, 2 * conv_ms(plt) + conv_ms(kCmResponseTimeout));
-    id.mad[20] = 0; // attr_mod carries ECE's attr_mod
-    wire::put32(id.mad + 20, ece.attr_mod);
-    send_(id.dev, id.peer_ip, id.mad);
-    stats_.tx_mads++;
+    // The MAD header's attribute modifier carries ECE's.
+    send_mad(id, kReq, b, 2 * conv_ms(plt) + conv_ms(kCmResponseTimeout), ece.attr_mod);
     return 0;
 }
 
@@ -944,7 +914,7 @@ int Cm::accept(Id &id, uint64_t uid, const rdma_ucm_conn_param &p, const rdma_uc
         uint8_t b[kCmDataLen] = {};
         set(b, kLocalCommId, id.local_comm);
         set(b, kRemoteCommId, id.remote_comm);
-        send_mad(id, kRtu, b, false, 0);
+        send_mad(id, kRtu, b);
         id.cm = CmState::kEstablished;
         return 0;
     }
@@ -977,10 +947,7 @@ int Cm::accept(Id &id, uint64_t uid, const rdma_ucm_conn_param &p, const rdma_uc
     set(b, rep::kVendorIdL, ece.vendor_id & 0xFF);
     std::memcpy(b + rep::kPrivateData, p.private_data, p.private_data_len);
     id.cm = CmState::kRepSent;
-    send_mad(id, kRep, b, true, id.cm_timeout_ms);
-    wire::put32(id.mad + 20, ece.attr_mod);
-    send_(id.dev, id.peer_ip, id.mad);
-    stats_.tx_mads++;
+    send_mad(id, kRep, b, id.cm_timeout_ms, ece.attr_mod);
     return 0;
 }
 
@@ -1065,21 +1032,18 @@ int Cm::init_qp_attr(Id &id, uint32_t state, uint8_t *out, size_t *out_len) {
 
 // ------------------------------------------------------------ the IB CM
 
-void Cm::send_mad(Id &id, uint16_t attr, const uint8_t *body, bool retry, uint32_t timeout_ms) {
+void Cm::send_mad(Id &id, uint16_t attr, const uint8_t *body, uint32_t timeout_ms,
+                  uint32_t attr_mod) {
     cm::MadHdr h;
     h.attr_id = attr;
     h.tid = id.tid;
+    h.attr_mod = attr_mod;
     std::memset(id.mad, 0, sizeof id.mad);
     h.store(id.mad);
     std::memcpy(id.mad + cm::kMadHdrLen, body, cm::kCmDataLen);
-    if (retry) {
-        id.retries_left = id.max_cm_retries;
-        id.retry_ms = timeout_ms;
-        id.deadline = now_ms() + timeout_ms;
-        // The caller sends it (after filling the header's attr_mod).
-        return;
-    }
-    id.deadline = 0;
+    id.retries_left = timeout_ms ? id.max_cm_retries : 0;
+    id.retry_ms = timeout_ms;
+    id.deadline = timeout_ms ? now_ms() + timeout_ms : 0;
     send_(id.dev, id.peer_ip, id.mad);
     stats_.tx_mads++;
 }
@@ -1112,7 +1076,7 @@ void Cm::send_rej(Id &id, uint16_t reason, uint8_t msg_rejected, const uint8_t *
         }
     }
     if (pd && pd_len) std::memcpy(b + rej::kPrivateData, pd, pd_len);
-    send_mad(id, kRej, b, false, 0);
+    send_mad(id, kRej, b);
 }
 
 void Cm::send_dreq(Id &id) {
@@ -1125,9 +1089,7 @@ void Cm::send_dreq(Id &id) {
     id.cm = CmState::kDreqSent;
     uint32_t t = id.cm_timeout_ms ? id.cm_timeout_ms
                                   : 2 * conv_ms(kPacketLifeTime) + conv_ms(kCmResponseTimeout);
-    send_mad(id, kDreq, b, true, t);
-    send_(id.dev, id.peer_ip, id.mad);
-    stats_.tx_mads++;
+    send_mad(id, kDreq, b, t);
 }
 
 void Cm::send_drep(Id &id) {
@@ -1136,7 +1098,7 @@ void Cm::send_drep(Id &id) {
     set(b, kLocalCommId, id.local_comm);
     set(b, kRemoteCommId, id.remote_comm);
     enter_timewait(id);
-    send_mad(id, kDrep, b, false, 0);
+    send_mad(id, kDrep, b);
 }
 
 void Cm::enter_timewait(Id &id) {
@@ -1278,8 +1240,7 @@ void Cm::recv_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
     id.cm = CmState::kMraReqSent;
     lis->pending++;
     // The event belongs to the listener (uid), naming the new id.
-    Id shadow = *lis;
-    rdma_ucm_event_resp &e = queue_event_resp(shadow, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+    rdma_ucm_event_resp e{};
     e.id = id.handle;
     e.param.conn.qp_num = qpn;
     e.param.conn.responder_resources = id.responder_resources;
@@ -1293,6 +1254,7 @@ void Cm::recv_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
                 req::kPrivateDataLen - CmaHdr::kLen);
     e.ece.vendor_id = uint32_t(m.field(req::kVendorId));
     e.ece.attr_mod = m.hdr.attr_mod;
+    queue_event(*lis, RDMA_CM_EVENT_CONNECT_REQUEST, 0, e);
 }
 
 void Cm::recv_rep(const cm::Mad &m) {
@@ -1305,7 +1267,7 @@ void Cm::recv_rep(const cm::Mad &m) {
         uint8_t b[kCmDataLen] = {};
         set(b, kLocalCommId, id->local_comm);
         set(b, kRemoteCommId, id->remote_comm);
-        send_mad(*id, kRtu, b, false, 0);
+        send_mad(*id, kRtu, b);
         return;
     }
     if (id->cm != CmState::kReqSent && id->cm != CmState::kMraReqRcvd) return;
@@ -1321,7 +1283,7 @@ void Cm::recv_rep(const cm::Mad &m) {
     id->local_ack_timeout = ack_timeout(uint8_t(m.field(rep::kTargetAckDelay)), plt);
     id->tid = m.hdr.tid;
     id->cm = CmState::kMraRepSent;
-    rdma_ucm_event_resp &e = queue_event_resp(*id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0);
+    rdma_ucm_event_resp e{};
     e.param.conn.qp_num = id->remote_qpn;
     e.param.conn.responder_resources = id->responder_resources;
     e.param.conn.initiator_depth = id->initiator_depth;
@@ -1333,6 +1295,7 @@ void Cm::recv_rep(const cm::Mad &m) {
     e.ece.vendor_id = uint32_t(m.field(rep::kVendorIdH) << 16 | m.field(rep::kVendorIdM) << 8 |
                                m.field(rep::kVendorIdL));
     e.ece.attr_mod = m.hdr.attr_mod;
+    queue_event(*id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, e);
 }
 
 void Cm::recv_rtu(const cm::Mad &m) {
@@ -1396,9 +1359,10 @@ void Cm::recv_rej(const cm::Mad &m) {
         return;
     }
     if (id->state != IdState::kConnect) return;
-    rdma_ucm_event_resp &e = queue_event_resp(*id, RDMA_CM_EVENT_REJECTED, reason);
+    rdma_ucm_event_resp e{};
     e.param.conn.private_data_len = rej::kPrivateDataLen;
     std::memcpy(e.param.conn.private_data, m.body + rej::kPrivateData, rej::kPrivateDataLen);
+    queue_event(*id, RDMA_CM_EVENT_REJECTED, reason, e);
 }
 
 void Cm::recv_dreq(uint32_t local, uint32_t remote, const cm::Mad &m) {

@@ -95,8 +95,9 @@ class Cm {
     CmDevice *device_of(Channel &c, uint32_t addr);
     bool port_free(const Id &id, uint16_t port) const;
     uint16_t ephemeral_port(const Id &id) const;
-    void queue_event(Id &id, uint32_t event, int status);
-    rdma_ucm_event_resp &queue_event_resp(Id &id, uint32_t event, int status);
+    // Queues `e` as `event` of `id` (e.id names another id when set: a
+    // connection request's new one) and wakes the channel's file.
+    void queue_event(const Id &id, uint32_t event, int status, rdma_ucm_event_resp e = {});
     void free_id(Id *id);
 
     // InfiniBand CM layer
@@ -107,7 +108,10 @@ class Cm {
     void recv_mra(const cm::Mad &m);
     void recv_dreq(uint32_t local, uint32_t remote, const cm::Mad &m);
     void recv_drep(const cm::Mad &m);
-    void send_mad(Id &id, uint16_t attr, const uint8_t *body, bool retry, uint32_t timeout_ms);
+    // Sends `body` as message `attr` of the id's connection; with a timeout,
+    // again after each until the retries run out (timers()).
+    void send_mad(Id &id, uint16_t attr, const uint8_t *body, uint32_t timeout_ms = 0,
+                  uint32_t attr_mod = 0);
     void reply_mad(uint32_t local, uint32_t remote, uint64_t tid, uint16_t attr,
                    const uint8_t *body);
     void send_rej(Id &id, uint16_t reason, uint8_t msg_rejected, const uint8_t *pd, size_t pd_len);
