@@ -48,6 +48,7 @@ F next(const char *name) {
 struct CmFile {
     int commands = -1;
     uint32_t channel = 0;
+    ino_t ino = 0; // the events socket's, to tell it from a file that took its number
     std::mutex mu; // one command at a time on the command socket
 };
 
@@ -66,6 +67,24 @@ std::shared_ptr<CmFile> cm_file(int fd) {
     std::lock_guard<std::mutex> g(g_files_mu);
     auto it = g_files.find(fd);
     return it == g_files.end() ? nullptr : it->second;
+}
+
+// The rdma_cm file behind `fd`, or nullptr when the number now names
+// another file (dup2() over it, close_range(), a close the shim did not
+// see): then the channel is forgotten and the call is the C library's.
+std::shared_ptr<CmFile> live_cm_file(int fd) {
+    std::shared_ptr<CmFile> f = cm_file(fd);
+    if (!f) return nullptr;
+    static auto real_fstat = next<int (*)(int, struct stat *)>("fstat");
+    struct stat st;
+    if (real_fstat(fd, &st) == 0 && st.st_ino == f->ino) return f;
+    {
+        std::lock_guard<std::mutex> g(g_files_mu);
+        if (auto it = g_files.find(fd); it != g_files.end() && it->second == f) g_files.erase(it);
+        g_is_cm[fd].store(0, std::memory_order_release);
+    }
+    next<int (*)(int)>("close")(f->commands);
+    return nullptr;
 }
 
 bool want_cm(const char *path) {
@@ -91,6 +110,8 @@ int cm_open(int flags) {
     auto f = std::make_shared<CmFile>();
     f->commands = ch.commands;
     f->channel = ch.number;
+    struct stat st;
+    if (next<int (*)(int, struct stat *)>("fstat")(ch.events, &st) == 0) f->ino = st.st_ino;
     {
         std::lock_guard<std::mutex> g(g_files_mu);
         g_files[ch.events] = f;
@@ -152,12 +173,7 @@ int transact(CmFile &f, uint32_t cmd, const uint8_t *in, size_t in_len, uint8_t 
     return 0;
 }
 
-ssize_t cm_write(int fd, const void *buf, size_t len) {
-    std::shared_ptr<CmFile> f = cm_file(fd);
-    if (!f) {
-        errno = EBADF;
-        return -1;
-    }
+ssize_t cm_write(int fd, const std::shared_ptr<CmFile> &f, const void *buf, size_t len) {
     rdma_ucm_cmd_hdr hdr;
     if (len < sizeof hdr) {
         errno = EINVAL;
@@ -273,31 +289,28 @@ __attribute__((visibility("default"))) int open64(const char *path, int flags, .
 }
 
 __attribute__((visibility("default"))) ssize_t write(int fd, const void *buf, size_t len) {
-    if (is_cm(fd)) return cm_write(fd, buf, len);
+    if (is_cm(fd))
+        if (std::shared_ptr<CmFile> f = live_cm_file(fd)) return cm_write(fd, f, buf, len);
     static auto real = next<ssize_t (*)(int, const void *, size_t)>("write");
     return real(fd, buf, len);
 }
 
 __attribute__((visibility("default"))) int close(int fd) {
     static auto real = next<int (*)(int)>("close");
-    if (is_cm(fd)) {
-        std::shared_ptr<CmFile> f;
-        {
-            std::lock_guard<std::mutex> g(g_files_mu);
-            auto it = g_files.find(fd);
-            if (it != g_files.end()) {
-                f = it->second;
-                g_files.erase(it);
+    if (is_cm(fd))
+        if (std::shared_ptr<CmFile> f = live_cm_file(fd)) {
+            {
+                std::lock_guard<std::mutex> g(g_files_mu);
+                g_files.erase(fd);
+                g_is_cm[fd].store(0, std::memory_order_release);
             }
-            g_is_cm[fd].store(0, std::memory_order_release);
+            real(f->commands);
         }
-        if (f) real(f->commands);
-    }
     return real(fd);
 }
 
 __attribute__((visibility("default"))) int fstat(int fd, struct stat *st) {
-    if (is_cm(fd)) {
+    if (is_cm(fd) && live_cm_file(fd)) {
         fill_stat(st);
         return 0;
     }
@@ -306,7 +319,7 @@ __attribute__((visibility("default"))) int fstat(int fd, struct stat *st) {
 }
 
 __attribute__((visibility("default"))) int fstat64(int fd, struct stat64 *st) {
-    if (is_cm(fd)) {
+    if (is_cm(fd) && live_cm_file(fd)) {
         fill_stat(reinterpret_cast<struct stat *>(st));
         return 0;
     }
@@ -315,7 +328,7 @@ __attribute__((visibility("default"))) int fstat64(int fd, struct stat64 *st) {
 }
 
 __attribute__((visibility("default"))) int __fxstat(int ver, int fd, struct stat *st) {
-    if (is_cm(fd)) {
+    if (is_cm(fd) && live_cm_file(fd)) {
         fill_stat(st);
         return 0;
     }

@@ -12,27 +12,36 @@
 # garbage datagrams to QP1 are counted and dropped.
 #
 # Usage: test_rdma_cm.sh BUILD-DIR
-# ctest: TIMEOUT=400 RESOURCE_LOCK=lo-127.0.10.1,lo-127.0.10.2
+# ctest: TIMEOUT=400 RESOURCE_LOCK=lo-127.0.19.1,lo-127.0.19.2
 set -euo pipefail
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 sroce_init "${1:?usage: $0 BUILD-DIR}"
 require_cmds ss timeout rping ucmatose rdma_server rdma_client rstream cmtime ib_write_bw
 require_loopback
-sroce_config sroce0 127.0.10.1 sroce1 127.0.10.2
+sroce_config sroce0 127.0.19.1 sroce1 127.0.19.2
 private_agent
-# Started first, so that the first server is not still starting it when its
-# client's REQ arrives (a REQ to a port nobody listens on is rejected).
 "$SROCE_BIN" agent start
-S=127.0.10.1
+S=127.0.19.1
+
+# wait_cm_listen PORT PID: waits until the agent lists an rdma_cm listener
+# on PORT (up to 15 s); fails early when PID has exited.
+wait_cm_listen() {
+	local i
+	for ((i = 0; i < 150; i++)); do
+		"$SROCE_BIN" -j agent status 2>/dev/null | grep -q "\"port\":$1[,}]" && return 0
+		kill -0 "$2" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
 
 # cm_pair NAME PORT SERVER-CMD... -- CLIENT-CMD...: like run_pair, for
 # programs whose server listens on an rdma_cm port (not TCP): the client
-# starts once the server's process is up, and retries are left to the CM
-# (a REQ to a port nobody listens on yet is rejected, so wait a little).
+# starts once the agent lists the server's listener on PORT.
 cm_pair() {
-	local name=$1 server=() client=() seen=0 arg
-	shift
+	local name=$1 port=$2 server=() client=() seen=0 arg
+	shift 2
 	for arg in "$@"; do
 		if ((!seen)) && [[ $arg == -- ]]; then
 			seen=1
@@ -41,10 +50,14 @@ cm_pair() {
 		if ((seen)); then client+=("$arg"); else server+=("$arg"); fi
 	done
 	sroce_bg "$WORK/$name.server" "${server[@]}"
-	local spid=$BG_PID
-	sleep 1
-	local crc=0
-	timeout -k 5 60 "$SROCE_BIN" exec -- "${client[@]}" >"$WORK/$name.client" 2>&1 || crc=$?
+	local spid=$BG_PID crc=0
+	if wait_cm_listen "$port" "$spid"; then
+		timeout -k 5 60 "$SROCE_BIN" exec -- "${client[@]}" >"$WORK/$name.client" 2>&1 || crc=$?
+	else
+		crc=1
+		echo "the server never listened on rdma_cm port $port" >"$WORK/$name.client"
+		kill "$spid" 2>/dev/null || true
+	fi
 	bg_wait "$spid"
 	if ((crc == 0 && BG_RC == 0)); then
 		return 0
@@ -60,35 +73,35 @@ cm_pair() {
 }
 
 # --- the programs ---------------------------------------------------------------
-if cm_pair rping rping -s -a $S -p 7471 -v -C 20 -- rping -c -a $S -p 7471 -v -C 20 &&
+if cm_pair rping 7471 rping -s -a $S -p 7471 -v -C 20 -- rping -c -a $S -p 7471 -v -C 20 &&
 	[[ $(grep -c 'ping data: rdma-ping-' "$WORK/rping.client") == 20 ]]; then
 	pass "rping -v: 20 pings, every one verified"
 else
 	fail "rping -v"
 fi
-if cm_pair rpingq rping -s -q -a $S -p 7472 -C 20 -- rping -c -q -a $S -p 7472 -C 20; then
+if cm_pair rpingq 7472 rping -s -q -a $S -p 7472 -C 20 -- rping -c -q -a $S -p 7472 -C 20; then
 	pass "rping -q (QPs created by the program, rdma_init_qp_attr, rdma_establish)"
 else
 	fail "rping -q"
 fi
-if cm_pair ucmatose ucmatose -b $S -c 4 -C 50 -- ucmatose -s $S -c 4 -C 50 &&
+if cm_pair ucmatose 7471 ucmatose -b $S -c 4 -C 50 -- ucmatose -s $S -c 4 -C 50 &&
 	grep -q 'return status 0' "$WORK/ucmatose.client"; then
 	pass "ucmatose: 4 connections, 50 messages each"
 else
 	fail "ucmatose"
 fi
-if cm_pair ucmatose-m ucmatose -m -b $S -- ucmatose -m -s $S; then
+if cm_pair ucmatose-m 7471 ucmatose -m -b $S -- ucmatose -m -s $S; then
 	pass "ucmatose -m (rdma_migrate_id)"
 else
 	fail "ucmatose -m"
 fi
-if cm_pair rdma_server rdma_server -s $S -p 7473 -- rdma_client -s $S -p 7473 &&
+if cm_pair rdma_server 7473 rdma_server -s $S -p 7473 -- rdma_client -s $S -p 7473 &&
 	grep -q 'rdma_client: end 0' "$WORK/rdma_server.client"; then
 	pass "rdma_server/rdma_client (rdma_getaddrinfo, rdma_create_ep, synchronous ids)"
 else
 	fail "rdma_server/rdma_client"
 fi
-if cm_pair rstream rstream -b $S -p 7474 -S 65536 -C 200 -- rstream -s $S -p 7474 -S 65536 -C 200; then
+if cm_pair rstream 7474 rstream -b $S -p 7474 -S 65536 -C 200 -- rstream -s $S -p 7474 -S 65536 -C 200; then
 	pass "rstream (rsockets): $(awk '/^custom/ { print $7 " Gb/s" }' "$WORK/rstream.client")"
 else
 	fail "rstream"
@@ -96,7 +109,7 @@ fi
 # cmtime's server serves until it is stopped.
 sroce_bg "$WORK/cmtime.server" cmtime -b $S -p 7475 -c 50
 cmtime_srv=$BG_PID
-sleep 0.7
+wait_cm_listen 7475 "$cmtime_srv" || die "cmtime's server did not listen"
 if timeout -k 5 60 "$SROCE_BIN" exec -- cmtime -s $S -p 7475 -c 50 >"$WORK/cmtime.client" 2>&1; then
 	pass "cmtime, 50 connections: $(awk '/^connect *:/ { print $(NF) " us/conn" }' "$WORK/cmtime.client")"
 else
@@ -104,11 +117,43 @@ else
 fi
 kill "$cmtime_srv" 2>/dev/null || true
 bg_wait "$cmtime_srv"
-if cm_pair write_bw ib_write_bw -d sroce0 -x 1 -R -n 2000 -p 7479 -- \
+if cm_pair write_bw 7479 ib_write_bw -d sroce0 -x 1 -R -n 2000 -p 7479 -- \
 	ib_write_bw -d sroce1 -x 1 -R -n 2000 -p 7479 $S; then
 	pass "ib_write_bw -R: $(perftest_result "$WORK/write_bw.client") MB/s"
 else
 	fail "ib_write_bw -R"
+fi
+
+# --- the rdma_cm file itself ---------------------------------------------------
+# What librdmacm and rsockets rely on: a character device to fstat(2), an
+# O_NONBLOCK GET_EVENT that says EAGAIN, poll(2) not readable with nothing
+# queued, and a descriptor number that, once dup2()ed over, is the new
+# file's again.
+if out=$(timeout -k 5 30 "$SROCE_BIN" exec -- /usr/bin/python3 - 2>&1 <<'PY'
+import ctypes, errno, os, select, stat, struct
+fd = os.open("/dev/infiniband/rdma_cm", os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+assert stat.S_ISCHR(os.fstat(fd).st_mode), "not a character device"
+assert select.select([fd], [], [], 0.2)[0] == [], "readable with no event"
+resp = ctypes.create_string_buffer(336)
+cmd = struct.pack("=IHHQ", 12, 8, 336, ctypes.addressof(resp))  # GET_EVENT
+try:
+    os.write(fd, cmd)
+    raise SystemExit("GET_EVENT on an empty O_NONBLOCK channel succeeded")
+except BlockingIOError:
+    pass
+# CREATE_ID (TCP port space): a 4-byte id comes back through the pointer.
+cid = ctypes.create_string_buffer(4)
+assert os.write(fd, struct.pack("=IHHQQH6x", 0, 24, 4, 1, ctypes.addressof(cid), 0x0106)) == 32
+r, w = os.pipe()
+os.dup2(w, fd)
+assert os.write(fd, b"plain") == 5, "write after dup2"
+assert os.read(r, 5) == b"plain"
+print("ok")
+PY
+) && [[ $out == ok ]]; then
+	pass "the rdma_cm file: fstat, O_NONBLOCK GET_EVENT, poll, a reply through the pointer, dup2 over it"
+else
+	fail "the rdma_cm file" "$out"
 fi
 
 # --- faults -----------------------------------------------------------------------
@@ -123,7 +168,7 @@ fi
 # DISCONNECTED, and exits; it never hangs.
 sroce_bg "$WORK/kill.server" rping -s -a $S -p 7476 -C 1000000000
 kpid=$BG_PID
-sleep 0.7
+wait_cm_listen 7476 "$kpid" || die "rping's server did not listen"
 sroce_bg "$WORK/kill.client" rping -c -a $S -p 7476 -C 1000000000
 cpid=$BG_PID
 sleep 2
@@ -155,7 +200,7 @@ before=$(dropped)
 python3 - "$S" <<'PY'
 import socket, sys, os
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("127.0.10.2", 0))
+s.bind(("127.0.19.2", 0))
 for i in range(200):
     # A BTH for QP1 followed by junk of every length.
     pkt = bytes([0x64, 0, 0xff, 0xff, 0, 0, 0, 1, 0x80, 0, 0, i]) + os.urandom(i * 3)
@@ -164,7 +209,7 @@ PY
 sleep 0.5
 after=$(dropped)
 if ((after - before >= 200)) &&
-	cm_pair rping-after rping -s -a $S -p 7477 -v -C 5 -- rping -c -a $S -p 7477 -v -C 5; then
+	cm_pair rping-after 7477 rping -s -a $S -p 7477 -v -C 5 -- rping -c -a $S -p 7477 -v -C 5; then
 	pass "200 garbage datagrams to QP1 are counted and dropped ($before -> $after) and the CM still connects"
 else
 	fail "garbage to QP1" "dropped counter $before -> $after"

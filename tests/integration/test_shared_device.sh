@@ -8,14 +8,14 @@
 # fail with a clear message, never hang; the next program restarts it).
 #
 # Usage: test_shared_device.sh BUILD-DIR
-# ctest: TIMEOUT=400 RESOURCE_LOCK=lo-127.0.9.1,lo-127.0.9.2
+# ctest: TIMEOUT=400 RESOURCE_LOCK=lo-127.0.18.1,lo-127.0.18.2
 set -euo pipefail
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 sroce_init "${1:?usage: $0 BUILD-DIR}"
 require_cmds ss timeout ibv_rc_pingpong ibv_ud_pingpong ib_write_bw ib_send_bw
 require_loopback
-sroce_config sroce0 127.0.9.1 sroce1 127.0.9.2
+sroce_config sroce0 127.0.18.1 sroce1 127.0.18.2
 private_agent
 
 # --- server and client on one device ------------------------------------------

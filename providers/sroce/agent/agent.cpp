@@ -408,8 +408,13 @@ json Agent::status() const {
                         {"rx_gsi_dropped", d->rx_gsi_bad},
                         {"rx_unroutable", d->rx_unroutable}});
     }
+    json listeners = json::array();
+    for (const Cm::Listener &l : cm_.listeners())
+        listeners.push_back(
+            {{"addr", ip_text(l.addr)}, {"port", l.port}, {"ps", l.ps}, {"pid", int(l.pid)}});
     return {{"pid", int(getpid())},
             {"version", SROCE_VERSION},
+            {"listeners", listeners},
             {"protocol", kProtoVersion},
             {"socket", socket_name()},
             {"cm",

@@ -224,6 +224,17 @@ void Cm::close_channel(uint32_t ch) {
     channels_.erase(it);
 }
 
+std::vector<Cm::Listener> Cm::listeners() const {
+    std::vector<Listener> out;
+    for (auto &[h, id] : ids_) {
+        if (id->destroyed || id->state != IdState::kListen) continue;
+        auto ch = channels_.find(id->ch);
+        out.push_back({id->src.sin_addr.s_addr, ntohs(id->src.sin_port), id->ps,
+                       ch == channels_.end() ? 0 : ch->second->pid});
+    }
+    return out;
+}
+
 Cm::Id *Cm::find_id(uint32_t handle) {
     auto it = ids_.find(handle);
     return it == ids_.end() || it->second->destroyed ? nullptr : it->second.get();

@@ -67,6 +67,16 @@ class Cm {
     };
     const Stats &stats() const { return stats_; }
 
+    struct Listener {
+        uint32_t addr; // network order, 0 = any
+        uint16_t port; // host order
+        uint16_t ps;
+        pid_t pid;
+    };
+    // Who listens where, for `sroce agent status` (and tests that must not
+    // connect before a server listens).
+    std::vector<Listener> listeners() const;
+
     struct Id;
     struct Channel;
 
