@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <unistd.h>
@@ -1201,7 +1202,13 @@ void Cm::recv_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
         lis = id.get();
         break;
     }
-    if (!any_port) return issue_rej(kRejInvalidServiceId);
+    if (!any_port) {
+        char a[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &remote, a, sizeof a);
+        fprintf(stderr, "sroce agent: REQ from %s for service 0x%llx: no listener (REJ 8)\n", a,
+                (unsigned long long)sid);
+        return issue_rej(kRejInvalidServiceId);
+    }
     if (!lis) return issue_rej(kRejConsumerDefined);
     Channel &c = *channels_.at(lis->ch);
     CmDevice *d = device_of(c, dst_ip);
