@@ -60,6 +60,29 @@ FaultConfig parse_fault_config(const std::string &spec) {
 
 namespace {
 
+// ThreadSanitizer orders a send before the receive of the same datagram
+// only for sockets it saw created; the device sockets come from the agent
+// (SCM_RIGHTS), so the order the kernel gives is told to it here.
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) && !defined(__SANITIZE_THREAD__)
+#define __SANITIZE_THREAD__ 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_acquire(void *addr);
+extern "C" void __tsan_release(void *addr);
+char g_wire_sync;
+inline void wire_release() {
+    __tsan_release(&g_wire_sync);
+}
+inline void wire_acquire() {
+    __tsan_acquire(&g_wire_sync);
+}
+#else
+inline void wire_release() {}
+inline void wire_acquire() {}
+#endif
+
 std::mutex g_nics_mu;
 Nic *g_nics[kMaxDevices] = {};
 
@@ -359,6 +382,7 @@ void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, c
 void Nic::flush(TxBatch &b) {
     int off = 0;
     while (off < b.n) {
+        wire_release();
         int r = sendmmsg(fd_, b.msgs + off, unsigned(b.n - off), 0);
         if (r < 0) {
             if (errno == EINTR) continue;
@@ -564,6 +588,7 @@ int Nic::rx_from(int fd, in_addr_t dst, bool adaptive) {
     // for one until single datagrams keep arriving back to back, and for a
     // full batch while they do.
     int n = recvmmsg(fd, rx.msgs, adaptive ? rx.vlen : RxState::kBatch, MSG_DONTWAIT, nullptr);
+    if (n > 0) wire_acquire();
     if (n <= 0) {
         if (adaptive) rx.singles = 0;
         return 0;
