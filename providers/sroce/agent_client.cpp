@@ -87,8 +87,9 @@ std::string socket_name() {
 
 namespace {
 
-// The sroce(8) that matches this library: the build tree's when this code
-// runs from the build tree (tests), else the installed one.
+// The sroce(8) that matches this library: $SROCE_AGENT_BIN, the build
+// tree's when this code runs from the build tree (tests), the one installed
+// with it, else the first on PATH.
 std::string agent_binary() {
     if (const char *b = getenv("SROCE_AGENT_BIN"); b && *b) return b;
 #if defined(SROCE_BUILD_DIR) && defined(SROCE_BUILD_TOOL)
@@ -99,10 +100,10 @@ std::string agent_binary() {
         return SROCE_BUILD_TOOL;
 #endif
 #ifdef SROCE_INSTALL_TOOL
-    return SROCE_INSTALL_TOOL;
-#else
-    return "sroce";
+    if (access(SROCE_INSTALL_TOOL, X_OK) == 0) return SROCE_INSTALL_TOOL;
 #endif
+    // Installed elsewhere (another prefix, a copied tree): the one on PATH.
+    return "sroce";
 }
 
 int try_connect() {

@@ -8,6 +8,7 @@
 // demand.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace sroce::agent {
