@@ -50,7 +50,15 @@ struct CmFile {
     uint32_t channel = 0;
     ino_t ino = 0; // the events socket's, to tell it from a file that took its number
     std::mutex mu; // one command at a time on the command socket
+    // close(2) seen: a thread still blocked in GET_EVENT holds the file, as
+    // the kernel's would, and waits until the process ends.
+    std::atomic<bool> closed{false};
 };
+
+[[noreturn]] void wait_forever() {
+    for (;;)
+        pause();
+}
 
 std::mutex g_files_mu;
 std::unordered_map<int, std::shared_ptr<CmFile>> g_files;
@@ -61,6 +69,15 @@ std::atomic<uint8_t> g_is_cm[kMaxFd];
 
 bool is_cm(int fd) {
     return fd >= 0 && fd < kMaxFd && g_is_cm[fd].load(std::memory_order_relaxed);
+}
+
+// The app is done with `f`: its command socket closes (the agent then
+// destroys the file's ids) once no command is in flight on it.
+void release(CmFile &f) {
+    f.closed.store(true);
+    std::lock_guard<std::mutex> g(f.mu);
+    next<int (*)(int)>("close")(f.commands);
+    f.commands = -1;
 }
 
 std::shared_ptr<CmFile> cm_file(int fd) {
@@ -83,7 +100,7 @@ std::shared_ptr<CmFile> live_cm_file(int fd) {
         if (auto it = g_files.find(fd); it != g_files.end() && it->second == f) g_files.erase(it);
         g_is_cm[fd].store(0, std::memory_order_release);
     }
-    next<int (*)(int)>("close")(f->commands);
+    release(*f);
     return nullptr;
 }
 
@@ -159,6 +176,7 @@ int transact(CmFile &f, uint32_t cmd, const uint8_t *in, size_t in_len, uint8_t 
     ssize_t n;
     {
         std::lock_guard<std::mutex> g(f.mu);
+        if (f.commands < 0) return EBADF;
         if (send(f.commands, msg, sizeof c + in_len, MSG_NOSIGNAL) < 0) return ENODEV;
         while ((n = recv(f.commands, rep, sizeof rep, 0)) < 0 && errno == EINTR) {
         }
@@ -234,12 +252,14 @@ ssize_t cm_write(int fd, const std::shared_ptr<CmFile> &f, const void *buf, size
         for (;;) {
             char b;
             ssize_t k = recv(fd, &b, 1, 0);
+            if (f->closed.load()) wait_forever();
             if (k < 0) return -1;
             if (k == 0) {
                 errno = ENODEV;
                 return -1;
             }
             err = transact(*f, hdr.cmd, in, in_len, out, hdr.out, &out_len);
+            if (f->closed.load()) wait_forever();
             if (err != EAGAIN) break;
         }
     } else {
@@ -304,7 +324,7 @@ __attribute__((visibility("default"))) int close(int fd) {
                 g_files.erase(fd);
                 g_is_cm[fd].store(0, std::memory_order_release);
             }
-            real(f->commands);
+            release(*f);
         }
     return real(fd);
 }

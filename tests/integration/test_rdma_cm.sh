@@ -141,10 +141,12 @@ done
 # --- the rdma_cm file itself ---------------------------------------------------
 # What librdmacm and rsockets rely on: a character device to fstat(2), an
 # O_NONBLOCK GET_EVENT that says EAGAIN, poll(2) not readable with nothing
-# queued, and a descriptor number that, once dup2()ed over, is the new
-# file's again.
-if out=$(timeout -k 5 30 "$SROCE_BIN" exec -- /usr/bin/python3 - 2>&1 <<'PY'
-import ctypes, errno, os, select, stat, struct
+# queued, a descriptor number that, once dup2()ed over, is the new file's
+# again, and a GET_EVENT blocked while another thread closes the file that
+# goes on waiting (rping's event thread, never joined, must not see an error
+# while its main thread returns).
+if out=$(S=$S timeout -k 5 30 "$SROCE_BIN" exec -- /usr/bin/python3 - 2>&1 <<'PY'
+import ctypes, errno, os, select, socket, stat, struct, threading, time
 fd = os.open("/dev/infiniband/rdma_cm", os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
 assert stat.S_ISCHR(os.fstat(fd).st_mode), "not a character device"
 assert select.select([fd], [], [], 0.2)[0] == [], "readable with no event"
@@ -162,10 +164,39 @@ r, w = os.pipe()
 os.dup2(w, fd)
 assert os.write(fd, b"plain") == 5, "write after dup2"
 assert os.read(r, 5) == b"plain"
+# rping's event thread is never joined: its main thread destroys the id and
+# closes the file while the thread waits in GET_EVENT.  An event that comes
+# after the close (here a REJ for a connect nobody listens for) must leave
+# it waiting, as the kernel's file lives on under a blocked call.
+def ucma(f, cmd, body, out=0):
+    return os.write(f, struct.pack("=IHH", cmd, len(body), out) + body)
+f2 = os.open("/dev/infiniband/rdma_cm", os.O_RDWR)
+ucma(f2, 0, struct.pack("=QQHB5x", 2, ctypes.addressof(cid), 0x0106, 2), 4)
+sin = lambda port: struct.pack("=HH4s20x", socket.AF_INET, socket.htons(port), socket.inet_aton(os.environ["S"]))
+ev = ctypes.create_string_buffer(336)
+get_event = struct.pack("=Q", ctypes.addressof(ev))
+ucma(f2, 3, bytes(28) + sin(7498) + struct.pack("=II", struct.unpack("=I", cid.raw)[0], 2000))
+ucma(f2, 12, get_event, 336)
+ucma(f2, 4, struct.pack("=II", struct.unpack("=I", cid.raw)[0], 2000))
+ucma(f2, 12, get_event, 336)
+got = []
+def waiter():
+    try:
+        ucma(f2, 12, get_event, 336)
+        got.append("event %d" % struct.unpack_from("=I", ev.raw, 12)[0])
+    except OSError as e:
+        got.append(errno.errorcode[e.errno])
+threading.Thread(target=waiter, daemon=True).start()
+time.sleep(0.3)
+conn = struct.pack("=II256xBBBBBBBB", 0, 0, 0, 0, 1, 1, 0, 7, 7, 1)
+ucma(f2, 6, conn + struct.pack("=IIII", struct.unpack("=I", cid.raw)[0], 0, 0, 0))
+os.close(f2)
+time.sleep(0.5)
+assert not got, f"GET_EVENT on a file closed under it returned {got}"
 print("ok")
 PY
 ) && [[ $out == ok ]]; then
-	pass "the rdma_cm file: fstat, O_NONBLOCK GET_EVENT, poll, a reply through the pointer, dup2 over it"
+	pass "the rdma_cm file: fstat, O_NONBLOCK GET_EVENT, poll, a reply through the pointer, dup2 over it, close under a blocked GET_EVENT"
 else
 	fail "the rdma_cm file" "$out"
 fi
