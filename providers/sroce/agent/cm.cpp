@@ -104,9 +104,13 @@ void Cm::queue_event(const Id &id, uint32_t event, int status, rdma_ucm_event_re
     if (!e.id) e.id = id.handle;
     e.event = event;
     e.status = uint32_t(status);
-    ch->second->events.push_back(e);
+    push_event(*ch->second, e);
+}
+
+void Cm::push_event(Channel &c, const rdma_ucm_event_resp &e) {
+    c.events.push_back(e);
     char b = 1;
-    if (send(ch->second->event_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+    if (send(c.event_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
         // A full wake-up queue only makes poll(2) late, never wrong: the
         // events are all there for GET_EVENT.
     }
@@ -119,7 +123,13 @@ int Cm::get_event(Channel &c, uint8_t *out, size_t cap, size_t *out_len) {
     c.events.pop_front();
     // A connection request counts on its listener, whose backlog slot it
     // gives back.
-    if (auto it = ids_.find(e.id); it != ids_.end()) {
+    // A join's event counts on the join and on its id (ucma_get_event).
+    uint32_t owner = e.id;
+    if (auto mc = mcs_.find(e.id); e.id >= kMcHandleBase && mc != mcs_.end()) {
+        mc->second.events_reported++;
+        owner = mc->second.id;
+    }
+    if (auto it = ids_.find(owner); it != ids_.end()) {
         Id *counted = it->second.get();
         if (e.event == RDMA_CM_EVENT_CONNECT_REQUEST)
             if (auto l = ids_.find(counted->listener); l != ids_.end()) {
@@ -262,10 +272,27 @@ int Cm::command(uint32_t chn, uint32_t cmd, const uint8_t *in, size_t in_len, ui
         if (out_cap < 4) return ENOSPC;
         return migrate(c, m.fd, m.id, out, out_len);
     }
-    case RDMA_USER_CM_CMD_JOIN_IP_MCAST:
+    case RDMA_USER_CM_CMD_JOIN_IP_MCAST: {
+        // The older command: a full member's join of an address in a
+        // sockaddr_in6-sized field.
+        auto j = load<rdma_ucm_join_ip_mcast>(buf, sizeof buf);
+        rdma_ucm_join_mcast k{};
+        k.uid = j.uid;
+        k.id = j.id;
+        k.join_flags = RDMA_MC_JOIN_FLAG_FULLMEMBER;
+        std::memcpy(&k.addr, &j.addr, sizeof j.addr);
+        k.addr_size = j.addr.sin6_family == AF_INET    ? sizeof(sockaddr_in)
+                      : j.addr.sin6_family == AF_INET6 ? sizeof(sockaddr_in6)
+                                                       : 0;
+        if (!k.addr_size) return EINVAL;
+        return join(c, k, out_cap, out, out_len);
+    }
     case RDMA_USER_CM_CMD_JOIN_MCAST:
-    case RDMA_USER_CM_CMD_LEAVE_MCAST:
-        return ENOSYS;
+        return join(c, load<rdma_ucm_join_mcast>(buf, sizeof buf), out_cap, out, out_len);
+    case RDMA_USER_CM_CMD_LEAVE_MCAST: {
+        auto d = load<rdma_ucm_destroy_id>(buf, sizeof buf);
+        return leave(c, d.id, out, out_cap, out_len);
+    }
     case RDMA_USER_CM_CMD_GET_OPTION:
         return ENOSYS;
     default:
@@ -320,6 +347,7 @@ int Cm::destroy_id(Channel &c, uint32_t h, uint8_t *out, size_t *out_len) {
     if (!id) return ENOENT;
     // Its queued events go; connection requests it never handed out are
     // refused as the kernel refuses them.
+    drop_joins(c, h);
     std::vector<uint32_t> orphans;
     for (auto it = c.events.begin(); it != c.events.end();) {
         bool mine =
@@ -339,6 +367,9 @@ int Cm::destroy_id(Channel &c, uint32_t h, uint8_t *out, size_t *out_len) {
             destroy_id(c, o, b, &l);
         }
     switch (id->cm) {
+    case CmState::kSidrReqRcvd:
+        send_sidr_rep(*id, cm::kSidrReject, 0, nullptr, 0);
+        break;
     case CmState::kReqSent:
     case CmState::kMraReqRcvd:
         send_rej(*id, cm::kRejTimeout, 2, nullptr, 0);
@@ -682,7 +713,9 @@ int Cm::migrate(Channel &to, uint32_t from_ch, uint32_t h, uint8_t *out, size_t 
     // Its queued events move with it (the old channel keeps a stale wake-up
     // byte per event, which GET_EVENT there then finds empty).
     for (auto it = from.events.begin(); it != from.events.end();) {
-        if (it->id == h && it->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+        auto mc = mcs_.find(it->id);
+        bool mine = it->id == h || (mc != mcs_.end() && mc->second.id == h);
+        if (mine && it->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
             to.events.push_back(*it);
             char b = 1;
             if (send(to.event_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
@@ -703,7 +736,7 @@ int Cm::migrate(Channel &to, uint32_t from_ch, uint32_t h, uint8_t *out, size_t 
 
 int Cm::connect(Id &id, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece) {
     if (id.state != IdState::kRouteResolved) return EINVAL;
-    if (id.qp_type == 4) return EOPNOTSUPP; // SIDR: not yet
+    if (id.qp_type == 4) return connect_ud(id, p);
     if (p.private_data_len > cm::req::kPrivateDataLen - cm::CmaHdr::kLen) return EINVAL;
     Channel &c = *channels_.at(id.ch);
     CmDevice *d = device_of(c, id.dev);
@@ -767,6 +800,7 @@ int Cm::connect(Id &id, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece) {
 int Cm::accept(Id &id, uint64_t uid, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece,
                bool has_param) {
     if (id.state != IdState::kConnect) return EINVAL;
+    if (id.qp_type == 4) return accept_ud(id, uid, has_param ? &p : nullptr, ece);
     using namespace cm;
     if (!has_param) {
         // The active side, after its QP reached RTS: RTU.
@@ -816,6 +850,14 @@ int Cm::reject(Id &id, const rdma_ucm_reject &cmd) {
     if (reason != cm::kRejConsumerDefined && reason != cm::kRejVendorOptionNotSupported)
         return EINVAL;
     if (!id.dev || id.cm == CmState::kIdle) return EINVAL;
+    if (id.qp_type == 4) {
+        // A UD id refuses with a SIDR_REP (IB_SIDR_REJECT); the reason
+        // stays here.
+        if (id.cm != CmState::kSidrReqRcvd) return EINVAL;
+        send_sidr_rep(id, cm::kSidrReject, 0, cmd.private_data,
+                      std::min<size_t>(cmd.private_data_len, cm::sidr_rep::kPrivateDataLen));
+        return 0;
+    }
     if (id.cm != CmState::kReqRcvd && id.cm != CmState::kMraReqSent) return EINVAL;
     send_rej(id, reason, 0, cmd.private_data,
              std::min<size_t>(cmd.private_data_len, cm::rej::kPrivateDataLen));
@@ -846,7 +888,7 @@ int Cm::init_qp_attr(Id &id, uint32_t state, uint8_t *out, size_t *out_len) {
         a.qp_attr_mask = kState | kPkey | kPort;
         if (id.qp_type == 4) {
             a.qp_attr_mask |= kQkey;
-            a.qkey = kUdpQkey;
+            a.qkey = qkey_of(id);
         } else {
             a.qp_attr_mask |= kAccess;
         }
@@ -1001,9 +1043,37 @@ void Cm::receive(uint32_t local, uint32_t remote, const uint8_t *data, size_t le
         return recv_dreq(local, remote, m);
     case cm::kDrep:
         return recv_drep(m);
+    case cm::kSidrReq:
+        return recv_sidr_req(local, remote, m);
+    case cm::kSidrRep:
+        return recv_sidr_rep(m);
     default:
-        return; // SIDR: not yet
+        return; // LAP/APR: RoCE has no alternate paths
     }
+}
+
+Cm::Match Cm::match_listener(uint64_t sid, const uint8_t *pd, size_t pd_len) {
+    Match mt;
+    uint16_t ps = uint16_t(sid >> 16), port = uint16_t(sid);
+    cm::CmaHdr hdr;
+    bool ip = hdr.load(pd, pd_len) && hdr.ip_version == 4;
+    if (ip) {
+        std::memcpy(&mt.dst_ip, hdr.dst + 12, 4);
+        std::memcpy(&mt.src_ip, hdr.src + 12, 4);
+        mt.src_port = hdr.port;
+    }
+    for (auto &[h, id] : ids_) {
+        if (id->destroyed || id->state != IdState::kListen || id->ps != ps ||
+            ntohs(id->src.sin_port) != port)
+            continue;
+        mt.any_port = true;
+        if (!ip) continue;
+        uint32_t a = id->src.sin_addr.s_addr;
+        if (!is_any(a) && a != mt.dst_ip) continue;
+        mt.lis = id.get();
+        break;
+    }
+    return mt;
 }
 
 void Cm::recv_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
@@ -1029,34 +1099,16 @@ void Cm::recv_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
         }
     }
     uint64_t sid = m.field(req::kServiceId);
-    uint16_t ps = uint16_t(sid >> 16), port = uint16_t(sid);
-    CmaHdr hdr;
-    bool ip = hdr.load(m.body + req::kPrivateData, req::kPrivateDataLen) && hdr.ip_version == 4;
-    uint32_t dst_ip = 0, src_ip = 0;
-    if (ip) {
-        std::memcpy(&dst_ip, hdr.dst + 12, 4);
-        std::memcpy(&src_ip, hdr.src + 12, 4);
-    }
-    Id *lis = nullptr;
-    bool any_port = false;
-    for (auto &[h, id] : ids_) {
-        if (id->destroyed || id->state != IdState::kListen || id->ps != ps ||
-            ntohs(id->src.sin_port) != port)
-            continue;
-        any_port = true;
-        if (!ip) continue;
-        uint32_t a = id->src.sin_addr.s_addr;
-        if (!is_any(a) && a != dst_ip) continue;
-        lis = id.get();
-        break;
-    }
-    if (!any_port) {
+    Match mt = match_listener(sid, m.body + req::kPrivateData, req::kPrivateDataLen);
+    if (!mt.any_port) {
         char a[INET_ADDRSTRLEN];
         inet_ntop(AF_INET, &remote, a, sizeof a);
         fprintf(stderr, "sroce agent: REQ from %s for service 0x%llx: no listener (REJ 8)\n", a,
                 (unsigned long long)sid);
         return issue_rej(kRejInvalidServiceId);
     }
+    Id *lis = mt.lis;
+    uint32_t dst_ip = mt.dst_ip, src_ip = mt.src_ip;
     if (!lis) return issue_rej(kRejConsumerDefined);
     Channel &c = *channels_.at(lis->ch);
     CmDevice *d = device_of(c, dst_ip);
@@ -1081,7 +1133,7 @@ void Cm::recv_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
     id.src.sin_addr.s_addr = dst_ip;
     id.dst.sin_family = AF_INET;
     id.dst.sin_addr.s_addr = src_ip;
-    id.dst.sin_port = htons(hdr.port);
+    id.dst.sin_port = htons(mt.src_port);
     id.dev = dst_ip;
     id.tos = uint8_t(m.field(req::kPrimaryTrafficClass));
     uint32_t peer;

@@ -79,6 +79,7 @@ class Cm {
 
     struct Id;
     struct Channel;
+    struct McJoin;
 
   private:
     // rdma_cm layer
@@ -100,6 +101,15 @@ class Cm {
     int set_option(Id &id, uint32_t level, uint32_t name, const uint8_t *val, uint32_t len);
     int notify(Id &id, uint32_t event);
     int migrate(Channel &to, uint32_t from_ch, uint32_t id, uint8_t *out, size_t *out_len);
+    // UD ids (cm_ud.cpp): SIDR and multicast.
+    int connect_ud(Id &id, const rdma_ucm_conn_param &p);
+    int accept_ud(Id &id, uint64_t uid, const rdma_ucm_conn_param *p, const rdma_ucm_ece &ece);
+    int join(Channel &c, const rdma_ucm_join_mcast &cmd, size_t out_cap, uint8_t *out,
+             size_t *out_len);
+    int leave(Channel &c, uint32_t mc, uint8_t *out, size_t out_cap, size_t *out_len);
+    // The id's joins end with it, their queued events too.
+    void drop_joins(Channel &c, uint32_t id);
+    static uint32_t qkey_of(const Id &id);
 
     Id *find_id(uint32_t handle);
     CmDevice *device_of(Channel &c, uint32_t addr);
@@ -108,6 +118,7 @@ class Cm {
     // Queues `e` as `event` of `id` (e.id names another id when set: a
     // connection request's new one) and wakes the channel's file.
     void queue_event(const Id &id, uint32_t event, int status, rdma_ucm_event_resp e = {});
+    void push_event(Channel &c, const rdma_ucm_event_resp &e);
     void free_id(Id *id);
 
     // InfiniBand CM layer
@@ -118,6 +129,10 @@ class Cm {
     void recv_mra(const cm::Mad &m);
     void recv_dreq(uint32_t local, uint32_t remote, const cm::Mad &m);
     void recv_drep(const cm::Mad &m);
+    void recv_sidr_req(uint32_t local, uint32_t remote, const cm::Mad &m);
+    void recv_sidr_rep(const cm::Mad &m);
+    // Answers the SIDR_REQ `id` holds with `status` (QP `qpn` on success).
+    void send_sidr_rep(Id &id, uint8_t status, uint32_t qpn, const uint8_t *pd, size_t pd_len);
     // Sends `body` as message `attr` of the id's connection; with a timeout,
     // again after each until the retries run out (timers()).
     void send_mad(Id &id, uint16_t attr, const uint8_t *body, uint32_t timeout_ms = 0,
@@ -130,11 +145,22 @@ class Cm {
     void enter_timewait(Id &id);
     void cm_reset(Id &id);
     Id *by_local_comm(uint32_t local_comm);
+    // The listener a REQ or SIDR_REQ for service `sid` reaches, by the
+    // rdma_cm header of its private data `pd`.
+    struct Match {
+        Id *lis = nullptr;
+        bool any_port = false; // someone listens on the service's port
+        uint32_t dst_ip = 0, src_ip = 0;
+        uint16_t src_port = 0;
+    };
+    Match match_listener(uint64_t sid, const uint8_t *pd, size_t pd_len);
 
     MadSender send_;
     Stats stats_;
     std::map<uint32_t, std::unique_ptr<Channel>> channels_;
     std::map<uint32_t, std::unique_ptr<Id>> ids_;
+    std::map<uint32_t, McJoin> mcs_;
+    uint32_t next_mc_ = 0x10000;
     uint32_t next_channel_ = 1, next_id_ = 1, next_comm_ = 0;
     uint32_t comm_xor_ = 0;
 };

@@ -117,7 +117,8 @@ enum class CmState {
     kDreqSent,
     kDreqRcvd,
     kTimewait,
-    kSidrReqSent
+    kSidrReqSent,
+    kSidrReqRcvd
 };
 
 struct Cm::Channel {
@@ -165,6 +166,19 @@ struct Cm::Id {
     uint32_t retry_ms = 0;
     uint64_t deadline = 0;       // retransmission, 0 = none
     uint64_t timewait_until = 0; // 0 = not in timewait
+    uint32_t qkey = 0;           // a UD id's, once set (cma_set_qkey)
+};
+
+// Multicast joins are numbered apart from ids (which librdmacm keeps below
+// 65536), so an event names one or the other.
+constexpr uint32_t kMcHandleBase = 0x10000;
+
+struct Cm::McJoin {
+    uint32_t handle = 0, id = 0;
+    uint64_t uid = 0;
+    uint32_t group = 0; // IPv4, network order
+    bool send_only = false;
+    uint32_t events_reported = 0;
 };
 
 } // namespace sroce::agent

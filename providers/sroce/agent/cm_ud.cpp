@@ -1,0 +1,265 @@
+// SPDX-License-Identifier: MIT
+//
+// The datagram side of rdma_cm (cm.hpp): SIDR, which resolves a UD id's
+// peer QP number and Q_Key through one SIDR_REQ/SIDR_REP exchange
+// (cma_resolve_ib_udp, cma_sidr_rep_handler, cm.c's SIDR states), and
+// multicast joins on RoCE (cma_iboe_join_multicast), where no subnet
+// manager takes part: the group's GID is the IPv4-mapped group address and
+// the join completes at once.  The QP's attachment is librdmacm's
+// (ibv_attach_mcast on the MULTICAST_JOIN event), which the provider turns
+// into an IGMP membership of the device's interface.
+#include "cm.hpp"
+#include "cm_internal.hpp"
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cstdio>
+
+namespace sroce::agent {
+
+namespace {
+
+// The address handle a UD peer or a group is reached by: the
+// IPv4-mapped GIDs of a RoCEv2 port (index 1), as ib_init_ah_attr_from_path
+// and ib_init_ah_from_mcmember fill it for a RoCE device.
+ib_uverbs_ah_attr roce_ah(uint32_t dst, uint8_t tos, uint32_t flow_label) {
+    ib_uverbs_ah_attr ah{};
+    mapped_gid(dst, ah.grh.dgid);
+    ah.grh.sgid_index = 1;
+    ah.grh.hop_limit = 64; // IPV6_DEFAULT_HOPLIMIT
+    ah.grh.traffic_class = tos;
+    ah.grh.flow_label = flow_label;
+    ah.is_global = 1;
+    ah.port_num = 1;
+    return ah;
+}
+
+} // namespace
+
+uint32_t Cm::qkey_of(const Id &id) {
+    // cma_set_qkey: the first Q_Key an id learns sticks; until then the
+    // port space's (RDMA_UDP_QKEY for UDP and IB).
+    return id.qkey ? id.qkey : kUdpQkey;
+}
+
+// ------------------------------------------------------------ SIDR
+
+int Cm::connect_ud(Id &id, const rdma_ucm_conn_param &p) {
+    using namespace cm;
+    if (p.private_data_len > sidr_req::kPrivateDataLen - CmaHdr::kLen) return EINVAL;
+    Channel &c = *channels_.at(id.ch);
+    if (!device_of(c, id.dev)) return ENODEV;
+    id.active = true;
+    id.state = IdState::kConnect;
+    id.local_comm = (next_comm_++) ^ comm_xor_;
+    id.peer_ip = id.dst.sin_addr.s_addr;
+    uint8_t b[kCmDataLen] = {};
+    set(b, sidr_req::kRequestId, id.local_comm);
+    set(b, sidr_req::kPartitionKey, 0xFFFF);
+    set(b, sidr_req::kServiceId, service_id(PortSpace(id.ps), ntohs(id.dst.sin_port)));
+    CmaHdr hdr;
+    hdr.set_ipv4(id.src.sin_addr.s_addr, id.dst.sin_addr.s_addr);
+    hdr.port = ntohs(id.src.sin_port);
+    hdr.store(b + sidr_req::kPrivateData);
+    std::memcpy(b + sidr_req::kPrivateData + CmaHdr::kLen, p.private_data, p.private_data_len);
+    id.tid = uint64_t(0x5352) << 48 | id.local_comm;
+    id.cm = CmState::kSidrReqSent;
+    id.max_cm_retries = kMaxCmRetries;
+    // cma.c: 1 << (CMA_CM_RESPONSE_TIMEOUT - 8) ms per try.
+    send_mad(id, kSidrReq, b, 1u << (kCmResponseTimeout - 8));
+    return 0;
+}
+
+void Cm::send_sidr_rep(Id &id, uint8_t status, uint32_t qpn, const uint8_t *pd, size_t pd_len) {
+    using namespace cm;
+    uint8_t b[kCmDataLen] = {};
+    set(b, sidr_rep::kRequestId, id.remote_comm);
+    set(b, sidr_rep::kStatus, status);
+    set(b, sidr_rep::kServiceId, service_id(PortSpace(id.ps), ntohs(id.src.sin_port)));
+    if (status == kSidrSuccess) {
+        set(b, sidr_rep::kQpn, qpn & 0xFFFFFF);
+        set(b, sidr_rep::kQkey, qkey_of(id));
+        set(b, sidr_rep::kVendorIdH, (id.ece.vendor_id >> 8) & 0xFFFF);
+        set(b, sidr_rep::kVendorIdL, id.ece.vendor_id & 0xFF);
+    }
+    std::memcpy(b + sidr_rep::kPrivateData, pd, std::min(pd_len, sidr_rep::kPrivateDataLen));
+    reply_mad(id.dev, id.peer_ip, id.tid, kSidrRep, b);
+    // The request is answered: a SIDR id keeps no connection.
+    cm_reset(id);
+}
+
+int Cm::accept_ud(Id &id, uint64_t uid, const rdma_ucm_conn_param *p, const rdma_ucm_ece &ece) {
+    if (id.cm != CmState::kSidrReqRcvd) return EINVAL;
+    if (p && p->private_data_len > cm::sidr_rep::kPrivateDataLen) return EINVAL;
+    id.uid = uid;
+    id.ece = ece;
+    if (!id.qkey) id.qkey = kUdpQkey;
+    send_sidr_rep(id, cm::kSidrSuccess, p ? p->qp_num : 0, p ? p->private_data : nullptr,
+                  p ? p->private_data_len : 0);
+    return 0;
+}
+
+void Cm::recv_sidr_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
+    using namespace cm;
+    uint32_t request_id = uint32_t(m.field(sidr_req::kRequestId));
+    // A request already being answered comes again: the answer is coming.
+    for (auto &[h, id] : ids_)
+        if (id->cm == CmState::kSidrReqRcvd && id->remote_comm == request_id &&
+            id->peer_ip == remote)
+            return;
+    auto answer = [&](uint8_t status) {
+        uint8_t b[kCmDataLen] = {};
+        set(b, sidr_rep::kRequestId, request_id);
+        set(b, sidr_rep::kStatus, status);
+        set(b, sidr_rep::kServiceId, m.field(sidr_req::kServiceId));
+        reply_mad(local, remote, m.hdr.tid, kSidrRep, b);
+    };
+    uint64_t sid = m.field(sidr_req::kServiceId);
+    Match mt = match_listener(sid, m.body + sidr_req::kPrivateData, sidr_req::kPrivateDataLen);
+    // No listener on the service: cm.c answers IB_SIDR_UNSUPPORTED; one
+    // that does not take this request (address, QP type, backlog), rdma_cm
+    // refuses and the CM answers IB_SIDR_REJECT.
+    if (!mt.any_port) return answer(kSidrUnsupported);
+    Id *lis = mt.lis;
+    if (!lis || lis->qp_type != 4 || mt.dst_ip != local || lis->pending >= lis->backlog)
+        return answer(kSidrReject);
+    Channel &c = *channels_.at(lis->ch);
+    if (!device_of(c, local)) return answer(kSidrReject);
+    rdma_ucm_create_id cid{};
+    cid.ps = lis->ps;
+    cid.qp_type = lis->qp_type;
+    uint8_t out[4];
+    size_t ol;
+    if (create_id(c, cid, out, &ol)) return answer(kSidrReject);
+    uint32_t h;
+    std::memcpy(&h, out, 4);
+    Id &id = *ids_.at(h);
+    id.uid = 0; // taken by the process at ACCEPT
+    id.listener = lis->handle;
+    id.state = IdState::kConnect;
+    id.bound = true;
+    id.src = lis->src;
+    id.src.sin_addr.s_addr = local;
+    id.dst.sin_family = AF_INET;
+    id.dst.sin_addr.s_addr = mt.src_ip;
+    id.dst.sin_port = htons(mt.src_port);
+    id.dev = local;
+    id.peer_ip = remote;
+    id.remote_comm = request_id;
+    id.tid = m.hdr.tid;
+    id.cm = CmState::kSidrReqRcvd;
+    lis->pending++;
+    rdma_ucm_event_resp e{};
+    e.id = id.handle;
+    constexpr size_t kLen = sidr_req::kPrivateDataLen - CmaHdr::kLen;
+    e.param.ud.private_data_len = kLen;
+    std::memcpy(e.param.ud.private_data, m.body + sidr_req::kPrivateData + CmaHdr::kLen, kLen);
+    queue_event(*lis, RDMA_CM_EVENT_CONNECT_REQUEST, 0, e);
+}
+
+void Cm::recv_sidr_rep(const cm::Mad &m) {
+    using namespace cm;
+    Id *id = by_local_comm(uint32_t(m.field(sidr_rep::kRequestId)));
+    if (!id || id->cm != CmState::kSidrReqSent) return;
+    cm_reset(*id);
+    rdma_ucm_event_resp e{};
+    e.param.ud.private_data_len = sidr_rep::kPrivateDataLen;
+    std::memcpy(e.param.ud.private_data, m.body + sidr_rep::kPrivateData,
+                sidr_rep::kPrivateDataLen);
+    uint8_t status = uint8_t(m.field(sidr_rep::kStatus));
+    if (status != kSidrSuccess) {
+        queue_event(*id, RDMA_CM_EVENT_UNREACHABLE, status, e);
+        return;
+    }
+    uint32_t qkey = uint32_t(m.field(sidr_rep::kQkey));
+    if (id->qkey && id->qkey != qkey) {
+        queue_event(*id, RDMA_CM_EVENT_ADDR_ERROR, -EINVAL, e);
+        return;
+    }
+    id->qkey = qkey;
+    id->remote_qpn = uint32_t(m.field(sidr_rep::kQpn));
+    e.param.ud.ah_attr =
+        roce_ah(id->peer_ip, id->tos,
+                (uint32_t(ntohs(id->src.sin_port)) * 31 + ntohs(id->dst.sin_port)) & 0xFFFFF);
+    e.param.ud.qp_num = id->remote_qpn;
+    e.param.ud.qkey = qkey;
+    e.ece.vendor_id = uint32_t(m.field(sidr_rep::kVendorIdH) << 8 | m.field(sidr_rep::kVendorIdL));
+    queue_event(*id, RDMA_CM_EVENT_ESTABLISHED, 0, e);
+}
+
+// ------------------------------------------------------------ multicast
+
+int Cm::join(Channel &c, const rdma_ucm_join_mcast &cmd, size_t out_cap, uint8_t *out,
+             size_t *out_len) {
+    if (out_cap < sizeof(rdma_ucm_create_id_resp)) return ENOSPC;
+    sa_family_t family;
+    std::memcpy(&family, &cmd.addr, sizeof family);
+    size_t want = family == AF_INET ? sizeof(sockaddr_in) : family == AF_INET6 ? 28 : 0;
+    if (!want || cmd.addr_size != want) return EINVAL;
+    if (cmd.join_flags != RDMA_MC_JOIN_FLAG_FULLMEMBER &&
+        cmd.join_flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER)
+        return EINVAL;
+    Id *id = find_id(cmd.id);
+    if (!id) return ENOENT;
+    if (id->ch != c.num) return EINVAL;
+    if (!id->dev) return ENODEV;
+    if (id->state != IdState::kAddrBound && id->state != IdState::kAddrResolved) return EINVAL;
+    // RoCEv2 groups are IPv4 here, as the kernel's (an IPv6 group on a
+    // RoCEv2 port is ENOTSUPP there).
+    if (family != AF_INET) return EOPNOTSUPP;
+    sockaddr_in group{};
+    ipv4_of(&cmd.addr, group);
+    if (is_any(group.sin_addr.s_addr)) return EINVAL;
+    McJoin mc;
+    mc.handle = next_mc_;
+    next_mc_ = next_mc_ == 0xFFFFFFFE ? kMcHandleBase : next_mc_ + 1;
+    mc.id = id->handle;
+    mc.uid = cmd.uid;
+    mc.group = group.sin_addr.s_addr;
+    mc.send_only = cmd.join_flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER;
+    mcs_[mc.handle] = mc;
+    rdma_ucm_create_id_resp r{mc.handle};
+    std::memcpy(out, &r, sizeof r);
+    *out_len = sizeof r;
+    if (!id->qkey) id->qkey = kUdpQkey;
+    // The join completes at once (cma_iboe_join_work_handler): the event
+    // carries the group's address handle, QP 0xFFFFFF and the Q_Key.
+    rdma_ucm_event_resp e{};
+    e.uid = mc.uid;
+    e.id = mc.handle;
+    e.event = RDMA_CM_EVENT_MULTICAST_JOIN;
+    e.param.ud.ah_attr = roce_ah(mc.group, 0, 0);
+    e.param.ud.qp_num = 0xFFFFFF;
+    e.param.ud.qkey = qkey_of(*id);
+    push_event(c, e);
+    return 0;
+}
+
+int Cm::leave(Channel &c, uint32_t handle, uint8_t *out, size_t out_cap, size_t *out_len) {
+    if (out_cap < sizeof(rdma_ucm_destroy_id_resp)) return ENOSPC;
+    auto it = mcs_.find(handle);
+    if (it == mcs_.end()) return ENOENT;
+    Id *id = find_id(it->second.id);
+    if (!id || id->ch != c.num) return EINVAL;
+    // Its events not yet fetched go with it (ucma_cleanup_mc_events).
+    std::erase_if(c.events, [&](const rdma_ucm_event_resp &e) { return e.id == handle; });
+    rdma_ucm_destroy_id_resp r{it->second.events_reported};
+    mcs_.erase(it);
+    std::memcpy(out, &r, sizeof r);
+    *out_len = sizeof r;
+    return 0;
+}
+
+void Cm::drop_joins(Channel &c, uint32_t id) {
+    for (auto it = mcs_.begin(); it != mcs_.end();) {
+        if (it->second.id != id) {
+            ++it;
+            continue;
+        }
+        uint32_t handle = it->first;
+        std::erase_if(c.events, [&](const rdma_ucm_event_resp &e) { return e.id == handle; });
+        it = mcs_.erase(it);
+    }
+}
+
+} // namespace sroce::agent
