@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdexcept>
 #include <sys/eventfd.h>
@@ -85,6 +86,24 @@ inline void wire_acquire() {}
 
 std::mutex g_nics_mu;
 Nic *g_nics[kMaxDevices] = {};
+
+// A child of fork() has none of its parent's progress threads, and shares
+// its sockets and its lease with it: the parent's devices are no use to it
+// (as an RNIC's contexts are not across fork), so an open in the child
+// starts afresh with a lease of its own.  The inherited objects stay
+// allocated and untouched: their destructors would join threads that do
+// not exist in the child.
+void forget_inherited_nics() {
+    for (Nic *&n : g_nics)
+        n = nullptr;
+}
+
+[[maybe_unused]] const int g_atfork =
+    pthread_atfork([] { g_nics_mu.lock(); }, [] { g_nics_mu.unlock(); },
+                   [] {
+                       forget_inherited_nics();
+                       g_nics_mu.unlock();
+                   });
 
 double next_uniform(uint64_t &s) {
     // splitmix64: cheap and reproducible from the seed.

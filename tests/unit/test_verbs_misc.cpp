@@ -3,13 +3,15 @@
 // Verbs outside the QP transport, through public verbs in one process: the
 // device attributes and GID table programs probe, ibv_rereg_mr,
 // on-demand paging (explicit, implicit, ibv_advise_mr), completion
-// timestamps and ibv_query_rt_values_ex, ibv_create_cq_ex's checks and the
-// context's command FD.  Two sroce devices on 127.0.13.3 / 127.0.13.4.
+// timestamps and ibv_query_rt_values_ex, ibv_create_cq_ex's checks, the
+// context's command FD and devices in a child of fork().  Two sroce devices on 127.0.13.3 /
+// 127.0.13.4.
 #include "rc_pair.hpp"
 
 #include <climits>
 #include <ctime>
 #include <sys/mman.h>
+#include <sys/wait.h>
 
 using namespace rctest;
 
@@ -338,3 +340,46 @@ TEST_F(Odp, AdviseMr) {
 }
 
 } // namespace
+
+namespace {
+
+// One RDMA WRITE over a new pair of QPs on `ctx`, compared byte for byte.
+bool write_works(ibv_context *ctx[2]) {
+    Pair p;
+    p.setup(ctx[0], ctx[1], PairOpts{});
+    if (::testing::Test::HasFatalFailure()) return false;
+    Buf src(p.a.pd, 4096), dst(p.b.pd, 4096);
+    if (!src.ok() || !dst.ok()) return false;
+    src.fill(11);
+    dst.set(0);
+    ibv_wc wc = write(p, src, 4096, dst.addr(), dst.rkey());
+    return wc.status == IBV_WC_SUCCESS && same_bytes(src.data(), dst.data(), 4096);
+}
+
+} // namespace
+
+// A child of fork() runs none of its parent's progress threads and shares
+// its parent's lease: the devices it opens must be its own, while the
+// parent's stay open and working (rdma-core's rdma_cm tests fork both
+// players from a process that has the device open).
+TEST(Fork, ChildOpensTheDevicesAfresh) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0) << std::strerror(errno);
+    if (pid == 0) {
+        int n = 0;
+        ibv_device **list = ibv_get_device_list(&n);
+        ibv_context *ctx[2] = {};
+        for (int i = 0; list && i < n; i++) {
+            const char *name = ibv_get_device_name(list[i]);
+            for (int k = 0; k < 2; k++)
+                if (!std::strcmp(name, k ? "vm1" : "vm0")) ctx[k] = ibv_open_device(list[i]);
+        }
+        if (!ctx[0] || !ctx[1]) _exit(2);
+        _exit(write_works(ctx) ? 0 : 3);
+    }
+    int st = 0;
+    ASSERT_EQ(waitpid(pid, &st, 0), pid);
+    ASSERT_TRUE(WIFEXITED(st)) << "the child died of signal " << WTERMSIG(st);
+    EXPECT_EQ(WEXITSTATUS(st), 0) << "2: no device opened in the child, 3: its write failed";
+    EXPECT_TRUE(write_works(g_ctx)) << "the parent's devices after the fork";
+}
