@@ -6,10 +6,12 @@
 # connect through the sroce agent's connection manager.  Server and client
 # are separate processes on two devices on lo; each must exit 0 with its
 # data checked (rping -v verifies every ping, ucmatose and rdma_server/
-# rdma_client check their transfers, rstream checks its stream).  Faults: a
-# client whose server is gone gets REJECTED, a peer killed after the
-# connection is established ends its partner with an error, never a hang;
-# garbage datagrams to QP1 are counted and dropped.
+# rdma_client check their transfers, rstream checks its stream); UD ids
+# through SIDR (udaddy, ib_send_bw -c UD -R) and multicast (mckey).  Faults:
+# a client whose server is gone or dies with its request pending gets
+# REJECTED, a peer killed after the connection is established ends its
+# partner with an error, never a hang; garbage datagrams to QP1 are counted
+# and dropped.
 #
 # Usage: test_rdma_cm.sh BUILD-DIR
 # ctest: TIMEOUT=400 RESOURCE_LOCK=lo-127.0.19.1,lo-127.0.19.2
@@ -17,7 +19,7 @@ set -euo pipefail
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 sroce_init "${1:?usage: $0 BUILD-DIR}"
-require_cmds ss timeout rping ucmatose rdma_server rdma_client rstream cmtime ib_write_bw
+require_cmds ss timeout rping ucmatose udaddy mckey rdma_server rdma_client rstream cmtime ib_write_bw ib_send_bw
 require_loopback
 sroce_config sroce0 127.0.19.1 sroce1 127.0.19.2
 private_agent
@@ -108,6 +110,47 @@ if cm_pair rstream 7474 rstream -b $S -p 7474 -S 65536 -C 200 -- rstream -s $S -
 else
 	fail "rstream"
 fi
+# UD ids: SIDR resolves the peer's QP (udaddy checks every reply it gets).
+if cm_pair udaddy 7174 udaddy -b $S -c 2 -C 20 -- udaddy -s $S -c 2 -C 20 &&
+	grep -q 'return status 0' "$WORK/udaddy.client"; then
+	pass "udaddy: 2 UD connections through SIDR, 20 messages each way"
+else
+	fail "udaddy"
+fi
+# Multicast: two receivers on one device and one on the other join before
+# the sender (a send-only member) sends; each must get every message.
+wait_joins() {
+	local i
+	for ((i = 0; i < 150; i++)); do
+		(($("$SROCE_BIN" -j agent status 2>/dev/null | grep -o '"group":"230.9.9.9"' | wc -l) >= $1)) &&
+			return 0
+		sleep 0.1
+	done
+	return 1
+}
+mck=()
+for b in $S $S 127.0.19.2; do
+	sroce_bg "$WORK/mckey${#mck[@]}.recv" mckey -m 230.9.9.9 -b $b -C 10 -S 200
+	mck+=("$BG_PID")
+done
+if wait_joins 3 &&
+	timeout -k 5 30 "$SROCE_BIN" exec -- mckey -m 230.9.9.9 -b 127.0.19.2 -s -o -C 10 -S 200 \
+		>"$WORK/mckey.send" 2>&1; then
+	mrc=0
+	for pid in "${mck[@]}"; do
+		bg_wait "$pid"
+		((BG_RC == 0)) || mrc=$BG_RC
+	done
+	if ((mrc == 0)) && (($(grep -l 'return status 0' "$WORK"/mckey*.recv | wc -l) == 3)); then
+		pass "mckey: a send-only sender, three receivers on two devices, 10 datagrams each"
+	else
+		fail "mckey" "$(tail -n 3 "$WORK"/mckey*.recv)"
+	fi
+else
+	kill "${mck[@]}" 2>/dev/null || true
+	for pid in "${mck[@]}"; do bg_wait "$pid"; done
+	fail "mckey" "$(cat "$WORK/mckey.send" 2>/dev/null; tail -n 3 "$WORK"/mckey*.recv)"
+fi
 # cmtime's server serves until it is stopped.
 sroce_bg "$WORK/cmtime.server" cmtime -b $S -p 7475 -c 50
 cmtime_srv=$BG_PID
@@ -137,6 +180,13 @@ while :; do
 	fail "ib_write_bw -R"
 	break
 done
+
+if cm_pair send_bw_ud 7480 ib_send_bw -d sroce0 -x 1 -c UD -R -n 2000 -p 7480 -- \
+	ib_send_bw -d sroce1 -x 1 -c UD -R -n 2000 -p 7480 $S; then
+	pass "ib_send_bw -c UD -R: $(perftest_result "$WORK/send_bw_ud.client") MB/s"
+else
+	fail "ib_send_bw -c UD -R"
+fi
 
 # --- the rdma_cm file itself ---------------------------------------------------
 # What librdmacm and rsockets rely on: a character device to fstat(2), an
@@ -208,6 +258,28 @@ if grep -q 'RDMA_CM_EVENT_REJECTED, error 8' <<<"$out"; then
 	pass "a connect to a port nobody listens on is rejected"
 else
 	fail "connect without a listener" "$out"
+fi
+# A server that dies while a connection request waits for it: the agent
+# refuses the request for it (REJ), as the kernel does for a closed file.
+sroce_bg "$WORK/stop.server" ucmatose -b $S -p 7478
+spid=$BG_PID
+wait_cm_listen 7478 "$spid" || die "ucmatose's server did not listen"
+victim=$(pgrep -f "^ucmatose -b $S -p 7478" || true)
+[[ -n $victim ]] && kill -STOP "$victim"
+sroce_bg "$WORK/stop.client" ucmatose -s $S -p 7478
+cpid=$BG_PID
+sleep 1
+[[ -n $victim ]] && kill -9 "$victim"
+start=$(now)
+bg_wait "$cpid"
+crc=$BG_RC
+secs=$(elapsed "$start")
+bg_wait "$spid"
+if [[ -n $victim ]] && ((crc != 0 && crc != 124)) && num_between "$secs" -1 10 &&
+	grep -q 'event: RDMA_CM_EVENT_REJECTED, error: 28' "$WORK/stop.client"; then
+	pass "a server killed with a connection request pending: the client is rejected (28) in ${secs}s"
+else
+	fail "server killed during connect" "client exit $crc after ${secs}s: $(tail -n 3 "$WORK/stop.client")"
 fi
 # A peer killed after the connection is up: its partner sees the QP fail or
 # DISCONNECTED, and exits; it never hangs.

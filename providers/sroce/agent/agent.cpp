@@ -412,9 +412,16 @@ json Agent::status() const {
     for (const Cm::Listener &l : cm_.listeners())
         listeners.push_back(
             {{"addr", ip_text(l.addr)}, {"port", l.port}, {"ps", l.ps}, {"pid", int(l.pid)}});
+    json joins = json::array();
+    for (const Cm::Join &j : cm_.joins())
+        joins.push_back({{"group", ip_text(j.group)},
+                         {"addr", ip_text(j.addr)},
+                         {"send_only", j.send_only},
+                         {"pid", int(j.pid)}});
     return {{"pid", int(getpid())},
             {"version", SROCE_VERSION},
             {"listeners", listeners},
+            {"multicast", joins},
             {"protocol", kProtoVersion},
             {"socket", socket_name()},
             {"cm",

@@ -77,6 +77,16 @@ class Cm {
     // connect before a server listens).
     std::vector<Listener> listeners() const;
 
+    struct Join {
+        uint32_t group; // network order
+        uint32_t addr;  // the joining id's device
+        bool send_only;
+        pid_t pid;
+    };
+    // The multicast joins, for `sroce agent status` (and tests whose sender
+    // must not send before the receivers joined).
+    std::vector<Join> joins() const;
+
     struct Id;
     struct Channel;
     struct McJoin;

@@ -250,6 +250,18 @@ int Cm::leave(Channel &c, uint32_t handle, uint8_t *out, size_t out_cap, size_t 
     return 0;
 }
 
+std::vector<Cm::Join> Cm::joins() const {
+    std::vector<Join> out;
+    for (auto &[h, mc] : mcs_) {
+        auto id = ids_.find(mc.id);
+        if (id == ids_.end()) continue;
+        auto ch = channels_.find(id->second->ch);
+        out.push_back(
+            {mc.group, id->second->dev, mc.send_only, ch == channels_.end() ? 0 : ch->second->pid});
+    }
+    return out;
+}
+
 void Cm::drop_joins(Channel &c, uint32_t id) {
     for (auto it = mcs_.begin(); it != mcs_.end();) {
         if (it->second.id != id) {
