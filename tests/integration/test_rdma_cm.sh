@@ -130,7 +130,7 @@ wait_joins() {
 }
 mck=()
 for b in $S $S 127.0.19.2; do
-	sroce_bg "$WORK/mckey${#mck[@]}.recv" mckey -m 230.9.9.9 -b $b -C 10 -S 200
+	sroce_bg "$WORK/mckey${#mck[@]}.recv" mckey -m 230.9.9.9 -b "$b" -C 10 -S 200
 	mck+=("$BG_PID")
 done
 if wait_joins 3 &&

@@ -74,11 +74,13 @@ $PYTHON -c 'import pyverbs.device' 2>/dev/null || skip "pyverbs not installed fo
 [[ -f $SUITE_SRC/run_tests.py ]] || skip "$SUITE_SRC/run_tests.py missing (python3-pyverbs; run scripts/setup.sh)"
 
 if [[ -n ${SROCE_SUITE_NETNS:-} ]]; then
-	ip link set lo up &&
+	if ! { ip link set lo up &&
 		ip link add sroce-suite0 type veth peer name sroce-suite1 &&
 		ip link set sroce-suite1 up &&
 		ip addr add 10.13.0.1/24 dev sroce-suite0 &&
-		ip link set sroce-suite0 up || die "cannot set up the namespace's veth"
+		ip link set sroce-suite0 up; }; then
+		die "cannot set up the namespace's veth"
+	fi
 	export SROCE_CONFIG=$WORK/links.conf
 	"$SROCE_BIN" --config "$SROCE_CONFIG" link add sroce0 netdev sroce-suite0 addr 10.13.0.1 ||
 		die "sroce link add sroce0 netdev sroce-suite0 failed"
