@@ -226,6 +226,57 @@ run_pair() {
 	return 0
 }
 
+# wait_cm_listen PORT PID: waits until the agent lists an rdma_cm listener
+# on PORT (up to 15 s); fails early when PID has exited.
+wait_cm_listen() {
+	local i
+	for ((i = 0; i < 150; i++)); do
+		"$SROCE_BIN" -j agent status 2>/dev/null | grep -q "\"port\":$1[,}]" && return 0
+		kill -0 "$2" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+
+# cm_pair NAME PORT SERVER-CMD... -- CLIENT-CMD...: like run_pair, for
+# programs whose server listens on an rdma_cm port (not TCP): the client
+# starts once the agent lists the server's listener on PORT.  Logs go to
+# $WORK/NAME.server and $WORK/NAME.client.
+cm_pair() {
+	local name=$1 port=$2 server=() client=() seen=0 arg
+	shift 2
+	for arg in "$@"; do
+		if ((!seen)) && [[ $arg == -- ]]; then
+			seen=1
+			continue
+		fi
+		if ((seen)); then client+=("$arg"); else server+=("$arg"); fi
+	done
+	sroce_bg "$WORK/$name.server" "${server[@]}"
+	local spid=$BG_PID crc=0
+	if wait_cm_listen "$port" "$spid"; then
+		timeout -k 5 60 "$SROCE_BIN" exec -- "${client[@]}" >"$WORK/$name.client" 2>&1 || crc=$?
+	else
+		crc=1
+		echo "the server never listened on rdma_cm port $port" >"$WORK/$name.client"
+		kill "$spid" 2>/dev/null || true
+	fi
+	# A failed client leaves its server waiting: no point in waiting too.
+	((crc == 0)) || kill "$spid" 2>/dev/null || true
+	bg_wait "$spid"
+	if ((crc == 0 && BG_RC == 0)); then
+		return 0
+	fi
+	{
+		echo "--- $name: client exit $crc, server exit $BG_RC"
+		echo "--- server: ${server[*]}"
+		cat "$WORK/$name.server"
+		echo "--- client: ${client[*]}"
+		cat "$WORK/$name.client"
+	} >&2
+	return 1
+}
+
 # perftest_result LOG: prints the main figure of a perftest report: the
 # "BW average" column of a bandwidth test or "t_avg" of a latency test.
 # Prints nothing when LOG has no result line.

@@ -9,7 +9,9 @@
 #
 # The traffic is perftest between two sroce links, 127.0.3.1 and 127.0.3.2:
 # SEND, RDMA WRITE, RDMA READ requests and responses, ATOMIC and ATOMIC
-# ACKNOWLEDGE, and ACKs.
+# ACKNOWLEDGE, and ACKs; then rdma_cm programs, whose connection manager
+# MADs on QP1 (REQ, REP, RTU, DREQ, DREP, SIDR_REQ, SIDR_REP, REJ) must all
+# be in the capture and decode as such.
 #
 # Usage: test_wire_capture.sh BUILD-DIR
 # Skips (77) when tshark, scapy, perftest or a capture on lo is unavailable.
@@ -21,7 +23,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib.sh
 . "$here/lib.sh"
 sroce_init "${1:?usage: $0 BUILD-DIR}"
-require_cmds tshark ss ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat
+require_cmds tshark ss ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat rping udaddy
 require_loopback
 python=
 for p in python3 /usr/bin/python3; do
@@ -33,6 +35,7 @@ done
 [[ -n $python ]] || skip "no python3 with scapy (python3-scapy)"
 
 sroce_config sroce_cap0 127.0.3.1 sroce_cap1 127.0.3.2
+private_agent
 
 pcap=$WORK/roce.pcapng
 # dumpcap may write as a dropped user.
@@ -70,6 +73,24 @@ perf ib_read_bw -n 200
 perf ib_send_bw -n 200
 perf ib_atomic_bw -n 200
 perf ib_write_lat -n 100
+# rdma_cm: a connection and its teardown, a UD id's SIDR, a REJ.
+S=127.0.3.1
+if cm_pair rping 7471 rping -s -a $S -p 7471 -C 3 -v -- rping -c -a $S -I 127.0.3.2 -p 7471 -C 3 -v; then
+	pass "rping (REQ, REP, RTU, DREQ, DREP)"
+else
+	fail "rping"
+fi
+if cm_pair udaddy 7174 udaddy -b $S -C 3 -- udaddy -s $S -b 127.0.3.2 -C 3; then
+	pass "udaddy (SIDR_REQ, SIDR_REP)"
+else
+	fail "udaddy"
+fi
+out=$(timeout -k 5 30 "$SROCE_BIN" exec -- rping -c -a $S -I 127.0.3.2 -p 7499 -C 1 2>&1 || true)
+if grep -q 'RDMA_CM_EVENT_REJECTED, error 8' <<<"$out"; then
+	pass "a connect nobody listens for (REJ)"
+else
+	fail "a connect nobody listens for" "$out"
+fi
 
 # Let the last packets reach the capture before stopping it.
 sleep 0.5
@@ -85,7 +106,21 @@ else
 	fail "ICRC, IP ID and opcode coverage (scapy)"
 fi
 
-# (b) Wireshark: every frame is InfiniBand, none malformed and none with an
+# (b) Wireshark: every CM message sroce sends is there, as what it is.
+cm_seen=$(tshark -r "$pcap" -d udp.port==4791,infiniband -Y 'infiniband.mad' \
+	-T fields -e _ws.col.Info 2>/dev/null | sed -n 's/.*CM: //p' | sort -u)
+missing=
+for m in ConnectRequest ConnectReply ReadyToUse DisconnectRequest DisconnectReply \
+	ServiceIDResReq ServiceIDResReqResp ConnectReject; do
+	grep -qx "$m" <<<"$cm_seen" || missing+=" $m"
+done
+if [[ -z $missing ]]; then
+	pass "CM messages decoded: $(tr "\n" " " <<<"$cm_seen")"
+else
+	fail "CM messages missing from the capture:$missing (seen: $(tr "\n" " " <<<"$cm_seen"))"
+fi
+
+# (c) Wireshark: every frame is InfiniBand, none malformed and none with an
 # error-level expert item in its headers.  The IB dissector guesses at
 # payloads (an EtherType in the first payload bytes), so a failure inside
 # such a guessed sub-protocol says nothing about the packet and only counts
