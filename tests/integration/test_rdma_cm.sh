@@ -113,41 +113,33 @@ fi
 kill "$cmtime_srv" 2>/dev/null || true
 bg_wait "$cmtime_srv"
 # perftest's -R makes two rdma_cm connections, the second to a listener the
-# server creates only after the first: a client that is quicker is
-# rejected (no listener, 8) on any stack.  Such a run is tried again (up to
-# five times: a busy host loses the race often).
-tries=0
-while :; do
-	tries=$((tries + 1))
-	if cm_pair write_bw 7479 ib_write_bw -d sroce0 -x 1 -R -n 2000 -p 7479 -- \
-		ib_write_bw -d sroce1 -x 1 -R -n 2000 -p 7479 $S 2>"$WORK/write_bw.why"; then
-		pass "ib_write_bw -R: $(perftest_result "$WORK/write_bw.client") MB/s (attempt $tries)"
-		break
-	fi
-	if ((tries < 5)) && grep -q 'RDMA_CM_EVENT_REJECTED; error: 8' "$WORK/write_bw.client"; then
-		continue
-	fi
-	cat "$WORK/write_bw.why" >&2
-	fail "ib_write_bw -R"
-	break
-done
-
-# The same race with UD ids: SIDR answers "no listener" with status 1.
-tries=0
-while :; do
-	tries=$((tries + 1))
-	if cm_pair send_bw_ud 7480 ib_send_bw -d sroce0 -x 1 -c UD -R -n 2000 -p 7480 -- \
-		ib_send_bw -d sroce1 -x 1 -c UD -R -n 2000 -p 7480 $S 2>"$WORK/send_bw_ud.why"; then
-		pass "ib_send_bw -c UD -R: $(perftest_result "$WORK/send_bw_ud.client") MB/s (attempt $tries)"
-		break
-	fi
-	if ((tries < 5)) && grep -q 'RDMA_CM_EVENT_UNREACHABLE; error: 1\.' "$WORK/send_bw_ud.client"; then
-		continue
-	fi
-	cat "$WORK/send_bw_ud.why" >&2
-	fail "ib_send_bw -c UD -R"
-	break
-done
+# server creates only after the first: a client that is quicker is refused
+# on any stack (REJ 8, no listener; for a UD id the SIDR_REP's status 1).
+# perftest_cm NAME PORT REFUSAL SERVER... -- CLIENT...: cm_pair, tried again
+# (up to five times: a busy host loses the race often) while the client's
+# log shows REFUSAL.
+perftest_cm() {
+	local name=$1 port=$2 refusal=$3 tries=0 label
+	shift 3
+	label="$1 -R"
+	[[ " $* " != *" -c UD "* ]] || label="$1 -c UD -R"
+	while :; do
+		tries=$((tries + 1))
+		if cm_pair "$name" "$port" "$@" 2>"$WORK/$name.why"; then
+			pass "$label: $(perftest_result "$WORK/$name.client") MB/s (attempt $tries)"
+			return
+		fi
+		((tries < 5)) && grep -qF "$refusal" "$WORK/$name.client" && continue
+		cat "$WORK/$name.why" >&2
+		fail "$label"
+		return
+	done
+}
+perftest_cm write_bw 7479 'RDMA_CM_EVENT_REJECTED; error: 8' \
+	ib_write_bw -d sroce0 -x 1 -R -n 2000 -p 7479 -- ib_write_bw -d sroce1 -x 1 -R -n 2000 -p 7479 $S
+perftest_cm send_bw_ud 7480 'RDMA_CM_EVENT_UNREACHABLE; error: 1.' \
+	ib_send_bw -d sroce0 -x 1 -c UD -R -n 2000 -p 7480 -- \
+	ib_send_bw -d sroce1 -x 1 -c UD -R -n 2000 -p 7480 $S
 
 # --- the rdma_cm file itself ---------------------------------------------------
 # What librdmacm and rsockets rely on: a character device to fstat(2), an

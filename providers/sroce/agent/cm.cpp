@@ -1076,6 +1076,29 @@ Cm::Match Cm::match_listener(uint64_t sid, const uint8_t *pd, size_t pd_len) {
     return mt;
 }
 
+Cm::Id *Cm::new_conn_id(Channel &c, Id &lis, const Match &mt) {
+    rdma_ucm_create_id cid{};
+    cid.ps = lis.ps;
+    cid.qp_type = lis.qp_type;
+    uint8_t out[4];
+    size_t ol;
+    if (create_id(c, cid, out, &ol)) return nullptr;
+    uint32_t h;
+    std::memcpy(&h, out, 4);
+    Id &id = *ids_.at(h);
+    id.uid = 0; // taken by the process at ACCEPT
+    id.listener = lis.handle;
+    id.state = IdState::kConnect;
+    id.bound = true;
+    id.src = lis.src;
+    id.src.sin_addr.s_addr = mt.dst_ip;
+    id.dst.sin_family = AF_INET;
+    id.dst.sin_addr.s_addr = mt.src_ip;
+    id.dst.sin_port = htons(mt.src_port);
+    id.dev = mt.dst_ip;
+    return &id;
+}
+
 void Cm::recv_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
     using namespace cm;
     uint32_t remote_comm = uint32_t(m.field(req::kLocalCommId));
@@ -1108,7 +1131,7 @@ void Cm::recv_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
         return issue_rej(kRejInvalidServiceId);
     }
     Id *lis = mt.lis;
-    uint32_t dst_ip = mt.dst_ip, src_ip = mt.src_ip;
+    uint32_t dst_ip = mt.dst_ip;
     if (!lis) return issue_rej(kRejConsumerDefined);
     Channel &c = *channels_.at(lis->ch);
     CmDevice *d = device_of(c, dst_ip);
@@ -1116,25 +1139,9 @@ void Cm::recv_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
     uint8_t tst = uint8_t(m.field(req::kTransportServiceType));
     if ((tst == 0 ? 2 : tst == 1 ? 3 : 0) != lis->qp_type) return issue_rej(kRejConsumerDefined);
     if (lis->pending >= lis->backlog) return; // as the kernel: silently, the peer retries
-    rdma_ucm_create_id cid{};
-    cid.ps = lis->ps;
-    cid.qp_type = lis->qp_type;
-    uint8_t out[4];
-    size_t ol;
-    if (create_id(c, cid, out, &ol)) return;
-    uint32_t h;
-    std::memcpy(&h, out, 4);
-    Id &id = *ids_.at(h);
-    id.uid = 0; // taken by the process at ACCEPT
-    id.listener = lis->handle;
-    id.state = IdState::kConnect;
-    id.bound = true;
-    id.src = lis->src;
-    id.src.sin_addr.s_addr = dst_ip;
-    id.dst.sin_family = AF_INET;
-    id.dst.sin_addr.s_addr = src_ip;
-    id.dst.sin_port = htons(mt.src_port);
-    id.dev = dst_ip;
+    Id *idp = new_conn_id(c, *lis, mt);
+    if (!idp) return;
+    Id &id = *idp;
     id.tos = uint8_t(m.field(req::kPrimaryTrafficClass));
     uint32_t peer;
     std::memcpy(&peer, m.body + req::kPrimaryLocalGid + 12, 4);

@@ -164,6 +164,9 @@ class Cm {
         uint16_t src_port = 0;
     };
     Match match_listener(uint64_t sid, const uint8_t *pd, size_t pd_len);
+    // The new id of a request `lis` takes, on channel `c` (its uid stays 0
+    // until the process accepts), or nullptr.
+    Id *new_conn_id(Channel &c, Id &lis, const Match &mt);
 
     MadSender send_;
     Stats stats_;

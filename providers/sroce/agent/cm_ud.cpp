@@ -125,25 +125,9 @@ void Cm::recv_sidr_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
         return answer(kSidrReject);
     Channel &c = *channels_.at(lis->ch);
     if (!device_of(c, local)) return answer(kSidrReject);
-    rdma_ucm_create_id cid{};
-    cid.ps = lis->ps;
-    cid.qp_type = lis->qp_type;
-    uint8_t out[4];
-    size_t ol;
-    if (create_id(c, cid, out, &ol)) return answer(kSidrReject);
-    uint32_t h;
-    std::memcpy(&h, out, 4);
-    Id &id = *ids_.at(h);
-    id.uid = 0; // taken by the process at ACCEPT
-    id.listener = lis->handle;
-    id.state = IdState::kConnect;
-    id.bound = true;
-    id.src = lis->src;
-    id.src.sin_addr.s_addr = local;
-    id.dst.sin_family = AF_INET;
-    id.dst.sin_addr.s_addr = mt.src_ip;
-    id.dst.sin_port = htons(mt.src_port);
-    id.dev = local;
+    Id *idp = new_conn_id(c, *lis, mt);
+    if (!idp) return answer(kSidrReject);
+    Id &id = *idp;
     id.peer_ip = remote;
     id.remote_comm = request_id;
     id.tid = m.hdr.tid;
