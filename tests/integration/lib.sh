@@ -42,7 +42,8 @@ _sroce_cleanup() {
 	for pid in "${SROCE_BG_PIDS[@]}"; do
 		wait "$pid" 2>/dev/null || true
 	done
-	[[ -n ${SROCE_PRIVATE_AGENT:-} ]] && "$SROCE_BIN" agent stop 2>/dev/null
+	# Gone already (idle exit) is fine.
+	[[ -z ${SROCE_PRIVATE_AGENT:-} ]] || "$SROCE_BIN" agent stop &>/dev/null || true
 	[[ -n ${WORK:-} && -d $WORK ]] && rm -rf "$WORK"
 	return 0
 }

@@ -212,6 +212,13 @@ if grep -q 'RDMA_CM_EVENT_REJECTED, error 8' <<<"$out"; then
 else
 	fail "connect without a listener" "$out"
 fi
+# A UD id's connect nobody listens for: the SIDR_REP says unsupported (1).
+out=$(timeout -k 5 30 "$SROCE_BIN" exec -- udaddy -s $S -C 1 2>&1 || true)
+if grep -q 'RDMA_CM_EVENT_UNREACHABLE, error: 1$' <<<"$out"; then
+	pass "a UD connect nobody listens for is unreachable (SIDR status 1)"
+else
+	fail "UD connect without a listener" "$out"
+fi
 # A server that dies while a connection request waits for it: the agent
 # refuses the request for it (REJ), as the kernel does for a closed file.
 sroce_bg "$WORK/stop.server" ucmatose -b $S -p 7478

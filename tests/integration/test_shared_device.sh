@@ -86,15 +86,23 @@ else
 	fail "four ib_write_bw pairs at once"
 fi
 
+# long_pair NAME SECONDS: an ib_write_bw pair (sroce0 serving sroce1) that
+# runs for SECONDS in the background, under way when this returns; leaves
+# LP_PORT, LP_SRV and LP_CLI (the two background pids).
+long_pair() {
+	next_port
+	LP_PORT=$PORT
+	sroce_bg "$WORK/$1.server" ib_write_bw -d sroce0 -x 1 -D "$2" -p "$LP_PORT"
+	LP_SRV=$BG_PID
+	wait_listen "$LP_PORT" "$LP_SRV" || die "$1: ib_write_bw's server did not listen"
+	sroce_bg "$WORK/$1.client" ib_write_bw -d sroce1 -x 1 -D "$2" -p "$LP_PORT" 127.0.0.1
+	LP_CLI=$BG_PID
+	sleep 3
+}
+
 # --- a process killed mid-run disturbs nobody ---------------------------------
-next_port
-pa=$PORT
-sroce_bg "$WORK/a.server" ib_write_bw -d sroce0 -x 1 -D 20 -p "$pa"
-a_srv=$BG_PID
-wait_listen "$pa" "$a_srv" || die "victim server did not listen"
-sroce_bg "$WORK/a.client" ib_write_bw -d sroce1 -x 1 -D 20 -p "$pa" 127.0.0.1
-a_cli=$BG_PID
-sleep 3
+long_pair a 20
+pa=$LP_PORT a_srv=$LP_SRV a_cli=$LP_CLI
 # The client's own process, not the timeout wrapper around it.
 victim=$(pgrep -f -n "ib_write_bw -d sroce1 -x 1 -D 20 -p $pa" || true)
 [[ -n $victim ]] || die "victim client not found"
@@ -116,14 +124,8 @@ bg_wait "$a_cli"
 bg_wait "$a_srv"
 
 # --- the agent dies under running programs ------------------------------------
-next_port
-pb=$PORT
-sroce_bg "$WORK/b.server" ib_write_bw -d sroce0 -x 1 -D 30 -p "$pb"
-b_srv=$BG_PID
-wait_listen "$pb" "$b_srv" || die "server did not listen"
-sroce_bg "$WORK/b.client" ib_write_bw -d sroce1 -x 1 -D 30 -p "$pb" 127.0.0.1
-b_cli=$BG_PID
-sleep 3
+long_pair b 30
+b_srv=$LP_SRV b_cli=$LP_CLI
 agent_pid=$("$SROCE_BIN" -j agent status | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
 [[ -n $agent_pid ]] || die "agent pid not found"
 start=$(now)

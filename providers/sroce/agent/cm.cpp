@@ -734,6 +734,22 @@ int Cm::migrate(Channel &to, uint32_t from_ch, uint32_t h, uint8_t *out, size_t 
 
 // ------------------------------------------------------------ connecting
 
+void Cm::begin_connect(Id &id) {
+    id.active = true;
+    id.state = IdState::kConnect;
+    id.local_comm = (next_comm_++) ^ comm_xor_;
+    id.peer_ip = id.dst.sin_addr.s_addr;
+    id.tid = own_tid(id.local_comm);
+}
+
+void Cm::store_private_data(const Id &id, const rdma_ucm_conn_param &p, uint8_t *pd) {
+    cm::CmaHdr hdr;
+    hdr.set_ipv4(id.src.sin_addr.s_addr, id.dst.sin_addr.s_addr);
+    hdr.port = ntohs(id.src.sin_port);
+    hdr.store(pd);
+    std::memcpy(pd + cm::CmaHdr::kLen, p.private_data, p.private_data_len);
+}
+
 int Cm::connect(Id &id, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece) {
     if (id.state != IdState::kRouteResolved) return EINVAL;
     if (id.qp_type == 4) return connect_ud(id, p);
@@ -743,10 +759,7 @@ int Cm::connect(Id &id, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece) {
     if (!d) return ENODEV;
     id.param = p;
     id.ece = ece;
-    id.active = true;
-    id.state = IdState::kConnect;
-    id.local_comm = (next_comm_++) ^ comm_xor_;
-    id.peer_ip = id.dst.sin_addr.s_addr;
+    begin_connect(id);
     id.responder_resources = p.responder_resources;
     id.initiator_depth = p.initiator_depth;
     id.retry_count = std::min<uint8_t>(p.retry_count, 7);
@@ -784,12 +797,7 @@ int Cm::connect(Id &id, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece) {
     set(b, req::kPrimaryTrafficClass, id.tos);
     set(b, req::kPrimaryHopLimit, 64);
     set(b, req::kPrimaryLocalAckTimeout, id.local_ack_timeout);
-    CmaHdr hdr;
-    hdr.set_ipv4(id.src.sin_addr.s_addr, id.dst.sin_addr.s_addr);
-    hdr.port = ntohs(id.src.sin_port);
-    hdr.store(b + req::kPrivateData);
-    std::memcpy(b + req::kPrivateData + CmaHdr::kLen, p.private_data, p.private_data_len);
-    id.tid = uint64_t(0x5352) << 48 | id.local_comm;
+    store_private_data(id, p, b + req::kPrivateData);
     id.cm = CmState::kReqSent;
     id.max_cm_retries = kMaxCmRetries;
     // The MAD header's attribute modifier carries ECE's.
@@ -987,7 +995,7 @@ void Cm::send_dreq(Id &id) {
     set(b, kLocalCommId, id.local_comm);
     set(b, kRemoteCommId, id.remote_comm);
     set(b, dreq::kRemoteQpn, id.remote_qpn);
-    id.tid = uint64_t(0x5352) << 48 | id.local_comm;
+    id.tid = own_tid(id.local_comm);
     id.cm = CmState::kDreqSent;
     uint32_t t = id.cm_timeout_ms ? id.cm_timeout_ms
                                   : 2 * conv_ms(kPacketLifeTime) + conv_ms(kCmResponseTimeout);

@@ -101,6 +101,11 @@ class Cm {
     int query_route(Id &id, uint8_t *out, size_t *out_len);
     int query(Id &id, uint32_t option, uint8_t *out, size_t cap, size_t *out_len);
     int connect(Id &id, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece);
+    // The active side's start, REQ or SIDR_REQ: its local communication ID,
+    // transaction ID and peer.
+    void begin_connect(Id &id);
+    // The rdma_cm header (addresses, port) then the user's data, at `pd`.
+    static void store_private_data(const Id &id, const rdma_ucm_conn_param &p, uint8_t *pd);
     int listen(Id &id, uint32_t backlog);
     int accept(Id &id, uint64_t uid, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece,
                bool has_param);

@@ -60,6 +60,12 @@ inline uint8_t ack_timeout(uint8_t delay, uint8_t plt) {
     return std::min<uint8_t>(t, 31);
 }
 
+// The transaction ID of a MAD exchange this side starts: "SR" above its
+// local communication ID.
+inline uint64_t own_tid(uint32_t local_comm) {
+    return uint64_t(0x5352) << 48 | local_comm;
+}
+
 inline uint64_t now_ms() {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -49,20 +49,12 @@ int Cm::connect_ud(Id &id, const rdma_ucm_conn_param &p) {
     if (p.private_data_len > sidr_req::kPrivateDataLen - CmaHdr::kLen) return EINVAL;
     Channel &c = *channels_.at(id.ch);
     if (!device_of(c, id.dev)) return ENODEV;
-    id.active = true;
-    id.state = IdState::kConnect;
-    id.local_comm = (next_comm_++) ^ comm_xor_;
-    id.peer_ip = id.dst.sin_addr.s_addr;
+    begin_connect(id);
     uint8_t b[kCmDataLen] = {};
     set(b, sidr_req::kRequestId, id.local_comm);
     set(b, sidr_req::kPartitionKey, 0xFFFF);
     set(b, sidr_req::kServiceId, service_id(PortSpace(id.ps), ntohs(id.dst.sin_port)));
-    CmaHdr hdr;
-    hdr.set_ipv4(id.src.sin_addr.s_addr, id.dst.sin_addr.s_addr);
-    hdr.port = ntohs(id.src.sin_port);
-    hdr.store(b + sidr_req::kPrivateData);
-    std::memcpy(b + sidr_req::kPrivateData + CmaHdr::kLen, p.private_data, p.private_data_len);
-    id.tid = uint64_t(0x5352) << 48 | id.local_comm;
+    store_private_data(id, p, b + sidr_req::kPrivateData);
     id.cm = CmState::kSidrReqSent;
     id.max_cm_retries = kMaxCmRetries;
     // cma.c: 1 << (CMA_CM_RESPONSE_TIMEOUT - 8) ms per try.
