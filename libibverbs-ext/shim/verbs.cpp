@@ -202,14 +202,20 @@ SROCE_SHIM_EXPORT int ibv_query_qp_data_in_order(ibv_qp *qp, ibv_wr_opcode op, u
     SROCE_FORWARD(ibv_query_qp_data_in_order, kV1_14, 0, qp, op, flags);
 }
 
-// Enhanced Connection Establishment is not supported by sroce.
+// Enhanced Connection Establishment: native commits between sroce peers.
 SROCE_SHIM_EXPORT int ibv_set_ece(ibv_qp *qp, ibv_ece *ece) {
-    if (owns(qp)) return fail_ret(EOPNOTSUPP);
+    if (owns(qp)) {
+        int err = sroce_set_ece(qp, ece);
+        return err ? fail_ret(err) : 0;
+    }
     SROCE_FORWARD(ibv_set_ece, kV1_10, ENOSYS, qp, ece);
 }
 
 SROCE_SHIM_EXPORT int ibv_query_ece(ibv_qp *qp, ibv_ece *ece) {
-    if (owns(qp)) return fail_ret(EOPNOTSUPP);
+    if (owns(qp)) {
+        int err = sroce_query_ece(qp, ece);
+        return err ? fail_ret(err) : 0;
+    }
     SROCE_FORWARD(ibv_query_ece, kV1_10, ENOSYS, qp, ece);
 }
 

@@ -101,6 +101,9 @@ int sroce_destroy_ah(struct ibv_ah *ah);
 int sroce_query_commit_caps(struct ibv_context *ctx, struct ibv_commit_caps *caps);
 int sroce_qp_set_commit_peer(struct ibv_qp *qp, uint32_t peer_commit_caps);
 const struct ibv_qp_commit_ops *sroce_qp_to_commit_ops(struct ibv_qp_ex *qp);
+/* ECE: how connection managers agree on native commits (docs/connection-manager.md). */
+int sroce_query_ece(struct ibv_qp *qp, struct ibv_ece *ece);
+int sroce_set_ece(struct ibv_qp *qp, struct ibv_ece *ece);
 
 /* Test persistence domain: every range the engine makes durable (FLUSH,
  * commits) is also reported to `hook` before the operation is acknowledged,

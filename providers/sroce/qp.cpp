@@ -955,6 +955,41 @@ int sroce_qp_set_commit_peer(struct ibv_qp *ibqp, uint32_t peer_commit_caps) {
     return 0;
 }
 
+// What a QP offers in ECE: the commit capabilities of its responder, which
+// only reliable connected QPs use.
+static uint32_t ece_offer(const Qp *qp) {
+    if (!qp->reliable()) return 0;
+    ibv_commit_caps caps{};
+    sroce_query_commit_caps(qp->qpx.qp_base.context, &caps);
+    return kEceTag | (caps.flags & kEceCommitCaps);
+}
+
+// librdmacm asks before it sends REQ or REP what to put in them, and hands
+// over what the peer sent; the kernel's CM carries both untouched.  A peer
+// that sent nothing, or options without sroce's tag, shares no capability,
+// so it gets the IBTA sequences.
+int sroce_query_ece(struct ibv_qp *ibqp, struct ibv_ece *ece) {
+    Qp *qp = to_qp(ibqp);
+    std::lock_guard<std::mutex> g(qp->mu);
+    *ece = {};
+    ece->vendor_id = kVendorId;
+    ece->options = qp->commit.ece_set ? qp->commit.ece_options : ece_offer(qp);
+    return 0;
+}
+
+int sroce_set_ece(struct ibv_qp *ibqp, struct ibv_ece *ece) {
+    Qp *qp = to_qp(ibqp);
+    if (ece->comp_mask || ece->vendor_id != kVendorId) return EINVAL;
+    uint32_t agreed = 0;
+    if ((ece->options & kEceTagMask) == kEceTag) agreed = ece->options & ece_offer(qp);
+    if (!(agreed & kEceCommitCaps)) agreed = 0;
+    std::lock_guard<std::mutex> g(qp->mu);
+    qp->commit.ece_set = true;
+    qp->commit.ece_options = agreed;
+    qp->commit.peer_native = agreed & IBV_COMMIT_CAP_NATIVE;
+    return 0;
+}
+
 // A RoCEv2 multicast GID over IPv4: the IPv4-mapped form of a class D address.
 static bool multicast_group(const union ibv_gid *gid, in_addr_t *group) {
     return gid && gid_ipv4(*gid, group) && (gid->raw[12] & 0xF0) == 0xE0;

@@ -48,6 +48,13 @@ constexpr uint32_t kMaxRdAtomic = 128;
 constexpr uint64_t kMaxMsgSize = 1ull << 31;
 constexpr uint32_t kVendorId = 0xFFFFFF; // no OUI: same value Linux rxe reports
 constexpr int kNumGids = 2;              // populated GID entries
+// Enhanced Connection Establishment (ibv_query_ece/ibv_set_ece): the vendor
+// ID is kVendorId; the options carry the IBV_COMMIT_CAP_* flags a QP's
+// responder executes, tagged in the top byte because another implementation
+// without an OUI may one day send options of its own under the same vendor ID.
+constexpr uint32_t kEceTag = 0x5C000000;
+constexpr uint32_t kEceTagMask = 0xFF000000;
+constexpr uint32_t kEceCommitCaps = 0x0000000F;
 // Entries the GID table reports, as Linux rxe: the rest are empty, so
 // programs can probe for free indices (ibv_query_gid_ex says ENODATA).
 constexpr int kGidTblLen = 1024;
@@ -511,8 +518,13 @@ struct CommitState {
     uint8_t ceth = 0;    // CETH flags of the native commit being received
     bool in_msg = false; // the multi-packet write in progress is a commit
     std::vector<DirtyRange> dirty;
-    // The peer declared native write-commit support (ibv_qp_set_commit_peer).
+    // The peer declared native write-commit support (ibv_qp_set_commit_peer,
+    // or ibv_set_ece with options that include it).
     bool peer_native = false;
+    // ECE options agreed with the peer (ibv_set_ece); until then
+    // ibv_query_ece offers this QP's own.
+    bool ece_set = false;
+    uint32_t ece_options = 0;
 };
 
 // rdma-core 44 and 45 append wr_atomic_write and wr_flush to ibv_qp_ex;

@@ -2,8 +2,9 @@
 //
 // Write-commit (docs/design.md §3: commit, immediate, ordered) through public
 // verbs, in one process: devices on 127.0.1.11 / 127.0.1.12 (used by no other
-// test).  Every test runs twice: with the native opcodes (the peer declared
-// IBV_COMMIT_CAP_NATIVE) and with the IBTA fallback sequences, which must
+// test).  Every test runs three times: with the native opcodes (the peer
+// declared IBV_COMMIT_CAP_NATIVE, or the two QPs agreed on them through ECE
+// as librdmacm drives it) and with the IBTA fallback sequences, which must
 // keep exactly the same promises.  The engine's test persistence hook shows
 // what was made durable, and when.
 #include "persist_log.hpp"
@@ -26,9 +27,22 @@ PersistLog g_log;
 
 constexpr unsigned kFlushAccess = IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT;
 
-class Commit : public ::testing::TestWithParam<bool> {
+// How the initiator learns that its peer executes native commits.
+enum class Path { ibta, declared, ece };
+
+// What librdmacm does with ECE: the active side's offer travels in REQ, the
+// passive side keeps what it shares with it and answers in REP, and the
+// active side takes the answer.
+void negotiate_ece(ibv_qp *active, ibv_qp *passive) {
+    ibv_ece req{}, rep{};
+    ASSERT_EQ(ibv_query_ece(active, &req), 0);
+    ASSERT_EQ(ibv_set_ece(passive, &req), 0);
+    ASSERT_EQ(ibv_query_ece(passive, &rep), 0);
+    ASSERT_EQ(ibv_set_ece(active, &rep), 0);
+}
+
+class Commit : public ::testing::TestWithParam<Path> {
   protected:
-    bool native() const { return GetParam(); }
     void make(unsigned b_access = kAllAccess | kFlushAccess) {
         PairOpts o;
         o.qp_ex = true;
@@ -38,8 +52,10 @@ class Commit : public ::testing::TestWithParam<bool> {
         ASSERT_NO_FATAL_FAILURE(p.setup(g_ctx[0], g_ctx[1], o));
         ibv_commit_caps caps{};
         ASSERT_EQ(ibv_query_commit_caps(g_ctx[1], &caps), 0);
-        if (native()) {
+        if (GetParam() == Path::declared) {
             ASSERT_EQ(ibv_qp_set_commit_peer(p.a.qp, caps.flags), 0);
+        } else if (GetParam() == Path::ece) {
+            ASSERT_NO_FATAL_FAILURE(negotiate_ece(p.a.qp, p.b.qp));
         }
         g_log.clear();
     }
@@ -90,6 +106,77 @@ TEST(CommitCaps, QpWithoutTheSendOpHasNoCommitVerbs) {
     ibv_wr_start(q.a.qpx);
     EXPECT_EQ(ibv_wr_rdma_write_commit(q.a.qpx, 1, 0, 0), EOPNOTSUPP);
     ibv_wr_abort(q.a.qpx);
+}
+
+// sroce's ECE: vendor ID 0xFFFFFF, options the IBV_COMMIT_CAP_* flags of a
+// reliable QP under the tag 0x5C in the top byte (docs/connection-manager.md).
+TEST(Ece, OffersTheCommitCapabilitiesOfReliableQps) {
+    Pair q;
+    PairOpts o;
+    o.connect = false;
+    ASSERT_NO_FATAL_FAILURE(q.setup(g_ctx[0], g_ctx[1], o));
+    ibv_ece ece{};
+    ASSERT_EQ(ibv_query_ece(q.a.qp, &ece), 0);
+    EXPECT_EQ(ece.vendor_id, 0xFFFFFFu);
+    EXPECT_EQ(ece.options, 0x5C000000u | IBV_COMMIT_CAP_NATIVE | IBV_COMMIT_CAP_ORDERED |
+                               IBV_COMMIT_CAP_IMMED | IBV_COMMIT_CAP_FLUSH);
+    EXPECT_EQ(ece.comp_mask, 0u);
+
+    ibv_cq *cq = ibv_create_cq(g_ctx[0], 4, nullptr, nullptr, 0);
+    ASSERT_NE(cq, nullptr);
+    ibv_qp_init_attr ia{};
+    ia.send_cq = ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_UD;
+    ia.cap = {1, 1, 1, 1, 0};
+    ibv_qp *ud = ibv_create_qp(q.a.pd, &ia);
+    ASSERT_NE(ud, nullptr);
+    ASSERT_EQ(ibv_query_ece(ud, &ece), 0);
+    EXPECT_EQ(ece.vendor_id, 0xFFFFFFu);
+    EXPECT_EQ(ece.options, 0u) << "a UD QP has nothing to negotiate";
+    ibv_destroy_qp(ud);
+    ibv_destroy_cq(cq);
+}
+
+TEST(Ece, KeepsWhatBothSidesShareAndRefusesOtherVendors) {
+    Pair q;
+    PairOpts o;
+    o.connect = false;
+    ASSERT_NO_FATAL_FAILURE(q.setup(g_ctx[0], g_ctx[1], o));
+    ibv_ece ece{};
+    // Another vendor's options are no business of this provider's...
+    ece.vendor_id = 0x02c9;
+    ece.options = 0x5C00000F;
+    errno = 0;
+    EXPECT_EQ(ibv_set_ece(q.a.qp, &ece), EINVAL);
+    EXPECT_EQ(errno, EINVAL);
+    ece.vendor_id = 0xFFFFFF;
+    ece.comp_mask = 1;
+    EXPECT_EQ(ibv_set_ece(q.a.qp, &ece), EINVAL);
+    // ...nothing agreed yet, so the QP still offers everything.
+    ASSERT_EQ(ibv_query_ece(q.a.qp, &ece), 0);
+    EXPECT_EQ(ece.options, 0x5C00000Fu);
+
+    struct Case {
+        uint32_t peer, agreed;
+    } cases[] = {
+        {0x5C000001, 0x5C000001}, // native only
+        {0x5C0000FF, 0x5C00000F}, // bits sroce does not know are dropped
+        {0x0000000F, 0},          // untagged: another implementation's options
+        {0x5D00000F, 0},          // another tag
+        {0x5C000000, 0},          // tagged but nothing in common
+        {0, 0},                   // what librdmacm sets for a peer without ECE
+    };
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.peer);
+        ece = {};
+        ece.vendor_id = 0xFFFFFF;
+        ece.options = c.peer;
+        ASSERT_EQ(ibv_set_ece(q.a.qp, &ece), 0);
+        ece = {};
+        ASSERT_EQ(ibv_query_ece(q.a.qp, &ece), 0);
+        EXPECT_EQ(ece.vendor_id, 0xFFFFFFu);
+        EXPECT_EQ(ece.options, c.agreed);
+    }
 }
 
 TEST_P(Commit, CompletesOnlyWhenTheWriteIsDurable) {
@@ -362,9 +449,11 @@ TEST_P(Commit, AtomicWriteIsNotItselfAFlush) {
     EXPECT_TRUE(g_log.covers(dst.data() + 16, 8));
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, Commit, ::testing::Values(true, false),
-                         [](const ::testing::TestParamInfo<bool> &i) {
-                             return i.param ? "native" : "ibta_fallback";
+INSTANTIATE_TEST_SUITE_P(Paths, Commit, ::testing::Values(Path::declared, Path::ece, Path::ibta),
+                         [](const ::testing::TestParamInfo<Path> &i) {
+                             return i.param == Path::ibta       ? "ibta_fallback"
+                                    : i.param == Path::declared ? "native"
+                                                                : "native_by_ece";
                          });
 
 } // namespace
