@@ -955,13 +955,16 @@ int sroce_qp_set_commit_peer(struct ibv_qp *ibqp, uint32_t peer_commit_caps) {
     return 0;
 }
 
-// What a QP offers in ECE: the commit capabilities of its responder, which
-// only reliable connected QPs use.
+// What a QP offers in ECE (layout: <infiniband/verbs_ext.h>): the commit
+// capabilities of its responder, which only reliable connected QPs use.  The
+// options are tagged because another implementation without an OUI may one
+// day send options of its own under the same vendor ID.
+static_assert(kVendorId == IBV_COMMIT_ECE_VENDOR_ID, "ECE carries the device's vendor ID");
 static uint32_t ece_offer(const Qp *qp) {
     if (!qp->reliable()) return 0;
     ibv_commit_caps caps{};
     sroce_query_commit_caps(qp->qpx.qp_base.context, &caps);
-    return kEceTag | (caps.flags & kEceCommitCaps);
+    return IBV_COMMIT_ECE_TAG | (caps.flags & IBV_COMMIT_ECE_CAPS_MASK);
 }
 
 // librdmacm asks before it sends REQ or REP what to put in them, and hands
@@ -972,17 +975,18 @@ int sroce_query_ece(struct ibv_qp *ibqp, struct ibv_ece *ece) {
     Qp *qp = to_qp(ibqp);
     std::lock_guard<std::mutex> g(qp->mu);
     *ece = {};
-    ece->vendor_id = kVendorId;
+    ece->vendor_id = IBV_COMMIT_ECE_VENDOR_ID;
     ece->options = qp->commit.ece_set ? qp->commit.ece_options : ece_offer(qp);
     return 0;
 }
 
 int sroce_set_ece(struct ibv_qp *ibqp, struct ibv_ece *ece) {
     Qp *qp = to_qp(ibqp);
-    if (ece->comp_mask || ece->vendor_id != kVendorId) return EINVAL;
+    if (ece->comp_mask || ece->vendor_id != IBV_COMMIT_ECE_VENDOR_ID) return EINVAL;
     uint32_t agreed = 0;
-    if ((ece->options & kEceTagMask) == kEceTag) agreed = ece->options & ece_offer(qp);
-    if (!(agreed & kEceCommitCaps)) agreed = 0;
+    if ((ece->options & IBV_COMMIT_ECE_TAG_MASK) == IBV_COMMIT_ECE_TAG)
+        agreed = ece->options & ece_offer(qp);
+    if (!(agreed & IBV_COMMIT_ECE_CAPS_MASK)) agreed = 0;
     std::lock_guard<std::mutex> g(qp->mu);
     qp->commit.ece_set = true;
     qp->commit.ece_options = agreed;

@@ -48,13 +48,6 @@ constexpr uint32_t kMaxRdAtomic = 128;
 constexpr uint64_t kMaxMsgSize = 1ull << 31;
 constexpr uint32_t kVendorId = 0xFFFFFF; // no OUI: same value Linux rxe reports
 constexpr int kNumGids = 2;              // populated GID entries
-// Enhanced Connection Establishment (ibv_query_ece/ibv_set_ece): the vendor
-// ID is kVendorId; the options carry the IBV_COMMIT_CAP_* flags a QP's
-// responder executes, tagged in the top byte because another implementation
-// without an OUI may one day send options of its own under the same vendor ID.
-constexpr uint32_t kEceTag = 0x5C000000;
-constexpr uint32_t kEceTagMask = 0xFF000000;
-constexpr uint32_t kEceCommitCaps = 0x0000000F;
 // Entries the GID table reports, as Linux rxe: the rest are empty, so
 // programs can probe for free indices (ibv_query_gid_ex says ENODATA).
 constexpr int kGidTblLen = 1024;

@@ -118,7 +118,9 @@ static void usage(FILE *out, const struct perf_opts *o) {
             "  -i, --ib-port=<port>       use port <port> of the device (default 1)\n"
             "  -x, --gid-index=<index>    GID index (default: the first IPv4 GID, else 0)\n"
             "  -p, --port=<port>          TCP port of the exchange (default %d)\n"
-            "  -m, --mtu=<mtu>            path MTU: 256..4096 (default: the port's active MTU)\n",
+            "  -m, --mtu=<mtu>            path MTU: 256..4096 (default: the port's active MTU)\n"
+            "  -R, --rdma_cm              connect the QP through rdma_cm (port: -p); native\n"
+            "                             commits are then agreed in the connection set-up\n",
             PERF_DEFAULT_PORT);
     if (atomic)
         fprintf(out, "  -s, --size=<bytes>         message size: 8 only (ATOMIC WRITE)\n");
@@ -253,6 +255,7 @@ void perf_parse_args(struct perf_opts *o, enum perf_tool tool, bool bw, int argc
         {"mtu", required_argument, NULL, 'm'},
         {"CPU-freq", no_argument, NULL, 'F'},
         {"use_event", no_argument, NULL, 'e'},
+        {"rdma_cm", no_argument, NULL, 'R'},
         {"help", no_argument, NULL, 'h'},
         {"report_gbits", no_argument, NULL, O_REPORT_GBITS},
         {"out_json", no_argument, NULL, O_OUT_JSON},
@@ -296,7 +299,7 @@ void perf_parse_args(struct perf_opts *o, enum perf_tool tool, bool bw, int argc
     o->flush_level = IBV_FLUSH_RANGE;
 
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":d:i:x:s:an:D:t:l:I:p:m:Feh", long_opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":d:i:x:s:an:D:t:l:I:p:m:FeRh", long_opts, NULL)) != -1) {
         for (size_t i = 0; i < sizeof(opt_table) / sizeof(opt_table[0]); i++) {
             if (opt_table[i].id != c) continue;
             if (!(opt_table[i].tools & tool_bit))
@@ -350,6 +353,9 @@ void perf_parse_args(struct perf_opts *o, enum perf_tool tool, bool bw, int argc
             break;
         case 'e':
             o->use_event = true;
+            break;
+        case 'R':
+            o->rdma_cm = true;
             break;
         case 'h':
             usage(stdout, o);
@@ -722,7 +728,7 @@ void perf_print_header(const struct perf_conn *c) {
     perf_print_rule();
     printf("                    %s\n", test_title(o));
     printf(" Device          : %-16s\tTransport type : IB\n", ibv_get_device_name(c->ctx->device));
-    printf(" Connection type : RC\t\t\tUsing SRQ      : OFF\n");
+    printf(" Connection type : RC%s\tUsing SRQ      : OFF\n", o->rdma_cm ? " (rdma_cm)\t" : "\t\t");
     printf(" Method          : %-16s\tRole           : %s\n", perf_method_name(o),
            o->host ? "client" : "server");
     if (o->tool == TOOL_WRITE_COMMIT)
@@ -744,6 +750,9 @@ void perf_print_header(const struct perf_conn *c) {
                                               ? "global visibility (IBV_WRITE_COMMIT_GLOBAL)"
                                               : "persistence");
     printf(" Commit caps     : local %#x, remote %#x\n", c->me.commit_caps, c->peer.commit_caps);
+    if (o->method == M_NATIVE && o->host)
+        printf(" Commit opcodes  : native (%s)\n",
+               o->rdma_cm ? "agreed in the connection set-up" : "ibv_qp_set_commit_peer");
     printf(" TX depth        : %u\n", o->tx_depth);
     if (o->bw) printf(" Post list       : %u\n", o->post_list);
     printf(" Mtu             : %d[B]\n", 128 << c->path_mtu);
@@ -752,7 +761,7 @@ void perf_print_header(const struct perf_conn *c) {
     printf(" Max inline data : %u[B]\n", o->inline_size);
     printf(" Completions     : %-16s\tPoll mode      : %s\n", o->use_event ? "events" : "polling",
            perf_mode_string());
-    printf(" Data ex. method : Ethernet\n");
+    printf(" Data ex. method : %s\n", o->rdma_cm ? "rdma_cm" : "Ethernet");
     perf_print_rule();
     print_address("local", &c->me);
     print_address("remote", &c->peer);
@@ -949,7 +958,7 @@ void perf_expect_msg(int fd, struct perf_msg *m, enum perf_msg_type type) {
              (int)type);
 }
 
-/* HELLO words 0..15: the test parameters, compared on the server. */
+/* HELLO words 0..19: the test parameters, compared on the server. */
 enum {
     P_MAGIC,
     P_TOOL,
@@ -967,10 +976,12 @@ enum {
     P_PLACEMENT,
     P_WRITE,
     P_FLUSH,
+    P_RDMA_CM,
     P_COUNT
 };
+_Static_assert(P_COUNT <= 20, "the QP information follows the parameters at word 20");
 
-static const uint64_t perf_magic = 0x706d6f6670657201ull; /* "pmofper" v1 */
+static const uint64_t perf_magic = 0x706d6f6670657202ull; /* "pmofper" v2 */
 
 void perf_pack_params(const struct perf_opts *o, uint64_t *w) {
     w[P_MAGIC] = perf_magic;
@@ -989,6 +1000,7 @@ void perf_pack_params(const struct perf_opts *o, uint64_t *w) {
     w[P_PLACEMENT] = (uint64_t)o->placement;
     w[P_WRITE] = o->write;
     w[P_FLUSH] = o->flush;
+    w[P_RDMA_CM] = o->rdma_cm;
 }
 
 const char *perf_compare_params(const struct perf_opts *o, const uint64_t *w, char *buf,
@@ -1009,6 +1021,7 @@ const char *perf_compare_params(const struct perf_opts *o, const uint64_t *w, ch
         [P_PLACEMENT] = "--placement",
         [P_WRITE] = "--write",
         [P_FLUSH] = "--flush",
+        [P_RDMA_CM] = "--rdma_cm",
     };
     uint64_t mine[P_COUNT];
 
@@ -1039,7 +1052,7 @@ const char *perf_compare_params(const struct perf_opts *o, const uint64_t *w, ch
     return NULL;
 }
 
-/* QP information: words 16..25 of HELLO and REPLY. */
+/* QP information: words 20..29 of HELLO, 0..9 of REPLY. */
 void perf_pack_qp(const struct perf_qp_info *q, uint64_t *w) {
     uint64_t g[2];
 

@@ -12,6 +12,7 @@
 #define PERF_COMMON_H
 
 #include <infiniband/verbs_ext.h>
+#include <rdma/rdma_cma.h>
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -69,6 +70,7 @@ struct perf_opts {
     bool out_json;
     const char *json_file;
     bool use_event;
+    bool rdma_cm;       /* -R: the QP is connected through rdma_cm */
     unsigned post_list; /* operations per ibv_wr_complete() (bandwidth) */
     const char *host;   /* NULL at the server */
     enum perf_target target;
@@ -130,6 +132,11 @@ struct perf_conn {
     struct ibv_qp_ex *qpx;
     const struct ibv_qp_commit_ops *commit_ops;
     int cq_armed;
+
+    /* -R: the connection manager's side of the QP */
+    struct rdma_event_channel *cm_channel;
+    struct rdma_cm_id *cm_listen, *cm_id;
+    bool cm_native; /* native commits agreed in the connection set-up */
 
     enum ibv_mtu active_mtu, path_mtu;
     uint32_t max_rd_atomic;
@@ -265,6 +272,16 @@ void perf_create_cq(struct perf_conn *c, unsigned cqe);
 void perf_create_qp(struct perf_conn *c, uint64_t send_ops, uint32_t send_wr, uint32_t recv_wr,
                     uint32_t inline_size);
 void perf_connect_qp(struct perf_conn *c, unsigned access);
+/* -R.  The client resolves the server's address (which picks the device)
+ * before perf_open_device(), creates its QP, connects and later waits for
+ * the answer; the server listens first and takes the device from the
+ * client's request. */
+void perf_cm_resolve(struct perf_conn *c);
+void perf_cm_listen(struct perf_conn *c);
+void perf_cm_get_request(struct perf_conn *c);
+void perf_cm_connect(struct perf_conn *c);
+void perf_cm_accept(struct perf_conn *c, unsigned access);
+void perf_cm_wait_established(struct perf_conn *c);
 void perf_setup_target(struct perf_conn *c, uint64_t len);
 void perf_close(struct perf_conn *c);
 /* Polls up to max completions; with -e sleeps on the channel when none.

@@ -34,9 +34,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-/* HELLO: parameters in words 0..15, the client's QP from 16.  REPLY: the
+/* HELLO: parameters in words 0..19, the client's QP from 20.  REPLY: the
  * server's QP from 0, then the target. */
-enum { HELLO_QP = 16, QP_WORDS = 10 };
+enum { HELLO_QP = 20, QP_WORDS = 10 };
 enum { R_RKEY = QP_WORDS, R_ADDR, R_LEN, R_KIND, R_IS_PMEM, R_FLUSH_ACCESS };
 /* END: operations, then the row's figures. */
 enum { E_OPS, E_BYTES, E_ITERS, E_V };
@@ -348,7 +348,7 @@ static void client_check_peer(struct perf_conn *c) {
 }
 
 static int run_client(const struct perf_opts *o) {
-    struct perf_conn c = {.o = o};
+    struct perf_conn c = {.o = o, .target_fd = -1, .sock = -1};
     struct ibv_commit_caps caps;
     struct perf_msg m = {.type = MSG_HELLO};
     struct perf_result results[PERF_MAX_SIZE_LOG2 + 1];
@@ -359,6 +359,7 @@ static int run_client(const struct perf_opts *o) {
     int err;
 
     perf_peer_name = "server";
+    if (o->rdma_cm) perf_cm_resolve(&c);
     perf_open_device(&c);
     err = perf_ext_query_commit_caps(c.ctx, &caps);
     c.me.commit_caps = err ? 0 : caps.flags;
@@ -411,6 +412,9 @@ static int run_client(const struct perf_opts *o) {
     }
     c.me.rkey = c.buf_mr->rkey;
     c.me.vaddr = (uintptr_t)c.buf;
+    /* The server takes its device from this request, so it comes before
+     * HELLO; its answer is awaited after REPLY. */
+    if (o->rdma_cm) perf_cm_connect(&c);
 
     c.sock = perf_tcp_connect(o->host, o->port);
     perf_die_sock = c.sock;
@@ -430,13 +434,23 @@ static int run_client(const struct perf_opts *o) {
                  (unsigned long long)c.target.len);
     client_check_peer(&c);
 
-    if (o->method == M_NATIVE) {
-        /* Declaring the peer's capabilities is what selects the native
-         * opcodes; without it the verb would fall back to IBTA FLUSH. */
-        err = perf_ext_set_commit_peer(c.qp, c.peer.commit_caps);
-        if (err) perf_die("ibv_qp_set_commit_peer: %s", strerror(err));
+    if (o->rdma_cm) {
+        perf_cm_wait_established(&c);
+        /* The connection's ECE exchange selects the opcodes; a peer that
+         * did not take part would get IBTA sequences under the native name. */
+        if (o->method == M_NATIVE && !c.cm_native)
+            perf_die("--method native: the connection set-up did not agree on native "
+                     "write-commit (the server's device does not offer it in ECE); use an "
+                     "IBTA method (write-flush, write-read, write-send)");
+    } else {
+        if (o->method == M_NATIVE) {
+            /* Declaring the peer's capabilities is what selects the native
+             * opcodes; without it the verb would fall back to IBTA FLUSH. */
+            err = perf_ext_set_commit_peer(c.qp, c.peer.commit_caps);
+            if (err) perf_die("ibv_qp_set_commit_peer: %s", strerror(err));
+        }
+        perf_connect_qp(&c, 0);
     }
-    perf_connect_qp(&c, 0);
     for (unsigned i = 0; i < c.n_recv; i++)
         perf_post_recv(&c, c.ans_off, i, true);
 
@@ -661,7 +675,7 @@ static void server_size(struct perf_conn *c, const struct perf_msg *begin,
 }
 
 static int run_server(const struct perf_opts *o) {
-    struct perf_conn c = {.o = o};
+    struct perf_conn c = {.o = o, .target_fd = -1, .sock = -1};
     struct ibv_commit_caps caps;
     struct perf_msg m;
     struct perf_result results[PERF_MAX_SIZE_LOG2 + 1];
@@ -672,9 +686,11 @@ static int run_server(const struct perf_opts *o) {
     int lfd, err;
 
     perf_peer_name = "client";
-    perf_open_device(&c);
-    err = perf_ext_query_commit_caps(c.ctx, &caps);
-    c.me.commit_caps = err ? 0 : caps.flags;
+    /* -R: the device is the one the client's request arrives on. */
+    if (o->rdma_cm)
+        perf_cm_listen(&c);
+    else
+        perf_open_device(&c);
 
     lfd = perf_tcp_listen(o->port);
     printf("\n************************************\n"
@@ -687,6 +703,12 @@ static int run_server(const struct perf_opts *o) {
     mismatch = perf_compare_params(o, m.w, why, sizeof(why));
     if (mismatch) perf_die("%s", mismatch);
     perf_unpack_qp(&c.peer, m.w + HELLO_QP);
+    if (o->rdma_cm) {
+        perf_cm_get_request(&c);
+        perf_open_device(&c);
+    }
+    err = perf_ext_query_commit_caps(c.ctx, &caps);
+    c.me.commit_caps = err ? 0 : caps.flags;
     if (o->method == M_NATIVE && !(c.me.commit_caps & IBV_COMMIT_CAP_NATIVE))
         perf_die("--method native: the server's device %s has no native write-commit (%s)",
                  ibv_get_device_name(c.ctx->device),
@@ -717,13 +739,16 @@ static int run_server(const struct perf_opts *o) {
     }
     perf_create_qp(&c, o->method == M_WRITE_SEND ? IBV_QP_EX_WITH_SEND : 0,
                    c.n_req ? c.n_req + 1 : 1, c.n_recv ? c.n_recv : 1, 0);
-    if (o->method == M_NATIVE) {
+    if (o->method == M_NATIVE && !o->rdma_cm) {
         err = perf_ext_set_commit_peer(c.qp, c.peer.commit_caps);
         if (err) perf_die("ibv_qp_set_commit_peer: %s", strerror(err));
     }
     access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | c.target.mr_flush_access;
     if (o->tool == TOOL_ATOMIC_WRITE) access |= IBV_ACCESS_REMOTE_ATOMIC;
-    perf_connect_qp(&c, access);
+    if (o->rdma_cm)
+        perf_cm_accept(&c, access);
+    else
+        perf_connect_qp(&c, access);
     /* In place before the client can send anything: it waits for REPLY. */
     for (unsigned i = 0; i < c.n_recv; i++)
         perf_post_recv(&c, c.req_off, i, o->method == M_WRITE_SEND);
@@ -738,6 +763,7 @@ static int run_server(const struct perf_opts *o) {
     m.w[R_IS_PMEM] = c.target.is_pmem;
     m.w[R_FLUSH_ACCESS] = c.target.mr_flush_access;
     perf_send_msg(c.sock, &m);
+    if (o->rdma_cm) perf_cm_wait_established(&c);
 
     perf_print_header(&c);
     perf_print_columns(o);

@@ -12,10 +12,12 @@
 #define _GNU_SOURCE /* RTLD_DEFAULT */
 #include "perf_common.h"
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libpmem.h>
+#include <netdb.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -86,6 +88,13 @@ void perf_open_device(struct perf_conn *c) {
     struct ibv_port_attr port;
     int n = 0;
 
+    if (c->ctx) {
+        /* -R: librdmacm's context of the device the address resolved to. */
+        if (o->dev && strcmp(ibv_get_device_name(c->ctx->device), o->dev))
+            perf_die("-d %s: the connection goes through device %s", o->dev,
+                     ibv_get_device_name(c->ctx->device));
+        goto opened;
+    }
     list = ibv_get_device_list(&n);
     if (!list || !n) {
         const char *why = list ? "" : strerror(errno);
@@ -111,6 +120,7 @@ void perf_open_device(struct perf_conn *c) {
     }
     ibv_free_device_list(list);
 
+opened:
     if (ibv_query_device(c->ctx, &attr)) perf_die("ibv_query_device: %s", strerror(errno));
     if (ibv_query_port(c->ctx, (uint8_t)o->ib_port, &port))
         perf_die("%s has no port %d", ibv_get_device_name(c->ctx->device), o->ib_port);
@@ -154,8 +164,6 @@ void perf_open_device(struct perf_conn *c) {
 
     c->pd = ibv_alloc_pd(c->ctx);
     if (!c->pd) perf_die("ibv_alloc_pd: %s", strerror(errno));
-    c->target_fd = -1;
-    c->sock = -1;
 }
 
 void perf_create_cq(struct perf_conn *c, unsigned cqe) {
@@ -185,7 +193,11 @@ void perf_create_qp(struct perf_conn *c, uint64_t send_ops, uint32_t send_wr, ui
         .send_ops_flags = send_ops,
     };
 
-    c->qp = ibv_create_qp_ex(c->ctx, &attr);
+    /* rdma_cm moves its QP to INIT with the access the connection allows. */
+    if (c->cm_id)
+        c->qp = rdma_create_qp_ex(c->cm_id, &attr) ? NULL : c->cm_id->qp;
+    else
+        c->qp = ibv_create_qp_ex(c->ctx, &attr);
     if (!c->qp) {
         int err = errno;
         if (err == EOPNOTSUPP)
@@ -249,6 +261,153 @@ void perf_connect_qp(struct perf_conn *c, unsigned access) {
                       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                           IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC))
         perf_die("QP to RTS: %s", strerror(errno));
+}
+
+/* ------------------------------------------------------------- rdma_cm */
+
+enum { CM_TIMEOUT_MS = 60000, CM_RESOLVE_MS = 2000 };
+
+/* The next event on the channel, which must be `want`; anything else, or
+ * nothing within CM_TIMEOUT_MS, ends the test with what happened. */
+static struct rdma_cm_event *cm_expect(struct perf_conn *c, enum rdma_cm_event_type want) {
+    struct pollfd p = {.fd = c->cm_channel->fd, .events = POLLIN};
+    struct rdma_cm_event *ev;
+    int n;
+
+    do
+        n = poll(&p, 1, CM_TIMEOUT_MS);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) perf_die("poll on the rdma_cm channel: %s", strerror(errno));
+    if (!n) perf_die("rdma_cm: no %s within %d s", rdma_event_str(want), CM_TIMEOUT_MS / 1000);
+    if (rdma_get_cm_event(c->cm_channel, &ev)) perf_die("rdma_get_cm_event: %s", strerror(errno));
+    if (ev->event != want) {
+        const enum rdma_cm_event_type got = ev->event;
+        const int status = ev->status;
+
+        rdma_ack_cm_event(ev);
+        if (got == RDMA_CM_EVENT_REJECTED)
+            perf_die("rdma_cm: the %s rejected the connection (status %d): is it running "
+                     "with -R on port %d?",
+                     perf_peer_name, status, c->o->port);
+        perf_die("rdma_cm: %s (status %d) while waiting for %s", rdma_event_str(got), status,
+                 rdma_event_str(want));
+    }
+    return ev;
+}
+
+static void cm_channel(struct perf_conn *c) {
+    c->cm_channel = rdma_create_event_channel();
+    if (!c->cm_channel)
+        perf_die("rdma_create_event_channel: %s (is rdma_ucm available? run under "
+                 "`sroce exec` for sroce devices)",
+                 strerror(errno));
+}
+
+/* -R -d DEV: DEV's IPv4 address (from its GID table) is the source of the
+ * connection, since the route alone may pick another device. */
+static void cm_source(const struct perf_opts *o, struct sockaddr_in *src) {
+    struct ibv_device **list = ibv_get_device_list(NULL);
+    struct ibv_context *ctx = NULL;
+    union ibv_gid g;
+
+    for (int i = 0; list && list[i] && !ctx; i++)
+        if (!strcmp(ibv_get_device_name(list[i]), o->dev)) ctx = ibv_open_device(list[i]);
+    if (list) ibv_free_device_list(list);
+    if (!ctx) perf_die("IB device '%s' not found", o->dev);
+    for (int i = o->gid_index < 0 ? 0 : o->gid_index; i < 256; i++) {
+        if (ibv_query_gid(ctx, (uint8_t)o->ib_port, i, &g)) break;
+        if (ipv4_mapped(&g)) {
+            *src = (struct sockaddr_in){.sin_family = AF_INET};
+            memcpy(&src->sin_addr, g.raw + 12, 4);
+            ibv_close_device(ctx);
+            return;
+        }
+        if (o->gid_index >= 0) break;
+    }
+    ibv_close_device(ctx);
+    perf_die("-R: device %s has no IPv4 GID%s to connect from", o->dev,
+             o->gid_index < 0 ? "" : " at that index");
+}
+
+void perf_cm_resolve(struct perf_conn *c) {
+    const struct perf_opts *o = c->o;
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
+    struct sockaddr_in src;
+    char port[8];
+    int err;
+
+    if (o->dev) cm_source(o, &src);
+    cm_channel(c);
+    if (rdma_create_id(c->cm_channel, &c->cm_id, NULL, RDMA_PS_TCP))
+        perf_die("rdma_create_id: %s", strerror(errno));
+    snprintf(port, sizeof(port), "%d", o->port);
+    err = getaddrinfo(o->host, port, &hints, &ai);
+    if (err) perf_die("cannot resolve %s: %s", o->host, gai_strerror(err));
+    err = rdma_resolve_addr(c->cm_id, o->dev ? (struct sockaddr *)&src : NULL, ai->ai_addr,
+                            CM_RESOLVE_MS);
+    freeaddrinfo(ai);
+    if (err) perf_die("rdma_resolve_addr %s: %s", o->host, strerror(errno));
+    rdma_ack_cm_event(cm_expect(c, RDMA_CM_EVENT_ADDR_RESOLVED));
+    if (rdma_resolve_route(c->cm_id, CM_RESOLVE_MS))
+        perf_die("rdma_resolve_route %s: %s", o->host, strerror(errno));
+    rdma_ack_cm_event(cm_expect(c, RDMA_CM_EVENT_ROUTE_RESOLVED));
+    c->ctx = c->cm_id->verbs;
+}
+
+void perf_cm_listen(struct perf_conn *c) {
+    struct sockaddr_in any = {.sin_family = AF_INET, .sin_port = htons((uint16_t)c->o->port)};
+
+    cm_channel(c);
+    if (rdma_create_id(c->cm_channel, &c->cm_listen, NULL, RDMA_PS_TCP))
+        perf_die("rdma_create_id: %s", strerror(errno));
+    if (rdma_bind_addr(c->cm_listen, (struct sockaddr *)&any))
+        perf_die("rdma_bind_addr(port %d): %s", c->o->port, strerror(errno));
+    if (rdma_listen(c->cm_listen, 1)) perf_die("rdma_listen: %s", strerror(errno));
+}
+
+void perf_cm_get_request(struct perf_conn *c) {
+    struct rdma_cm_event *ev = cm_expect(c, RDMA_CM_EVENT_CONNECT_REQUEST);
+
+    c->cm_id = ev->id;
+    rdma_ack_cm_event(ev);
+    c->ctx = c->cm_id->verbs;
+}
+
+static struct rdma_conn_param cm_param(const struct perf_conn *c) {
+    return (struct rdma_conn_param){.responder_resources = (uint8_t)c->max_rd_atomic,
+                                    .initiator_depth = (uint8_t)c->max_rd_atomic,
+                                    .retry_count = 7,
+                                    .rnr_retry_count = 7};
+}
+
+void perf_cm_connect(struct perf_conn *c) {
+    struct rdma_conn_param p = cm_param(c);
+
+    if (rdma_connect(c->cm_id, &p)) perf_die("rdma_connect: %s", strerror(errno));
+}
+
+void perf_cm_accept(struct perf_conn *c, unsigned access) {
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTS, .qp_access_flags = access};
+    struct rdma_conn_param p = cm_param(c);
+
+    if (rdma_accept(c->cm_id, &p)) perf_die("rdma_accept: %s", strerror(errno));
+    /* rdma_cm grants remote READ, WRITE and atomics, and sets them again on
+     * the way to RTR; FLUSH and the commits need the QP's FLUSH access too.
+     * The client sends nothing before REPLY, which follows this. */
+    if (ibv_modify_qp(c->qp, &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS))
+        perf_die("QP access %#x: %s", access, strerror(errno));
+}
+
+void perf_cm_wait_established(struct perf_conn *c) {
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    struct ibv_ece ece = {0};
+
+    rdma_ack_cm_event(cm_expect(c, RDMA_CM_EVENT_ESTABLISHED));
+    if (ibv_query_qp(c->qp, &a, IBV_QP_PATH_MTU, &ia))
+        perf_die("ibv_query_qp: %s", strerror(errno));
+    c->path_mtu = a.path_mtu;
+    c->cm_native = !ibv_query_ece(c->qp, &ece) && ibv_commit_ece_native(&ece);
 }
 
 /* ------------------------------------------------------- target memory */
@@ -350,14 +509,25 @@ void perf_persist(struct perf_conn *c, uint64_t off, uint64_t len) {
 }
 
 void perf_close(struct perf_conn *c) {
-    if (c->qp) ibv_destroy_qp(c->qp);
+    if (c->cm_id) {
+        rdma_disconnect(c->cm_id);
+        if (c->qp) rdma_destroy_qp(c->cm_id);
+    } else if (c->qp) {
+        ibv_destroy_qp(c->qp);
+    }
     if (c->send_cq && c->send_cq != c->cq) ibv_destroy_cq(c->send_cq);
     if (c->cq) ibv_destroy_cq(c->cq);
     if (c->channel) ibv_destroy_comp_channel(c->channel);
     if (c->buf_mr) ibv_dereg_mr(c->buf_mr);
     if (c->aux_mr) ibv_dereg_mr(c->aux_mr);
     if (c->pd) ibv_dealloc_pd(c->pd);
-    if (c->ctx) ibv_close_device(c->ctx);
+    /* librdmacm owns the context of a connection it made. */
+    if (c->cm_id)
+        rdma_destroy_id(c->cm_id);
+    else if (c->ctx)
+        ibv_close_device(c->ctx);
+    if (c->cm_listen) rdma_destroy_id(c->cm_listen);
+    if (c->cm_channel) rdma_destroy_event_channel(c->cm_channel);
     if (c->buf) {
         if (!c->o->host && c->o->target == TARGET_PMEM)
             pmem_unmap(c->buf, c->map_len);

@@ -161,6 +161,28 @@ int ibv_query_commit_caps(struct ibv_context *context, struct ibv_commit_caps *c
  * declares IBV_COMMIT_CAP_NATIVE only IBTA opcodes are sent to it. */
 int ibv_qp_set_commit_peer(struct ibv_qp *qp, uint32_t peer_commit_caps);
 
+/*
+ * Peers connected through rdma_cm need no ibv_qp_set_commit_peer(): they
+ * agree on native commits in the connection's ECE exchange (ibv_query_ece,
+ * ibv_set_ece, which librdmacm calls).  A reliable QP offers vendor ID
+ * IBV_COMMIT_ECE_VENDOR_ID and options IBV_COMMIT_ECE_TAG | its
+ * enum ibv_commit_cap_flags; after ibv_set_ece() with the peer's offer,
+ * ibv_query_ece() returns what both share (options 0: nothing, IBTA
+ * sequences only).
+ */
+#define IBV_COMMIT_ECE_VENDOR_ID 0xFFFFFFu
+#define IBV_COMMIT_ECE_TAG 0x5C000000u
+#define IBV_COMMIT_ECE_TAG_MASK 0xFF000000u
+#define IBV_COMMIT_ECE_CAPS_MASK 0x0000000Fu
+
+/* Whether ECE options (from ibv_query_ece() once the connection is set up)
+ * select native write-commit opcodes. */
+static inline int ibv_commit_ece_native(const struct ibv_ece *ece) {
+    return ece->vendor_id == IBV_COMMIT_ECE_VENDOR_ID &&
+           (ece->options & IBV_COMMIT_ECE_TAG_MASK) == IBV_COMMIT_ECE_TAG &&
+           (ece->options & IBV_COMMIT_CAP_NATIVE);
+}
+
 /* The write-commit work requests of a QP's provider (NULL and errno
  * EOPNOTSUPP when it has none). */
 struct ibv_qp_commit_ops {
