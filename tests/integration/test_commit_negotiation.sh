@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# Native commits agreed by rdma_cm, shown on the wire.  Two sroce links on
+# lo (127.0.20.1, 127.0.20.2); each connection is captured on its own and
+# checked by ece_check.py:
+#
+#   1. docs/examples/cm_commit: the client's REQ offers sroce's ECE, the
+#      server's REP agrees, and the write-commits travel as native opcodes
+#      (0xC0-0xC5) though neither program calls ibv_qp_set_commit_peer.
+#   2. cm_commit --no-ece: a server whose QP librdmacm does not manage
+#      answers options 0, as a kernel rxe or an RNIC does, and the same
+#      commits travel as IBTA WRITE + FLUSH.
+#   3. ib_write_commit_lat -R (native method): the same agreement for the
+#      benchmark's rdma_cm mode.
+# Every program checks its data (cm_commit reads back and compares on both
+# sides) and must exit 0.
+#
+# Usage: test_commit_negotiation.sh BUILD-DIR
+# Skips (77) without tshark or python3-scapy, or without capture on lo.
+#
+# ctest: TIMEOUT=240 RESOURCE_LOCK=lo-127.0.20.1,lo-127.0.20.2
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+sroce_init "${1:?usage: $0 BUILD-DIR}"
+require_cmds tshark ss
+require_loopback
+python=
+for p in python3 /usr/bin/python3; do
+	if command -v "$p" >/dev/null && "$p" -c 'import scapy.contrib.roce' 2>/dev/null; then
+		python=$p
+		break
+	fi
+done
+[[ -n $python ]] || skip "no python3 with scapy (python3-scapy)"
+cm_commit=$BUILD_DIR/tests/compile/cm_commit
+lat=$BUILD_DIR/tools/perf/ib_write_commit_lat
+[[ -x $cm_commit && -x $lat ]] || die "cm_commit or ib_write_commit_lat is not built in $BUILD_DIR"
+
+A=127.0.20.1
+B=127.0.20.2
+sroce_config sroce_neg0 $A sroce_neg1 $B
+private_agent
+chmod 1777 "$WORK"
+
+tshark_pid=
+# capture_start NAME: a capture of this test's two links alone (other tests
+# may send malformed packets on lo meanwhile).
+capture_start() {
+	pcap=$WORK/$1.pcapng
+	tshark -i lo -B 16 -f "udp port 4791 and host $A and host $B" -w "$pcap" \
+		>"$WORK/$1.tshark.out" 2>"$WORK/$1.tshark.err" &
+	tshark_pid=$!
+	SROCE_BG_PIDS+=("$tshark_pid")
+	for _ in $(seq 100); do
+		grep -q "Capturing on" "$WORK/$1.tshark.err" && break
+		kill -0 "$tshark_pid" 2>/dev/null ||
+			skip "tshark cannot capture on lo: $(cat "$WORK/$1.tshark.err")"
+		sleep 0.1
+	done
+	grep -q "Capturing on" "$WORK/$1.tshark.err" || skip "tshark did not start capturing on lo"
+	# The filter is attached once tshark says so; a moment more for libpcap.
+	sleep 0.5
+}
+capture_stop() {
+	sleep 0.5
+	kill -INT "$tshark_pid"
+	bg_wait "$tshark_pid"
+}
+
+# connection NAME EXPECT CM-PORT SERVER... -- CLIENT...: one captured
+# connection whose programs must succeed and whose wire must show EXPECT.
+connection() {
+	local name=$1 expect=$2 port=$3
+	shift 3
+	capture_start "$name"
+	if ! cm_pair "$name" "$port" "$@"; then
+		capture_stop
+		fail "$name: the programs failed"
+		return
+	fi
+	capture_stop
+	if "$python" "$here/ece_check.py" "$pcap" "$expect"; then
+		pass "$name: $expect commits, agreed in REQ/REP"
+	else
+		fail "$name: the wire does not show $expect commits agreed in REQ/REP"
+	fi
+}
+
+connection cm_commit native 7720 \
+	"$cm_commit" -s -b $A -p 7720 -- \
+	"$cm_commit" -c $A -b $B -p 7720 -n 64 --expect native
+connection cm_commit_no_ece ibta 7721 \
+	"$cm_commit" -s -b $A -p 7721 --no-ece -- \
+	"$cm_commit" -c $A -b $B -p 7721 -n 64 --expect ibta
+connection write_commit_lat_R native 18731 \
+	"$lat" -R -d sroce_neg0 -p 18731 -n 200 -- \
+	"$lat" -R -d sroce_neg1 -p 18731 -n 200 $A
+if grep -q "Commit opcodes  : native (agreed in the connection set-up)" \
+	"$WORK/write_commit_lat_R.client"; then
+	pass "ib_write_commit_lat -R reports native commits agreed in the connection set-up"
+else
+	fail "ib_write_commit_lat -R does not report the agreement" "$(cat "$WORK/write_commit_lat_R.client")"
+fi
+finish
