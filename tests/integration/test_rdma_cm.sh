@@ -6,8 +6,9 @@
 # connect through the sroce agent's connection manager.  Server and client
 # are separate processes on two devices on lo; each must exit 0 with its
 # data checked (rping -v verifies every ping, ucmatose and rdma_server/
-# rdma_client check their transfers, rstream checks its stream); UD ids
-# through SIDR (udaddy, ib_send_bw -c UD -R) and multicast (mckey).  Faults:
+# rdma_client check their transfers, rstream and riostream (rsockets) their
+# streams); UD ids through SIDR (udaddy, ib_send_bw -c UD -R) and multicast
+# (mckey).  Faults:
 # a client whose server is gone or dies with its request pending gets
 # REJECTED, a peer killed after the connection is established ends its
 # partner with an error, never a hang; garbage datagrams to QP1 are counted
@@ -19,7 +20,7 @@ set -euo pipefail
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 sroce_init "${1:?usage: $0 BUILD-DIR}"
-require_cmds ss timeout rping ucmatose udaddy mckey rdma_server rdma_client rstream cmtime ib_write_bw ib_send_bw
+require_cmds ss timeout rping ucmatose udaddy mckey rdma_server rdma_client rstream riostream cmtime ib_write_bw ib_send_bw
 require_loopback
 sroce_config sroce0 127.0.19.1 sroce1 127.0.19.2
 private_agent
@@ -59,6 +60,12 @@ if cm_pair rstream 7474 rstream -b $S -p 7474 -S 65536 -C 200 -- rstream -s $S -
 	pass "rstream (rsockets): $(awk '/^custom/ { print $7 " Gb/s" }' "$WORK/rstream.client")"
 else
 	fail "rstream"
+fi
+# riostream: rsockets' riomap/riowrite, RDMA WRITEs into the peer's mapped buffer.
+if cm_pair riostream 7481 riostream -b $S -p 7481 -S 65536 -C 100 -- riostream -s $S -p 7481 -S 65536 -C 100; then
+	pass "riostream (rsockets riomap/riowrite): $(awk '/^custom/ { print $7 " Gb/s" }' "$WORK/riostream.client")"
+else
+	fail "riostream"
 fi
 # UD ids: SIDR resolves the peer's QP (udaddy checks every reply it gets).
 if cm_pair udaddy 7174 udaddy -b $S -c 2 -C 20 -- udaddy -s $S -c 2 -C 20 &&
