@@ -982,6 +982,8 @@ int sroce_query_ece(struct ibv_qp *ibqp, struct ibv_ece *ece) {
 
 int sroce_set_ece(struct ibv_qp *ibqp, struct ibv_ece *ece) {
     Qp *qp = to_qp(ibqp);
+    // libibverbs answers vendor ID 0 itself, before any provider.
+    if (!ece->vendor_id) return EOPNOTSUPP;
     if (ece->comp_mask || ece->vendor_id != IBV_COMMIT_ECE_VENDOR_ID) return EINVAL;
     uint32_t agreed = 0;
     if ((ece->options & IBV_COMMIT_ECE_TAG_MASK) == IBV_COMMIT_ECE_TAG)

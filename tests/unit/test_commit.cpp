@@ -149,6 +149,8 @@ TEST(Ece, KeepsWhatBothSidesShareAndRefusesOtherVendors) {
     errno = 0;
     EXPECT_EQ(ibv_set_ece(q.a.qp, &ece), EINVAL);
     EXPECT_EQ(errno, EINVAL);
+    ece.vendor_id = 0;
+    EXPECT_EQ(ibv_set_ece(q.a.qp, &ece), EOPNOTSUPP) << "as libibverbs answers vendor ID 0";
     ece.vendor_id = 0xFFFFFF;
     ece.comp_mask = 1;
     EXPECT_EQ(ibv_set_ece(q.a.qp, &ece), EINVAL);
