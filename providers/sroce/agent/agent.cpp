@@ -486,7 +486,7 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
         getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
         OpenReply rep{};
         rep.version = kProtoVersion;
-        rep.slot = cm_.open_channel(fd, cred.pid, std::move(devs));
+        rep.slot = cm_.open_channel(fd, cred.pid, cred.uid, std::move(devs));
         if (send(fd, &rep, sizeof rep, MSG_NOSIGNAL) < 0) {
             cm_.close_channel(rep.slot);
             return Served::kClose;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -48,11 +49,12 @@ Cm::~Cm() = default;
 
 // ------------------------------------------------------------ channels
 
-uint32_t Cm::open_channel(int event_fd, pid_t pid, std::vector<CmDevice> devs) {
+uint32_t Cm::open_channel(int event_fd, pid_t pid, uid_t uid, std::vector<CmDevice> devs) {
     auto c = std::make_unique<Channel>();
     c->num = next_channel_++;
     c->event_fd = event_fd;
     c->pid = pid;
+    c->uid = uid;
     c->devs = std::move(devs);
     uint32_t n = c->num;
     channels_[n] = std::move(c);
@@ -674,7 +676,9 @@ int Cm::set_option(Id &id, uint32_t level, uint32_t name, const uint8_t *val, ui
         case RDMA_OPTION_ID_ACK_TIMEOUT:
             if (len != 1) return EINVAL;
             if (id.qp_type != 2 && id.qp_type != 9) return EINVAL;
-            id.ack_timeout_opt = val[0];
+            // It ends in 5-bit fields: the QP's ACK timeout, the REQ's packet
+            // life time.
+            id.ack_timeout_opt = std::min<uint8_t>(val[0], 31);
             return 0;
         default:
             return ENOSYS;
@@ -706,13 +710,19 @@ int Cm::notify(Id &id, uint32_t event) {
 int Cm::migrate(Channel &to, uint32_t from_ch, uint32_t h, uint8_t *out, size_t *out_len) {
     auto fit = channels_.find(from_ch);
     if (fit == channels_.end()) return EINVAL;
+    // The old channel is named by a number, which any process can send: only
+    // its owner's user may take its ids (the kernel takes a file the caller
+    // holds; a forked child, which holds its parent's, is the same user).
+    if (fit->second->uid != to.uid) return ENOENT;
     Id *id = find_id(h);
     if (!id) return ENOENT;
     if (id->ch != from_ch) return EINVAL;
     Channel &from = *fit->second;
     // Its queued events move with it (the old channel keeps a stale wake-up
-    // byte per event, which GET_EVENT there then finds empty).
-    for (auto it = from.events.begin(); it != from.events.end();) {
+    // byte per event, which GET_EVENT there then finds empty).  Onto its own
+    // channel nothing moves (ucma_migrate_id), and the loop would meet the
+    // events it appends.
+    for (auto it = from.events.begin(); &from != &to && it != from.events.end();) {
         auto mc = mcs_.find(it->id);
         bool mine = it->id == h || (mc != mcs_.end() && mc->second.id == h);
         if (mine && it->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
@@ -1395,7 +1405,9 @@ int Cm::timers(uint64_t now) {
     }
     for (Id *id : done)
         free_id(id);
-    return int(next < 0 ? -1 : std::max<int64_t>(next, 1));
+    // A REQ with a long ACK timeout option waits past INT_MAX ms, which as
+    // an int would be a negative (endless) poll(2) timeout.
+    return int(next < 0 ? -1 : std::clamp<int64_t>(next, 1, INT_MAX));
 }
 
 } // namespace sroce::agent

@@ -47,7 +47,7 @@ class Cm {
     // A process's event channel: `event_fd` gets one byte per event queued
     // (what poll(2) on the rdma_cm file sees), the events themselves are
     // fetched with GET_EVENT.  Returns the channel's number.
-    uint32_t open_channel(int event_fd, pid_t pid, std::vector<CmDevice> devs);
+    uint32_t open_channel(int event_fd, pid_t pid, uid_t uid, std::vector<CmDevice> devs);
     // The process closed the file (or died): its ids go as on close(2).
     void close_channel(uint32_t ch);
     // One rdma_ucm command of channel `ch`: `in` is the command struct after

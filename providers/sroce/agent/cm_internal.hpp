@@ -131,6 +131,7 @@ struct Cm::Channel {
     uint32_t num = 0;
     int event_fd = -1;
     pid_t pid = 0;
+    uid_t uid = 0;
     std::vector<CmDevice> devs;
     std::deque<rdma_ucm_event_resp> events;
 };

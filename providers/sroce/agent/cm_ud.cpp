@@ -74,7 +74,8 @@ void Cm::send_sidr_rep(Id &id, uint8_t status, uint32_t qpn, const uint8_t *pd, 
         set(b, sidr_rep::kVendorIdH, (id.ece.vendor_id >> 8) & 0xFFFF);
         set(b, sidr_rep::kVendorIdL, id.ece.vendor_id & 0xFF);
     }
-    std::memcpy(b + sidr_rep::kPrivateData, pd, std::min(pd_len, sidr_rep::kPrivateDataLen));
+    if (pd && pd_len)
+        std::memcpy(b + sidr_rep::kPrivateData, pd, std::min(pd_len, sidr_rep::kPrivateDataLen));
     reply_mad(id.dev, id.peer_ip, id.tid, kSidrRep, b);
     // The request is answered: a SIDR id keeps no connection.
     cm_reset(id);
