@@ -5,8 +5,8 @@
 # packages only: the host's Debian kernel (/boot/vmlinuz-*, linux-image-amd64)
 # and an initramfs holding busybox-static, the kernel modules a Linux rxe
 # peer and an emulated NVDIMM need, and the user-space programs the tests run
-# inside the guest (ibverbs-utils, perftest, rdma, ndctl, mke2fs, pmem_check)
-# with the shared libraries they load.
+# inside the guest (ibverbs-utils, perftest, rdmacm-utils, rdma, ndctl,
+# mke2fs, pmem_check) with the shared libraries they load.
 #
 # Usage: build_guest.sh OUTDIR
 # Prints the directory holding `vmlinuz`, `initrd.img` and `files.txt` (the
@@ -45,9 +45,9 @@ moddir=/lib/modules/$kver
 # Programs copied into the guest (absolute paths after lookup).
 progs=(ibv_devinfo ibv_devices ibv_rc_pingpong ibv_srq_pingpong ibv_uc_pingpong ibv_ud_pingpong
 	ib_write_bw ib_write_lat ib_read_bw ib_read_lat ib_send_bw ib_send_lat ib_atomic_bw ib_atomic_lat
-	rdma ndctl mke2fs)
+	rping ucmatose cmtime rdma ndctl mke2fs)
 need_pkgs=(busybox-static cpio kmod ibverbs-utils ibverbs-providers libibverbs1 perftest iproute2
-	ndctl e2fsprogs libpmem-dev)
+	rdmacm-utils librdmacm1 ndctl e2fsprogs libpmem-dev)
 for p in "${need_pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
 		skip "Debian package $p is not installed (run scripts/setup.sh)"
@@ -64,16 +64,18 @@ command -v "$cc" >/dev/null || skip "no C compiler"
 # The modules loaded at boot, before their dependencies are added.  The crc32
 # and crc32c crypto drivers are reached through the crypto API by name
 # (rdma_rxe's ICRC, ext4's metadata checksums), so no dependency names them.
+# Nor does anything name rdma_ucm, the kernel's /dev/infiniband/rdma_cm that
+# librdmacm opens (rdma_cm, the connection manager, comes with it).
 modules=(virtio_pci virtio_net
 	crc32_generic crc32-pclmul crc32c_generic crc32c-intel
-	ib_core ib_uverbs rdma_rxe
+	ib_core ib_uverbs rdma_rxe rdma_ucm
 	libnvdimm nfit nd_pmem nd_btt dax_pmem device_dax
 	ext4)
 
 key_input() {
 	echo "$kver"
 	sha256sum "${BASH_SOURCE[0]}" "$here/init" "$here/guest-lib.sh" "$here/pmem_check.c" /boot/vmlinuz-"$kver"
-	dpkg-query -W "${need_pkgs[@]}" libc6 linux-image-"$kver" 2>/dev/null || true
+	dpkg-query -W "${need_pkgs[@]}" libc6 libgcc-s1 linux-image-"$kver" 2>/dev/null || true
 	"$cc" --version | head -n 1
 }
 key=$(key_input | sha256sum | cut -c1-16)
@@ -170,6 +172,14 @@ copy_closure() {
 # ldd prints the whole closure of each file; the provider is named
 # explicitly because libibverbs loads it with dlopen.
 copy_closure "$root"/usr/bin/* "$root$provider"
+# glibc loads libgcc_s with dlopen to unwind a thread that ends with
+# pthread_exit (rping's, cmtime's), so no ldd names it either.  awk reads
+# all of ldconfig's list: stopping early would kill ldconfig with SIGPIPE,
+# an error under pipefail.
+gcc_s=$(ldconfig -p | awk '$1 == "libgcc_s.so.1" && /x86-64/ && f == "" { f = $NF } END { print f }')
+[[ -n $gcc_s ]] || skip "libgcc_s.so.1 not found (libgcc-s1)"
+mkdir -p "$root${gcc_s%/*}"
+cp -L "$gcc_s" "$root$gcc_s"
 printf '%s\n' /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu >"$root/etc/ld.so.conf"
 ldconfig -r "$root" 2>/dev/null || true
 
