@@ -85,6 +85,42 @@ require_cmds() {
 }
 
 # Skips unless lo is up with 127.0.0.1 (a fresh network namespace has it down).
+# scapy_python: prints a python3 that has scapy's RoCE layer (the system's
+# first: a user's pyenv may lack python3-scapy), or nothing.
+scapy_python() {
+	local p
+	for p in /usr/bin/python3 python3; do
+		if command -v "$p" >/dev/null && "$p" -c 'import scapy.contrib.roce' 2>/dev/null; then
+			echo "$p"
+			return
+		fi
+	done
+}
+
+# capture_lo PCAP FILTER: starts tshark on lo with a capture FILTER writing
+# PCAP, and returns once packets are being captured (CAPTURE_PID); skips
+# the test when lo cannot be captured.  Stop it with capture_stop.
+capture_lo() {
+	local log=$1.log
+	tshark -i lo -B 64 -f "$2" -w "$1" >/dev/null 2>"$log" &
+	CAPTURE_PID=$!
+	SROCE_BG_PIDS+=("$CAPTURE_PID")
+	for _ in $(seq 100); do
+		grep -q "Capturing on" "$log" && break
+		kill -0 "$CAPTURE_PID" 2>/dev/null || skip "tshark cannot capture on lo: $(cat "$log")"
+		sleep 0.1
+	done
+	grep -q "Capturing on" "$log" || skip "tshark did not start capturing on lo"
+	# The filter is attached once tshark says so; a moment more for libpcap.
+	sleep 0.5
+}
+# capture_stop: lets the last packets reach the capture, then ends it.
+capture_stop() {
+	sleep 0.5
+	kill -INT "$CAPTURE_PID"
+	bg_wait "$CAPTURE_PID"
+}
+
 require_loopback() {
 	ip -o -4 addr show dev lo 2>/dev/null | grep -q 'inet 127\.' ||
 		skip "loopback interface is down or has no 127.0.0.0/8 address"

@@ -27,13 +27,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 sroce_init "${1:?usage: $0 BUILD-DIR}"
 require_cmds tshark ss
 require_loopback
-python=
-for p in python3 /usr/bin/python3; do
-	if command -v "$p" >/dev/null && "$p" -c 'import scapy.contrib.roce' 2>/dev/null; then
-		python=$p
-		break
-	fi
-done
+python=$(scapy_python)
 [[ -n $python ]] || skip "no python3 with scapy (python3-scapy)"
 cm_commit=$BUILD_DIR/tests/compile/cm_commit
 lat=$BUILD_DIR/tools/perf/ib_write_commit_lat
@@ -45,37 +39,15 @@ sroce_config sroce_neg0 $A sroce_neg1 $B
 private_agent
 chmod 1777 "$WORK"
 
-tshark_pid=
-# capture_start NAME: a capture of this test's two links alone (other tests
-# may send malformed packets on lo meanwhile).
-capture_start() {
-	pcap=$WORK/$1.pcapng
-	tshark -i lo -B 16 -f "udp port 4791 and host $A and host $B" -w "$pcap" \
-		>"$WORK/$1.tshark.out" 2>"$WORK/$1.tshark.err" &
-	tshark_pid=$!
-	SROCE_BG_PIDS+=("$tshark_pid")
-	for _ in $(seq 100); do
-		grep -q "Capturing on" "$WORK/$1.tshark.err" && break
-		kill -0 "$tshark_pid" 2>/dev/null ||
-			skip "tshark cannot capture on lo: $(cat "$WORK/$1.tshark.err")"
-		sleep 0.1
-	done
-	grep -q "Capturing on" "$WORK/$1.tshark.err" || skip "tshark did not start capturing on lo"
-	# The filter is attached once tshark says so; a moment more for libpcap.
-	sleep 0.5
-}
-capture_stop() {
-	sleep 0.5
-	kill -INT "$tshark_pid"
-	bg_wait "$tshark_pid"
-}
-
 # connection NAME EXPECT CM-PORT SERVER... -- CLIENT...: one captured
 # connection whose programs must succeed and whose wire must show EXPECT.
 connection() {
 	local name=$1 expect=$2 port=$3
 	shift 3
-	capture_start "$name"
+	pcap=$WORK/$name.pcapng
+	# This test's two links alone: other tests may send malformed packets
+	# on lo meanwhile.
+	capture_lo "$pcap" "udp port 4791 and host $A and host $B"
 	if ! cm_pair "$name" "$port" "$@"; then
 		capture_stop
 		fail "$name: the programs failed"

@@ -86,13 +86,7 @@ in_ns "$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log" ||
 # The tap carries the IPv4 headers exactly as sent, so a capture there lets
 # scapy recompute every ICRC, IP ID included (roce_peer_check.py).
 pcap=
-python=
-for p in /usr/bin/python3 python3; do
-	if command -v "$p" >/dev/null && "$p" -c 'import scapy.contrib.roce' 2>/dev/null; then
-		python=$p
-		break
-	fi
-done
+python=$(scapy_python)
 if command -v dumpcap >/dev/null && [[ -n $python ]]; then
 	pcap=${SROCE_VM_CAPTURE:-$WORK/tap0.pcap}
 	# dumpcap may write as a dropped user; -B: a 64 MiB buffer, so that no

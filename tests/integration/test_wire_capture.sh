@@ -25,13 +25,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 sroce_init "${1:?usage: $0 BUILD-DIR}"
 require_cmds tshark ss ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat rping udaddy
 require_loopback
-python=
-for p in python3 /usr/bin/python3; do
-	if command -v "$p" >/dev/null && "$p" -c 'import scapy.contrib.roce' 2>/dev/null; then
-		python=$p
-		break
-	fi
-done
+python=$(scapy_python)
 [[ -n $python ]] || skip "no python3 with scapy (python3-scapy)"
 
 sroce_config sroce_cap0 127.0.3.1 sroce_cap1 127.0.3.2
@@ -44,18 +38,9 @@ chmod 1777 "$WORK"
 # malformed RoCEv2 packets on lo at the same time.
 filter='udp port 4791 and ((src host 127.0.3.1 and dst host 127.0.3.2) or'
 filter+=' (src host 127.0.3.2 and dst host 127.0.3.1))'
-# -B: a 64 MiB capture buffer, so bursts of READ responses are not dropped.
-tshark -i lo -B 64 -f "$filter" -w "$pcap" >"$WORK/tshark.out" 2>"$WORK/tshark.err" &
-tshark_pid=$!
-SROCE_BG_PIDS+=("$tshark_pid")
-for _ in $(seq 100); do
-	grep -q "Capturing on" "$WORK/tshark.err" && break
-	kill -0 "$tshark_pid" 2>/dev/null || skip "tshark cannot capture on lo: $(cat "$WORK/tshark.err")"
-	sleep 0.1
-done
-grep -q "Capturing on" "$WORK/tshark.err" || skip "tshark did not start capturing on lo"
-# The filter is attached once tshark says so; a moment more for libpcap.
-sleep 0.5
+# A 64 MiB capture buffer (capture_lo), so bursts of READ responses are not
+# dropped.
+capture_lo "$pcap" "$filter"
 
 # perf NAME ARGS...: server on sroce_cap0, client on sroce_cap1.
 perf() {
@@ -92,12 +77,9 @@ else
 	fail "a connect nobody listens for" "$out"
 fi
 
-# Let the last packets reach the capture before stopping it.
-sleep 0.5
-kill -INT "$tshark_pid"
-bg_wait "$tshark_pid"
+capture_stop
 [[ -z ${SROCE_KEEP_CAPTURE:-} ]] || cp "$pcap" "$SROCE_KEEP_CAPTURE"
-[[ -s $pcap ]] || die "empty capture; tshark said: $(cat "$WORK/tshark.err")"
+[[ -s $pcap ]] || die "empty capture; tshark said: $(cat "$pcap.log")"
 
 # (a) ICRC of every packet, recomputed by scapy; IP ID and DF; opcode coverage.
 if "$python" "$here/icrc_check.py" "$pcap"; then
