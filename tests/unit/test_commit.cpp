@@ -110,11 +110,16 @@ TEST(CommitCaps, QpWithoutTheSendOpHasNoCommitVerbs) {
 
 // sroce's ECE: vendor ID 0xFFFFFF, options the IBV_COMMIT_CAP_* flags of a
 // reliable QP under the tag 0x5C in the top byte (docs/connection-manager.md).
-TEST(Ece, OffersTheCommitCapabilitiesOfReliableQps) {
-    Pair q;
+// ECE is exchanged before the QPs connect.
+void unconnected(Pair &q) {
     PairOpts o;
     o.connect = false;
     ASSERT_NO_FATAL_FAILURE(q.setup(g_ctx[0], g_ctx[1], o));
+}
+
+TEST(Ece, OffersTheCommitCapabilitiesOfReliableQps) {
+    Pair q;
+    ASSERT_NO_FATAL_FAILURE(unconnected(q));
     ibv_ece ece{};
     ASSERT_EQ(ibv_query_ece(q.a.qp, &ece), 0);
     EXPECT_EQ(ece.vendor_id, 0xFFFFFFu);
@@ -139,9 +144,7 @@ TEST(Ece, OffersTheCommitCapabilitiesOfReliableQps) {
 
 TEST(Ece, KeepsWhatBothSidesShareAndRefusesOtherVendors) {
     Pair q;
-    PairOpts o;
-    o.connect = false;
-    ASSERT_NO_FATAL_FAILURE(q.setup(g_ctx[0], g_ctx[1], o));
+    ASSERT_NO_FATAL_FAILURE(unconnected(q));
     ibv_ece ece{};
     // Another vendor's options are no business of this provider's...
     ece.vendor_id = 0x02c9;
