@@ -83,6 +83,7 @@ void complete_recv(Qp *qp, const RecvWqe &r, const RecvCompletion &c) {
     wc.byte_len = c.byte_len;
     wc.qp_num = qp->qpx.qp_base.qp_num;
     wc.src_qp = qp->type == IBV_QPT_UD ? c.src_qp : qp->attr.dest_qpn;
+    wc.sl = c.sl;
     wc.imm_data = c.imm;
     wc.wc_flags = c.wc_flags;
     wc.pkey_index = qp->attr.pkey_index;

@@ -233,6 +233,12 @@ void finish_recv(Qp *qp, ibv_wc_status status, ibv_wc_opcode opcode, uint32_t by
     if (pkt && qp->type == IBV_QPT_UD) {
         c.src_qp = pkt->src_qpn();
         c.wc_flags |= IBV_WC_GRH;
+        // RoCE has no SL; RNICs report in it the network header type of the
+        // 40 bytes before the payload (mlx5's convention: 2 = IPv4, which
+        // is all sroce sends), and UCX's UD transport reads it to find the
+        // destination address there.  With 0 it takes the IPv4 header for an
+        // IPv6 GID and drops every datagram.
+        c.sl = kNetworkHdrIpv4;
     }
     // Tag matching: what the TMH made of the message.
     ibv_wc_tm_info tm{};

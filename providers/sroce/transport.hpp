@@ -76,6 +76,7 @@ struct RecvCompletion {
     __be32 imm = 0;
     unsigned wc_flags = 0;
     uint32_t src_qp = 0;    // UD: the sender's QP (others report the connected peer)
+    uint8_t sl = 0;         // UD: the network header type (see finish_recv)
     bool solicited = false; // the message carried the SE bit (wakes a solicited-only CQ)
     Srq *srq = nullptr;     // the WQE came from this SRQ (an XRC SRQ has its own CQ)
     const ibv_wc_tm_info *tm = nullptr; // tag matching: the tag and context

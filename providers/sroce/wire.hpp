@@ -36,6 +36,9 @@ constexpr size_t kUdpHdrLen = 8;
 constexpr size_t kMaxHdrLen = kBthLen + kXrcEthLen + kAtomicEthLen;
 // The 40-byte GRH area in front of a UD receive buffer's payload.
 constexpr size_t kGrhLen = 40;
+// What a UD receive completion's SL reports of that area on RoCE
+// (RDMA_NETWORK_IPV4 in the kernel's numbering of network header types).
+constexpr uint8_t kNetworkHdrIpv4 = 2;
 // Q_Keys with the high bit set are controlled (privileged); a work request
 // naming one means "use the QP's own Q_Key" (IBTA 10.2.5).
 constexpr uint32_t kQkeyControlled = 0x80000000u;

@@ -61,6 +61,9 @@ TEST_F(Ud, SendsArriveBehindARoceV2Grh) {
         expect_wc(rc[i], {uint64_t(10 + i), IBV_WC_SUCCESS, IBV_WC_RECV, qb->qp_num,
                           int64_t(40 + sizes[i]), flags, 0xABCD});
         EXPECT_EQ(rc[i].src_qp, qa->qp_num);
+        // The SL of a RoCE UD completion names the header type, as RNICs
+        // report it: UCX's UD transport reads it to find the addresses.
+        EXPECT_EQ(rc[i].sl, 2) << "RDMA_NETWORK_IPV4";
         const uint8_t *grh = dst.data() + size_t(i) * (mtu + 40);
         // RoCEv2 over IPv4: 20 zero bytes, then the packet's IPv4 header.
         EXPECT_TRUE(all_bytes(grh, 20, 0));
