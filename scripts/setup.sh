@@ -8,7 +8,8 @@
 #   build    compilers, libraries and headers: building and the unit tests
 #   clients  rdma-core's utilities, perftest, pyverbs and iproute2: the
 #            programs the integration tests run over sroce
-#   tools    packet capture and dissection, plots, nftables, UCX
+#   tools    packet capture and dissection, plots, nftables, and the
+#            heavier third-party clients: UCX, librpma, Open MPI
 #   vm       the qemu guest of tests/vm
 #   root     debootstrap, for the tests that make a clean Debian root
 #
@@ -26,8 +27,12 @@ declare -A group=(
     python3"
   # python3-pyverbs: rdma-core's own test suite (test_rdma_core_suite.sh).
   [clients]="ibverbs-utils rdmacm-utils perftest libfabric-bin python3-pyverbs iproute2"
-  # ucx-utils: ucx_info lists the devices `sroce exec` shows (test_exec_discovery.sh).
-  [tools]="python3-scapy python3-matplotlib tshark nftables ucx-utils"
+  # ucx-utils: ucx_info lists the devices `sroce exec` shows (test_exec_discovery.sh),
+  # ucx_perftest runs over them, and libucx-dev builds a UCP client and server that
+  # connect through rdma_cm (test_fabric_clients.sh, like librpma and Open MPI).
+  # librpma (archived upstream) may be missing from newer releases: optional.
+  [tools]="python3-scapy python3-matplotlib tshark nftables ucx-utils
+    libucx-dev librpma-dev| openmpi-bin libopenmpi-dev"
   # The distribution's kernel as a Linux rxe peer and with an emulated NVDIMM
   # (tests/integration/test_rxe_interop.sh, test_vm_pmem.sh).
   [vm]="qemu-system-x86 linux-image-amd64|linux-image-generic busybox-static cpio kmod ndctl
@@ -46,7 +51,9 @@ done
 is_root() { [ "$(id -u)" -eq 0 ]; }
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 # A real package with an installation candidate (not only a virtual name).
-available() { apt-cache show --no-all-versions "$1" 2>/dev/null | grep -q '^Package:'; }
+# Not grep -q: it stops reading at the first match, and under pipefail the
+# SIGPIPE of a long record (libopenmpi-dev's) would read as "unavailable".
+available() { apt-cache show --no-all-versions "$1" 2>/dev/null | grep '^Package:' >/dev/null; }
 
 # Major version of the clang in use: the installed one, else the one the
 # `clang` package would bring.
