@@ -169,9 +169,13 @@ int Cm::command(uint32_t chn, uint32_t cmd, const uint8_t *in, size_t in_len, ui
     };
     Id *id = nullptr;
     switch (cmd) {
+    // As the kernel: a response that does not fit is ENOSPC before anything
+    // is done, or (QUERY_ROUTE past its first fields) cut short.
     case RDMA_USER_CM_CMD_CREATE_ID:
+        if (out_cap < sizeof(rdma_ucm_create_id_resp)) return ENOSPC;
         return create_id(c, load<rdma_ucm_create_id>(buf, sizeof buf), out, out_len);
     case RDMA_USER_CM_CMD_DESTROY_ID: {
+        if (out_cap < sizeof(rdma_ucm_destroy_id_resp)) return ENOSPC;
         auto d = load<rdma_ucm_destroy_id>(buf, sizeof buf);
         Id *x = find_id(d.id);
         if (!x) return ENOENT;
@@ -211,7 +215,9 @@ int Cm::command(uint32_t chn, uint32_t cmd, const uint8_t *in, size_t in_len, ui
     case RDMA_USER_CM_CMD_QUERY_ROUTE: {
         if (int e = id_at(offsetof(rdma_ucm_query, id), &id)) return e;
         if (out_cap < offsetof(rdma_ucm_query_route_resp, ibdev_index)) return ENOSPC;
-        return query_route(*id, out, out_len);
+        int e = query_route(*id, out, out_len);
+        *out_len = std::min(*out_len, out_cap);
+        return e;
     }
     case RDMA_USER_CM_CMD_QUERY: {
         auto q = load<rdma_ucm_query>(buf, sizeof buf);
