@@ -64,6 +64,11 @@ step "ib_write_lat -s 2 -x 1 (RDMA WRITE latency, 2-byte messages)"
 show_pair ib_write_lat -d sroce0 -s 2 -x 1 -p @PORT@ -- \
 	ib_write_lat -d sroce1 -s 2 -x 1 -p @PORT@ 127.0.0.1
 
+step "ib_write_commit_lat -R -n 1000 (a write made durable at the target by one verb; rdma_cm connects the QPs, which agree on the native commit opcodes)"
+lat=$BUILD_DIR/tools/perf/ib_write_commit_lat
+show_pair "$lat" -R -d sroce0 -n 1000 -p @PORT@ -- \
+	"$lat" -R -d sroce1 -n 1000 -p @PORT@ 127.0.0.1
+
 step "done"
 echo "Run any RDMA program over sroce the same way:"
 echo "  build/tools/sroce/sroce link add sroce0 netdev lo addr 127.0.0.1"
