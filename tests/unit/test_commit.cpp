@@ -41,6 +41,10 @@ void negotiate_ece(ibv_qp *active, ibv_qp *passive) {
     ASSERT_EQ(ibv_set_ece(active, &rep), 0);
 }
 
+[[maybe_unused]] void PrintTo(Path p, std::ostream *os) {
+    *os << (p == Path::ibta ? "ibta" : p == Path::declared ? "declared" : "ece");
+}
+
 class Commit : public ::testing::TestWithParam<Path> {
   protected:
     void make(unsigned b_access = kAllAccess | kFlushAccess) {
