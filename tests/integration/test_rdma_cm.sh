@@ -56,17 +56,18 @@ if cm_pair rdma_server 7473 rdma_server -s $S -p 7473 -- rdma_client -s $S -p 74
 else
 	fail "rdma_server/rdma_client"
 fi
-if cm_pair rstream 7474 rstream -b $S -p 7474 -S 65536 -C 200 -- rstream -s $S -p 7474 -S 65536 -C 200; then
-	pass "rstream (rsockets): $(awk '/^custom/ { print $7 " Gb/s" }' "$WORK/rstream.client")"
-else
-	fail "rstream"
-fi
-# riostream: rsockets' riomap/riowrite, RDMA WRITEs into the peer's mapped buffer.
-if cm_pair riostream 7481 riostream -b $S -p 7481 -S 65536 -C 100 -- riostream -s $S -p 7481 -S 65536 -C 100; then
-	pass "riostream (rsockets riomap/riowrite): $(awk '/^custom/ { print $7 " Gb/s" }' "$WORK/riostream.client")"
-else
-	fail "riostream"
-fi
+# rsockets: rstream's stream and riostream's riomap/riowrite (RDMA WRITEs
+# into the peer's mapped buffer), each buffer verified (-T v).
+port=7474
+for prog in rstream riostream; do
+	if cm_pair $prog $port $prog -b $S -p $port -S 65536 -C 100 -T v -- \
+		$prog -s $S -p $port -S 65536 -C 100 -T v; then
+		pass "$prog (rsockets), data verified: $(awk '/^custom/ { print $7 " Gb/s" }' "$WORK/$prog.client")"
+	else
+		fail "$prog"
+	fi
+	port=7481
+done
 # UD ids: SIDR resolves the peer's QP (udaddy checks every reply it gets).
 if cm_pair udaddy 7174 udaddy -b $S -c 2 -C 20 -- udaddy -s $S -c 2 -C 20 &&
 	grep -q 'return status 0' "$WORK/udaddy.client"; then
