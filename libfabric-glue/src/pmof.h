@@ -1,0 +1,462 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The libfabric provider "pmof": libfabric's objects over verbs and
+ * rdma_cm, with the persistence extensions of <rdma/fi_ext_pmof.h>.
+ *
+ * Built against libfabric's installed provider headers only, so every fid
+ * and its operations are implemented here.  One file per object:
+ * pmof_prov.c (entry point, parameters), pmof_info.c (fi_getinfo),
+ * pmof_fabric.c, pmof_domain.c (domain, MR), pmof_eq.c, pmof_cq.c,
+ * pmof_cntr.c, pmof_cm.c (passive endpoint, connection set-up), pmof_ep.c
+ * (endpoint object), pmof_msg.c and pmof_rma.c (data path), pmof_commit.c
+ * (write-commit, fi_commit, FI_COMMIT_MANUAL), pmof_enosys.c (operations
+ * an object lacks).
+ */
+#ifndef PMOF_H
+#define PMOF_H
+
+#include <infiniband/verbs.h>
+#include <infiniband/verbs_ext.h>
+#include <pthread.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_collective.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_ext_pmof.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+#include <rdma/providers/fi_log.h>
+#include <rdma/providers/fi_prov.h>
+#include <rdma/rdma_cma.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PMOF_NAME "pmof"
+#define PMOF_PROV_VERSION FI_VERSION(0, 1)
+
+/* libibverbs defines container_of too (the same way). */
+#ifndef container_of
+#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+#endif
+
+extern struct fi_provider pmof_prov;
+
+#define PMOF_WARN(subsys, ...) FI_WARN(&pmof_prov, subsys, __VA_ARGS__)
+#define PMOF_INFO(subsys, ...) FI_INFO(&pmof_prov, subsys, __VA_ARGS__)
+
+/* ---------------------------------------------------------------- limits */
+
+/* Private data of a REQ is 56 bytes; the provider's header takes 2. */
+#define PMOF_CM_DATA_MAX 54
+#define PMOF_MAX_MSG_SIZE (1u << 30)
+#define PMOF_IOV_LIMIT 4
+#define PMOF_DEF_TX_SIZE 384
+#define PMOF_DEF_RX_SIZE 384
+#define PMOF_DEF_CQ_SIZE 1024
+#define PMOF_DEF_INLINE 256
+/* Keys carry the target region's durability class above the rkey, so the
+ * initiator asks for the right placement without being told. */
+#define PMOF_KEY_PMEM (1ULL << 32)
+#define PMOF_KEY_UNCACHED (1ULL << 33)
+#define PMOF_KEY_CLASS_MASK (PMOF_KEY_PMEM | PMOF_KEY_UNCACHED)
+
+/* --------------------------------------------------------------- params */
+
+struct pmof_params {
+    int inline_size; /* FI_PMOF_INLINE_SIZE */
+    int tx_size, rx_size;
+    int allow_layering; /* FI_PMOF_ALLOW_LAYERING: let ofi_rxm over pmof */
+    int cm_timeout_ms;  /* FI_PMOF_CM_TIMEOUT */
+};
+extern struct pmof_params pmof_params;
+
+/* ------------------------------------------------------------ utilities */
+
+struct pmof_slist_entry {
+    struct pmof_slist_entry *next;
+};
+
+struct pmof_slist {
+    struct pmof_slist_entry *head, *tail;
+};
+
+static inline void pmof_slist_push(struct pmof_slist *l, struct pmof_slist_entry *e) {
+    e->next = NULL;
+    if (l->tail)
+        l->tail->next = e;
+    else
+        l->head = e;
+    l->tail = e;
+}
+
+static inline struct pmof_slist_entry *pmof_slist_pop(struct pmof_slist *l) {
+    struct pmof_slist_entry *e = l->head;
+    if (e) {
+        l->head = e->next;
+        if (!l->head) l->tail = NULL;
+    }
+    return e;
+}
+
+/* Locks that cost nothing when the application promised single-threaded
+ * access to the object (FI_THREAD_DOMAIN and finer). */
+struct pmof_lock {
+    pthread_mutex_t m;
+    bool enabled;
+};
+
+static inline void pmof_lock_init(struct pmof_lock *l, bool enabled) {
+    pthread_mutex_init(&l->m, NULL);
+    l->enabled = enabled;
+}
+static inline void pmof_lock_destroy(struct pmof_lock *l) {
+    pthread_mutex_destroy(&l->m);
+}
+static inline void pmof_lock(struct pmof_lock *l) {
+    if (l->enabled) pthread_mutex_lock(&l->m);
+}
+static inline void pmof_unlock(struct pmof_lock *l) {
+    if (l->enabled) pthread_mutex_unlock(&l->m);
+}
+
+int pmof_errno(int err); /* positive errno (or -errno) to -FI_E* */
+uint64_t pmof_now_ms(void);
+
+/* ------------------------------------------------------------- fi_info */
+
+int pmof_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
+                 const struct fi_info *hints, struct fi_info **info);
+void pmof_info_cleanup(void);
+/* The fabric attributes of the templates; 0 if `attr` names none of ours. */
+bool pmof_fabric_name_ok(const char *name);
+size_t pmof_sockaddr_len(const struct sockaddr *sa);
+
+/* --------------------------------------------------------------- fabric */
+
+struct pmof_fabric {
+    struct fid_fabric fabric_fid;
+    atomic_int refs;
+};
+
+int pmof_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context);
+
+/* --------------------------------------------------------------- domain */
+
+/* How FI_COMMIT and fi_commit reach the target on this device. */
+enum pmof_commit_path {
+    PMOF_COMMIT_NONE,  /* no remote persistence: say so (-FI_EOPNOTSUPP) */
+    PMOF_COMMIT_VERBS, /* ibv_wr_rdma_write_commit (sroce): native or IBTA */
+    PMOF_COMMIT_FLUSH, /* an RNIC with IBTA FLUSH: WRITE + FLUSH sequences */
+};
+
+struct pmof_domain {
+    struct fid_domain domain_fid;
+    struct pmof_fabric *fab;
+    struct fi_info *info;
+    struct ibv_context **dev_list; /* rdma_get_devices(), freed at close */
+    struct ibv_context *verbs;
+    struct ibv_pd *pd;
+    struct ibv_device_attr_ex dev_attr;
+    atomic_int refs;
+    bool thread_safe;
+    enum pmof_commit_path commit_path;
+    struct ibv_commit_caps commit_caps;
+    struct fi_pmof_domain_ops pmof_ops;
+    struct fi_hmem_override_ops hmem_ops;
+    bool hmem_override;
+};
+
+int pmof_domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **domain,
+                     void *context);
+int pmof_mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access, uint64_t offset,
+                uint64_t requested_key, uint64_t flags, struct fid_mr **mr, void *context);
+int pmof_mr_regv(struct fid *fid, const struct iovec *iov, size_t count, uint64_t access,
+                 uint64_t offset, uint64_t requested_key, uint64_t flags, struct fid_mr **mr,
+                 void *context);
+int pmof_mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t flags,
+                    struct fid_mr **mr);
+/* Commit paths of a device, from what it reports. */
+enum pmof_commit_path pmof_device_commit_path(struct ibv_context *verbs,
+                                              struct ibv_commit_caps *caps);
+
+struct pmof_mr {
+    struct fid_mr mr_fid;
+    struct pmof_domain *dom;
+    struct ibv_mr *ibv;
+    uint64_t flags; /* FI_PMEM, FI_UNCACHED */
+    enum fi_hmem_iface iface;
+    uint64_t device;
+};
+
+/* ------------------------------------------------------------------- EQ */
+
+struct pmof_eq_entry {
+    struct pmof_slist_entry link;
+    uint32_t event;
+    bool err;
+    size_t len;
+    /* struct fi_eq_err_entry when err, else the event's bytes */
+    uint8_t data[];
+};
+
+struct pmof_eq {
+    struct fid_eq eq_fid;
+    struct pmof_fabric *fab;
+    struct rdma_event_channel *channel;
+    int epfd;
+    int evfd; /* readable while software entries are queued */
+    enum fi_wait_obj wait_obj;
+    struct pmof_lock lock;
+    struct pmof_slist queue;
+    /* the error entry last returned by readerr owns its err_data */
+    void *err_data;
+    fi_eq_event_handler_t commit_handler;
+    void *commit_handler_ctx;
+    struct fi_pmof_eq_ops pmof_ops;
+    atomic_int refs;
+};
+
+int pmof_eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr, struct fid_eq **eq,
+                 void *context);
+/* Queues an event (or, with `err`, a struct fi_eq_err_entry) for the
+ * application; takes the lock itself. */
+int pmof_eq_push(struct pmof_eq *eq, uint32_t event, const void *buf, size_t len, bool err);
+int pmof_eq_push_error(struct pmof_eq *eq, fid_t fid, void *context, int err, int prov_errno,
+                       const void *err_data, size_t err_data_size);
+
+/* ------------------------------------------------------------------- CQ */
+
+struct pmof_cq_entry {
+    void *op_context;
+    uint64_t flags;
+    size_t len;
+    void *buf;
+    uint64_t data;
+    uint64_t tag;
+    fi_addr_t src_addr;
+    /* error entries: FI_E* (positive) and the verbs status; 0 otherwise */
+    int err;
+    int prov_errno;
+};
+
+struct pmof_ep;
+
+struct pmof_cq {
+    struct fid_cq cq_fid;
+    struct pmof_domain *dom;
+    struct ibv_cq *ibv;
+    struct ibv_comp_channel *channel;
+    enum fi_cq_format format;
+    enum fi_wait_obj wait_obj;
+    int signal_fd; /* eventfd: fi_cq_signal and software entries wake sread */
+    int epfd;      /* FI_GETWAIT: the channel and signal_fd together */
+    struct pmof_lock lock;
+    /* completions translated but not yet read; errors kept in order */
+    struct pmof_cq_entry *ring;
+    size_t ring_size, ring_head, ring_count;
+    struct pmof_cq_entry last_err;
+    atomic_int refs;
+};
+
+int pmof_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr, struct fid_cq **cq,
+                 void *context);
+/* Moves completions from the verbs CQ into the ring; 0 or -FI_E*. */
+int pmof_cq_progress(struct pmof_cq *cq);
+/* Adds an entry produced by the provider itself (e.g. a software commit). */
+int pmof_cq_push(struct pmof_cq *cq, const struct pmof_cq_entry *e);
+
+/* -------------------------------------------------------------- counters */
+
+struct pmof_cntr {
+    struct fid_cntr cntr_fid;
+    struct pmof_domain *dom;
+    atomic_uint_least64_t value, errors;
+    enum fi_wait_obj wait_obj;
+    int signal_fd;
+    struct pmof_lock lock;
+    /* the CQs whose progress advances this counter */
+    struct pmof_cq *cqs[8];
+    size_t ncqs;
+    atomic_int refs;
+};
+
+int pmof_cntr_open(struct fid_domain *domain, struct fi_cntr_attr *attr, struct fid_cntr **cntr,
+                   void *context);
+void pmof_cntr_inc(struct pmof_cntr *c);
+void pmof_cntr_err(struct pmof_cntr *c);
+int pmof_cntr_watch_cq(struct pmof_cntr *c, struct pmof_cq *cq);
+int pmof_cntr_trywait(struct pmof_cntr *c);
+int pmof_cq_trywait(struct pmof_cq *cq);
+int pmof_eq_trywait(struct pmof_eq *eq);
+
+/* ------------------------------------------------------ passive endpoint */
+
+struct pmof_pep {
+    struct fid_pep pep_fid;
+    struct pmof_fabric *fab;
+    struct fi_info *info;
+    struct rdma_cm_id *id;
+    struct pmof_eq *eq;
+    int backlog;
+};
+
+int pmof_passive_ep(struct fid_fabric *fabric, struct fi_info *info, struct fid_pep **pep,
+                    void *context);
+
+/* The handle of an FI_CONNREQ's fi_info. */
+struct pmof_connreq {
+    struct fid handle;
+    struct rdma_cm_id *id;
+    struct ibv_ece ece; /* what the request offered */
+    uint8_t peer_flags;
+};
+
+/* -------------------------------------------------------------- endpoint */
+
+/* One per posted work request; wr_id points at it. */
+struct pmof_op {
+    struct pmof_ep *ep;
+    uint32_t seq; /* position in its ring, counting from the start */
+    void *context;
+    uint64_t flags; /* FI_* of the completion entry */
+    size_t len;
+    void *buf;   /* receive: start of the buffer (FI_CQ_FORMAT_MSG) */
+    bool report; /* a successful completion goes to the CQ */
+    bool signaled;
+    uint32_t cntr; /* which counter (PMOF_CNTR_*) counts it */
+};
+
+enum pmof_cntr_kind {
+    PMOF_CNTR_SEND,
+    PMOF_CNTR_RECV,
+    PMOF_CNTR_READ,
+    PMOF_CNTR_WRITE,
+    PMOF_CNTR_REMOTE_READ,
+    PMOF_CNTR_REMOTE_WRITE,
+    PMOF_CNTR_KINDS,
+    PMOF_CNTR_NONE = PMOF_CNTR_KINDS, /* the provider's own requests */
+};
+
+struct pmof_ring {
+    struct pmof_op *ops;
+    uint32_t size, head, tail; /* head: next to post; tail: oldest outstanding */
+};
+
+enum pmof_ep_state {
+    PMOF_EP_IDLE,
+    PMOF_EP_CONNECTING,
+    PMOF_EP_ACCEPTING,
+    PMOF_EP_CONNECTED,
+    PMOF_EP_SHUTDOWN,
+    PMOF_EP_ERROR,
+};
+
+/* Flags of the provider's 2-byte header in CM private data. */
+enum pmof_cm_flags {
+    PMOF_CM_COMMIT_MANUAL = 1 << 0,
+};
+
+struct pmof_ep {
+    struct fid_ep ep_fid;
+    struct pmof_domain *dom;
+    struct fi_info *info;
+    struct rdma_cm_id *id;
+    struct ibv_qp *qp;
+    struct ibv_qp_ex *qpx;
+    const struct ibv_qp_commit_ops *commit_ops;
+    struct pmof_eq *eq;
+    struct pmof_cq *tx_cq, *rx_cq;
+    bool tx_selective, rx_selective;
+    /* counters only: the endpoint made these CQs itself */
+    bool tx_cq_internal, rx_cq_internal;
+    struct pmof_cntr *cntrs[PMOF_CNTR_KINDS + 1];
+    uint64_t tx_op_flags, rx_op_flags;
+    enum pmof_ep_state state;
+    uint32_t max_inline;
+    struct pmof_lock tx_lock, rx_lock;
+    struct pmof_ring tx, rx;
+    uint32_t tx_start_head; /* tx.head when the batch being built began */
+    bool resolved;          /* the rdma_cm id has a destination address */
+    /* unsignaled WRs since the last signaled one; every so often one is
+     * signaled so the ring can be reclaimed */
+    uint32_t unsignaled;
+    /* connection set-up */
+    uint8_t cm_data[2 + PMOF_CM_DATA_MAX];
+    size_t cm_data_len;
+    struct pmof_connreq *connreq;
+    uint8_t peer_flags;
+    struct fi_pmof_ep_ops pmof_ops;
+};
+
+int pmof_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep,
+                  void *context);
+/* Converts one verbs completion of the endpoint into a CQ entry; false if
+ * it produces none. */
+bool pmof_ep_complete(struct pmof_ep *ep, const struct ibv_wc *wc, struct pmof_cq_entry *out,
+                      struct pmof_cntr **cntr);
+int pmof_ep_create_qp(struct pmof_ep *ep);
+int pmof_ep_qp_to_rts(struct pmof_ep *ep);
+void pmof_ep_qp_to_error(struct pmof_ep *ep);
+/* Offers (active side) or answers (passive side) native commits by ECE. */
+int pmof_ep_set_local_ece(struct pmof_ep *ep);
+/* Translates an rdma_cm event of the EQ's channel (and acknowledges it):
+ * application events are queued on the EQ. */
+ssize_t pmof_cm_dispatch(struct pmof_eq *eq, struct rdma_cm_event *ev);
+
+/*
+ * Send batches, tx_lock held: pmof_tx_start, then per work request
+ * pmof_tx_op (a slot; NULL when the queue is full), pmof_tx_wr and the
+ * ibv_wr_* calls, then pmof_tx_post, or pmof_tx_abort to post nothing.
+ */
+void pmof_tx_start(struct pmof_ep *ep);
+struct pmof_op *pmof_tx_op(struct pmof_ep *ep, void *context, uint64_t flags, uint64_t cq_flags,
+                           size_t len, enum pmof_cntr_kind cntr);
+void pmof_tx_wr(struct pmof_ep *ep, struct pmof_op *op, unsigned int send_flags);
+ssize_t pmof_tx_post(struct pmof_ep *ep);
+void pmof_tx_abort(struct pmof_ep *ep);
+/* Fills an SGE list from iov/desc (FI_MR_LOCAL descriptors). */
+int pmof_fill_sge(struct pmof_ep *ep, const struct iovec *iov, void **desc, size_t count,
+                  struct ibv_sge *sge, size_t *total);
+bool pmof_ep_wants_completion(const struct pmof_ep *ep, bool tx, uint64_t flags);
+ssize_t pmof_ep_check_tx(struct pmof_ep *ep);
+
+extern struct fi_ops_msg pmof_msg_ops;
+extern struct fi_ops_rma pmof_rma_ops;
+
+/* ------------------------------------------------------------- commits */
+
+/* Posts a write with the durability its flags ask for (FI_COMMIT,
+ * FI_COMMIT_COMPLETE, FI_DELIVERY_COMPLETE, FI_IMMED, FI_FENCE). */
+ssize_t pmof_rma_write(struct pmof_ep *ep, const struct iovec *iov, void **desc, size_t count,
+                       uint64_t addr, uint64_t key, uint64_t data, void *context, uint64_t flags);
+ssize_t pmof_commit(struct fi_pmof_ep_ops *ops, const struct fi_rma_iov *iov, size_t count,
+                    fi_addr_t dest_addr, uint64_t flags, void *context);
+ssize_t pmof_commit_manual(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t count,
+                           void *context);
+int pmof_commit_ack(struct fi_pmof_eq_ops *ops, const struct fi_eq_commit_entry *entry, int status);
+/* The op flags that ask for durability. */
+#define PMOF_DURABLE_FLAGS (FI_COMMIT | FI_COMMIT_COMPLETE | FI_DELIVERY_COMPLETE)
+
+/* ------------------------------------------------------- enosys tables */
+
+extern struct fi_ops_ep pmof_ep_base_ops_enosys;
+extern struct fi_ops_cm pmof_cm_ops_enosys;
+extern struct fi_ops_msg pmof_msg_ops_enosys;
+extern struct fi_ops_tagged pmof_tagged_ops_enosys;
+extern struct fi_ops_rma pmof_rma_ops_enosys;
+extern struct fi_ops_atomic pmof_atomic_ops_enosys;
+extern struct fi_ops_collective pmof_collective_ops_enosys;
+int pmof_fid_ops_open_enosys(struct fid *fid, const char *name, uint64_t flags, void **ops,
+                             void *context);
+int pmof_fid_bind_enosys(struct fid *fid, struct fid *bfid, uint64_t flags);
+int pmof_fid_control_enosys(struct fid *fid, int command, void *arg);
+int pmof_fid_ops_set_enosys(struct fid *fid, const char *name, uint64_t flags, void *ops,
+                            void *context);
+
+#endif /* PMOF_H */

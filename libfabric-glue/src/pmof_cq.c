@@ -1,0 +1,435 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Completion queues over verbs CQs.  Verbs completions are translated into
+ * a ring when the application reads (or a counter progresses), which also
+ * holds completions the provider makes itself (FI_COMMIT_MANUAL commits)
+ * and keeps errors in order: fi_cq_read stops at an error with -FI_EAVAIL
+ * until fi_cq_readerr takes it.
+ */
+#include "pmof.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#define CQ_POLL_BATCH 16
+
+static struct pmof_cq_entry *ring_at(struct pmof_cq *cq, size_t i) {
+    return &cq->ring[(cq->ring_head + i) % cq->ring_size];
+}
+
+static int ring_grow(struct pmof_cq *cq) {
+    size_t n = cq->ring_size * 2;
+    struct pmof_cq_entry *r = malloc(n * sizeof(*r));
+
+    if (!r) return -FI_ENOMEM;
+    for (size_t i = 0; i < cq->ring_count; i++)
+        r[i] = *ring_at(cq, i);
+    free(cq->ring);
+    cq->ring = r;
+    cq->ring_size = n;
+    cq->ring_head = 0;
+    return 0;
+}
+
+static int ring_add(struct pmof_cq *cq, const struct pmof_cq_entry *e) {
+    if (cq->ring_count == cq->ring_size) {
+        int ret = ring_grow(cq);
+        if (ret) return ret;
+    }
+    *ring_at(cq, cq->ring_count++) = *e;
+    return 0;
+}
+
+int pmof_cq_push(struct pmof_cq *cq, const struct pmof_cq_entry *e) {
+    uint64_t one = 1;
+    int ret;
+
+    pmof_lock(&cq->lock);
+    ret = ring_add(cq, e);
+    pmof_unlock(&cq->lock);
+    if (!ret && write(cq->signal_fd, &one, sizeof(one)) < 0) ret = 0;
+    return ret;
+}
+
+/* Translates verbs completions into the ring (lock held). */
+static int cq_poll_locked(struct pmof_cq *cq) {
+    struct ibv_wc wc[CQ_POLL_BATCH];
+    int n;
+
+    do {
+        n = ibv_poll_cq(cq->ibv, CQ_POLL_BATCH, wc);
+        if (n < 0) return -FI_EIO;
+        for (int i = 0; i < n; i++) {
+            struct pmof_op *op = (struct pmof_op *)(uintptr_t)wc[i].wr_id;
+            struct pmof_cq_entry e;
+            struct pmof_cntr *cntr = NULL;
+            bool report;
+
+            if (!op) continue;
+            report = pmof_ep_complete(op->ep, &wc[i], &e, &cntr);
+            if (cntr) {
+                if (wc[i].status == IBV_WC_SUCCESS)
+                    pmof_cntr_inc(cntr);
+                else
+                    pmof_cntr_err(cntr);
+            }
+            if (report && ring_add(cq, &e)) return -FI_ENOMEM;
+        }
+    } while (n == CQ_POLL_BATCH);
+    return 0;
+}
+
+int pmof_cq_progress(struct pmof_cq *cq) {
+    int ret;
+
+    pmof_lock(&cq->lock);
+    ret = cq_poll_locked(cq);
+    pmof_unlock(&cq->lock);
+    return ret;
+}
+
+static void write_entry(struct pmof_cq *cq, void *buf, size_t i, const struct pmof_cq_entry *e) {
+    switch (cq->format) {
+    case FI_CQ_FORMAT_CONTEXT: {
+        struct fi_cq_entry *o = (struct fi_cq_entry *)buf + i;
+        o->op_context = e->op_context;
+        break;
+    }
+    case FI_CQ_FORMAT_MSG: {
+        struct fi_cq_msg_entry *o = (struct fi_cq_msg_entry *)buf + i;
+        o->op_context = e->op_context;
+        o->flags = e->flags;
+        o->len = e->len;
+        break;
+    }
+    case FI_CQ_FORMAT_DATA: {
+        struct fi_cq_data_entry *o = (struct fi_cq_data_entry *)buf + i;
+        o->op_context = e->op_context;
+        o->flags = e->flags;
+        o->len = e->len;
+        o->buf = e->buf;
+        o->data = e->data;
+        break;
+    }
+    default: {
+        struct fi_cq_tagged_entry *o = (struct fi_cq_tagged_entry *)buf + i;
+        o->op_context = e->op_context;
+        o->flags = e->flags;
+        o->len = e->len;
+        o->buf = e->buf;
+        o->data = e->data;
+        o->tag = e->tag;
+        break;
+    }
+    }
+}
+
+static ssize_t cq_readfrom(struct fid_cq *cq_fid, void *buf, size_t count, fi_addr_t *src_addr) {
+    struct pmof_cq *cq = container_of(cq_fid, struct pmof_cq, cq_fid);
+    size_t n = 0;
+    int ret;
+
+    if (!buf && count) return -FI_EINVAL;
+    pmof_lock(&cq->lock);
+    if (cq->ring_count < count) {
+        ret = cq_poll_locked(cq);
+        if (ret && !cq->ring_count) {
+            pmof_unlock(&cq->lock);
+            return ret;
+        }
+    }
+    while (n < count && cq->ring_count) {
+        const struct pmof_cq_entry *e = ring_at(cq, 0);
+        if (e->err) break;
+        write_entry(cq, buf, n, e);
+        if (src_addr) src_addr[n] = e->src_addr;
+        cq->ring_head = (cq->ring_head + 1) % cq->ring_size;
+        cq->ring_count--;
+        n++;
+    }
+    if (!n) {
+        ssize_t r = cq->ring_count ? -FI_EAVAIL : -FI_EAGAIN;
+        pmof_unlock(&cq->lock);
+        return r;
+    }
+    pmof_unlock(&cq->lock);
+    return (ssize_t)n;
+}
+
+static ssize_t cq_read(struct fid_cq *cq_fid, void *buf, size_t count) {
+    return cq_readfrom(cq_fid, buf, count, NULL);
+}
+
+static ssize_t cq_readerr(struct fid_cq *cq_fid, struct fi_cq_err_entry *buf, uint64_t flags) {
+    struct pmof_cq *cq = container_of(cq_fid, struct pmof_cq, cq_fid);
+    const struct pmof_cq_entry *e;
+
+    (void)flags;
+    if (!buf) return -FI_EINVAL;
+    pmof_lock(&cq->lock);
+    if (!cq->ring_count) cq_poll_locked(cq);
+    if (!cq->ring_count || !ring_at(cq, 0)->err) {
+        pmof_unlock(&cq->lock);
+        return -FI_EAGAIN;
+    }
+    e = ring_at(cq, 0);
+    buf->op_context = e->op_context;
+    buf->flags = e->flags;
+    buf->len = e->len;
+    buf->buf = e->buf;
+    buf->data = e->data;
+    buf->tag = e->tag;
+    buf->olen = 0;
+    buf->err = e->err;
+    buf->prov_errno = e->prov_errno;
+    /* No error data: err_data_size is both the caller's buffer size
+     * (libfabric >= 1.5) and what was written. */
+    buf->err_data_size = 0;
+    cq->last_err = *e;
+    cq->ring_head = (cq->ring_head + 1) % cq->ring_size;
+    cq->ring_count--;
+    pmof_unlock(&cq->lock);
+    return 1;
+}
+
+/* Arms the verbs CQ for the wait object; -FI_EAGAIN if completions are
+ * already there (the application must read before it waits). */
+int pmof_cq_trywait(struct pmof_cq *cq) {
+    int ret = 0;
+
+    if (!cq->channel) return -FI_EINVAL;
+    pmof_lock(&cq->lock);
+    if (cq->ring_count) {
+        ret = -FI_EAGAIN;
+        goto out;
+    }
+    /* Consume notifications already delivered before re-arming. */
+    for (;;) {
+        struct ibv_cq *evcq;
+        void *evctx;
+        if (ibv_get_cq_event(cq->channel, &evcq, &evctx)) break;
+        ibv_ack_cq_events(evcq, 1);
+    }
+    if (ibv_req_notify_cq(cq->ibv, 0)) {
+        ret = -FI_EIO;
+        goto out;
+    }
+    ret = cq_poll_locked(cq);
+    if (!ret && cq->ring_count) ret = -FI_EAGAIN;
+out:
+    pmof_unlock(&cq->lock);
+    return ret;
+}
+
+static int cq_wait(struct pmof_cq *cq, int timeout) {
+    struct pollfd p[2] = {
+        {.fd = cq->channel->fd, .events = POLLIN},
+        {.fd = cq->signal_fd, .events = POLLIN},
+    };
+    int ret = pmof_cq_trywait(cq);
+
+    if (ret == -FI_EAGAIN) return 0;
+    if (ret) return ret;
+    ret = poll(p, 2, timeout);
+    if (ret < 0) return errno == EINTR ? 0 : pmof_errno(errno);
+    if (p[1].revents & POLLIN) {
+        uint64_t v;
+        if (read(cq->signal_fd, &v, sizeof(v)) < 0) v = 0;
+    }
+    return ret == 0 ? -FI_EAGAIN : 0;
+}
+
+static ssize_t cq_sreadfrom(struct fid_cq *cq_fid, void *buf, size_t count, fi_addr_t *src_addr,
+                            const void *cond, int timeout) {
+    struct pmof_cq *cq = container_of(cq_fid, struct pmof_cq, cq_fid);
+    uint64_t end = timeout >= 0 ? pmof_now_ms() + (uint64_t)timeout : 0;
+
+    (void)cond;
+    for (;;) {
+        ssize_t ret = cq_readfrom(cq_fid, buf, count, src_addr);
+        int left = -1;
+
+        if (ret != -FI_EAGAIN) return ret;
+        if (timeout >= 0) {
+            uint64_t now = pmof_now_ms();
+            if (now >= end) return -FI_EAGAIN;
+            left = (int)(end - now);
+        }
+        if (!cq->channel) {
+            /* FI_WAIT_NONE and FI_WAIT_YIELD: poll, giving the CPU away. */
+            sched_yield();
+            continue;
+        }
+        ret = cq_wait(cq, left);
+        if (ret && ret != -FI_EAGAIN) return ret;
+    }
+}
+
+static ssize_t cq_sread(struct fid_cq *cq_fid, void *buf, size_t count, const void *cond,
+                        int timeout) {
+    return cq_sreadfrom(cq_fid, buf, count, NULL, cond, timeout);
+}
+
+static int cq_signal(struct fid_cq *cq_fid) {
+    struct pmof_cq *cq = container_of(cq_fid, struct pmof_cq, cq_fid);
+    uint64_t one = 1;
+
+    return write(cq->signal_fd, &one, sizeof(one)) < 0 ? pmof_errno(errno) : 0;
+}
+
+static const char *cq_strerror(struct fid_cq *cq_fid, int prov_errno, const void *err_data,
+                               char *buf, size_t len) {
+    const char *s = ibv_wc_status_str((enum ibv_wc_status)prov_errno);
+
+    (void)cq_fid, (void)err_data;
+    if (buf && len) {
+        strncpy(buf, s, len - 1);
+        buf[len - 1] = '\0';
+        return buf;
+    }
+    return s;
+}
+
+static int cq_control(struct fid *fid, int command, void *arg) {
+    struct pmof_cq *cq = container_of(fid, struct pmof_cq, cq_fid.fid);
+
+    switch (command) {
+    case FI_GETWAIT:
+        if (!cq->channel) return -FI_ENODATA;
+        /* One descriptor for both wake-ups: an epoll set. */
+        *(int *)arg = cq->epfd;
+        return 0;
+    case FI_GETWAITOBJ:
+        *(enum fi_wait_obj *)arg = cq->wait_obj;
+        return 0;
+    default:
+        return -FI_ENOSYS;
+    }
+}
+
+static int cq_close(struct fid *fid) {
+    struct pmof_cq *cq = container_of(fid, struct pmof_cq, cq_fid.fid);
+    int ret;
+
+    if (atomic_load(&cq->refs)) return -FI_EBUSY;
+    if (cq->channel) {
+        /* Unacknowledged notifications keep ibv_destroy_cq waiting. */
+        struct ibv_cq *evcq;
+        void *evctx;
+        while (ibv_get_cq_event(cq->channel, &evcq, &evctx) == 0)
+            ibv_ack_cq_events(evcq, 1);
+    }
+    ret = ibv_destroy_cq(cq->ibv);
+    if (ret) return pmof_errno(ret);
+    if (cq->channel) ibv_destroy_comp_channel(cq->channel);
+    if (cq->epfd >= 0) close(cq->epfd);
+    close(cq->signal_fd);
+    pmof_lock_destroy(&cq->lock);
+    atomic_fetch_sub(&cq->dom->refs, 1);
+    free(cq->ring);
+    free(cq);
+    return 0;
+}
+
+static struct fi_ops cq_fi_ops = {
+    .size = sizeof(struct fi_ops),
+    .close = cq_close,
+    .bind = pmof_fid_bind_enosys,
+    .control = cq_control,
+    .ops_open = pmof_fid_ops_open_enosys,
+    .ops_set = pmof_fid_ops_set_enosys,
+};
+
+static struct fi_ops_cq cq_ops = {
+    .size = sizeof(struct fi_ops_cq),
+    .read = cq_read,
+    .readfrom = cq_readfrom,
+    .readerr = cq_readerr,
+    .sread = cq_sread,
+    .sreadfrom = cq_sreadfrom,
+    .signal = cq_signal,
+    .strerror = cq_strerror,
+};
+
+int pmof_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr, struct fid_cq **out,
+                 void *context) {
+    struct pmof_domain *dom = container_of(domain, struct pmof_domain, domain_fid);
+    struct pmof_cq *cq;
+    size_t size;
+    int ret = -FI_ENOMEM;
+
+    if (!attr || !out) return -FI_EINVAL;
+    if (attr->flags & ~FI_AFFINITY) return -FI_EBADFLAGS;
+    switch (attr->format) {
+    case FI_CQ_FORMAT_UNSPEC:
+    case FI_CQ_FORMAT_CONTEXT:
+    case FI_CQ_FORMAT_MSG:
+    case FI_CQ_FORMAT_DATA:
+    case FI_CQ_FORMAT_TAGGED:
+        break;
+    default:
+        return -FI_ENOSYS;
+    }
+    switch (attr->wait_obj) {
+    case FI_WAIT_NONE:
+    case FI_WAIT_UNSPEC:
+    case FI_WAIT_FD:
+    case FI_WAIT_YIELD:
+        break;
+    default:
+        return -FI_ENOSYS;
+    }
+    if (attr->wait_cond != FI_CQ_COND_NONE) return -FI_ENOSYS;
+    size = attr->size ? attr->size : PMOF_DEF_CQ_SIZE;
+    if (size > (size_t)dom->dev_attr.orig_attr.max_cqe) return -FI_EINVAL;
+    cq = calloc(1, sizeof(*cq));
+    if (!cq) return -FI_ENOMEM;
+    cq->epfd = cq->signal_fd = -1;
+    cq->format = attr->format == FI_CQ_FORMAT_UNSPEC ? FI_CQ_FORMAT_CONTEXT : attr->format;
+    cq->wait_obj = attr->wait_obj == FI_WAIT_UNSPEC ? FI_WAIT_FD : attr->wait_obj;
+    cq->ring_size = size;
+    cq->ring = calloc(size, sizeof(*cq->ring));
+    if (!cq->ring) goto err;
+    pmof_lock_init(&cq->lock, true);
+    cq->signal_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (cq->signal_fd < 0) goto err_errno;
+    if (cq->wait_obj == FI_WAIT_FD) {
+        struct epoll_event ev = {.events = EPOLLIN};
+        cq->channel = ibv_create_comp_channel(dom->verbs);
+        if (!cq->channel) goto err_errno;
+        if (fcntl(cq->channel->fd, F_SETFL, fcntl(cq->channel->fd, F_GETFL) | O_NONBLOCK))
+            goto err_errno;
+        cq->epfd = epoll_create1(EPOLL_CLOEXEC);
+        if (cq->epfd < 0) goto err_errno;
+        ev.data.fd = cq->channel->fd;
+        if (epoll_ctl(cq->epfd, EPOLL_CTL_ADD, cq->channel->fd, &ev)) goto err_errno;
+        ev.data.fd = cq->signal_fd;
+        if (epoll_ctl(cq->epfd, EPOLL_CTL_ADD, cq->signal_fd, &ev)) goto err_errno;
+    }
+    cq->ibv = ibv_create_cq(dom->verbs, (int)size, cq, cq->channel, 0);
+    if (!cq->ibv) goto err_errno;
+    cq->dom = dom;
+    cq->cq_fid.fid.fclass = FI_CLASS_CQ;
+    cq->cq_fid.fid.context = context;
+    cq->cq_fid.fid.ops = &cq_fi_ops;
+    cq->cq_fid.ops = &cq_ops;
+    atomic_fetch_add(&dom->refs, 1);
+    *out = &cq->cq_fid;
+    return 0;
+err_errno:
+    ret = pmof_errno(errno ? errno : EIO);
+err:
+    if (cq->channel) ibv_destroy_comp_channel(cq->channel);
+    if (cq->epfd >= 0) close(cq->epfd);
+    if (cq->signal_fd >= 0) close(cq->signal_fd);
+    free(cq->ring);
+    free(cq);
+    return ret;
+}

@@ -1,0 +1,336 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The domain (one RDMA device and its protection domain) and memory
+ * registration.
+ *
+ * A key is the verbs rkey with the region's durability class above it
+ * (PMOF_KEY_PMEM): the initiator of a commit asks for persistence or global
+ * visibility from the key alone, as the PMEM proposal wants keys to carry
+ * the region's attributes.
+ */
+#include "pmof.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------- MR */
+
+static int mr_close(struct fid *fid) {
+    struct pmof_mr *mr = container_of(fid, struct pmof_mr, mr_fid.fid);
+    int ret = mr->ibv ? ibv_dereg_mr(mr->ibv) : 0;
+
+    if (ret) return pmof_errno(ret);
+    atomic_fetch_sub(&mr->dom->refs, 1);
+    free(mr);
+    return 0;
+}
+
+static struct fi_ops mr_fi_ops = {
+    .size = sizeof(struct fi_ops),
+    .close = mr_close,
+    .bind = pmof_fid_bind_enosys,
+    .control = pmof_fid_control_enosys,
+    .ops_open = pmof_fid_ops_open_enosys,
+    .ops_set = pmof_fid_ops_set_enosys,
+};
+
+/* libfabric access bits to verbs', plus the FLUSH access a commit target
+ * needs: a persistent region takes both placements (FI_DELIVERY_COMPLETE
+ * asks a persistent region for visibility only), a volatile one global
+ * visibility only. */
+static int mr_access(uint64_t access, uint64_t flags) {
+    int a = 0;
+
+    if (!(access & (FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE)))
+        access = FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    if (access & (FI_RECV | FI_READ)) a |= IBV_ACCESS_LOCAL_WRITE;
+    if (access & FI_REMOTE_READ) a |= IBV_ACCESS_REMOTE_READ;
+    if (access & FI_REMOTE_WRITE)
+        a |= IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+    if (access & FI_REMOTE_WRITE) {
+        a |= IBV_ACCESS_FLUSH_GLOBAL;
+        if (flags & FI_PMEM) a |= IBV_ACCESS_FLUSH_PERSISTENT;
+        if (flags & FI_UNCACHED) a |= IBV_ACCESS_UNCACHED;
+    }
+    return a;
+}
+
+static int mr_register(struct pmof_domain *dom, const struct fi_mr_attr *attr, uint64_t flags,
+                       struct fid_mr **out) {
+    struct pmof_mr *mr;
+    const struct iovec *iov = attr->mr_iov;
+    int access;
+
+    if (attr->iov_count != 1 || !iov) return -FI_EINVAL;
+    if (flags & ~(FI_PMEM | FI_UNCACHED | FI_HMEM_DEVICE_ONLY)) return -FI_EBADFLAGS;
+    if (attr->iface != FI_HMEM_SYSTEM) {
+        /* Device memory the NIC cannot reach: pmof copies through host
+         * memory with the application's override ops, never registers it. */
+        if (!dom->hmem_override) return -FI_EOPNOTSUPP;
+    }
+    mr = calloc(1, sizeof(*mr));
+    if (!mr) return -FI_ENOMEM;
+    mr->mr_fid.fid.fclass = FI_CLASS_MR;
+    mr->mr_fid.fid.context = attr->context;
+    mr->mr_fid.fid.ops = &mr_fi_ops;
+    mr->dom = dom;
+    mr->flags = flags & (FI_PMEM | FI_UNCACHED);
+    mr->iface = attr->iface;
+    mr->device = attr->device.reserved;
+    access = mr_access(attr->access, flags);
+    if (attr->iface == FI_HMEM_SYSTEM) {
+        /* Zero-length regions are valid in libfabric; verbs may refuse
+         * them, so they get no verbs MR (and key 0). */
+        if (iov->iov_len) {
+            mr->ibv = ibv_reg_mr(dom->pd, iov->iov_base, iov->iov_len, access);
+            if (!mr->ibv && (access & IBV_ACCESS_UNCACHED) && errno == EINVAL)
+                mr->ibv =
+                    ibv_reg_mr(dom->pd, iov->iov_base, iov->iov_len, access & ~IBV_ACCESS_UNCACHED);
+            if (!mr->ibv) {
+                int err = errno;
+                PMOF_WARN(FI_LOG_MR, "ibv_reg_mr(%p, %zu) failed: %s\n", iov->iov_base,
+                          iov->iov_len, strerror(err));
+                free(mr);
+                return pmof_errno(err);
+            }
+            mr->mr_fid.key = mr->ibv->rkey;
+        }
+    }
+    if (mr->flags & FI_PMEM) mr->mr_fid.key |= PMOF_KEY_PMEM;
+    if (mr->flags & FI_UNCACHED) mr->mr_fid.key |= PMOF_KEY_UNCACHED;
+    mr->mr_fid.mem_desc = mr;
+    atomic_fetch_add(&dom->refs, 1);
+    *out = &mr->mr_fid;
+    return 0;
+}
+
+int pmof_mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t flags,
+                    struct fid_mr **mr) {
+    struct pmof_domain *dom = container_of(fid, struct pmof_domain, domain_fid.fid);
+
+    if (!attr || !mr) return -FI_EINVAL;
+    return mr_register(dom, attr, flags, mr);
+}
+
+int pmof_mr_regv(struct fid *fid, const struct iovec *iov, size_t count, uint64_t access,
+                 uint64_t offset, uint64_t requested_key, uint64_t flags, struct fid_mr **mr,
+                 void *context) {
+    struct fi_mr_attr attr = {
+        .mr_iov = iov,
+        .iov_count = count,
+        .access = access,
+        .offset = offset,
+        .requested_key = requested_key,
+        .context = context,
+        .iface = FI_HMEM_SYSTEM,
+    };
+
+    return pmof_mr_regattr(fid, &attr, flags, mr);
+}
+
+int pmof_mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access, uint64_t offset,
+                uint64_t requested_key, uint64_t flags, struct fid_mr **mr, void *context) {
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+
+    return pmof_mr_regv(fid, &iov, 1, access, offset, requested_key, flags, mr, context);
+}
+
+static struct fi_ops_mr domain_mr_ops = {
+    .size = sizeof(struct fi_ops_mr),
+    .reg = pmof_mr_reg,
+    .regv = pmof_mr_regv,
+    .regattr = pmof_mr_regattr,
+};
+
+/* --------------------------------------------------------------- domain */
+
+static int domain_close(struct fid *fid) {
+    struct pmof_domain *dom = container_of(fid, struct pmof_domain, domain_fid.fid);
+    int ret;
+
+    if (atomic_load(&dom->refs)) return -FI_EBUSY;
+    ret = ibv_dealloc_pd(dom->pd);
+    if (ret) return pmof_errno(ret);
+    rdma_free_devices(dom->dev_list);
+    fi_freeinfo(dom->info);
+    atomic_fetch_sub(&dom->fab->refs, 1);
+    free(dom);
+    return 0;
+}
+
+static int domain_query(struct fi_pmof_domain_ops *ops, struct fi_pmof_attr *attr) {
+    struct pmof_domain *dom = container_of(ops, struct pmof_domain, pmof_ops);
+    struct fi_pmof_attr a = {.size = sizeof(a)};
+
+    if (!attr || attr->size < offsetof(struct fi_pmof_attr, native) + sizeof(int))
+        return -FI_EINVAL;
+    if (dom->commit_path != PMOF_COMMIT_NONE) {
+        a.commit_flags = FI_COMMIT | FI_FENCE | FI_IMMED;
+        a.mr_flags = FI_PMEM | FI_UNCACHED;
+        a.atomicity_unit = dom->commit_caps.atomicity_unit;
+        a.native = (dom->commit_caps.flags & IBV_COMMIT_CAP_NATIVE) != 0;
+    }
+    if (dom->info->mode & FI_COMMIT_MANUAL) {
+        a.commit_flags |= FI_COMMIT;
+        a.mr_flags |= FI_PMEM;
+        if (!a.atomicity_unit) a.atomicity_unit = 8;
+    }
+    memcpy(attr, &a, sizeof(a));
+    return 0;
+}
+
+static int domain_ops_open(struct fid *fid, const char *name, uint64_t flags, void **ops,
+                           void *context) {
+    struct pmof_domain *dom = container_of(fid, struct pmof_domain, domain_fid.fid);
+
+    (void)context;
+    if (flags) return -FI_EBADFLAGS;
+    if (!name || !ops) return -FI_EINVAL;
+    if (strcmp(name, FI_PMOF_DOMAIN_OPS_1) == 0) {
+        *ops = &dom->pmof_ops;
+        return 0;
+    }
+    return -FI_ENOSYS;
+}
+
+/* Seed 002's override ops through libfabric's FI_SET_OPS_HMEM_OVERRIDE. */
+static int domain_ops_set(struct fid *fid, const char *name, uint64_t flags, void *ops,
+                          void *context) {
+    struct pmof_domain *dom = container_of(fid, struct pmof_domain, domain_fid.fid);
+    const struct fi_hmem_override_ops *h = ops;
+
+    (void)context;
+    if (!name || strcmp(name, FI_SET_OPS_HMEM_OVERRIDE)) return -FI_ENOSYS;
+    if (flags) return -FI_EBADFLAGS;
+    if (!h || h->size < sizeof(*h) || !h->copy_from_hmem_iov || !h->copy_to_hmem_iov)
+        return -FI_EINVAL;
+    dom->hmem_ops = *h;
+    dom->hmem_override = true;
+    return 0;
+}
+
+static int domain_bind(struct fid *fid, struct fid *bfid, uint64_t flags) {
+    (void)fid, (void)bfid, (void)flags;
+    /* FI_MR_COMPLETE events are not needed: registration is synchronous. */
+    return -FI_ENOSYS;
+}
+
+static struct fi_ops domain_fi_ops = {
+    .size = sizeof(struct fi_ops),
+    .close = domain_close,
+    .bind = domain_bind,
+    .control = pmof_fid_control_enosys,
+    .ops_open = domain_ops_open,
+    .ops_set = domain_ops_set,
+};
+
+static int domain_av_open(struct fid_domain *domain, struct fi_av_attr *attr, struct fid_av **av,
+                          void *context) {
+    (void)domain, (void)attr, (void)av, (void)context;
+    return -FI_ENOSYS;
+}
+
+static int domain_scalable_ep(struct fid_domain *domain, struct fi_info *info, struct fid_ep **sep,
+                              void *context) {
+    (void)domain, (void)info, (void)sep, (void)context;
+    return -FI_ENOSYS;
+}
+
+static int domain_poll_open(struct fid_domain *domain, struct fi_poll_attr *attr,
+                            struct fid_poll **pollset) {
+    (void)domain, (void)attr, (void)pollset;
+    return -FI_ENOSYS;
+}
+
+static int domain_stx_ctx(struct fid_domain *domain, struct fi_tx_attr *attr, struct fid_stx **stx,
+                          void *context) {
+    (void)domain, (void)attr, (void)stx, (void)context;
+    return -FI_ENOSYS;
+}
+
+static int domain_srx_ctx(struct fid_domain *domain, struct fi_rx_attr *attr, struct fid_ep **rx_ep,
+                          void *context) {
+    (void)domain, (void)attr, (void)rx_ep, (void)context;
+    return -FI_ENOSYS;
+}
+
+static int domain_query_atomic(struct fid_domain *domain, enum fi_datatype datatype, enum fi_op op,
+                               struct fi_atomic_attr *attr, uint64_t flags) {
+    (void)domain, (void)datatype, (void)op, (void)attr, (void)flags;
+    return -FI_EOPNOTSUPP;
+}
+
+static int domain_query_collective(struct fid_domain *domain, enum fi_collective_op coll,
+                                   struct fi_collective_attr *attr, uint64_t flags) {
+    (void)domain, (void)coll, (void)attr, (void)flags;
+    return -FI_ENOSYS;
+}
+
+static int domain_endpoint2(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep,
+                            uint64_t flags, void *context) {
+    if (flags) return -FI_EBADFLAGS;
+    return pmof_endpoint(domain, info, ep, context);
+}
+
+static struct fi_ops_domain domain_ops = {
+    .size = sizeof(struct fi_ops_domain),
+    .av_open = domain_av_open,
+    .cq_open = pmof_cq_open,
+    .endpoint = pmof_endpoint,
+    .scalable_ep = domain_scalable_ep,
+    .cntr_open = pmof_cntr_open,
+    .poll_open = domain_poll_open,
+    .stx_ctx = domain_stx_ctx,
+    .srx_ctx = domain_srx_ctx,
+    .query_atomic = domain_query_atomic,
+    .query_collective = domain_query_collective,
+    .endpoint2 = domain_endpoint2,
+};
+
+int pmof_domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **domain,
+                     void *context) {
+    struct pmof_fabric *fab = container_of(fabric, struct pmof_fabric, fabric_fid);
+    struct pmof_domain *dom;
+    int n = 0;
+
+    if (!info || !info->domain_attr || !info->domain_attr->name) return -FI_EINVAL;
+    dom = calloc(1, sizeof(*dom));
+    if (!dom) return -FI_ENOMEM;
+    dom->info = fi_dupinfo(info);
+    if (!dom->info) goto nomem;
+    dom->dev_list = rdma_get_devices(&n);
+    for (int i = 0; dom->dev_list && i < n; i++) {
+        if (strcmp(ibv_get_device_name(dom->dev_list[i]->device), info->domain_attr->name) == 0)
+            dom->verbs = dom->dev_list[i];
+    }
+    if (!dom->verbs) {
+        PMOF_WARN(FI_LOG_DOMAIN, "no RDMA device %s\n", info->domain_attr->name);
+        goto nodev;
+    }
+    if (ibv_query_device_ex(dom->verbs, NULL, &dom->dev_attr)) goto nodev;
+    dom->pd = ibv_alloc_pd(dom->verbs);
+    if (!dom->pd) goto nodev;
+    dom->commit_path = pmof_device_commit_path(dom->verbs, &dom->commit_caps);
+    dom->thread_safe = info->domain_attr->threading == FI_THREAD_SAFE ||
+                       info->domain_attr->threading == FI_THREAD_UNSPEC;
+    dom->fab = fab;
+    dom->domain_fid.fid.fclass = FI_CLASS_DOMAIN;
+    dom->domain_fid.fid.context = context;
+    dom->domain_fid.fid.ops = &domain_fi_ops;
+    dom->domain_fid.ops = &domain_ops;
+    dom->domain_fid.mr = &domain_mr_ops;
+    dom->pmof_ops.size = sizeof(dom->pmof_ops);
+    dom->pmof_ops.query = domain_query;
+    atomic_fetch_add(&fab->refs, 1);
+    *domain = &dom->domain_fid;
+    return 0;
+nodev:
+    if (dom->dev_list) rdma_free_devices(dom->dev_list);
+    fi_freeinfo(dom->info);
+    free(dom);
+    return -FI_ENODEV;
+nomem:
+    free(dom);
+    return -FI_ENOMEM;
+}
