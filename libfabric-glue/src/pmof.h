@@ -320,9 +320,12 @@ struct pmof_connreq {
 /* -------------------------------------------------------------- endpoint */
 
 /* One per posted work request; wr_id points at it. */
+struct pmof_rdm;
+
 struct pmof_op {
     struct pmof_ep *ep;
-    uint32_t seq; /* position in its ring, counting from the start */
+    struct pmof_rdm *rdm; /* a receive of an RDM endpoint's shared queue */
+    uint32_t seq;         /* position in its ring, counting from the start */
     void *context;
     uint64_t flags; /* FI_* of the completion entry */
     size_t len;
@@ -392,6 +395,10 @@ struct pmof_ep {
     struct pmof_connreq *connreq;
     uint8_t peer_flags;
     struct fi_pmof_ep_ops pmof_ops;
+    /* a connection of an RDM endpoint: receives go to its shared queue */
+    struct pmof_rdm *rdm;
+    struct pmof_conn *conn;
+    struct ibv_srq *srq;
 };
 
 int pmof_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep,
@@ -428,6 +435,84 @@ ssize_t pmof_ep_check_tx(struct pmof_ep *ep);
 
 extern struct fi_ops_msg pmof_msg_ops;
 extern struct fi_ops_rma pmof_rma_ops;
+ssize_t pmof_post_send(struct pmof_ep *ep, const struct iovec *iov, void **desc, size_t count,
+                       uint64_t data, void *context, uint64_t flags);
+ssize_t pmof_rma_read(struct pmof_ep *ep, const struct iovec *iov, void **desc, size_t count,
+                      uint64_t addr, uint64_t key, void *context, uint64_t flags);
+
+/* ------------------------------------------------------- address vector */
+
+struct pmof_av {
+    struct fid_av av_fid;
+    struct pmof_domain *dom;
+    enum fi_av_type type;
+    size_t addrlen; /* stride of fi_av_insert's array */
+    struct pmof_lock lock;
+    struct sockaddr_storage *addrs;
+    bool *used;
+    size_t count, cap;
+    atomic_int refs;
+};
+
+int pmof_av_open(struct fid_domain *domain, struct fi_av_attr *attr, struct fid_av **av,
+                 void *context);
+fi_addr_t pmof_av_find(struct pmof_av *av, const struct sockaddr *sa);
+bool pmof_av_get(struct pmof_av *av, fi_addr_t addr, struct sockaddr_storage *out);
+bool pmof_addr_equal(const struct sockaddr *a, const struct sockaddr *b);
+const char *pmof_straddr(const void *addr, char *buf, size_t *len);
+
+/* --------------------------------------------------------- RDM endpoint */
+
+enum pmof_conn_state {
+    PMOF_CONN_CONNECTING,
+    PMOF_CONN_UP,
+    PMOF_CONN_DOWN,
+};
+
+struct pmof_conn {
+    struct pmof_conn *next;
+    struct pmof_ep *ep;           /* the hidden connected endpoint */
+    struct sockaddr_storage peer; /* the peer's name */
+    fi_addr_t addr;               /* its index in our AV, once known */
+    bool active;                  /* we connected */
+    enum pmof_conn_state state;
+};
+
+struct pmof_rdm {
+    struct fid_ep ep_fid;
+    struct pmof_domain *dom;
+    struct fi_info *info, *msg_info;
+    struct pmof_av *av;
+    struct pmof_eq *user_eq;
+    struct pmof_cq *tx_cq, *rx_cq;
+    bool tx_selective, rx_selective;
+    struct pmof_cntr *cntrs[PMOF_CNTR_KINDS + 1];
+    uint64_t tx_op_flags, rx_op_flags;
+    bool enabled;
+    /* connections: the listener, its EQ and the thread that serves it */
+    struct pmof_pep *pep;
+    struct pmof_eq *cm_eq;
+    struct sockaddr_storage name;
+    pthread_t thread;
+    bool thread_running;
+    int stop_fd[2];
+    struct pmof_lock lock;
+    struct pmof_conn *conns;
+    struct pmof_conn **send_conn; /* by fi_addr: the connection sends use */
+    size_t send_cap;
+    /* the shared receive queue and its request slots */
+    struct ibv_srq *srq;
+    struct pmof_lock rx_lock;
+    struct pmof_op *rx_ops;
+    uint32_t *rx_free;
+    uint32_t rx_size, rx_free_count;
+    struct fi_pmof_ep_ops pmof_ops;
+};
+
+int pmof_rdm_endpoint(struct pmof_domain *dom, struct fi_info *info, struct fid_ep **ep,
+                      void *context);
+bool pmof_rdm_complete(struct pmof_rdm *rdm, const struct ibv_wc *wc, struct pmof_cq_entry *out,
+                       struct pmof_cntr **cntr);
 
 /* ------------------------------------------------------------- commits */
 
@@ -437,6 +522,8 @@ ssize_t pmof_rma_write(struct pmof_ep *ep, const struct iovec *iov, void **desc,
                        uint64_t addr, uint64_t key, uint64_t data, void *context, uint64_t flags);
 ssize_t pmof_commit(struct fi_pmof_ep_ops *ops, const struct fi_rma_iov *iov, size_t count,
                     fi_addr_t dest_addr, uint64_t flags, void *context);
+ssize_t pmof_commit_ep(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t count,
+                       uint64_t flags, void *context);
 ssize_t pmof_commit_manual(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t count,
                            void *context);
 int pmof_commit_ack(struct fi_pmof_eq_ops *ops, const struct fi_eq_commit_entry *entry, int status);

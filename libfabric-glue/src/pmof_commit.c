@@ -10,10 +10,14 @@
 
 ssize_t pmof_commit(struct fi_pmof_ep_ops *ops, const struct fi_rma_iov *iov, size_t count,
                     fi_addr_t dest_addr, uint64_t flags, void *context) {
-    struct pmof_ep *ep = container_of(ops, struct pmof_ep, pmof_ops);
+    (void)dest_addr;
+    return pmof_commit_ep(container_of(ops, struct pmof_ep, pmof_ops), iov, count, flags, context);
+}
+
+ssize_t pmof_commit_ep(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t count,
+                       uint64_t flags, void *context) {
     ssize_t ret;
 
-    (void)dest_addr;
     if (!count || !iov) return -FI_EINVAL;
     if (flags & ~(FI_COMPLETION | FI_COMMIT)) return -FI_EBADFLAGS;
     for (size_t i = 0; i < count; i++)

@@ -73,7 +73,8 @@ static int cq_poll_locked(struct pmof_cq *cq) {
             bool report;
 
             if (!op) continue;
-            report = pmof_ep_complete(op->ep, &wc[i], &e, &cntr);
+            report = op->rdm ? pmof_rdm_complete(op->rdm, &wc[i], &e, &cntr)
+                             : pmof_ep_complete(op->ep, &wc[i], &e, &cntr);
             if (cntr) {
                 if (wc[i].status == IBV_WC_SUCCESS)
                     pmof_cntr_inc(cntr);

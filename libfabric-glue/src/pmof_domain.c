@@ -225,12 +225,6 @@ static struct fi_ops domain_fi_ops = {
     .ops_set = domain_ops_set,
 };
 
-static int domain_av_open(struct fid_domain *domain, struct fi_av_attr *attr, struct fid_av **av,
-                          void *context) {
-    (void)domain, (void)attr, (void)av, (void)context;
-    return -FI_ENOSYS;
-}
-
 static int domain_scalable_ep(struct fid_domain *domain, struct fi_info *info, struct fid_ep **sep,
                               void *context) {
     (void)domain, (void)info, (void)sep, (void)context;
@@ -275,7 +269,7 @@ static int domain_endpoint2(struct fid_domain *domain, struct fi_info *info, str
 
 static struct fi_ops_domain domain_ops = {
     .size = sizeof(struct fi_ops_domain),
-    .av_open = domain_av_open,
+    .av_open = pmof_av_open,
     .cq_open = pmof_cq_open,
     .endpoint = pmof_endpoint,
     .scalable_ep = domain_scalable_ep,

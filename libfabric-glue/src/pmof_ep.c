@@ -50,6 +50,7 @@ struct pmof_op *pmof_tx_op(struct pmof_ep *ep, void *context, uint64_t flags, ui
     }
     op = &ep->tx.ops[ep->tx.head % ep->tx.size];
     op->ep = ep;
+    op->rdm = NULL;
     op->seq = ep->tx.head++;
     op->context = context;
     op->flags = cq_flags;
@@ -204,6 +205,10 @@ int pmof_ep_create_qp(struct pmof_ep *ep) {
     struct ibv_qp_attr qa;
     int mask, ret;
 
+    if (ep->srq) {
+        attr.srq = ep->srq;
+        attr.cap.max_recv_wr = attr.cap.max_recv_sge = 0;
+    }
     if (dom->commit_path == PMOF_COMMIT_VERBS)
         attr.send_ops_flags |= IBV_QP_EX_WITH_RDMA_WRITE_COMMIT | IBV_QP_EX_WITH_FLUSH;
     else if (dom->commit_path == PMOF_COMMIT_FLUSH)
@@ -543,6 +548,7 @@ int pmof_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep
     int ret = -FI_ENOMEM;
 
     if (!info || !info->ep_attr || !out) return -FI_EINVAL;
+    if (info->ep_attr->type == FI_EP_RDM) return pmof_rdm_endpoint(dom, info, out, context);
     if (info->ep_attr->type != FI_EP_MSG) return -FI_EINVAL;
     if (info->handle && info->handle->fclass != FI_CLASS_CONNREQ) return -FI_EINVAL;
     ep = calloc(1, sizeof(*ep));

@@ -25,7 +25,7 @@
 #define PMOF_PRIMARY_CAPS                                                                          \
     (FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_SEND | FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE | \
      FI_LOCAL_COMM | FI_REMOTE_COMM | FI_HMEM)
-#define PMOF_SECONDARY_CAPS (FI_FENCE | FI_RMA_PMEM)
+#define PMOF_SECONDARY_CAPS (FI_FENCE | FI_RMA_PMEM | FI_SOURCE)
 #define PMOF_TX_OP_FLAGS                                                                           \
     (FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE |                \
      FI_COMMIT_COMPLETE | FI_COMPLETION | FI_COMMIT)
@@ -525,6 +525,12 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
         }
     }
     if (type == FI_EP_MSG) fi->domain_attr->av_type = FI_AV_UNSPEC;
+    if (type == FI_EP_RDM) {
+        /* Receives name their sender (fi_cq_readfrom). */
+        fi->caps |= FI_SOURCE;
+        fi->rx_attr->caps |= FI_SOURCE;
+        if (fi->domain_attr->av_type == FI_AV_UNSPEC) fi->domain_attr->av_type = FI_AV_TABLE;
+    }
 
     if (a->has_src) {
         if (set_addr(&fi->src_addr, &fi->src_addrlen, &fi->addr_format, &a->src)) goto err;
@@ -564,7 +570,7 @@ int pmof_getinfo(uint32_t version, const char *node, const char *service, uint64
     struct pmof_addrs a;
     char route_dev[IBV_SYSFS_NAME_MAX] = "";
     struct fi_info *head = NULL, *tail = NULL;
-    static const enum fi_ep_type types[] = {FI_EP_MSG};
+    static const enum fi_ep_type types[] = {FI_EP_MSG, FI_EP_RDM};
     int ret;
 
     *info = NULL;

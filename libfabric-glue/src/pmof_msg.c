@@ -15,7 +15,7 @@ static ssize_t post_recv(struct pmof_ep *ep, const struct iovec *iov, void **des
     size_t total;
     int n, ret;
 
-    if (!ep->qp) return -FI_EOPBADSTATE;
+    if (!ep->qp || ep->srq) return -FI_EOPBADSTATE;
     if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
     n = pmof_fill_sge(ep, iov, desc, count, sge, &total);
     if (n < 0) return n;
@@ -26,6 +26,7 @@ static ssize_t post_recv(struct pmof_ep *ep, const struct iovec *iov, void **des
     }
     op = &r->ops[r->head % r->size];
     op->ep = ep;
+    op->rdm = NULL;
     op->seq = r->head;
     op->context = context;
     op->flags = FI_MSG | FI_RECV;
@@ -65,8 +66,8 @@ static ssize_t msg_recv(struct fid_ep *ep_fid, void *buf, size_t len, void *desc
 }
 
 /* Sends (flags: FI_INJECT, FI_REMOTE_CQ_DATA, FI_FENCE, FI_COMPLETION). */
-static ssize_t post_send(struct pmof_ep *ep, const struct iovec *iov, void **desc, size_t count,
-                         uint64_t data, void *context, uint64_t flags) {
+ssize_t pmof_post_send(struct pmof_ep *ep, const struct iovec *iov, void **desc, size_t count,
+                       uint64_t data, void *context, uint64_t flags) {
     struct ibv_sge sge[PMOF_IOV_LIMIT];
     struct ibv_data_buf inl[PMOF_IOV_LIMIT];
     size_t total = 0;
@@ -122,7 +123,8 @@ static ssize_t msg_sendmsg(struct fid_ep *ep_fid, const struct fi_msg *msg, uint
     struct pmof_ep *ep = container_of(ep_fid, struct pmof_ep, ep_fid);
 
     if (!msg) return -FI_EINVAL;
-    return post_send(ep, msg->msg_iov, msg->desc, msg->iov_count, msg->data, msg->context, flags);
+    return pmof_post_send(ep, msg->msg_iov, msg->desc, msg->iov_count, msg->data, msg->context,
+                          flags);
 }
 
 static ssize_t msg_sendv(struct fid_ep *ep_fid, const struct iovec *iov, void **desc, size_t count,
@@ -130,7 +132,7 @@ static ssize_t msg_sendv(struct fid_ep *ep_fid, const struct iovec *iov, void **
     struct pmof_ep *ep = container_of(ep_fid, struct pmof_ep, ep_fid);
 
     (void)dest_addr;
-    return post_send(ep, iov, desc, count, 0, context, ep->tx_op_flags & ~FI_REMOTE_CQ_DATA);
+    return pmof_post_send(ep, iov, desc, count, 0, context, ep->tx_op_flags & ~FI_REMOTE_CQ_DATA);
 }
 
 static ssize_t msg_send(struct fid_ep *ep_fid, const void *buf, size_t len, void *desc,
@@ -145,7 +147,7 @@ static ssize_t msg_senddata(struct fid_ep *ep_fid, const void *buf, size_t len, 
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
 
     (void)dest_addr;
-    return post_send(ep, &iov, &desc, 1, data, context, ep->tx_op_flags | FI_REMOTE_CQ_DATA);
+    return pmof_post_send(ep, &iov, &desc, 1, data, context, ep->tx_op_flags | FI_REMOTE_CQ_DATA);
 }
 
 static ssize_t msg_inject(struct fid_ep *ep_fid, const void *buf, size_t len, fi_addr_t dest_addr) {
@@ -153,7 +155,7 @@ static ssize_t msg_inject(struct fid_ep *ep_fid, const void *buf, size_t len, fi
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
 
     (void)dest_addr;
-    return post_send(ep, &iov, NULL, 1, 0, NULL, FI_INJECT);
+    return pmof_post_send(ep, &iov, NULL, 1, 0, NULL, FI_INJECT);
 }
 
 static ssize_t msg_injectdata(struct fid_ep *ep_fid, const void *buf, size_t len, uint64_t data,
@@ -162,7 +164,7 @@ static ssize_t msg_injectdata(struct fid_ep *ep_fid, const void *buf, size_t len
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
 
     (void)dest_addr;
-    return post_send(ep, &iov, NULL, 1, data, NULL, FI_INJECT | FI_REMOTE_CQ_DATA);
+    return pmof_post_send(ep, &iov, NULL, 1, data, NULL, FI_INJECT | FI_REMOTE_CQ_DATA);
 }
 
 struct fi_ops_msg pmof_msg_ops = {

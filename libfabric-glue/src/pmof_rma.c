@@ -165,9 +165,8 @@ out:
     return ret;
 }
 
-static ssize_t rma_read_common(struct pmof_ep *ep, const struct iovec *iov, void **desc,
-                               size_t count, uint64_t addr, uint64_t key, void *context,
-                               uint64_t flags) {
+ssize_t pmof_rma_read(struct pmof_ep *ep, const struct iovec *iov, void **desc, size_t count,
+                      uint64_t addr, uint64_t key, void *context, uint64_t flags) {
     struct ibv_sge sge[PMOF_IOV_LIMIT];
     size_t total;
     struct pmof_op *op;
@@ -202,15 +201,15 @@ static struct pmof_ep *to_ep(struct fid_ep *ep_fid) {
 
 static ssize_t rma_readmsg(struct fid_ep *ep_fid, const struct fi_msg_rma *msg, uint64_t flags) {
     if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
-    return rma_read_common(to_ep(ep_fid), msg->msg_iov, msg->desc, msg->iov_count,
-                           msg->rma_iov[0].addr, msg->rma_iov[0].key, msg->context, flags);
+    return pmof_rma_read(to_ep(ep_fid), msg->msg_iov, msg->desc, msg->iov_count,
+                         msg->rma_iov[0].addr, msg->rma_iov[0].key, msg->context, flags);
 }
 
 static ssize_t rma_readv(struct fid_ep *ep_fid, const struct iovec *iov, void **desc, size_t count,
                          fi_addr_t src_addr, uint64_t addr, uint64_t key, void *context) {
     (void)src_addr;
-    return rma_read_common(to_ep(ep_fid), iov, desc, count, addr, key, context,
-                           to_ep(ep_fid)->tx_op_flags);
+    return pmof_rma_read(to_ep(ep_fid), iov, desc, count, addr, key, context,
+                         to_ep(ep_fid)->tx_op_flags);
 }
 
 static ssize_t rma_read(struct fid_ep *ep_fid, void *buf, size_t len, void *desc,
