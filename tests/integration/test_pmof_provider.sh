@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# The libfabric provider pmof over sroce, loaded from the build tree
+# (FI_PROVIDER_PATH) by the libfabric the system has:
+#
+#   1. fi_info lists pmof on both devices, with FI_RMA_PMEM, for FI_EP_MSG
+#      and FI_EP_RDM; ofi_rxm does not layer over it (it would drop
+#      FI_COMMIT), so every RDM info is pmof's own.
+#   2. fi_pingpong -p pmof -c (every buffer checked), msg and rdm, all of
+#      its sizes, as two processes.
+#   3. pmof_fabtest (tests/fabric): getinfo, objects, messages, RMA,
+#      counters and every persistence promise, msg and rdm.
+#
+# Usage: test_pmof_provider.sh BUILD-DIR
+#
+# ctest: TIMEOUT=300 RESOURCE_LOCK=lo-127.0.21.1,lo-127.0.21.2
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+sroce_init "${1:?usage: $0 BUILD-DIR}"
+require_cmds ss
+require_loopback
+command -v fi_info >/dev/null || skip "fi_info not installed (libfabric-bin; run scripts/setup.sh)"
+export FI_PROVIDER_PATH=$BUILD_DIR/libfabric-glue
+[[ -f $FI_PROVIDER_PATH/libpmof-fi.so ]] || die "libpmof-fi.so is not built in $FI_PROVIDER_PATH"
+A=127.0.21.1
+B=127.0.21.2
+sroce_config pmof0 $A pmof1 $B
+private_agent
+"$SROCE_BIN" agent start ${SROCE_AGENT_LOG:+--log "$SROCE_AGENT_LOG"}
+
+# --- fi_info ---------------------------------------------------------------------
+fi_info_check() {
+	local type=$1 out=$WORK/fi_info.$1
+	if ! "$SROCE_BIN" exec -- fi_info -p pmof -t "$type" -v >"$out" 2>&1; then
+		fail "fi_info -p pmof -t $type" "$(cat "$out")"
+		return
+	fi
+	local provs devs pmem
+	provs=$(grep -a -c '^ *prov_name: pmof$' "$out" || true)
+	devs=$(grep -a -E '^ *name: pmof[01]$' "$out" | sort -u | wc -l)
+	pmem=$(grep -a -c '^    caps: .*FI_RMA_PMEM' "$out" || true)
+	if grep -a -q 'prov_name: .*ofi_rxm' "$out"; then
+		fail "fi_info -p pmof -t $type: ofi_rxm layered over pmof" "$(grep -a prov_name "$out")"
+	elif ((provs >= 2 && devs == 2 && pmem == provs)); then
+		pass "fi_info -p pmof -t $type: $provs infos on pmof0 and pmof1, all with FI_RMA_PMEM"
+	else
+		fail "fi_info -p pmof -t $type: $provs pmof infos, $devs devices, $pmem with FI_RMA_PMEM" \
+			"$(cat "$out")"
+	fi
+}
+fi_info_check FI_EP_MSG
+fi_info_check FI_EP_RDM
+
+# --- fi_pingpong -----------------------------------------------------------------
+pingpong() {
+	local ep=$1
+	if run_pair fi_pingpong -p pmof -e "$ep" -c -I 10 -d pmof0 -B @PORT@ -- \
+		fi_pingpong -p pmof -e "$ep" -c -I 10 -P @PORT@ $A; then
+		local sizes
+		sizes=$(grep -a -c '=10 ' "$RP_CLIENT_LOG" || true)
+		if ((sizes == 6)); then
+			pass "fi_pingpong -p pmof -e $ep -c: 64 B to 1 MiB, 10 round trips each"
+		else
+			fail "fi_pingpong -p pmof -e $ep -c: $sizes sizes reported, expected 6" "$(cat "$RP_CLIENT_LOG")"
+		fi
+	else
+		fail "fi_pingpong -p pmof -e $ep -c"
+	fi
+}
+if command -v fi_pingpong >/dev/null; then
+	pingpong msg
+	pingpong rdm
+else
+	log "skip fi_pingpong: not installed (libfabric-bin)"
+fi
+
+# --- our fabtests ----------------------------------------------------------------
+fabtest=$BUILD_DIR/tests/fabric/pmof_fabtest
+if [[ -x $fabtest ]]; then
+	for ep in msg rdm; do
+		out=$WORK/fabtest.$ep
+		if timeout -k 5 240 "$SROCE_BIN" exec -- "$fabtest" -p pmof -e $ep -a $A >"$out" 2>&1; then
+			pass "pmof_fabtest -e $ep: $(grep -a -c '^ok' "$out") ok ($(grep -a -c '# skip' "$out") skipped)"
+		else
+			fail "pmof_fabtest -e $ep" "$(grep -a -v '^ok' "$out")"
+		fi
+	done
+else
+	fail "pmof_fabtest is not built in $BUILD_DIR/tests/fabric"
+fi
+finish
