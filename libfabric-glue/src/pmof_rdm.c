@@ -531,6 +531,8 @@ static struct fi_ops_rma rdm_rma_ops = {
 static ssize_t rdm_commit(struct fi_pmof_ep_ops *ops, const struct fi_rma_iov *iov, size_t count,
                           fi_addr_t dest_addr, uint64_t flags, void *context) {
     struct pmof_rdm *rdm = container_of(ops, struct pmof_rdm, pmof_ops);
+
+    if (!count || !iov) return -FI_EINVAL;
     RDM_CONN(rdm, dest_addr);
     return pmof_commit_ep(cep, iov, count, flags, context);
 }

@@ -1,0 +1,296 @@
+/* SPDX-License-Identifier: MIT */
+/* getinfo.*: what fi_getinfo returns for the provider, against the rules of
+ * fi_getinfo(3). */
+#include "fabtest.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Capabilities that select functionality; the others (FI_LOCAL_COMM,
+ * FI_SOURCE, FI_RMA_PMEM...) a provider may add unasked (fi_getinfo(3)). */
+#define FT_PRIMARY_CAPS                                                                            \
+    (FI_MSG | FI_RMA | FI_TAGGED | FI_ATOMIC | FI_MULTICAST | FI_COLLECTIVE | FI_NAMED_RX_CTX |    \
+     FI_DIRECTED_RECV | FI_VARIABLE_MSG | FI_HMEM | FI_READ | FI_WRITE | FI_RECV | FI_SEND |       \
+     FI_REMOTE_READ | FI_REMOTE_WRITE)
+
+#define FT_TEST_PORT "7471"
+
+static struct fi_info *hints_for(struct ft_run *r) {
+    return ft_hints(r->opts, r->opts->ep_type);
+}
+
+static int check_common(struct ft_run *r, const struct fi_info *i, const struct fi_info *hints) {
+    int ret = FT_OK;
+
+    FT_EXPECT(i->tx_attr && i->rx_attr && i->ep_attr && i->domain_attr && i->fabric_attr,
+              "info with a NULL attribute structure");
+    FT_EXPECT(i->ep_attr->type == hints->ep_attr->type, "info has endpoint type %d, asked %d",
+              i->ep_attr->type, hints->ep_attr->type);
+    FT_EXPECT(!(i->mode & ~hints->mode), "info mode %#llx has bits the hints lack: %#llx",
+              (unsigned long long)i->mode, (unsigned long long)(i->mode & ~hints->mode));
+    FT_EXPECT(i->fabric_attr->api_version == FT_API_VERSION || i->fabric_attr->api_version == 0,
+              "info api_version %#x", i->fabric_attr->api_version);
+out:
+    return ret;
+}
+
+static int t_basic(struct ft_run *r) {
+    struct fi_info *hints = hints_for(r), *info = NULL;
+    int ret = FT_OK, n = 0;
+
+    FT_EXPECT(hints, "out of memory");
+    FT_TRY(ft_getinfo_ok(r, r->opts->addr, NULL, FI_SOURCE, hints, &info));
+    for (struct fi_info *i = info; i; i = i->next, n++) {
+        FT_TRY(check_common(r, i, hints));
+        FT_EXPECT((i->caps & (FI_MSG | FI_RMA)) == (FI_MSG | FI_RMA),
+                  "info caps %#llx lack FI_MSG|FI_RMA", (unsigned long long)i->caps);
+    }
+    ft_note(r, "%d info(s), first domain '%s'", n, info->domain_attr->name);
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+/* A capability the provider lacks must give -FI_ENODATA; one it has must be
+ * in every info returned, never silently dropped. */
+static int unsupported_cap(struct ft_run *r, uint64_t cap, const char *name, bool *refused) {
+    struct fi_info *hints = hints_for(r), *info = NULL;
+    int ret = FT_OK, rc;
+
+    FT_EXPECT(hints, "out of memory");
+    hints->caps |= cap;
+    FT_TRY(ft_getinfo(r, r->opts->addr, NULL, FI_SOURCE, hints, &info, &rc));
+    *refused = rc == -FI_ENODATA;
+    if (*refused) goto out;
+    FT_EXPECT(!rc, "fi_getinfo with %s = %d (%s), expected -FI_ENODATA", name, rc,
+              fi_strerror(-rc));
+    for (struct fi_info *i = info; i; i = i->next)
+        FT_EXPECT(i->caps & cap, "fi_getinfo with %s returned an info without it", name);
+    ft_note(r, "%s supported", name);
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+static int t_caps_subset(struct ft_run *r) {
+    const uint64_t want =
+        FI_MSG | FI_RMA | FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    struct fi_info *hints = hints_for(r), *info = NULL;
+    int ret = FT_OK;
+
+    FT_EXPECT(hints, "out of memory");
+    hints->caps = want;
+    FT_TRY(ft_getinfo_ok(r, r->opts->addr, NULL, FI_SOURCE, hints, &info));
+    for (struct fi_info *i = info; i; i = i->next) {
+        uint64_t extra = i->caps & FT_PRIMARY_CAPS & ~want;
+        FT_EXPECT(!extra, "info caps %#llx add unrequested primary caps %#llx",
+                  (unsigned long long)i->caps, (unsigned long long)extra);
+        FT_EXPECT((i->caps & want) == want, "info caps %#llx lack requested %#llx",
+                  (unsigned long long)i->caps, (unsigned long long)(want & ~i->caps));
+    }
+    bool coll_refused, trig_refused;
+    FT_TRY(unsupported_cap(r, FI_COLLECTIVE, "FI_COLLECTIVE", &coll_refused));
+    FT_TRY(unsupported_cap(r, FI_TRIGGER, "FI_TRIGGER", &trig_refused));
+    FT_EXPECT(coll_refused || trig_refused, "neither FI_COLLECTIVE nor FI_TRIGGER refused");
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+static int t_mode(struct ft_run *r) {
+    struct fi_info *hints = hints_for(r), *info = NULL;
+    int ret = FT_OK, rc;
+
+    FT_EXPECT(hints, "out of memory");
+    hints->mode = 0;
+    FT_TRY(ft_getinfo(r, r->opts->addr, NULL, FI_SOURCE, hints, &info, &rc));
+    if (rc == -FI_ENODATA) {
+        ft_note(r, "-FI_ENODATA: the provider needs some mode bit");
+        goto out;
+    }
+    FT_EXPECT(!rc, "fi_getinfo(mode 0) = %d (%s)", rc, fi_strerror(-rc));
+    for (struct fi_info *i = info; i; i = i->next)
+        FT_EXPECT(!i->mode, "hints mode 0, info mode %#llx", (unsigned long long)i->mode);
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+static int t_mr_mode(struct ft_run *r) {
+    struct fi_info *hints = hints_for(r), *info = NULL;
+    int ret = FT_OK;
+
+    FT_EXPECT(hints, "out of memory");
+    int want = hints->domain_attr->mr_mode;
+    FT_TRY(ft_getinfo_ok(r, r->opts->addr, NULL, FI_SOURCE, hints, &info));
+    for (struct fi_info *i = info; i; i = i->next)
+        FT_EXPECT(!(i->domain_attr->mr_mode & ~want), "info mr_mode %#x not within hints %#x",
+                  i->domain_attr->mr_mode, want);
+    ft_note(r, "mr_mode %#x", info->domain_attr->mr_mode);
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+static int t_addr_format(struct ft_run *r) {
+    struct fi_info *hints = NULL, *info = NULL;
+    struct in_addr ip;
+    int ret = FT_OK;
+
+    if (inet_pton(AF_INET, r->opts->addr, &ip) != 1)
+        return ft_skip(r, "%s is not an IPv4 address", r->opts->addr);
+    hints = hints_for(r);
+    FT_EXPECT(hints, "out of memory");
+    hints->addr_format = FI_SOCKADDR_IN;
+    FT_TRY(ft_getinfo_ok(r, r->opts->addr, NULL, FI_SOURCE, hints, &info));
+    for (struct fi_info *i = info; i; i = i->next) {
+        FT_EXPECT(i->addr_format == FI_SOCKADDR_IN, "addr_format %u", i->addr_format);
+        FT_EXPECT(i->src_addr, "no src_addr");
+        FT_EXPECT(i->src_addrlen == sizeof(struct sockaddr_in), "src_addrlen %zu", i->src_addrlen);
+        FT_EXPECT(((struct sockaddr *)i->src_addr)->sa_family == AF_INET, "src_addr family %d",
+                  ((struct sockaddr *)i->src_addr)->sa_family);
+    }
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+/* Whether `sa` holds the IP address `text`, and if port > 0, that port. */
+static bool same_ip(const void *sa, size_t len, const char *text, int port) {
+    const struct sockaddr *s = sa;
+    uint8_t want[16];
+
+    if (s->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *in = sa;
+        return inet_pton(AF_INET, text, want) == 1 && !memcmp(&in->sin_addr, want, 4) &&
+               (port <= 0 || ntohs(in->sin_port) == port);
+    }
+    if (s->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *in6 = sa;
+        return inet_pton(AF_INET6, text, want) == 1 && !memcmp(&in6->sin6_addr, want, 16) &&
+               (port <= 0 || ntohs(in6->sin6_port) == port);
+    }
+    return false;
+}
+
+static int t_src_node(struct ft_run *r) {
+    struct fi_info *hints = hints_for(r), *info = NULL;
+    int ret = FT_OK;
+
+    FT_EXPECT(hints, "out of memory");
+    FT_TRY(ft_getinfo_ok(r, r->opts->addr, NULL, FI_SOURCE, hints, &info));
+    for (struct fi_info *i = info; i; i = i->next) {
+        FT_EXPECT(i->src_addr, "FI_SOURCE info without src_addr");
+        FT_EXPECT(same_ip(i->src_addr, i->src_addrlen, r->opts->addr, 0),
+                  "src_addr (family %d, %zu bytes) is not %s",
+                  ((struct sockaddr *)i->src_addr)->sa_family, i->src_addrlen, r->opts->addr);
+    }
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+static int t_dest(struct ft_run *r) {
+    struct fi_info *hints = hints_for(r), *info = NULL;
+    int ret = FT_OK;
+
+    FT_EXPECT(hints, "out of memory");
+    FT_TRY(ft_getinfo_ok(r, r->opts->addr, FT_TEST_PORT, 0, hints, &info));
+    for (struct fi_info *i = info; i; i = i->next) {
+        FT_EXPECT(i->dest_addr, "info for node %s:%s has no dest_addr", r->opts->addr,
+                  FT_TEST_PORT);
+        FT_EXPECT(same_ip(i->dest_addr, i->dest_addrlen, r->opts->addr, atoi(FT_TEST_PORT)),
+                  "dest_addr is not %s port %s", r->opts->addr, FT_TEST_PORT);
+    }
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+static int t_bad_version(struct ft_run *r) {
+    struct fi_info *hints = hints_for(r), *info = NULL;
+    int ret = FT_OK;
+
+    FT_EXPECT(hints, "out of memory");
+    int rc = fi_getinfo(FI_VERSION(99, 0), r->opts->addr, NULL, FI_SOURCE, hints, &info);
+    FT_EXPECT(rc == -FI_ENOSYS || rc == -FI_ENODATA,
+              "fi_getinfo(FI_VERSION(99,0)) = %d (%s), expected -FI_ENOSYS or -FI_ENODATA", rc,
+              fi_strerror(-rc));
+    FT_EXPECT(!info, "failed fi_getinfo still returned infos");
+    ft_note(r, "%s", rc == -FI_ENOSYS ? "-FI_ENOSYS" : "-FI_ENODATA");
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+static int compare_dup(struct ft_run *r, const struct fi_info *a, const struct fi_info *b) {
+    int ret = FT_OK;
+
+    FT_EXPECT(a != b && a->ep_attr != b->ep_attr && a->domain_attr != b->domain_attr,
+              "fi_dupinfo shares structures with the original");
+    FT_EXPECT(a->caps == b->caps && a->mode == b->mode && a->addr_format == b->addr_format,
+              "caps/mode/addr_format differ in the copy");
+    FT_EXPECT(a->ep_attr->type == b->ep_attr->type &&
+                  a->ep_attr->max_msg_size == b->ep_attr->max_msg_size,
+              "ep_attr differs in the copy");
+    FT_EXPECT(a->tx_attr->size == b->tx_attr->size &&
+                  a->tx_attr->inject_size == b->tx_attr->inject_size &&
+                  a->rx_attr->size == b->rx_attr->size,
+              "tx/rx attributes differ in the copy");
+    FT_EXPECT(a->domain_attr->mr_mode == b->domain_attr->mr_mode, "mr_mode differs in the copy");
+    FT_EXPECT(!strcmp(a->fabric_attr->prov_name, b->fabric_attr->prov_name) &&
+                  a->fabric_attr->prov_name != b->fabric_attr->prov_name,
+              "prov_name not deep-copied");
+    FT_EXPECT(!a->domain_attr->name == !b->domain_attr->name &&
+                  (!a->domain_attr->name || !strcmp(a->domain_attr->name, b->domain_attr->name)),
+              "domain name differs in the copy");
+    FT_EXPECT(a->src_addrlen == b->src_addrlen &&
+                  (!a->src_addr || (a->src_addr != b->src_addr &&
+                                    !memcmp(a->src_addr, b->src_addr, a->src_addrlen))),
+              "src_addr not deep-copied");
+out:
+    return ret;
+}
+
+static int t_dupinfo(struct ft_run *r) {
+    struct fi_info *hints = hints_for(r), *info = NULL, *dup = NULL, *blank = NULL;
+    int ret = FT_OK;
+
+    FT_EXPECT(hints, "out of memory");
+    FT_TRY(ft_getinfo_ok(r, r->opts->addr, NULL, FI_SOURCE, hints, &info));
+    dup = fi_dupinfo(info);
+    FT_EXPECT(dup, "fi_dupinfo = NULL");
+    FT_TRY(compare_dup(r, info, dup));
+    blank = fi_dupinfo(NULL);
+    FT_EXPECT(blank && blank->ep_attr && blank->domain_attr, "fi_dupinfo(NULL) = no new info");
+out:
+    fi_freeinfo(blank);
+    fi_freeinfo(dup);
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+const struct ft_test ft_info_tests[] = {
+    {"getinfo.basic", t_basic},
+    {"getinfo.caps_subset", t_caps_subset},
+    {"getinfo.mode", t_mode},
+    {"getinfo.mr_mode", t_mr_mode},
+    {"getinfo.addr_format", t_addr_format},
+    {"getinfo.src_node", t_src_node},
+    {"getinfo.dest", t_dest},
+    {"getinfo.bad_version", t_bad_version},
+    {"getinfo.dupinfo", t_dupinfo},
+    {NULL, NULL},
+};

@@ -1,0 +1,479 @@
+/* SPDX-License-Identifier: MIT */
+/* msg.*: connection management (FI_EP_MSG) and two-sided messages (both
+ * endpoint types). */
+#include "fabtest.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static int need_msg(struct ft_run *r) {
+    return r->opts->ep_type == FI_EP_MSG ? FT_OK
+                                         : ft_skip(r, "connection management is FI_EP_MSG only");
+}
+
+static struct ft_side *other(struct ft_pair *p, struct ft_side *s) {
+    return s == &p->s[FT_SRV] ? &p->s[FT_CLI] : &p->s[FT_SRV];
+}
+
+/* ------------------------------------------------------------ connect */
+
+static int check_connreq(struct ft_pair *p, const struct ft_eqev *ev) {
+    struct ft_run *r = p->r;
+    int ret = FT_OK;
+
+    FT_EXPECT(ev->len >= (ssize_t)sizeof(struct fi_eq_cm_entry), "FI_CONNREQ entry length %zd",
+              ev->len);
+    FT_EXPECT(ev->u.cm.fid == &p->pep->fid, "FI_CONNREQ fid %p, expected the passive endpoint %p",
+              (void *)ev->u.cm.fid, (void *)&p->pep->fid);
+    FT_EXPECT(ev->u.cm.info, "FI_CONNREQ without info");
+    FT_EXPECT(ev->u.cm.info->handle, "FI_CONNREQ info without handle");
+    FT_EXPECT(!strcmp(ev->u.cm.info->fabric_attr->prov_name, r->opts->prov),
+              "FI_CONNREQ info of provider '%s'", ev->u.cm.info->fabric_attr->prov_name);
+out:
+    return ret;
+}
+
+static int expect_connected(struct ft_pair *p, struct ft_side *s) {
+    struct ft_run *r = p->r;
+    struct ft_eqev ev;
+    int ret = FT_OK;
+
+    FT_TRY(ft_wait_event(p, &s->eq, FI_CONNECTED, &ev));
+    FT_EXPECT(ev.u.cm.fid == &s->ep->fid, "%s FI_CONNECTED fid %p, expected %p", s->name,
+              (void *)ev.u.cm.fid, (void *)&s->ep->fid);
+    FT_EXPECT(ev.len == (ssize_t)sizeof(struct fi_eq_cm_entry),
+              "%s FI_CONNECTED entry length %zd, expected %zu", s->name, ev.len,
+              sizeof(struct fi_eq_cm_entry));
+out:
+    return ret;
+}
+
+static int t_connect(struct ft_run *r) {
+    struct ft_pair p = {0};
+    struct ft_eqev ev;
+    int ret = need_msg(r);
+
+    FT_TRY(ret);
+    FT_TRY(ft_pair_prepare(r, &p, NULL));
+    FT_TRY(ft_msg_listen(&p));
+    FT_TRY(ft_msg_client(&p, NULL, NULL, 0));
+    FT_TRY(ft_wait_event(&p, &p.s[FT_SRV].eq, FI_CONNREQ, &ev));
+    ret = check_connreq(&p, &ev);
+    if (ret) {
+        fi_freeinfo(ev.u.cm.info);
+        goto out;
+    }
+    FT_TRY(ft_msg_accept(&p, ev.u.cm.info));
+    FT_TRY(expect_connected(&p, &p.s[FT_SRV]));
+    FT_TRY(expect_connected(&p, &p.s[FT_CLI]));
+out:
+    return ft_pair_close(&p, ret);
+}
+
+/* ------------------------------------------------------------ pingpong */
+
+struct side_bufs {
+    struct ft_buf tx, rx;
+};
+
+static int bufs_alloc(struct ft_pair *p, size_t len, struct side_bufs *b) {
+    int ret = FT_OK;
+
+    for (int i = 0; i < 2; i++) {
+        FT_TRY(ft_buf_alloc(p, &p->s[i], len, FT_ACC_LOCAL, 0, &b[i].tx));
+        FT_TRY(ft_buf_alloc(p, &p->s[i], len, FT_ACC_LOCAL, 0, &b[i].rx));
+    }
+out:
+    return ret;
+}
+
+static int bufs_free(struct ft_run *r, struct side_bufs *b, int ret) {
+    for (int i = 0; i < 2; i++) {
+        if (ft_buf_free(r, &b[i].tx)) ret = FT_FAIL;
+        if (ft_buf_free(r, &b[i].rx)) ret = FT_FAIL;
+    }
+    return ret;
+}
+
+/* `from` sends `len` patterned bytes to the other side, into a receive
+ * posted beforehand; both completions and the data are checked. */
+static int one_way(struct ft_pair *p, struct side_bufs *b, int from, size_t len, unsigned seed) {
+    struct ft_side *s = &p->s[from], *d = &p->s[1 - from];
+    struct ft_buf *tx = &b[from].tx, *rx = &b[1 - from].rx;
+    struct fi_context2 txc, rxc;
+    struct ft_run *r = p->r;
+    int ret = FT_OK;
+
+    ft_fill(tx->buf, len, seed);
+    memset(rx->buf, 0, len);
+    FT_POST(p, fi_recv(d->ep, rx->buf, len, rx->desc, FI_ADDR_UNSPEC, &rxc));
+    FT_POST(p, fi_send(s->ep, tx->buf, len, tx->desc, s->peer, &txc));
+    FT_TRY(ft_expect_comp(p, &d->rx, &rxc, FI_RECV | FI_MSG, len, NULL));
+    FT_TRY(ft_expect_pattern(r, rx->buf, len, seed, "received message"));
+    FT_TRY(ft_expect_comp(p, &s->tx, &txc, FI_SEND | FI_MSG, SIZE_MAX, NULL));
+out:
+    return ret;
+}
+
+static int t_pingpong(struct ft_run *r) {
+    struct side_bufs b[2] = {0};
+    struct ft_pair p = {0};
+    size_t sizes[8];
+    int ret = FT_OK;
+
+    FT_TRY(ft_pair_open(r, &p, NULL));
+    size_t n = ft_sizes(p.s[FT_CLI].info, sizes, 8);
+    FT_TRY(bufs_alloc(&p, sizes[n - 1], b));
+    for (size_t i = 0; i < n; i++) {
+        FT_TRY(one_way(&p, b, FT_CLI, sizes[i], (unsigned)i));
+        FT_TRY(one_way(&p, b, FT_SRV, sizes[i], (unsigned)i + 100));
+    }
+out:
+    ret = bufs_free(r, b, ret);
+    return ft_pair_close(&p, ret);
+}
+
+/* ------------------------------------------------------------ sendv/recvv */
+
+#define FT_MAX_IOV 4
+
+/* Places `count` segments of the given lengths at gapped offsets of buf. */
+static size_t layout(struct iovec *iov, uint8_t *buf, const size_t *lens, size_t count) {
+    size_t off = 0, total = 0;
+
+    for (size_t i = 0; i < count; i++) {
+        off += 64; /* a gap that must stay untouched */
+        iov[i] = (struct iovec){buf + off, lens[i]};
+        off += lens[i];
+        total += lens[i];
+    }
+    return total;
+}
+
+static int iov_exchange(struct ft_pair *p, struct side_bufs *b, size_t count) {
+    static const size_t tx_lens[FT_MAX_IOV] = {100, 3000, 7, 1000};
+    static const size_t rx_lens[FT_MAX_IOV] = {1000, 7, 100, 3000};
+    struct ft_side *c = &p->s[FT_CLI], *s = &p->s[FT_SRV];
+    struct iovec txv[FT_MAX_IOV], rxv[FT_MAX_IOV];
+    void *txd[FT_MAX_IOV], *rxd[FT_MAX_IOV];
+    uint8_t stream[8192];
+    struct fi_context2 txc, rxc;
+    struct ft_run *r = p->r;
+    int ret = FT_OK;
+
+    /* Receive lengths are a permutation only when all four are used. */
+    const size_t *rl = count == FT_MAX_IOV ? rx_lens : tx_lens;
+    size_t total = layout(txv, b[FT_CLI].tx.buf, tx_lens, count);
+    layout(rxv, b[FT_SRV].rx.buf, rl, count);
+    ft_fill(stream, total, 9);
+    for (size_t i = 0, pos = 0; i < count; pos += txv[i].iov_len, i++) {
+        memcpy(txv[i].iov_base, stream + pos, txv[i].iov_len);
+        txd[i] = b[FT_CLI].tx.desc;
+        rxd[i] = b[FT_SRV].rx.desc;
+    }
+    FT_POST(p, fi_recvv(s->ep, rxv, rxd, count, FI_ADDR_UNSPEC, &rxc));
+    FT_POST(p, fi_sendv(c->ep, txv, txd, count, c->peer, &txc));
+    FT_TRY(ft_expect_comp(p, &s->rx, &rxc, FI_RECV | FI_MSG, total, NULL));
+    FT_TRY(ft_expect_comp(p, &c->tx, &txc, FI_SEND | FI_MSG, SIZE_MAX, NULL));
+    for (size_t i = 0, pos = 0; i < count; pos += rxv[i].iov_len, i++) {
+        FT_EXPECT(!memcmp(rxv[i].iov_base, stream + pos, rxv[i].iov_len),
+                  "receive iov %zu of %zu holds wrong data", i, count);
+        const uint8_t *gap = (const uint8_t *)rxv[i].iov_base - 64;
+        for (int k = 0; k < 64; k++)
+            FT_EXPECT(!gap[k], "bytes between receive iovs written");
+    }
+out:
+    return ret;
+}
+
+static int t_sendv(struct ft_run *r) {
+    struct side_bufs b[2] = {0};
+    struct ft_pair p = {0};
+    int ret = FT_OK;
+
+    FT_TRY(ft_pair_open(r, &p, NULL));
+    size_t lim = p.s[FT_CLI].info->tx_attr->iov_limit;
+    if (p.s[FT_SRV].info->rx_attr->iov_limit < lim) lim = p.s[FT_SRV].info->rx_attr->iov_limit;
+    if (lim > FT_MAX_IOV) lim = FT_MAX_IOV;
+    if (lim < 2) {
+        ret = ft_skip(r, "iov_limit %zu", lim);
+        goto out;
+    }
+    FT_TRY(bufs_alloc(&p, 16384, b));
+    for (size_t count = 2; count <= lim; count++) {
+        memset(b[FT_SRV].rx.buf, 0, b[FT_SRV].rx.len);
+        FT_TRY(iov_exchange(&p, b, count));
+    }
+out:
+    ret = bufs_free(r, b, ret);
+    return ft_pair_close(&p, ret);
+}
+
+/* ------------------------------------------------------------ inject */
+
+static int inject_one(struct ft_pair *p, struct side_bufs *b, size_t len) {
+    struct ft_side *c = &p->s[FT_CLI], *s = &p->s[FT_SRV];
+    struct ft_buf *rx = &b[FT_SRV].rx;
+    struct ft_run *r = p->r;
+    struct fi_context2 rxc;
+    uint8_t src[4096];
+    int ret = FT_OK;
+
+    ft_fill(src, len, 3);
+    memset(rx->buf, 0, len);
+    FT_POST(p, fi_recv(s->ep, rx->buf, len, rx->desc, FI_ADDR_UNSPEC, &rxc));
+    FT_POST(p, fi_inject(c->ep, src, len, c->peer));
+    /* fi_inject returns with the buffer free for reuse. */
+    memset(src, 0xee, len);
+    FT_TRY(ft_expect_comp(p, &s->rx, &rxc, FI_RECV | FI_MSG, len, NULL));
+    FT_TRY(ft_expect_pattern(r, rx->buf, len, 3, "injected message"));
+    FT_TRY(ft_expect_quiet(p, &c->tx, 100, "fi_inject"));
+out:
+    return ret;
+}
+
+static int t_inject(struct ft_run *r) {
+    struct side_bufs b[2] = {0};
+    struct ft_pair p = {0};
+    int ret = FT_OK;
+
+    FT_TRY(ft_pair_open(r, &p, NULL));
+    size_t max = p.s[FT_CLI].info->tx_attr->inject_size;
+    if (!max) {
+        ret = ft_skip(r, "inject_size 0");
+        goto out;
+    }
+    if (max > 4096) max = 4096;
+    FT_TRY(bufs_alloc(&p, 4096, b));
+    FT_TRY(inject_one(&p, b, 1));
+    FT_TRY(inject_one(&p, b, max));
+    ft_note(r, "inject_size %zu", p.s[FT_CLI].info->tx_attr->inject_size);
+out:
+    ret = bufs_free(r, b, ret);
+    return ft_pair_close(&p, ret);
+}
+
+/* ------------------------------------------------------------ selective */
+
+static int t_selective(struct ft_run *r) {
+    struct ft_pair_cfg cfg = {.tx_bind_flags = FI_SELECTIVE_COMPLETION};
+    struct fi_context2 quiet_ctx, loud_ctx, rxc[2];
+    struct side_bufs b[2] = {0};
+    struct ft_pair p = {0};
+    int ret = FT_OK;
+
+    FT_TRY(ft_pair_open(r, &p, &cfg));
+    struct ft_side *c = &p.s[FT_CLI], *s = &p.s[FT_SRV];
+    FT_TRY(bufs_alloc(&p, 4096, b));
+    struct ft_buf *tx = &b[FT_CLI].tx, *rx = &b[FT_SRV].rx;
+    ft_fill(tx->buf, 4096, 5);
+    for (int i = 0; i < 2; i++)
+        FT_POST(&p, fi_recv(s->ep, rx->buf + 2048 * i, 2048, rx->desc, FI_ADDR_UNSPEC, &rxc[i]));
+    FT_POST(&p, fi_send(c->ep, tx->buf, 2048, tx->desc, c->peer, &quiet_ctx));
+    struct iovec iov = {tx->buf + 2048, 2048};
+    struct fi_msg msg = {
+        .msg_iov = &iov, .desc = &tx->desc, .iov_count = 1, .addr = c->peer, .context = &loud_ctx};
+    FT_POST(&p, fi_sendmsg(c->ep, &msg, FI_COMPLETION));
+    for (int i = 0; i < 2; i++)
+        FT_TRY(ft_expect_comp(&p, &s->rx, &rxc[i], FI_RECV | FI_MSG, 2048, NULL));
+    FT_TRY(ft_expect_pattern(r, rx->buf, 4096, 5, "received messages"));
+    FT_TRY(ft_expect_comp(&p, &c->tx, &loud_ctx, FI_SEND | FI_MSG, SIZE_MAX, NULL));
+    FT_TRY(ft_expect_quiet(&p, &c->tx, 100, "send without FI_COMPLETION"));
+out:
+    ret = bufs_free(r, b, ret);
+    return ft_pair_close(&p, ret);
+}
+
+/* ------------------------------------------------------------ senddata */
+
+static uint64_t data_mask(const struct fi_info *info) {
+    size_t n = info->domain_attr->cq_data_size;
+    return n >= 8 ? ~0ULL : (1ULL << (8 * n)) - 1;
+}
+
+static int t_senddata(struct ft_run *r) {
+    struct side_bufs b[2] = {0};
+    struct fi_context2 txc, rxc;
+    struct ft_pair p = {0};
+    struct ft_comp comp;
+    int ret = FT_OK;
+
+    FT_TRY(ft_pair_open(r, &p, NULL));
+    struct ft_side *c = &p.s[FT_CLI], *s = &p.s[FT_SRV];
+    if (!c->info->domain_attr->cq_data_size) {
+        ret = ft_skip(r, "cq_data_size 0");
+        goto out;
+    }
+    uint64_t data = 0x0123456789abcdefULL & data_mask(c->info);
+    FT_TRY(bufs_alloc(&p, 4096, b));
+    ft_fill(b[FT_CLI].tx.buf, 256, 11);
+    FT_POST(&p, fi_recv(s->ep, b[FT_SRV].rx.buf, 4096, b[FT_SRV].rx.desc, FI_ADDR_UNSPEC, &rxc));
+    FT_POST(&p, fi_senddata(c->ep, b[FT_CLI].tx.buf, 256, b[FT_CLI].tx.desc, data, c->peer, &txc));
+    FT_TRY(ft_expect_comp(&p, &s->rx, &rxc, FI_RECV | FI_MSG | FI_REMOTE_CQ_DATA, 256, &comp));
+    FT_EXPECT(comp.e.data == data, "CQ data %#llx, expected %#llx", (unsigned long long)comp.e.data,
+              (unsigned long long)data);
+    FT_TRY(ft_expect_pattern(r, b[FT_SRV].rx.buf, 256, 11, "received message"));
+    FT_TRY(ft_expect_comp(&p, &c->tx, &txc, FI_SEND | FI_MSG, SIZE_MAX, NULL));
+out:
+    ret = bufs_free(r, b, ret);
+    return ft_pair_close(&p, ret);
+}
+
+/* ------------------------------------------------------------ truncation */
+
+static int t_rx_too_small(struct ft_run *r) {
+    struct side_bufs b[2] = {0};
+    struct fi_context2 txc, rxc;
+    struct ft_pair p = {0};
+    struct ft_comp comp;
+    int ret = FT_OK;
+
+    FT_TRY(ft_pair_open(r, &p, NULL));
+    struct ft_side *c = &p.s[FT_CLI], *s = &p.s[FT_SRV];
+    FT_TRY(bufs_alloc(&p, 4096, b));
+    ft_fill(b[FT_CLI].tx.buf, 64, 1);
+    FT_POST(&p, fi_recv(s->ep, b[FT_SRV].rx.buf, 16, b[FT_SRV].rx.desc, FI_ADDR_UNSPEC, &rxc));
+    FT_POST(&p, fi_send(c->ep, b[FT_CLI].tx.buf, 64, b[FT_CLI].tx.desc, c->peer, &txc));
+    FT_TRY(ft_expect_err(&p, &s->rx, &rxc, &comp));
+    FT_EXPECT(comp.err == FI_ETRUNC || comp.err == FI_EIO,
+              "truncated receive completed with err %d (%s), expected FI_ETRUNC or FI_EIO",
+              comp.err, fi_strerror(comp.err));
+    ft_note(r, "receiver err %s", comp.err == FI_ETRUNC ? "FI_ETRUNC" : "FI_EIO");
+    /* A verbs receiver is not told how long the message was: olen 0
+     * says "unknown". */
+    FT_TRY(ft_deviation(r, comp.err == FI_ETRUNC && comp.olen != 48 && comp.olen != 0,
+                        "FI_ETRUNC with olen %zu, expected 48 (or 0, unknown)", comp.olen));
+    if (comp.err == FI_ETRUNC && !comp.olen) ft_note(r, "olen 0: overflow length unknown");
+    FT_TRY(ft_wait_comp(&p, &c->tx, &txc, &comp));
+    if (comp.is_err) ft_note(r, "sender err %d (%s)", comp.err, fi_strerror(comp.err));
+out:
+    ret = bufs_free(r, b, ret);
+    return ft_pair_close(&p, ret);
+}
+
+/* ------------------------------------------------------------ reject */
+
+static int t_reject(struct ft_run *r) {
+    static const uint8_t data[8] = {'r', 'e', 'j', 'e', 'c', 't', '!', 0x5a};
+    struct ft_pair p = {0};
+    struct ft_eqev ev;
+    int ret = need_msg(r);
+
+    FT_TRY(ret);
+    FT_TRY(ft_pair_prepare(r, &p, NULL));
+    FT_TRY(ft_msg_listen(&p));
+    FT_TRY(ft_msg_client(&p, NULL, NULL, 0));
+    FT_TRY(ft_wait_event(&p, &p.s[FT_SRV].eq, FI_CONNREQ, &ev));
+    int rc = fi_reject(p.pep, ev.u.cm.info->handle, data, sizeof(data));
+    fi_freeinfo(ev.u.cm.info);
+    FT_CHK(rc);
+    FT_TRY(ft_wait_eq_any(&p, &p.s[FT_CLI].eq, &ev));
+    FT_EXPECT(ev.is_err, "client got %s instead of an error event", ft_event_name(ev.event));
+    FT_EXPECT(ev.err.err == FI_ECONNREFUSED, "reject gave err %d (%s), expected FI_ECONNREFUSED",
+              ev.err.err, fi_strerror(ev.err.err));
+    FT_EXPECT(ev.err.fid == &p.s[FT_CLI].ep->fid, "reject error fid %p, expected the endpoint",
+              (void *)ev.err.fid);
+    if (!ev.err.err_data_size) {
+        ft_note(r, "no reject data delivered");
+        goto out;
+    }
+    FT_EXPECT(ev.err.err_data_size >= sizeof(data) && !memcmp(ev.err.err_data, data, sizeof(data)),
+              "reject data (%zu bytes) differs from the 8 bytes sent", ev.err.err_data_size);
+out:
+    return ft_pair_close(&p, ret);
+}
+
+/* ------------------------------------------------------------ refused */
+
+/* A port bound (so nobody else takes it) but not listening. */
+static int reserve_port(struct ft_run *r, int *fd, char *service, size_t len) {
+    struct sockaddr_storage ss = {0};
+    socklen_t slen = sizeof(ss);
+    struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+    int ret = FT_OK;
+
+    if (inet_pton(AF_INET, r->opts->addr, &in->sin_addr) == 1) {
+        in->sin_family = AF_INET;
+        slen = sizeof(*in);
+    } else if (inet_pton(AF_INET6, r->opts->addr, &in6->sin6_addr) == 1) {
+        in6->sin6_family = AF_INET6;
+        slen = sizeof(*in6);
+    } else {
+        return ft_skip(r, "%s is not a numeric IP address", r->opts->addr);
+    }
+    *fd = socket(ss.ss_family, SOCK_STREAM, 0);
+    FT_EXPECT(*fd >= 0, "socket failed");
+    FT_EXPECT(!bind(*fd, (struct sockaddr *)&ss, slen), "bind to %s failed", r->opts->addr);
+    FT_EXPECT(!getsockname(*fd, (struct sockaddr *)&ss, &slen), "getsockname failed");
+    snprintf(service, len, "%u", ntohs(ss.ss_family == AF_INET ? in->sin_port : in6->sin6_port));
+out:
+    return ret;
+}
+
+static int t_connect_refused(struct ft_run *r) {
+    struct fi_info *info = NULL;
+    struct ft_pair p = {0};
+    struct ft_eqev ev;
+    char service[16];
+    int fd = -1, ret = need_msg(r);
+
+    FT_TRY(ret);
+    FT_TRY(reserve_port(r, &fd, service, sizeof(service)));
+    FT_TRY(ft_pair_prepare(r, &p, NULL));
+    FT_TRY(ft_getinfo_ok(r, r->opts->addr, service, 0, p.hints, &info));
+    ret = ft_side_open_ep(&p, &p.s[FT_CLI], info);
+    info = NULL; /* the side owns it now, even if opening failed */
+    FT_TRY(ret);
+    int rc = fi_connect(p.s[FT_CLI].ep, p.s[FT_CLI].info->dest_addr, NULL, 0);
+    if (rc == -FI_ECONNREFUSED) {
+        ft_note(r, "fi_connect itself returned -FI_ECONNREFUSED");
+        goto out;
+    }
+    FT_CHK(rc);
+    FT_TRY(ft_wait_eq_any(&p, &p.s[FT_CLI].eq, &ev));
+    FT_EXPECT(ev.is_err, "connect to a closed port gave %s", ft_event_name(ev.event));
+    FT_EXPECT(ev.err.err == FI_ECONNREFUSED || ev.err.err == FI_ETIMEDOUT,
+              "connect to a closed port gave err %d (%s)", ev.err.err, fi_strerror(ev.err.err));
+    ft_note(r, "%s", ev.err.err == FI_ECONNREFUSED ? "FI_ECONNREFUSED" : "FI_ETIMEDOUT");
+out:
+    fi_freeinfo(info);
+    if (fd >= 0) close(fd);
+    return ft_pair_close(&p, ret);
+}
+
+/* ------------------------------------------------------------ shutdown */
+
+static int t_shutdown(struct ft_run *r) {
+    struct ft_pair p = {0};
+    struct ft_eqev ev;
+    int ret = need_msg(r);
+
+    FT_TRY(ret);
+    FT_TRY(ft_pair_open(r, &p, NULL));
+    struct ft_side *c = &p.s[FT_CLI], *s = other(&p, c);
+    FT_CHK(fi_shutdown(c->ep, 0));
+    FT_TRY(ft_wait_event(&p, &s->eq, FI_SHUTDOWN, &ev));
+    FT_EXPECT(ev.u.cm.fid == &s->ep->fid, "FI_SHUTDOWN fid %p, expected the server endpoint %p",
+              (void *)ev.u.cm.fid, (void *)&s->ep->fid);
+out:
+    return ft_pair_close(&p, ret);
+}
+
+const struct ft_test ft_msg_tests[] = {
+    {"msg.connect", t_connect},
+    {"msg.pingpong", t_pingpong},
+    {"msg.sendv_recvv", t_sendv},
+    {"msg.inject", t_inject},
+    {"msg.sendmsg_selective", t_selective},
+    {"msg.senddata", t_senddata},
+    {"msg.rx_too_small", t_rx_too_small},
+    {"msg.reject", t_reject},
+    {"msg.connect_refused", t_connect_refused},
+    {"msg.shutdown", t_shutdown},
+    {NULL, NULL},
+};

@@ -1,0 +1,478 @@
+/* SPDX-License-Identifier: MIT */
+/* pmof.*: the persistent-memory extensions of <rdma/fi_ext_pmof.h>.  They
+ * run only on a domain fi_pmof_query() accepts, except wrappers_enosys,
+ * which checks that any other provider refuses them cleanly. */
+#include "fabtest.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+#include "ft_rma.h"
+
+#define FT_PMOF_LEN 65536
+
+/* Decides before opening anything special (hints another provider may
+ * refuse) whether the pmof tests apply. */
+static int pmof_probe(struct ft_run *r) {
+    struct fi_pmof_attr attr;
+    struct ft_dom d;
+    int ret = FT_OK;
+
+    FT_TRY(ft_dom_open(r, &d));
+    ret = ft_require_pmof(r, d.domain, &attr);
+out:
+    return ft_dom_close(r, &d, ret);
+}
+
+static int pmof_open(struct ft_run *r, struct ft_rma *e, const struct ft_pair_cfg *cfg,
+                     struct fi_pmof_attr *attr) {
+    int ret;
+
+    memset(e, 0, sizeof(*e));
+    ret = pmof_probe(r);
+    FT_TRY(ret);
+    FT_TRY(ft_rma_open(r, e, cfg, FT_PMOF_LEN, FI_PMEM));
+    FT_TRY(ft_require_pmof(r, e->c->domain, attr));
+out:
+    return ret;
+}
+
+static struct fi_msg_rma rma_msg(struct ft_rma *e, struct iovec *iov, struct fi_rma_iov *rma,
+                                 size_t off, size_t len, void *ctx) {
+    *iov = (struct iovec){e->loc.buf + off, len};
+    *rma = (struct fi_rma_iov){e->tgt.raddr + off, len, e->tgt.key};
+    return (struct fi_msg_rma){.msg_iov = iov,
+                               .desc = &e->loc.desc,
+                               .iov_count = 1,
+                               .addr = e->c->peer,
+                               .rma_iov = rma,
+                               .rma_iov_count = 1,
+                               .context = ctx};
+}
+
+/* fi_writemsg of loc[off, off+len) to the same offset of the target. */
+static int post_writemsg(struct ft_rma *e, size_t off, size_t len, unsigned seed, uint64_t flags,
+                         uint64_t data, void *ctx) {
+    struct ft_run *r = e->p.r;
+    struct fi_rma_iov rma;
+    struct iovec iov;
+    int ret = FT_OK;
+
+    ft_fill(e->loc.buf + off, len, seed);
+    struct fi_msg_rma msg = rma_msg(e, &iov, &rma, off, len, ctx);
+    msg.data = data;
+    FT_POST(&e->p, fi_writemsg(e->c->ep, &msg, flags));
+out:
+    return ret;
+}
+
+static int post_write(struct ft_rma *e, size_t off, size_t len, unsigned seed, void *ctx) {
+    struct ft_run *r = e->p.r;
+    int ret = FT_OK;
+
+    ft_fill(e->loc.buf + off, len, seed);
+    FT_POST(&e->p, fi_write(e->c->ep, e->loc.buf + off, len, e->loc.desc, e->c->peer,
+                            e->tgt.raddr + off, e->tgt.key, ctx));
+out:
+    return ret;
+}
+
+/* A commit's completion promises the data is there: no waiting. */
+static int durable(struct ft_rma *e, size_t off, size_t len, unsigned seed, const char *what) {
+    return ft_expect_pattern(e->p.r, e->tgt.buf + off, len, seed, what);
+}
+
+/* ------------------------------------------------------------ query */
+
+static int t_query(struct ft_run *r) {
+    struct fi_pmof_attr attr;
+    struct ft_dom d;
+    int ret = FT_OK;
+
+    FT_TRY(ft_dom_open(r, &d));
+    FT_TRY(ft_require_pmof(r, d.domain, &attr));
+    FT_EXPECT(attr.atomicity_unit > 0, "atomicity_unit 0");
+    FT_EXPECT(attr.commit_flags & FI_COMMIT, "commit_flags %#llx lack FI_COMMIT",
+              (unsigned long long)attr.commit_flags);
+    FT_EXPECT(attr.mr_flags & FI_PMEM, "mr_flags %#llx lack FI_PMEM",
+              (unsigned long long)attr.mr_flags);
+    ft_note(r, "atomicity_unit %zu, commit_flags %#llx, mr_flags %#llx, native %d",
+            attr.atomicity_unit, (unsigned long long)attr.commit_flags,
+            (unsigned long long)attr.mr_flags, attr.native);
+out:
+    return ft_dom_close(r, &d, ret);
+}
+
+/* ------------------------------------------------------------ FI_COMMIT */
+
+static int t_commit_write(struct ft_run *r) {
+    static const size_t sizes[] = {8, 64, 4096, FT_PMOF_LEN};
+    struct fi_pmof_attr attr;
+    struct fi_context2 ctx;
+    struct ft_rma e;
+    int ret = pmof_open(r, &e, NULL, &attr);
+
+    FT_TRY(ret);
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        memset(e.tgt.buf, 0, FT_PMOF_LEN);
+        FT_TRY(post_writemsg(&e, 0, sizes[i], (unsigned)i, FI_COMMIT | FI_COMPLETION, 0, &ctx));
+        FT_TRY(ft_expect_comp(&e.p, &e.c->tx, &ctx, FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+        FT_TRY(durable(&e, 0, sizes[i], (unsigned)i, "target at FI_COMMIT completion"));
+    }
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
+static int t_commit_complete_default(struct ft_run *r) {
+    struct ft_pair_cfg cfg = {.tx_op_flags = FI_COMMIT_COMPLETE};
+    struct fi_pmof_attr attr;
+    struct fi_context2 ctx;
+    struct ft_rma e;
+    int ret = pmof_open(r, &e, &cfg, &attr);
+
+    FT_TRY(ret);
+    FT_EXPECT(e.c->info->tx_attr->op_flags & FI_COMMIT_COMPLETE,
+              "tx op_flags %#llx lost FI_COMMIT_COMPLETE",
+              (unsigned long long)e.c->info->tx_attr->op_flags);
+    FT_TRY(post_write(&e, 0, 4096, 3, &ctx));
+    FT_TRY(ft_expect_comp(&e.p, &e.c->tx, &ctx, FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+    FT_TRY(durable(&e, 0, 4096, 3, "target at FI_COMMIT_COMPLETE completion"));
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
+static int t_immed(struct ft_run *r) {
+    const uint64_t data = 0x1122334455667788ULL;
+    struct fi_context2 ctx, rxc;
+    struct fi_pmof_attr attr;
+    struct ft_comp comp;
+    struct ft_rma e;
+    int ret = pmof_open(r, &e, NULL, &attr);
+
+    FT_TRY(ret);
+    FT_EXPECT(attr.commit_flags & FI_IMMED, "commit_flags lack FI_IMMED");
+    uint64_t mask = e.c->info->domain_attr->cq_data_size >= 8
+                        ? ~0ULL
+                        : (1ULL << (8 * e.c->info->domain_attr->cq_data_size)) - 1;
+    FT_POST(&e.p, fi_recv(e.s->ep, e.tgt.buf + 32768, 64, e.tgt.desc, FI_ADDR_UNSPEC, &rxc));
+    FT_TRY(post_writemsg(&e, 0, 4096, 4, FI_COMMIT | FI_IMMED | FI_COMPLETION, data & mask, &ctx));
+    FT_TRY(ft_expect_comp(&e.p, &e.s->rx, NULL, FI_REMOTE_CQ_DATA, SIZE_MAX, &comp));
+    FT_TRY(durable(&e, 0, 4096, 4, "target at its FI_IMMED completion"));
+    FT_EXPECT(comp.e.data == (data & mask), "FI_IMMED data %#llx, expected %#llx",
+              (unsigned long long)comp.e.data, (unsigned long long)(data & mask));
+    FT_TRY(ft_expect_comp(&e.p, &e.c->tx, &ctx, FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
+static int t_immed_alone(struct ft_run *r) {
+    struct fi_pmof_attr attr;
+    struct fi_context2 ctx;
+    struct fi_rma_iov rma;
+    struct iovec iov;
+    struct ft_rma e;
+    int ret = pmof_open(r, &e, NULL, &attr);
+
+    FT_TRY(ret);
+    ft_fill(e.loc.buf, 64, 5);
+    struct fi_msg_rma msg = rma_msg(&e, &iov, &rma, 0, 64, &ctx);
+    ssize_t rc = fi_writemsg(e.c->ep, &msg, FI_IMMED | FI_COMPLETION);
+    FT_EXPECT(rc == -FI_EINVAL, "fi_writemsg(FI_IMMED without FI_COMMIT) = %zd (%s)", rc,
+              fi_strerror((int)-rc));
+    FT_TRY(ft_expect_quiet(&e.p, &e.c->tx, 100, "refused FI_IMMED write"));
+    FT_TRY(ft_expect_quiet(&e.p, &e.s->rx, 0, "refused FI_IMMED write"));
+    FT_EXPECT(ft_check(e.tgt.buf, 64, 5) != 64, "the refused write reached the target");
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
+static int t_fenced(struct ft_run *r) {
+    struct fi_context2 ctx[4];
+    struct fi_pmof_attr attr;
+    struct ft_rma e;
+    int ret = pmof_open(r, &e, NULL, &attr);
+
+    FT_TRY(ret);
+    for (int i = 0; i < 3; i++)
+        FT_TRY(post_write(&e, 4096 * i, 4096, 10 + i, &ctx[i]));
+    FT_TRY(post_writemsg(&e, 3 * 4096, 4096, 13, FI_COMMIT | FI_FENCE | FI_COMPLETION, 0, &ctx[3]));
+    FT_TRY(ft_expect_comp(&e.p, &e.c->tx, &ctx[3], FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+    for (int i = 0; i < 4; i++)
+        FT_TRY(durable(&e, 4096 * i, 4096, 10 + i, "write at the fenced commit's completion"));
+    for (int i = 0; i < 3; i++)
+        FT_TRY(ft_expect_comp(&e.p, &e.c->tx, &ctx[i], FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
+/* ------------------------------------------------------------ fi_commit */
+
+/* Three plain writes at 0, 8 KiB, 16 KiB, their completions collected,
+ * and the ranges a commit of them names. */
+static int three_writes(struct ft_rma *e, struct fi_rma_iov *rma, unsigned seed) {
+    static const size_t lens[3] = {100, 4096, 777};
+    struct fi_context2 ctx[3];
+    int ret = FT_OK;
+
+    for (int i = 0; i < 3; i++) {
+        FT_TRY(post_write(e, 8192 * i, lens[i], seed + i, &ctx[i]));
+        rma[i] = (struct fi_rma_iov){e->tgt.raddr + 8192 * i, lens[i], e->tgt.key};
+    }
+    for (int i = 0; i < 3; i++)
+        FT_TRY(ft_expect_comp(&e->p, &e->c->tx, &ctx[i], FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+out:
+    return ret;
+}
+
+static int three_durable(struct ft_rma *e, const struct fi_rma_iov *rma, unsigned seed) {
+    int ret = FT_OK;
+
+    for (int i = 0; i < 3; i++)
+        FT_TRY(durable(e, 8192 * i, rma[i].len, seed + i, "range at fi_commit completion"));
+out:
+    return ret;
+}
+
+static int expect_commit_done(struct ft_rma *e, void *ctx) {
+    struct ft_run *r = e->p.r;
+    struct ft_comp comp;
+    int ret = FT_OK;
+
+    FT_TRY(ft_expect_comp(&e->p, &e->c->tx, ctx, 0, SIZE_MAX, &comp));
+    FT_EXPECT((comp.e.flags & FI_COMMIT) ||
+                  (comp.e.flags & (FI_RMA | FI_WRITE)) == (FI_RMA | FI_WRITE),
+              "fi_commit completion flags %#llx: neither FI_COMMIT nor FI_RMA|FI_WRITE",
+              (unsigned long long)comp.e.flags);
+out:
+    return ret;
+}
+
+static int t_fi_commit(struct ft_run *r) {
+    struct fi_pmof_attr attr;
+    struct fi_rma_iov rma[3];
+    struct fi_context2 ctx;
+    struct ft_rma e;
+    int ret = pmof_open(r, &e, NULL, &attr);
+
+    FT_TRY(ret);
+    FT_TRY(three_writes(&e, rma, 20));
+    FT_POST(&e.p, fi_commit(e.c->ep, rma, 3, e.c->peer, 0, &ctx));
+    FT_TRY(expect_commit_done(&e, &ctx));
+    FT_TRY(three_durable(&e, rma, 20));
+    FT_TRY(ft_expect_quiet(&e.p, &e.c->tx, 50, "after fi_commit"));
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
+static int t_fi_commit_zero(struct ft_run *r) {
+    struct fi_pmof_attr attr;
+    struct fi_rma_iov rma;
+    struct fi_context2 ctx;
+    struct ft_rma e;
+    int ret = pmof_open(r, &e, NULL, &attr);
+
+    FT_TRY(ret);
+    rma = (struct fi_rma_iov){e.tgt.raddr, 64, e.tgt.key};
+    ssize_t rc = fi_commit(e.c->ep, &rma, 0, e.c->peer, 0, &ctx);
+    FT_EXPECT(rc == -FI_EINVAL, "fi_commit(count 0) = %zd (%s), expected -FI_EINVAL", rc,
+              fi_strerror((int)-rc));
+    FT_TRY(ft_expect_quiet(&e.p, &e.c->tx, 100, "refused fi_commit"));
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
+static int t_fi_commit_badkey(struct ft_run *r) {
+    struct fi_pmof_attr attr;
+    struct fi_rma_iov rma[3];
+    struct fi_context2 ctx;
+    struct ft_comp comp;
+    struct ft_rma e;
+    int ret = pmof_open(r, &e, NULL, &attr);
+
+    FT_TRY(ret);
+    FT_TRY(three_writes(&e, rma, 30));
+    rma[1].key += 12345;
+    FT_POST(&e.p, fi_commit(e.c->ep, rma, 3, e.c->peer, 0, &ctx));
+    FT_TRY(ft_expect_err(&e.p, &e.c->tx, &ctx, &comp));
+    ft_note(r, "err %d (%s)", comp.err, fi_strerror(comp.err));
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
+/* ------------------------------------------------------------ manual mode */
+
+static int manual_open(struct ft_run *r, struct ft_rma *e) {
+    struct ft_pair_cfg cfg = {.mode = FI_COMMIT_MANUAL, .rdm_eq = true};
+    struct fi_pmof_attr attr;
+    int ret = pmof_open(r, e, &cfg, &attr);
+
+    FT_TRY(ret);
+    if (!(e->p.info->mode & FI_COMMIT_MANUAL) || !(e->s->info->mode & FI_COMMIT_MANUAL))
+        ret = ft_skip(r, "the provider did not keep FI_COMMIT_MANUAL in info->mode");
+out:
+    return ret;
+}
+
+struct commit_check {
+    const struct fi_rma_iov *want;
+    size_t count;
+    const struct fid *fid;
+    ssize_t status;
+    atomic_int calls;
+    atomic_int bad;
+};
+
+static bool same_ranges(const struct commit_check *c, const struct fi_eq_commit_entry *e) {
+    if (!c->want || e->count != c->count || !e->iov) return false;
+    for (size_t i = 0; i < c->count; i++)
+        if (e->iov[i].key != c->want[i].key || e->iov[i].addr != c->want[i].addr ||
+            e->iov[i].len != c->want[i].len)
+            return false;
+    return true;
+}
+
+/* Runs in whatever thread the provider delivers commits from. */
+static ssize_t commit_handler(struct fid_eq *eq, uint64_t type, void *data, uint64_t len,
+                              void *context) {
+    struct commit_check *c = context;
+    const struct fi_eq_commit_entry *e = data;
+
+    (void)eq;
+    if (type != FI_COMMIT_EVENT || len != sizeof(*e) || !same_ranges(c, e) || e->fid != c->fid)
+        atomic_fetch_add(&c->bad, 1);
+    atomic_fetch_add(&c->calls, 1);
+    return c->status;
+}
+
+static int handler_round(struct ft_rma *e, struct commit_check *chk, ssize_t status,
+                         unsigned seed) {
+    struct ft_run *r = e->p.r;
+    struct fi_rma_iov rma[3];
+    struct fi_context2 ctx;
+    struct ft_comp comp;
+    int ret = FT_OK;
+
+    chk->status = status;
+    FT_TRY(three_writes(e, rma, seed));
+    chk->want = rma;
+    chk->count = 3;
+    int before = atomic_load(&chk->calls);
+    FT_POST(&e->p, fi_commit(e->c->ep, rma, 3, e->c->peer, 0, &ctx));
+    if (status) {
+        FT_TRY(ft_expect_err(&e->p, &e->c->tx, &ctx, &comp));
+        FT_EXPECT(comp.err == (int)-status, "handler said %zd, initiator got err %d (%s)", status,
+                  comp.err, fi_strerror(comp.err));
+    } else {
+        FT_TRY(expect_commit_done(e, &ctx));
+        FT_TRY(three_durable(e, rma, seed));
+    }
+    FT_EXPECT(atomic_load(&chk->calls) == before + 1, "handler called %d times for one commit",
+              atomic_load(&chk->calls) - before);
+    FT_EXPECT(!atomic_load(&chk->bad), "the handler saw a wrong event, length, fid or ranges");
+out:
+    chk->want = NULL;
+    return ret;
+}
+
+static int t_manual_handler(struct ft_run *r) {
+    struct commit_check chk = {0};
+    struct ft_rma e;
+    int ret = manual_open(r, &e);
+
+    FT_TRY(ret);
+    chk.fid = &e.s->ep->fid;
+    FT_CHK(fi_eq_register_handler(e.s->eq.eq, FI_COMMIT_EVENT, commit_handler, &chk));
+    FT_TRY(handler_round(&e, &chk, 0, 40));
+    FT_TRY(handler_round(&e, &chk, -FI_EIO, 50));
+    FT_CHK(fi_eq_register_handler(e.s->eq.eq, FI_COMMIT_EVENT, NULL, NULL));
+    for (size_t i = 0; i < e.s->eq.n; i++)
+        FT_EXPECT(e.s->eq.q[i].event != FI_COMMIT_EVENT, "a handled commit was also queued");
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
+static int t_manual_eq(struct ft_run *r) {
+    struct fi_rma_iov rma[3];
+    struct fi_context2 ctx;
+    struct ft_eqev ev;
+    struct ft_rma e;
+    int ret = manual_open(r, &e);
+
+    FT_TRY(ret);
+    FT_TRY(three_writes(&e, rma, 60));
+    FT_POST(&e.p, fi_commit(e.c->ep, rma, 3, e.c->peer, 0, &ctx));
+    FT_TRY(ft_wait_event(&e.p, &e.s->eq, FI_COMMIT_EVENT, &ev));
+    FT_EXPECT(ev.len == (ssize_t)sizeof(struct fi_eq_commit_entry),
+              "FI_COMMIT_EVENT length %zd, expected %zu", ev.len,
+              sizeof(struct fi_eq_commit_entry));
+    struct commit_check want = {.want = rma, .count = 3};
+    FT_EXPECT(same_ranges(&want, &ev.u.commit), "FI_COMMIT_EVENT ranges differ from fi_commit's");
+    FT_EXPECT(ev.u.commit.fid == &e.s->ep->fid, "FI_COMMIT_EVENT fid is not the target endpoint");
+    FT_TRY(ft_expect_quiet(&e.p, &e.c->tx, 50, "commit before its acknowledgement"));
+    FT_CHK(fi_eq_commit_ack(e.s->eq.eq, &ev.u.commit, 0));
+    FT_TRY(expect_commit_done(&e, &ctx));
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
+/* ------------------------------------------------------------ elsewhere */
+
+static ssize_t never_called(struct fid_eq *eq, uint64_t type, void *data, uint64_t len,
+                            void *context) {
+    (void)eq, (void)type, (void)data, (void)len, (void)context;
+    return 0;
+}
+
+static int wrappers_on(struct ft_pair *p, struct fid_eq *eq) {
+    struct ft_side *c = &p->s[FT_CLI];
+    struct fi_rma_iov rma = {0, 8, 1};
+    struct fi_eq_commit_entry entry = {0};
+    struct fi_pmof_attr attr = {.size = sizeof(attr)};
+    struct ft_run *r = p->r;
+    struct fi_context2 ctx;
+    int ret = FT_OK;
+
+    ssize_t rc = fi_commit(c->ep, &rma, 1, c->peer, 0, &ctx);
+    FT_EXPECT(rc == -FI_ENOSYS, "fi_commit = %zd (%s)", rc, fi_strerror((int)-rc));
+    rc = fi_eq_register_handler(eq, FI_COMMIT_EVENT, never_called, NULL);
+    FT_EXPECT(rc == -FI_ENOSYS, "fi_eq_register_handler = %zd (%s)", rc, fi_strerror((int)-rc));
+    rc = fi_eq_commit_ack(eq, &entry, 0);
+    FT_EXPECT(rc == -FI_ENOSYS, "fi_eq_commit_ack = %zd (%s)", rc, fi_strerror((int)-rc));
+    rc = fi_pmof_query(c->domain, &attr);
+    FT_EXPECT(rc == -FI_ENOSYS, "fi_pmof_query = %zd (%s)", rc, fi_strerror((int)-rc));
+    FT_TRY(ft_expect_quiet(p, &c->tx, 50, "refused fi_commit"));
+out:
+    return ret;
+}
+
+static int t_wrappers_enosys(struct ft_run *r) {
+    struct fi_eq_attr ea = {.size = 8, .wait_obj = FI_WAIT_UNSPEC};
+    struct fid_eq *own = NULL;
+    struct ft_pair p = {0};
+    int ret = FT_OK;
+
+    if (ft_is_pmof_prov(r->opts)) return ft_skip(r, "pmof implements the extensions");
+    FT_TRY(ft_pair_open(r, &p, NULL));
+    struct fid_eq *eq = p.s[FT_SRV].eq.eq;
+    if (!eq) FT_CHK(fi_eq_open(p.fabric, &ea, &own, NULL));
+    FT_TRY(wrappers_on(&p, eq ? eq : own));
+out:
+    if (own && fi_close(&own->fid)) ret = ft_fail(r, "fi_close(eq) failed");
+    return ft_pair_close(&p, ret);
+}
+
+const struct ft_test ft_pmof_tests[] = {
+    {"pmof.query", t_query},
+    {"pmof.commit_write", t_commit_write},
+    {"pmof.commit_complete_default", t_commit_complete_default},
+    {"pmof.immed", t_immed},
+    {"pmof.immed_alone", t_immed_alone},
+    {"pmof.fenced", t_fenced},
+    {"pmof.fi_commit", t_fi_commit},
+    {"pmof.fi_commit_zero", t_fi_commit_zero},
+    {"pmof.fi_commit_badkey", t_fi_commit_badkey},
+    {"pmof.manual_handler", t_manual_handler},
+    {"pmof.manual_eq", t_manual_eq},
+    {"pmof.wrappers_enosys", t_wrappers_enosys},
+    {NULL, NULL},
+};
