@@ -192,7 +192,27 @@ struct pmof_mr {
     uint64_t flags; /* FI_PMEM, FI_UNCACHED */
     enum fi_hmem_iface iface;
     uint64_t device;
+    /* device memory: the host copy the NIC uses, and what it stands for */
+    void *bounce;
+    uintptr_t dev_base;
+    size_t len;
 };
+
+/* A receive or read into device memory: copied there at completion. */
+struct pmof_hmem_io {
+    struct pmof_mr *mr;
+    void *dev, *host;
+};
+
+/*
+ * With the application's override ops (FI_SET_OPS_HMEM_OVERRIDE), entries
+ * of `iov` in device memory are replaced in `out` by their host copies;
+ * outbound data is copied there now (copy_from_hmem_iov), inbound data at
+ * completion (pmof_hmem_complete).  Returns 0 or -FI_E*.
+ */
+int pmof_hmem_stage(const struct iovec *iov, void **desc, size_t count, struct iovec *out,
+                    bool outbound, struct pmof_hmem_io *in);
+void pmof_hmem_complete(const struct pmof_hmem_io *in, size_t len);
 
 /* ------------------------------------------------------------------- EQ */
 
@@ -333,6 +353,7 @@ struct pmof_op {
     bool report; /* a successful completion goes to the CQ */
     bool signaled;
     uint32_t cntr; /* which counter (PMOF_CNTR_*) counts it */
+    struct pmof_hmem_io hmem;
 };
 
 enum pmof_cntr_kind {

@@ -21,6 +21,7 @@ static int mr_close(struct fid *fid) {
     int ret = mr->ibv ? ibv_dereg_mr(mr->ibv) : 0;
 
     if (ret) return pmof_errno(ret);
+    free(mr->bounce);
     atomic_fetch_sub(&mr->dom->refs, 1);
     free(mr);
     return 0;
@@ -66,8 +67,11 @@ static int mr_register(struct pmof_domain *dom, const struct fi_mr_attr *attr, u
     if (flags & ~(FI_PMEM | FI_UNCACHED | FI_HMEM_DEVICE_ONLY)) return -FI_EBADFLAGS;
     if (attr->iface != FI_HMEM_SYSTEM) {
         /* Device memory the NIC cannot reach: pmof copies through host
-         * memory with the application's override ops, never registers it. */
+         * memory with the application's override ops.  Peers cannot reach
+         * it either: their writes would land in the copy. */
         if (!dom->hmem_override) return -FI_EOPNOTSUPP;
+        if (attr->access & (FI_REMOTE_READ | FI_REMOTE_WRITE)) return -FI_EOPNOTSUPP;
+        if (flags & (FI_PMEM | FI_UNCACHED)) return -FI_EINVAL;
     }
     mr = calloc(1, sizeof(*mr));
     if (!mr) return -FI_ENOMEM;
@@ -79,7 +83,18 @@ static int mr_register(struct pmof_domain *dom, const struct fi_mr_attr *attr, u
     mr->iface = attr->iface;
     mr->device = attr->device.reserved;
     access = mr_access(attr->access, flags);
-    if (attr->iface == FI_HMEM_SYSTEM) {
+    if (attr->iface != FI_HMEM_SYSTEM && iov->iov_len) {
+        mr->len = iov->iov_len;
+        mr->dev_base = (uintptr_t)iov->iov_base;
+        mr->bounce = aligned_alloc(4096, (iov->iov_len + 4095) & ~(size_t)4095);
+        mr->ibv = mr->bounce ? ibv_reg_mr(dom->pd, mr->bounce, iov->iov_len, access) : NULL;
+        if (!mr->ibv) {
+            free(mr->bounce);
+            free(mr);
+            return -FI_ENOMEM;
+        }
+        mr->mr_fid.key = mr->ibv->rkey;
+    } else if (attr->iface == FI_HMEM_SYSTEM) {
         /* Zero-length regions are valid in libfabric; verbs may refuse
          * them, so they get no verbs MR (and key 0). */
         if (iov->iov_len) {
@@ -103,6 +118,44 @@ static int mr_register(struct pmof_domain *dom, const struct fi_mr_attr *attr, u
     atomic_fetch_add(&dom->refs, 1);
     *out = &mr->mr_fid;
     return 0;
+}
+
+int pmof_hmem_stage(const struct iovec *iov, void **desc, size_t count, struct iovec *out,
+                    bool outbound, struct pmof_hmem_io *in) {
+    if (in) memset(in, 0, sizeof(*in));
+    for (size_t i = 0; i < count; i++) {
+        struct pmof_mr *mr = desc ? desc[i] : NULL;
+        uintptr_t a = (uintptr_t)iov[i].iov_base;
+        const struct fi_hmem_override_ops *h;
+
+        out[i] = iov[i];
+        if (!mr || !mr->bounce || !iov[i].iov_len) continue;
+        if (a < mr->dev_base || a + iov[i].iov_len > mr->dev_base + mr->len) return -FI_EINVAL;
+        out[i].iov_base = (uint8_t *)mr->bounce + (a - mr->dev_base);
+        h = &mr->dom->hmem_ops;
+        if (outbound) {
+            ssize_t n = h->copy_from_hmem_iov(out[i].iov_base, iov[i].iov_len, mr->iface,
+                                              mr->device, &iov[i], 1, 0);
+            if (n < 0) return (int)n;
+            if ((size_t)n != iov[i].iov_len) return -FI_EIO;
+        } else {
+            /* One device destination per operation: its copy is made at
+             * completion, from the single length the NIC reports. */
+            if (!in || in->mr || count > 1) return -FI_EOPNOTSUPP;
+            in->mr = mr;
+            in->dev = iov[i].iov_base;
+            in->host = out[i].iov_base;
+        }
+    }
+    return 0;
+}
+
+void pmof_hmem_complete(const struct pmof_hmem_io *in, size_t len) {
+    struct iovec dev = {.iov_base = in->dev, .iov_len = len};
+
+    if (!in->mr || !len) return;
+    in->mr->dom->hmem_ops.copy_to_hmem_iov(in->mr->iface, in->mr->device, &dev, 1, 0, in->host,
+                                           len);
 }
 
 int pmof_mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t flags,

@@ -58,6 +58,7 @@ struct pmof_op *pmof_tx_op(struct pmof_ep *ep, void *context, uint64_t flags, ui
     op->buf = NULL;
     op->report = pmof_ep_wants_completion(ep, true, flags);
     op->cntr = cntr;
+    op->hmem.mr = NULL;
     op->signaled = op->report || ++ep->unsignaled >= ep->tx.size / 2;
     if (op->signaled) ep->unsignaled = 0;
     return op;
@@ -163,6 +164,7 @@ bool pmof_ep_complete(struct pmof_ep *ep, const struct ibv_wc *wc, struct pmof_c
          * completion of, as long as it has a CQ to read them from. */
         return !(recv ? ep->rx_cq_internal : ep->tx_cq_internal);
     }
+    if (op->hmem.mr) pmof_hmem_complete(&op->hmem, recv ? wc->byte_len : op->len);
     if (recv) {
         out->len = wc->byte_len;
         out->buf = op->buf;

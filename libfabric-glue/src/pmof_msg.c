@@ -15,6 +15,13 @@ static ssize_t post_recv(struct pmof_ep *ep, const struct iovec *iov, void **des
     size_t total;
     int n, ret;
 
+    struct iovec staged[PMOF_IOV_LIMIT];
+    struct pmof_hmem_io hio = {0};
+    if (ep->dom->hmem_override && count <= PMOF_IOV_LIMIT && iov) {
+        int sret = pmof_hmem_stage(iov, desc, count, staged, false, &hio);
+        if (sret) return sret;
+        iov = staged;
+    }
     if (!ep->qp || ep->srq) return -FI_EOPBADSTATE;
     if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
     n = pmof_fill_sge(ep, iov, desc, count, sge, &total);
@@ -35,6 +42,7 @@ static ssize_t post_recv(struct pmof_ep *ep, const struct iovec *iov, void **des
     op->report = pmof_ep_wants_completion(ep, false, flags);
     op->signaled = true;
     op->cntr = PMOF_CNTR_RECV;
+    op->hmem = hio;
     wr.wr_id = (uintptr_t)op;
     wr.sg_list = sge;
     wr.num_sge = n;
@@ -76,7 +84,13 @@ ssize_t pmof_post_send(struct pmof_ep *ep, const struct iovec *iov, void **desc,
     unsigned int sflags = 0;
     ssize_t ret;
     int n = 0;
+    struct iovec staged[PMOF_IOV_LIMIT];
 
+    if (ep->dom->hmem_override && count <= PMOF_IOV_LIMIT && iov) {
+        int sret = pmof_hmem_stage(iov, desc, count, staged, true, NULL);
+        if (sret) return sret;
+        iov = staged;
+    }
     if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
     for (size_t i = 0; i < count; i++)
         total += iov[i].iov_len;

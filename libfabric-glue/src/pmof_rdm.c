@@ -93,6 +93,7 @@ bool pmof_rdm_complete(struct pmof_rdm *rdm, const struct ibv_wc *wc, struct pmo
             out->flags |= FI_REMOTE_CQ_DATA;
             out->data = ntohl(wc->imm_data);
         }
+        if (wc->opcode == IBV_WC_RECV) pmof_hmem_complete(&op->hmem, wc->byte_len);
     }
     srx_put(rdm, op);
     return report;
@@ -107,6 +108,13 @@ static ssize_t rdm_post_recv(struct pmof_rdm *rdm, const struct iovec *iov, void
     size_t n = 0;
     int ret;
 
+    struct iovec staged[PMOF_IOV_LIMIT];
+    struct pmof_hmem_io hio = {0};
+    if (rdm->dom->hmem_override && count <= PMOF_IOV_LIMIT && iov) {
+        int sret = pmof_hmem_stage(iov, desc, count, staged, false, &hio);
+        if (sret) return sret;
+        iov = staged;
+    }
     if (!rdm->srq) return -FI_EOPBADSTATE;
     if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
     for (size_t i = 0; i < count; i++) {
@@ -131,6 +139,7 @@ static ssize_t rdm_post_recv(struct pmof_rdm *rdm, const struct iovec *iov, void
     op->len = total;
     op->buf = count ? iov[0].iov_base : NULL;
     op->report = !(flags & FI_INJECT) && (!rdm->rx_selective || (flags & FI_COMPLETION));
+    op->hmem = hio;
     wr.wr_id = (uintptr_t)op;
     wr.sg_list = sge;
     wr.num_sge = (int)n;

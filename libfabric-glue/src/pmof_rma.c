@@ -103,7 +103,14 @@ ssize_t pmof_rma_write(struct pmof_ep *ep, const struct iovec *iov, void **desc,
     uint64_t cq_flags = FI_RMA | FI_WRITE;
     ssize_t ret;
 
+    struct iovec staged[PMOF_IOV_LIMIT];
+
     if ((flags & FI_IMMED) && !(flags & FI_COMMIT)) return -FI_EINVAL;
+    if (ep->dom->hmem_override && count <= PMOF_IOV_LIMIT && iov) {
+        int sret = pmof_hmem_stage(iov, desc, count, staged, true, NULL);
+        if (sret) return sret;
+        iov = staged;
+    }
     if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
     ret = check_key(key);
     if (ret) return ret;
@@ -174,6 +181,13 @@ ssize_t pmof_rma_read(struct pmof_ep *ep, const struct iovec *iov, void **desc, 
     ssize_t ret = check_key(key);
 
     if (ret) return ret;
+    struct iovec staged[PMOF_IOV_LIMIT];
+    struct pmof_hmem_io hio = {0};
+    if (ep->dom->hmem_override && count <= PMOF_IOV_LIMIT && iov) {
+        int sret = pmof_hmem_stage(iov, desc, count, staged, false, &hio);
+        if (sret) return sret;
+        iov = staged;
+    }
     if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
     ret = pmof_ep_check_tx(ep);
     if (ret) return ret;
@@ -187,6 +201,7 @@ ssize_t pmof_rma_read(struct pmof_ep *ep, const struct iovec *iov, void **desc, 
         pmof_unlock(&ep->tx_lock);
         return -FI_EAGAIN;
     }
+    op->hmem = hio;
     pmof_tx_wr(ep, op, (flags & FI_FENCE) ? IBV_SEND_FENCE : 0);
     ibv_wr_rdma_read(ep->qpx, key_rkey(key), addr);
     ibv_wr_set_sge_list(ep->qpx, (size_t)n, sge);

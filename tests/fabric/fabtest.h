@@ -189,6 +189,8 @@ struct ft_pair_cfg {
     uint64_t tx_bind_flags; /* e.g. FI_SELECTIVE_COMPLETION */
     bool write_cntr;        /* bind a counter for FI_WRITE on the client */
     bool rdm_eq;            /* bind an EQ to RDM endpoints too */
+    /* set on both domains before anything is opened in them */
+    struct fi_hmem_override_ops *hmem;
 };
 
 struct ft_side {

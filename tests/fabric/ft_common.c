@@ -382,6 +382,8 @@ int ft_side_open_ep(struct ft_pair *p, struct ft_side *s, struct fi_info *info) 
 
     s->info = info;
     FT_CHK(fi_domain(p->fabric, info, &s->domain, NULL));
+    if (p->cfg.hmem)
+        FT_CHK(fi_set_ops(&s->domain->fid, FI_SET_OPS_HMEM_OVERRIDE, 0, p->cfg.hmem, NULL));
     FT_TRY(open_cq(p, s, &s->tx, info->tx_attr->size));
     FT_TRY(open_cq(p, s, &s->rx, info->rx_attr->size));
     if (!s->eq.eq && (!rdm || p->cfg.rdm_eq)) FT_TRY(open_eq(p, &s->eq));

@@ -137,6 +137,113 @@ out:
     return ft_pair_close(&p, ret);
 }
 
+/* ------------------------------------------------------------ device memory */
+
+/* A mock device: its "device memory" is host memory only these copies may
+ * touch, and they count how often the provider calls them. */
+static unsigned hmem_from_calls, hmem_to_calls;
+
+static ssize_t mock_copy_from(void *dest, size_t size, enum fi_hmem_iface iface, uint64_t device,
+                              const struct iovec *iov, size_t count, uint64_t offset) {
+    size_t done = 0;
+
+    (void)iface, (void)device;
+    __atomic_add_fetch(&hmem_from_calls, 1, __ATOMIC_RELAXED);
+    for (size_t i = 0; i < count && done < size; i++) {
+        if (offset >= iov[i].iov_len) {
+            offset -= iov[i].iov_len;
+            continue;
+        }
+        size_t n = iov[i].iov_len - offset < size - done ? iov[i].iov_len - offset : size - done;
+        memcpy((uint8_t *)dest + done, (uint8_t *)iov[i].iov_base + offset, n);
+        done += n;
+        offset = 0;
+    }
+    return (ssize_t)done;
+}
+
+static ssize_t mock_copy_to(enum fi_hmem_iface iface, uint64_t device, const struct iovec *iov,
+                            size_t count, uint64_t offset, const void *src, size_t size) {
+    size_t done = 0;
+
+    (void)iface, (void)device;
+    __atomic_add_fetch(&hmem_to_calls, 1, __ATOMIC_RELAXED);
+    for (size_t i = 0; i < count && done < size; i++) {
+        if (offset >= iov[i].iov_len) {
+            offset -= iov[i].iov_len;
+            continue;
+        }
+        size_t n = iov[i].iov_len - offset < size - done ? iov[i].iov_len - offset : size - done;
+        memcpy((uint8_t *)iov[i].iov_base + offset, (const uint8_t *)src + done, n);
+        done += n;
+        offset = 0;
+    }
+    return (ssize_t)done;
+}
+
+static int reg_device(struct ft_side *s, void *buf, size_t len, uint64_t access,
+                      struct fid_mr **mr) {
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct fi_mr_attr attr = {
+        .mr_iov = &iov,
+        .iov_count = 1,
+        .access = access,
+        .requested_key = s->next_key++,
+        .iface = FI_HMEM_ZE,
+    };
+
+    return fi_mr_regattr(s->domain, &attr, 0, mr);
+}
+
+/* Messages from and into device memory go through the application's copy
+ * routines (seed 002): both directions, inline-sized and not. */
+static int t_hmem_override(struct ft_run *r) {
+    struct fi_hmem_override_ops ops = {
+        .size = sizeof(ops),
+        .copy_from_hmem_iov = mock_copy_from,
+        .copy_to_hmem_iov = mock_copy_to,
+    };
+    struct ft_pair_cfg cfg = {.hmem = &ops};
+    struct ft_pair p = {0};
+    struct fid_mr *txmr = NULL, *rxmr = NULL, *bad = NULL;
+    static uint8_t txdev[65536], rxdev[65536];
+    struct fi_context2 txc, rxc;
+    int ret = FT_OK;
+
+    if (!ft_strict(r))
+        return ft_skip(r, "the override ops are pmof's (other providers: -FI_ENOSYS)");
+    FT_TRY(ft_pair_open(r, &p, &cfg));
+    struct ft_side *c = &p.s[FT_CLI], *s = &p.s[FT_SRV];
+    FT_CHK(reg_device(c, txdev, sizeof(txdev), FI_SEND, &txmr));
+    FT_CHK(reg_device(s, rxdev, sizeof(rxdev), FI_RECV, &rxmr));
+    /* Peers cannot reach device memory through its host copy. */
+    int rc = reg_device(s, rxdev, 4096, FI_REMOTE_WRITE, &bad);
+    if (rc) bad = NULL;
+    FT_EXPECT(rc == -FI_EOPNOTSUPP,
+              "device memory for FI_REMOTE_WRITE: %d, expected -FI_EOPNOTSUPP", rc);
+    static const size_t lens[] = {64, 65536};
+    for (unsigned i = 0; i < 2; i++) {
+        unsigned from0 = hmem_from_calls, to0 = hmem_to_calls;
+        ft_fill(txdev, lens[i], 40 + i);
+        memset(rxdev, 0, lens[i]);
+        FT_POST(&p, fi_recv(s->ep, rxdev, lens[i], fi_mr_desc(rxmr), FI_ADDR_UNSPEC, &rxc));
+        FT_POST(&p, fi_send(c->ep, txdev, lens[i], fi_mr_desc(txmr), c->peer, &txc));
+        FT_TRY(ft_expect_comp(&p, &s->rx, &rxc, FI_RECV | FI_MSG, lens[i], NULL));
+        FT_TRY(ft_expect_comp(&p, &c->tx, &txc, FI_SEND | FI_MSG, SIZE_MAX, NULL));
+        FT_TRY(ft_expect_pattern(r, rxdev, lens[i], 40 + i, "message in device memory"));
+        FT_EXPECT(hmem_from_calls > from0 && hmem_to_calls > to0,
+                  "%zu B: copy_from_hmem_iov called %u times, copy_to_hmem_iov %u times", lens[i],
+                  hmem_from_calls - from0, hmem_to_calls - to0);
+    }
+    ft_note(r, "copy_from_hmem_iov %u calls, copy_to_hmem_iov %u calls", hmem_from_calls,
+            hmem_to_calls);
+out:
+    if (bad) fi_close(&bad->fid);
+    if (txmr) fi_close(&txmr->fid);
+    if (rxmr) fi_close(&rxmr->fid);
+    return ft_pair_close(&p, ret);
+}
+
 /* ------------------------------------------------------------ sendv/recvv */
 
 #define FT_MAX_IOV 4
@@ -467,6 +574,7 @@ out:
 const struct ft_test ft_msg_tests[] = {
     {"msg.connect", t_connect},
     {"msg.pingpong", t_pingpong},
+    {"msg.hmem_override", t_hmem_override},
     {"msg.sendv_recvv", t_sendv},
     {"msg.inject", t_inject},
     {"msg.sendmsg_selective", t_selective},
