@@ -451,6 +451,11 @@ void pmof_tx_abort(struct pmof_ep *ep);
 /* Fills an SGE list from iov/desc (FI_MR_LOCAL descriptors). */
 int pmof_fill_sge(struct pmof_ep *ep, const struct iovec *iov, void **desc, size_t count,
                   struct ibv_sge *sge, size_t *total);
+extern const uint64_t pmof_cntr_flags[PMOF_CNTR_KINDS];
+/* fi_ep_bind of a counter (FI_SEND, FI_RECV, FI_READ, ... flags). */
+int pmof_bind_cntr(struct pmof_cntr **cntrs, struct pmof_cntr *c, uint64_t flags);
+/* FI_GETOPSFLAG / FI_SETOPSFLAG of fi_control. */
+int pmof_ops_flag_control(uint64_t *tx_flags, uint64_t *rx_flags, int command, void *arg);
 bool pmof_ep_wants_completion(const struct pmof_ep *ep, bool tx, uint64_t flags);
 ssize_t pmof_ep_check_tx(struct pmof_ep *ep);
 

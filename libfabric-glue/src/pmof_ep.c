@@ -344,28 +344,33 @@ static int bind_cq(struct pmof_ep *ep, struct pmof_cq *cq, uint64_t flags) {
     return 0;
 }
 
-static int bind_cntr(struct pmof_ep *ep, struct pmof_cntr *c, uint64_t flags) {
-    static const struct {
-        uint64_t flag;
-        enum pmof_cntr_kind kind;
-    } map[] = {
-        {FI_SEND, PMOF_CNTR_SEND},
-        {FI_RECV, PMOF_CNTR_RECV},
-        {FI_READ, PMOF_CNTR_READ},
-        {FI_WRITE, PMOF_CNTR_WRITE},
-        {FI_REMOTE_READ, PMOF_CNTR_REMOTE_READ},
-        {FI_REMOTE_WRITE, PMOF_CNTR_REMOTE_WRITE},
-    };
+/* The counter kinds, in enum pmof_cntr_kind order, by binding flag. */
+const uint64_t pmof_cntr_flags[PMOF_CNTR_KINDS] = {
+    FI_SEND, FI_RECV, FI_READ, FI_WRITE, FI_REMOTE_READ, FI_REMOTE_WRITE,
+};
 
+int pmof_bind_cntr(struct pmof_cntr **cntrs, struct pmof_cntr *c, uint64_t flags) {
     if (flags & ~(FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE))
         return -FI_EBADFLAGS;
-    if (ep->qp) return -FI_EOPBADSTATE;
-    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
-        if (!(flags & map[i].flag)) continue;
-        if (ep->cntrs[map[i].kind]) return -FI_EINVAL;
-        ep->cntrs[map[i].kind] = c;
+    for (int k = 0; k < PMOF_CNTR_KINDS; k++)
+        if ((flags & pmof_cntr_flags[k]) && cntrs[k]) return -FI_EINVAL;
+    for (int k = 0; k < PMOF_CNTR_KINDS; k++) {
+        if (!(flags & pmof_cntr_flags[k])) continue;
+        cntrs[k] = c;
         atomic_fetch_add(&c->refs, 1);
     }
+    return 0;
+}
+
+int pmof_ops_flag_control(uint64_t *tx_flags, uint64_t *rx_flags, int command, void *arg) {
+    uint64_t *flags = arg;
+
+    if (!(*flags & (FI_TRANSMIT | FI_RECV))) return -FI_EINVAL;
+    if (command == FI_GETOPSFLAG) {
+        *flags = (*flags & FI_TRANSMIT) ? *tx_flags : *rx_flags;
+        return 0;
+    }
+    *((*flags & FI_TRANSMIT) ? tx_flags : rx_flags) = *flags & ~(FI_TRANSMIT | FI_RECV);
     return 0;
 }
 
@@ -385,7 +390,8 @@ static int ep_bind(struct fid *fid, struct fid *bfid, uint64_t flags) {
     case FI_CLASS_CQ:
         return bind_cq(ep, container_of(bfid, struct pmof_cq, cq_fid.fid), flags);
     case FI_CLASS_CNTR:
-        return bind_cntr(ep, container_of(bfid, struct pmof_cntr, cntr_fid.fid), flags);
+        if (ep->qp) return -FI_EOPBADSTATE;
+        return pmof_bind_cntr(ep->cntrs, container_of(bfid, struct pmof_cntr, cntr_fid.fid), flags);
     default:
         return -FI_ENOSYS;
     }
@@ -445,26 +451,9 @@ static int ep_control(struct fid *fid, int command, void *arg) {
     switch (command) {
     case FI_ENABLE:
         return ep_enable(ep);
-    case FI_GETOPSFLAG: {
-        uint64_t *flags = arg;
-        if (*flags & FI_TRANSMIT)
-            *flags = ep->tx_op_flags;
-        else if (*flags & FI_RECV)
-            *flags = ep->rx_op_flags;
-        else
-            return -FI_EINVAL;
-        return 0;
-    }
-    case FI_SETOPSFLAG: {
-        uint64_t flags = *(uint64_t *)arg;
-        if (flags & FI_TRANSMIT)
-            ep->tx_op_flags = flags & ~(FI_TRANSMIT | FI_RECV);
-        else if (flags & FI_RECV)
-            ep->rx_op_flags = flags & ~(FI_TRANSMIT | FI_RECV);
-        else
-            return -FI_EINVAL;
-        return 0;
-    }
+    case FI_GETOPSFLAG:
+    case FI_SETOPSFLAG:
+        return pmof_ops_flag_control(&ep->tx_op_flags, &ep->rx_op_flags, command, arg);
     default:
         return -FI_ENOSYS;
     }

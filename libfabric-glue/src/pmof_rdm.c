@@ -581,18 +581,9 @@ static int rdm_bind(struct fid *fid, struct fid *bfid, uint64_t flags) {
         }
         return 0;
     }
-    case FI_CLASS_CNTR: {
-        static const uint64_t flag[PMOF_CNTR_KINDS] = {FI_SEND,  FI_RECV,        FI_READ,
-                                                       FI_WRITE, FI_REMOTE_READ, FI_REMOTE_WRITE};
-        struct pmof_cntr *c = container_of(bfid, struct pmof_cntr, cntr_fid.fid);
-        for (int k = 0; k < PMOF_CNTR_KINDS; k++) {
-            if (!(flags & flag[k])) continue;
-            if (rdm->cntrs[k]) return -FI_EINVAL;
-            rdm->cntrs[k] = c;
-            atomic_fetch_add(&c->refs, 1);
-        }
-        return 0;
-    }
+    case FI_CLASS_CNTR:
+        return pmof_bind_cntr(rdm->cntrs, container_of(bfid, struct pmof_cntr, cntr_fid.fid),
+                              flags);
     default:
         return -FI_ENOSYS;
     }
@@ -641,26 +632,9 @@ static int rdm_control(struct fid *fid, int command, void *arg) {
     switch (command) {
     case FI_ENABLE:
         return rdm_enable(rdm);
-    case FI_GETOPSFLAG: {
-        uint64_t *flags = arg;
-        if (*flags & FI_TRANSMIT)
-            *flags = rdm->tx_op_flags;
-        else if (*flags & FI_RECV)
-            *flags = rdm->rx_op_flags;
-        else
-            return -FI_EINVAL;
-        return 0;
-    }
-    case FI_SETOPSFLAG: {
-        uint64_t flags = *(uint64_t *)arg;
-        if (flags & FI_TRANSMIT)
-            rdm->tx_op_flags = flags & ~(FI_TRANSMIT | FI_RECV);
-        else if (flags & FI_RECV)
-            rdm->rx_op_flags = flags & ~(FI_TRANSMIT | FI_RECV);
-        else
-            return -FI_EINVAL;
-        return 0;
-    }
+    case FI_GETOPSFLAG:
+    case FI_SETOPSFLAG:
+        return pmof_ops_flag_control(&rdm->tx_op_flags, &rdm->rx_op_flags, command, arg);
     default:
         return -FI_ENOSYS;
     }
