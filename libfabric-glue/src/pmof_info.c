@@ -30,6 +30,16 @@
     (FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE |                \
      FI_COMMIT_COMPLETE | FI_COMPLETION | FI_COMMIT)
 #define PMOF_RX_OP_FLAGS (FI_COMPLETION)
+/* libfabric 2 deprecates these (a warning wherever they are named), yet
+ * applications written for 1.x still pass them: their values, which the
+ * ABI fixes. */
+#define PMOF_MR_UNSPEC 0
+#define PMOF_MR_BASIC (1 << 0)
+#define PMOF_MR_SCALABLE (1 << 1)
+#define PMOF_LOCAL_MR (1ULL << 55)
+#define PMOF_ORDER_STRICT 0x1FFULL
+#define PMOF_ORDER_DATA (1ULL << 16)
+
 #define PMOF_MR_MODE (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY)
 #define PMOF_MSG_ORDER                                                                             \
     (FI_ORDER_RAR | FI_ORDER_RAW | FI_ORDER_RAS | FI_ORDER_WAW | FI_ORDER_WAS | FI_ORDER_SAW |     \
@@ -289,21 +299,21 @@ static uint64_t dev_caps(const struct pmof_dev *d, bool manual) {
 
 static bool mr_mode_ok(uint32_t version, const struct fi_info *hints, int *out_mode,
                        uint64_t *out_mode_bits) {
-    int user = hints && hints->domain_attr ? hints->domain_attr->mr_mode : FI_MR_UNSPEC;
+    int user = hints && hints->domain_attr ? hints->domain_attr->mr_mode : PMOF_MR_UNSPEC;
     uint64_t user_mode = hints ? hints->mode : 0;
 
     *out_mode_bits = 0;
-    if (FI_VERSION_LT(version, FI_VERSION(1, 5)) || (user & FI_MR_BASIC)) {
-        if (user != FI_MR_UNSPEC && user != FI_MR_BASIC) NOMATCH("mr_mode: only FI_MR_BASIC\n");
-        if (!(user_mode & FI_LOCAL_MR)) NOMATCH("mr_mode FI_MR_BASIC needs mode FI_LOCAL_MR\n");
-        *out_mode = FI_MR_BASIC;
-        *out_mode_bits = FI_LOCAL_MR;
+    if (FI_VERSION_LT(version, FI_VERSION(1, 5)) || (user & PMOF_MR_BASIC)) {
+        if (user != PMOF_MR_UNSPEC && user != PMOF_MR_BASIC) NOMATCH("mr_mode: only FI_MR_BASIC\n");
+        if (!(user_mode & PMOF_LOCAL_MR)) NOMATCH("mr_mode FI_MR_BASIC needs mode FI_LOCAL_MR\n");
+        *out_mode = PMOF_MR_BASIC;
+        *out_mode_bits = PMOF_LOCAL_MR;
         return true;
     }
-    if (user & FI_MR_SCALABLE) NOMATCH("mr_mode FI_MR_SCALABLE is not supported\n");
-    if (user != FI_MR_UNSPEC) {
+    if (user & PMOF_MR_SCALABLE) NOMATCH("mr_mode FI_MR_SCALABLE is not supported\n");
+    if (user != PMOF_MR_UNSPEC) {
         int need = PMOF_MR_MODE;
-        if ((user_mode & FI_LOCAL_MR) && !(user & FI_MR_LOCAL)) need &= ~FI_MR_LOCAL;
+        if ((user_mode & PMOF_LOCAL_MR) && !(user & FI_MR_LOCAL)) need &= ~FI_MR_LOCAL;
         if ((user & need) != need)
             NOMATCH("mr_mode 0x%x lacks 0x%x (LOCAL|VIRT_ADDR|ALLOCATED|PROV_KEY)\n", user, need);
     }
@@ -352,7 +362,7 @@ static bool tx_attr_ok(const struct fi_tx_attr *h, size_t max_inline) {
     if (h->iov_limit > PMOF_IOV_LIMIT) NOMATCH("tx iov_limit %zu\n", h->iov_limit);
     if (h->rma_iov_limit > 1) NOMATCH("rma_iov_limit %zu > 1\n", h->rma_iov_limit);
     if (h->msg_order & ~PMOF_MSG_ORDER) NOMATCH("tx msg_order not supported\n");
-    if (h->comp_order & ~(FI_ORDER_STRICT | FI_ORDER_DATA)) NOMATCH("tx comp_order\n");
+    if (h->comp_order & ~(PMOF_ORDER_STRICT | PMOF_ORDER_DATA)) NOMATCH("tx comp_order\n");
     if (h->size > 16384) NOMATCH("tx size %zu\n", h->size);
     return true;
 }
@@ -476,7 +486,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
     fi->tx_attr->mode = 0;
     fi->tx_attr->op_flags = FI_TRANSMIT_COMPLETE;
     fi->tx_attr->msg_order = PMOF_MSG_ORDER;
-    fi->tx_attr->comp_order = FI_ORDER_STRICT;
+    fi->tx_attr->comp_order = PMOF_ORDER_STRICT;
     fi->tx_attr->inject_size = max_inline;
     fi->tx_attr->size = (size_t)pmof_params.tx_size;
     fi->tx_attr->iov_limit = PMOF_IOV_LIMIT;
@@ -487,7 +497,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
     fi->rx_attr->mode = FI_RX_CQ_DATA;
     fi->rx_attr->op_flags = 0;
     fi->rx_attr->msg_order = PMOF_MSG_ORDER;
-    fi->rx_attr->comp_order = FI_ORDER_STRICT | FI_ORDER_DATA;
+    fi->rx_attr->comp_order = PMOF_ORDER_STRICT | PMOF_ORDER_DATA;
     fi->rx_attr->size = (size_t)pmof_params.rx_size;
     fi->rx_attr->iov_limit = PMOF_IOV_LIMIT;
     fi->mode |= FI_RX_CQ_DATA;

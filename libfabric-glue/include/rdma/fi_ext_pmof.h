@@ -72,7 +72,8 @@ extern "C" {
 /* EQ event of a commit request in FI_COMMIT_MANUAL mode; the event data is
  * a struct fi_eq_commit_entry. */
 #ifndef FI_COMMIT_EVENT
-#define FI_COMMIT_EVENT (FI_PROV_SPECIFIC | 1)
+/* libfabric 1.x's FI_PROV_SPECIFIC bit (2.x dropped the name). */
+#define FI_COMMIT_EVENT ((1U << 31) | 1)
 #endif
 
 struct fi_eq_commit_entry {
