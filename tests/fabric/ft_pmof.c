@@ -5,7 +5,10 @@
 #include "fabtest.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "ft_rma.h"
 
@@ -82,6 +85,74 @@ static int durable(struct ft_rma *e, size_t off, size_t len, unsigned seed, cons
     return ft_expect_pattern(e->p.r, e->tgt.buf + off, len, seed, what);
 }
 
+/* ------------------------------------------------------ written back? */
+
+/* kB of the mapping holding `addr` that were written and not yet written
+ * back to the file (/proc/self/smaps), or -1.  FI_PMEM targets here are
+ * file mappings, which the target makes durable with msync: a commit that
+ * completed leaves none, a plain write leaves its page dirty.  Checking
+ * the bytes alone could not tell a commit from a plain write. */
+static long dirty_kb(const void *addr) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    uintptr_t a = (uintptr_t)addr, lo, hi;
+    char line[512];
+    bool in = false;
+    long kb = -1, v;
+
+    if (!f) return -1;
+    while (fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, ' ') > strchr(line, '-')) {
+            if (in) break;
+            in = a >= lo && a < hi;
+            if (in) kb = 0;
+        } else if (in && (sscanf(line, "Shared_Dirty: %ld kB", &v) == 1 ||
+                          sscanf(line, "Private_Dirty: %ld kB", &v) == 1)) {
+            kb += v;
+        }
+    }
+    fclose(f);
+    return kb;
+}
+
+/* Writes the target's file back, then dirties it with a plain write of
+ * [off, off+len) and checks that shows (*observable false if this kernel
+ * does not report it, and the durability checks are skipped). */
+static int dirty_target(struct ft_rma *e, size_t off, size_t len, bool *observable) {
+    struct ft_run *r = e->p.r;
+    struct fi_context2 ctx;
+    int ret = FT_OK;
+
+    FT_EXPECT(!msync(e->tgt.buf, e->tgt.map_len, MS_SYNC), "msync of the target failed");
+    FT_TRY(post_write(e, off, len, 77, &ctx));
+    FT_TRY(ft_expect_comp(&e->p, &e->c->tx, &ctx, FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+    FT_TRY(ft_wait_pattern(&e->p, e->tgt.buf + off, len, 77, "plain write"));
+    *observable = dirty_kb(e->tgt.buf + off) > 0;
+    if (!*observable) ft_note(r, "dirty pages of the target not observable: write-back unchecked");
+out:
+    return ret;
+}
+
+/* The same with a store of the target itself into [off, off+len), for
+ * tests whose plain writes are commits too. */
+static int dirty_locally(struct ft_rma *e, size_t off, size_t len, bool *observable) {
+    struct ft_run *r = e->p.r;
+    int ret = FT_OK;
+
+    FT_EXPECT(!msync(e->tgt.buf, e->tgt.map_len, MS_SYNC), "msync of the target failed");
+    memset(e->tgt.buf + off, 0xee, len);
+    *observable = dirty_kb(e->tgt.buf + off) > 0;
+    if (!*observable) ft_note(r, "dirty pages of the target not observable: write-back unchecked");
+out:
+    return ret;
+}
+
+static int written_back(struct ft_rma *e, bool observable, const char *what) {
+    long kb = observable ? dirty_kb(e->tgt.buf) : 0;
+
+    if (kb) return ft_fail(e->p.r, "%s: %ld kB of the target not written back", what, kb);
+    return FT_OK;
+}
+
 /* ------------------------------------------------------------ query */
 
 static int t_query(struct ft_run *r) {
@@ -114,10 +185,14 @@ static int t_commit_write(struct ft_run *r) {
 
     FT_TRY(ret);
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        bool observable;
         memset(e.tgt.buf, 0, FT_PMOF_LEN);
+        /* A plain write to the same key first: the commit covers it. */
+        FT_TRY(dirty_target(&e, FT_PMOF_LEN - 64, 64, &observable));
         FT_TRY(post_writemsg(&e, 0, sizes[i], (unsigned)i, FI_COMMIT | FI_COMPLETION, 0, &ctx));
         FT_TRY(ft_expect_comp(&e.p, &e.c->tx, &ctx, FI_RMA | FI_WRITE, SIZE_MAX, NULL));
         FT_TRY(durable(&e, 0, sizes[i], (unsigned)i, "target at FI_COMMIT completion"));
+        FT_TRY(written_back(&e, observable, "at FI_COMMIT completion"));
     }
 out:
     return ft_rma_close(r, &e, ret);
@@ -134,9 +209,12 @@ static int t_commit_complete_default(struct ft_run *r) {
     FT_EXPECT(e.c->info->tx_attr->op_flags & FI_COMMIT_COMPLETE,
               "tx op_flags %#llx lost FI_COMMIT_COMPLETE",
               (unsigned long long)e.c->info->tx_attr->op_flags);
+    bool observable;
+    FT_TRY(dirty_locally(&e, 0, 4096, &observable));
     FT_TRY(post_write(&e, 0, 4096, 3, &ctx));
     FT_TRY(ft_expect_comp(&e.p, &e.c->tx, &ctx, FI_RMA | FI_WRITE, SIZE_MAX, NULL));
     FT_TRY(durable(&e, 0, 4096, 3, "target at FI_COMMIT_COMPLETE completion"));
+    FT_TRY(written_back(&e, observable, "at FI_COMMIT_COMPLETE completion"));
 out:
     return ft_rma_close(r, &e, ret);
 }
@@ -193,12 +271,15 @@ static int t_fenced(struct ft_run *r) {
     int ret = pmof_open(r, &e, NULL, &attr);
 
     FT_TRY(ret);
+    bool observable;
+    FT_TRY(dirty_locally(&e, 0, 4 * 4096, &observable));
     for (int i = 0; i < 3; i++)
         FT_TRY(post_write(&e, 4096 * i, 4096, 10 + i, &ctx[i]));
     FT_TRY(post_writemsg(&e, 3 * 4096, 4096, 13, FI_COMMIT | FI_FENCE | FI_COMPLETION, 0, &ctx[3]));
     FT_TRY(ft_expect_comp(&e.p, &e.c->tx, &ctx[3], FI_RMA | FI_WRITE, SIZE_MAX, NULL));
     for (int i = 0; i < 4; i++)
         FT_TRY(durable(&e, 4096 * i, 4096, 10 + i, "write at the fenced commit's completion"));
+    FT_TRY(written_back(&e, observable, "at the fenced commit's completion"));
     for (int i = 0; i < 3; i++)
         FT_TRY(ft_expect_comp(&e.p, &e.c->tx, &ctx[i], FI_RMA | FI_WRITE, SIZE_MAX, NULL));
 out:
@@ -255,10 +336,13 @@ static int t_fi_commit(struct ft_run *r) {
     int ret = pmof_open(r, &e, NULL, &attr);
 
     FT_TRY(ret);
+    bool observable;
+    FT_TRY(dirty_target(&e, 0, 64, &observable));
     FT_TRY(three_writes(&e, rma, 20));
     FT_POST(&e.p, fi_commit(e.c->ep, rma, 3, e.c->peer, 0, &ctx));
     FT_TRY(expect_commit_done(&e, &ctx));
     FT_TRY(three_durable(&e, rma, 20));
+    FT_TRY(written_back(&e, observable, "at fi_commit completion"));
     FT_TRY(ft_expect_quiet(&e.p, &e.c->tx, 50, "after fi_commit"));
 out:
     return ft_rma_close(r, &e, ret);
