@@ -213,6 +213,19 @@ struct pmof_hmem_io {
 int pmof_hmem_stage(const struct iovec *iov, void **desc, size_t count, struct iovec *out,
                     bool outbound, struct pmof_hmem_io *in);
 void pmof_hmem_complete(const struct pmof_hmem_io *in, size_t len);
+/* pmof_hmem_stage when the domain has override ops: *iov then points at
+ * `staged`.  `in` (inbound only) is cleared either way. */
+static inline int pmof_hmem_prepare(const struct pmof_domain *dom, const struct iovec **iov,
+                                    void **desc, size_t count, struct iovec *staged, bool outbound,
+                                    struct pmof_hmem_io *in) {
+    int ret;
+
+    if (in) in->mr = NULL;
+    if (!dom->hmem_override || !*iov || count > PMOF_IOV_LIMIT) return 0;
+    ret = pmof_hmem_stage(*iov, desc, count, staged, outbound, in);
+    if (!ret) *iov = staged;
+    return ret;
+}
 
 /* ------------------------------------------------------------------- EQ */
 
@@ -236,8 +249,6 @@ struct pmof_eq {
     struct pmof_slist queue;
     /* the error entry last returned by readerr owns its err_data */
     void *err_data;
-    fi_eq_event_handler_t commit_handler;
-    void *commit_handler_ctx;
     struct fi_pmof_eq_ops pmof_ops;
     atomic_int refs;
 };
@@ -311,6 +322,7 @@ int pmof_cntr_open(struct fid_domain *domain, struct fi_cntr_attr *attr, struct 
 void pmof_cntr_inc(struct pmof_cntr *c);
 void pmof_cntr_err(struct pmof_cntr *c);
 int pmof_cntr_watch_cq(struct pmof_cntr *c, struct pmof_cq *cq);
+void pmof_cntr_unwatch_cq(struct pmof_cntr *c, struct pmof_cq *cq);
 int pmof_cntr_trywait(struct pmof_cntr *c);
 int pmof_cq_trywait(struct pmof_cq *cq);
 int pmof_eq_trywait(struct pmof_eq *eq);
@@ -345,7 +357,7 @@ struct pmof_rdm;
 struct pmof_op {
     struct pmof_ep *ep;
     struct pmof_rdm *rdm; /* a receive of an RDM endpoint's shared queue */
-    uint32_t seq;         /* position in its ring, counting from the start */
+    uint64_t seq;         /* position in its ring, counting from the start */
     void *context;
     uint64_t flags; /* FI_* of the completion entry */
     size_t len;
@@ -367,9 +379,12 @@ enum pmof_cntr_kind {
     PMOF_CNTR_NONE = PMOF_CNTR_KINDS, /* the provider's own requests */
 };
 
+/* Positions count from the start and never wrap in practice (64 bits),
+ * so head - tail is the number outstanding for any ring size. */
 struct pmof_ring {
     struct pmof_op *ops;
-    uint32_t size, head, tail; /* head: next to post; tail: oldest outstanding */
+    uint32_t size;
+    uint64_t head, tail; /* head: next to post; tail: oldest outstanding */
 };
 
 enum pmof_ep_state {
@@ -405,8 +420,11 @@ struct pmof_ep {
     uint32_t max_inline;
     struct pmof_lock tx_lock, rx_lock;
     struct pmof_ring tx, rx;
-    uint32_t tx_start_head; /* tx.head when the batch being built began */
-    bool resolved;          /* the rdma_cm id has a destination address */
+    /* tx.head and unsignaled when the batch being built began */
+    uint64_t tx_start_head;
+    uint32_t tx_start_unsignaled;
+    bool resolved; /* the rdma_cm id has a destination address */
+    bool closing;  /* completions still queued are dropped */
     /* unsignaled WRs since the last signaled one; every so often one is
      * signaled so the ring can be reclaimed */
     uint32_t unsignaled;
@@ -428,6 +446,12 @@ int pmof_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep
  * it produces none. */
 bool pmof_ep_complete(struct pmof_ep *ep, const struct ibv_wc *wc, struct pmof_cq_entry *out,
                       struct pmof_cntr **cntr);
+/* FI_E* (positive) of a failed verbs completion. */
+int pmof_wc_errno(enum ibv_wc_status s);
+/* Length, FI_REMOTE_CQ_DATA and a remote write's flags of a successful
+ * receive completion. */
+void pmof_recv_entry(const struct ibv_wc *wc, struct pmof_cq_entry *out,
+                     struct pmof_cntr *const *cntrs, struct pmof_cntr **cntr);
 int pmof_ep_create_qp(struct pmof_ep *ep);
 int pmof_ep_qp_to_rts(struct pmof_ep *ep);
 void pmof_ep_qp_to_error(struct pmof_ep *ep);
@@ -449,8 +473,8 @@ void pmof_tx_wr(struct pmof_ep *ep, struct pmof_op *op, unsigned int send_flags)
 ssize_t pmof_tx_post(struct pmof_ep *ep);
 void pmof_tx_abort(struct pmof_ep *ep);
 /* Fills an SGE list from iov/desc (FI_MR_LOCAL descriptors). */
-int pmof_fill_sge(struct pmof_ep *ep, const struct iovec *iov, void **desc, size_t count,
-                  struct ibv_sge *sge, size_t *total);
+int pmof_fill_sge(const struct iovec *iov, void **desc, size_t count, struct ibv_sge *sge,
+                  size_t *total);
 extern const uint64_t pmof_cntr_flags[PMOF_CNTR_KINDS];
 /* fi_ep_bind of a counter (FI_SEND, FI_RECV, FI_READ, ... flags). */
 int pmof_bind_cntr(struct pmof_cntr **cntrs, struct pmof_cntr *c, uint64_t flags);
@@ -498,6 +522,7 @@ enum pmof_conn_state {
 struct pmof_conn {
     struct pmof_conn *next;
     struct pmof_ep *ep;           /* the hidden connected endpoint */
+    uint32_t qpn;                 /* its QP's number, which completions carry */
     struct sockaddr_storage peer; /* the peer's name */
     fi_addr_t addr;               /* its index in our AV, once known */
     bool active;                  /* we connected */
@@ -533,6 +558,7 @@ struct pmof_rdm {
     uint32_t *rx_free;
     uint32_t rx_size, rx_free_count;
     struct fi_pmof_ep_ops pmof_ops;
+    bool closing; /* completions still queued are dropped */
 };
 
 int pmof_rdm_endpoint(struct pmof_domain *dom, struct fi_info *info, struct fid_ep **ep,
@@ -550,9 +576,14 @@ ssize_t pmof_commit(struct fi_pmof_ep_ops *ops, const struct fi_rma_iov *iov, si
                     fi_addr_t dest_addr, uint64_t flags, void *context);
 ssize_t pmof_commit_ep(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t count,
                        uint64_t flags, void *context);
-ssize_t pmof_commit_manual(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t count,
-                           void *context);
 int pmof_commit_ack(struct fi_pmof_eq_ops *ops, const struct fi_eq_commit_entry *entry, int status);
+/* Operation flag of the provider's own requests and of fi_inject*: no
+ * completion entry (FI_INJECT alone, on fi_sendmsg or fi_writemsg, only
+ * frees the buffer at return).  Bit 63, which no flag of the header uses;
+ * stripped from applications' flags. */
+#define PMOF_NO_COMPLETION (1ULL << 63)
+#define PMOF_INJECT (FI_INJECT | PMOF_NO_COMPLETION)
+
 /* The op flags that ask for durability. */
 #define PMOF_DURABLE_FLAGS (FI_COMMIT | FI_COMMIT_COMPLETE | FI_DELIVERY_COMPLETE)
 

@@ -132,6 +132,7 @@ static int av_remove(struct fid_av *av_fid, fi_addr_t *fi_addr, size_t count, ui
     int ret = 0;
 
     if (flags) return -FI_EBADFLAGS;
+    if (count && !fi_addr) return -FI_EINVAL;
     pmof_lock(&av->lock);
     for (size_t i = 0; i < count; i++) {
         if (fi_addr[i] >= av->count || !av->used[fi_addr[i]])
@@ -148,7 +149,7 @@ static int av_lookup(struct fid_av *av_fid, fi_addr_t fi_addr, void *addr, size_
     struct sockaddr_storage ss;
     size_t len;
 
-    if (!addrlen) return -FI_EINVAL;
+    if (!addrlen || (*addrlen && !addr)) return -FI_EINVAL;
     if (!pmof_av_get(av, fi_addr, &ss)) return -FI_ENOENT;
     len = pmof_sockaddr_len((struct sockaddr *)&ss);
     memcpy(addr, &ss, len < *addrlen ? len : *addrlen);

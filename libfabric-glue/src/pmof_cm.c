@@ -175,6 +175,7 @@ static int getname_common(struct rdma_cm_id *id, void *addr, size_t *addrlen, bo
         *addrlen = len;
         return -FI_ETOOSMALL;
     }
+    if (!addr) return -FI_EINVAL;
     memcpy(addr, sa, len);
     *addrlen = len;
     return 0;
@@ -345,6 +346,7 @@ static int pep_setopt(fid_t fid, int level, int optname, const void *optval, siz
 static int pep_getopt(fid_t fid, int level, int optname, void *optval, size_t *optlen) {
     (void)fid;
     if (level != FI_OPT_ENDPOINT || optname != FI_OPT_CM_DATA_SIZE) return -FI_ENOPROTOOPT;
+    if (!optval || !optlen) return -FI_EINVAL;
     if (*optlen < sizeof(size_t)) return -FI_ETOOSMALL;
     *(size_t *)optval = PMOF_CM_DATA_MAX;
     *optlen = sizeof(size_t);
@@ -496,11 +498,22 @@ static int on_connect_response(struct pmof_eq *eq, struct pmof_ep *ep, struct rd
     if (ret || rdma_establish(ep->id)) {
         if (!ret) ret = pmof_errno(errno);
         ep->state = PMOF_EP_ERROR;
+        pmof_ep_qp_to_error(ep);
         rdma_reject(ep->id, NULL, 0);
         return pmof_eq_push_error(eq, &ep->ep_fid.fid, ep->ep_fid.fid.context, -ret, 0, NULL, 0);
     }
     ep->state = PMOF_EP_CONNECTED;
     return push_cm_entry(eq, FI_CONNECTED, &ep->ep_fid.fid, NULL, data, len);
+}
+
+/* The connection will not come: posted receives are flushed to the CQ
+ * (FI_ECANCELED) and the error reported on the EQ. */
+static int ep_failed(struct pmof_eq *eq, struct pmof_ep *ep, int err, int prov_errno,
+                     const void *data, size_t len) {
+    ep->state = PMOF_EP_ERROR;
+    pmof_ep_qp_to_error(ep);
+    return pmof_eq_push_error(eq, &ep->ep_fid.fid, ep->ep_fid.fid.context, err, prov_errno, data,
+                              len);
 }
 
 static int ep_event(struct pmof_eq *eq, struct pmof_ep *ep, struct rdma_cm_event *ev) {
@@ -512,13 +525,12 @@ static int ep_event(struct pmof_eq *eq, struct pmof_ep *ep, struct rdma_cm_event
     case RDMA_CM_EVENT_ADDR_RESOLVED:
         ep->resolved = true;
         if (rdma_resolve_route(ep->id, pmof_params.cm_timeout_ms))
-            return pmof_eq_push_error(eq, fid, fid->context, errno, 0, NULL, 0);
+            return ep_failed(eq, ep, errno, 0, NULL, 0);
         return 0;
     case RDMA_CM_EVENT_ROUTE_RESOLVED: {
         struct rdma_conn_param p;
         conn_param(ep, &p);
-        if (rdma_connect(ep->id, &p))
-            return pmof_eq_push_error(eq, fid, fid->context, errno, 0, NULL, 0);
+        if (rdma_connect(ep->id, &p)) return ep_failed(eq, ep, errno, 0, NULL, 0);
         return 0;
     }
     case RDMA_CM_EVENT_CONNECT_RESPONSE:
@@ -536,20 +548,16 @@ static int ep_event(struct pmof_eq *eq, struct pmof_ep *ep, struct rdma_cm_event
         }
         return push_cm_entry(eq, FI_SHUTDOWN, fid, NULL, NULL, 0);
     case RDMA_CM_EVENT_REJECTED:
-        ep->state = PMOF_EP_ERROR;
         len = cm_data_user(&ev->param.conn, &data, NULL);
-        return pmof_eq_push_error(eq, fid, fid->context, FI_ECONNREFUSED, ev->status, data, len);
+        return ep_failed(eq, ep, FI_ECONNREFUSED, ev->status, data, len);
     case RDMA_CM_EVENT_ADDR_ERROR:
     case RDMA_CM_EVENT_ROUTE_ERROR:
     case RDMA_CM_EVENT_CONNECT_ERROR:
     case RDMA_CM_EVENT_UNREACHABLE:
-        ep->state = PMOF_EP_ERROR;
-        return pmof_eq_push_error(eq, fid, fid->context,
-                                  ev->status == -ECONNREFUSED ? FI_ECONNREFUSED : FI_ETIMEDOUT,
-                                  -ev->status, NULL, 0);
+        return ep_failed(eq, ep, ev->status == -ECONNREFUSED ? FI_ECONNREFUSED : FI_ETIMEDOUT,
+                         -ev->status, NULL, 0);
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
-        ep->state = PMOF_EP_ERROR;
-        return pmof_eq_push_error(eq, fid, fid->context, FI_ENODEV, 0, NULL, 0);
+        return ep_failed(eq, ep, FI_ENODEV, 0, NULL, 0);
     default:
         return 0;
     }

@@ -33,10 +33,27 @@ out:
     return ret;
 }
 
+/* Progresses the watched CQs without holding the counter's lock, which
+ * endpoints take while they are enabled. */
 static void cntr_progress(struct pmof_cntr *c) {
+    struct pmof_cq *cqs[sizeof(c->cqs) / sizeof(c->cqs[0])];
+    size_t n;
+
     pmof_lock(&c->lock);
-    for (size_t i = 0; i < c->ncqs; i++)
-        pmof_cq_progress(c->cqs[i]);
+    n = c->ncqs;
+    memcpy(cqs, c->cqs, n * sizeof(cqs[0]));
+    pmof_unlock(&c->lock);
+    for (size_t i = 0; i < n; i++)
+        pmof_cq_progress(cqs[i]);
+}
+
+void pmof_cntr_unwatch_cq(struct pmof_cntr *c, struct pmof_cq *cq) {
+    pmof_lock(&c->lock);
+    for (size_t i = 0; i < c->ncqs; i++) {
+        if (c->cqs[i] != cq) continue;
+        c->cqs[i] = c->cqs[--c->ncqs];
+        break;
+    }
     pmof_unlock(&c->lock);
 }
 

@@ -22,7 +22,6 @@ ssize_t pmof_commit_ep(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t 
     if (flags & ~(FI_COMPLETION | FI_COMMIT)) return -FI_EBADFLAGS;
     for (size_t i = 0; i < count; i++)
         if ((iov[i].key >> 32) & ~(PMOF_KEY_CLASS_MASK >> 32)) return -FI_EINVAL;
-    if (ep->info->mode & FI_COMMIT_MANUAL) return pmof_commit_manual(ep, iov, count, context);
     if (ep->dom->commit_path == PMOF_COMMIT_NONE) return -FI_EOPNOTSUPP;
     ret = pmof_ep_check_tx(ep);
     if (ret) return ret;
@@ -35,7 +34,7 @@ ssize_t pmof_commit_ep(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t 
         uint8_t type = (iov[i].key & PMOF_KEY_PMEM) ? IBV_FLUSH_PERSISTENT : IBV_FLUSH_GLOBAL;
         struct pmof_op *op = last ? pmof_tx_op(ep, context, flags | FI_COMPLETION,
                                                FI_RMA | FI_COMMIT, 0, PMOF_CNTR_WRITE)
-                                  : pmof_tx_op(ep, NULL, FI_INJECT, 0, 0, PMOF_CNTR_NONE);
+                                  : pmof_tx_op(ep, NULL, PMOF_NO_COMPLETION, 0, 0, PMOF_CNTR_NONE);
         if (!op) {
             pmof_tx_abort(ep);
             pmof_unlock(&ep->tx_lock);
@@ -49,13 +48,7 @@ ssize_t pmof_commit_ep(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t 
     return ret;
 }
 
-/* FI_COMMIT_MANUAL: the request travels to the target application. */
-ssize_t pmof_commit_manual(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t count,
-                           void *context) {
-    (void)ep, (void)iov, (void)count, (void)context;
-    return -FI_ENOSYS;
-}
-
+/* FI_COMMIT_MANUAL is not offered yet (see pmof_info.c). */
 int pmof_commit_ack(struct fi_pmof_eq_ops *ops, const struct fi_eq_commit_entry *entry,
                     int status) {
     (void)ops, (void)entry, (void)status;

@@ -224,11 +224,6 @@ static int domain_query(struct fi_pmof_domain_ops *ops, struct fi_pmof_attr *att
         a.atomicity_unit = dom->commit_caps.atomicity_unit;
         a.native = (dom->commit_caps.flags & IBV_COMMIT_CAP_NATIVE) != 0;
     }
-    if (dom->info->mode & FI_COMMIT_MANUAL) {
-        a.commit_flags |= FI_COMMIT;
-        a.mr_flags |= FI_PMEM;
-        if (!a.atomicity_unit) a.atomicity_unit = 8;
-    }
     memcpy(attr, &a, sizeof(a));
     return 0;
 }

@@ -25,7 +25,7 @@ static int ring_init(struct pmof_ring *r, uint32_t size) {
     return r->ops ? 0 : -FI_ENOMEM;
 }
 
-static uint32_t ring_tail(const struct pmof_ring *r) {
+static uint64_t ring_tail(const struct pmof_ring *r) {
     return __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
 }
 
@@ -34,7 +34,7 @@ static bool ring_full(const struct pmof_ring *r) {
 }
 
 bool pmof_ep_wants_completion(const struct pmof_ep *ep, bool tx, uint64_t flags) {
-    if (flags & FI_INJECT) return false;
+    if (flags & PMOF_NO_COMPLETION) return false;
     if (tx ? ep->tx_cq_internal : ep->rx_cq_internal) return false;
     if (!(tx ? ep->tx_selective : ep->rx_selective)) return true;
     return (flags & FI_COMPLETION) != 0;
@@ -59,13 +59,15 @@ struct pmof_op *pmof_tx_op(struct pmof_ep *ep, void *context, uint64_t flags, ui
     op->report = pmof_ep_wants_completion(ep, true, flags);
     op->cntr = cntr;
     op->hmem.mr = NULL;
-    op->signaled = op->report || ++ep->unsignaled >= ep->tx.size / 2;
+    /* Counters count every request, so theirs are signaled too. */
+    op->signaled = op->report || ep->cntrs[cntr] || ++ep->unsignaled >= ep->tx.size / 2;
     if (op->signaled) ep->unsignaled = 0;
     return op;
 }
 
 void pmof_tx_start(struct pmof_ep *ep) {
     ep->tx_start_head = ep->tx.head;
+    ep->tx_start_unsignaled = ep->unsignaled;
     ibv_wr_start(ep->qpx);
 }
 
@@ -79,6 +81,7 @@ ssize_t pmof_tx_post(struct pmof_ep *ep) {
 
     if (ret) {
         ep->tx.head = ep->tx_start_head;
+        ep->unsignaled = ep->tx_start_unsignaled;
         PMOF_WARN(FI_LOG_EP_DATA, "posting failed: %s\n", strerror(ret));
         return pmof_errno(ret);
     }
@@ -88,20 +91,21 @@ ssize_t pmof_tx_post(struct pmof_ep *ep) {
 void pmof_tx_abort(struct pmof_ep *ep) {
     ibv_wr_abort(ep->qpx);
     ep->tx.head = ep->tx_start_head;
+    ep->unsignaled = ep->tx_start_unsignaled;
 }
 
-int pmof_fill_sge(struct pmof_ep *ep, const struct iovec *iov, void **desc, size_t count,
-                  struct ibv_sge *sge, size_t *total) {
+int pmof_fill_sge(const struct iovec *iov, void **desc, size_t count, struct ibv_sge *sge,
+                  size_t *total) {
     size_t n = 0;
 
-    (void)ep;
     *total = 0;
-    if (count > PMOF_IOV_LIMIT) return -FI_EINVAL;
+    if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
     for (size_t i = 0; i < count; i++) {
         struct pmof_mr *mr = desc ? desc[i] : NULL;
 
         if (!iov[i].iov_len) continue;
-        if (!mr || !mr->ibv) return -FI_EINVAL;
+        if (!mr || mr->mr_fid.fid.fclass != FI_CLASS_MR || !mr->ibv) return -FI_EINVAL;
+        if (iov[i].iov_len > PMOF_MAX_MSG_SIZE - *total) return -FI_EMSGSIZE;
         sge[n].addr = (uintptr_t)iov[i].iov_base;
         sge[n].length = (uint32_t)iov[i].iov_len;
         sge[n].lkey = mr->ibv->lkey;
@@ -119,7 +123,7 @@ ssize_t pmof_ep_check_tx(struct pmof_ep *ep) {
 
 /* --------------------------------------------------------- completions */
 
-static int wc_errno(enum ibv_wc_status s) {
+int pmof_wc_errno(enum ibv_wc_status s) {
     switch (s) {
     case IBV_WC_LOC_LEN_ERR:
         return FI_ETRUNC;
@@ -141,45 +145,53 @@ static int wc_errno(enum ibv_wc_status s) {
     }
 }
 
+void pmof_recv_entry(const struct ibv_wc *wc, struct pmof_cq_entry *out,
+                     struct pmof_cntr *const *cntrs, struct pmof_cntr **cntr) {
+    out->len = wc->byte_len;
+    if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+        out->flags = FI_RMA | FI_REMOTE_WRITE;
+        out->buf = NULL;
+        out->len = 0;
+        *cntr = cntrs[PMOF_CNTR_REMOTE_WRITE];
+    }
+    if (wc->wc_flags & IBV_WC_WITH_IMM) {
+        out->flags |= FI_REMOTE_CQ_DATA;
+        out->data = ntohl(wc->imm_data);
+    }
+}
+
 bool pmof_ep_complete(struct pmof_ep *ep, const struct ibv_wc *wc, struct pmof_cq_entry *out,
                       struct pmof_cntr **cntr) {
-    struct pmof_op *op = (struct pmof_op *)(uintptr_t)wc->wr_id;
-    bool recv = wc->opcode & IBV_WC_RECV;
-
+    /* A copy: once the tail moves past it, the slot may be posted again. */
+    const struct pmof_op op = *(struct pmof_op *)(uintptr_t)wc->wr_id;
+    const struct pmof_op *slot = (struct pmof_op *)(uintptr_t)wc->wr_id;
     /* A failed request's opcode is undefined; the slot tells. */
-    if (wc->status != IBV_WC_SUCCESS) recv = op >= ep->rx.ops && op < ep->rx.ops + ep->rx.size;
-    __atomic_store_n(recv ? &ep->rx.tail : &ep->tx.tail, op->seq + 1, __ATOMIC_RELEASE);
-    *cntr = ep->cntrs[op->cntr];
+    bool recv = slot >= ep->rx.ops && slot < ep->rx.ops + ep->rx.size;
+
+    *cntr = ep->cntrs[op.cntr];
     memset(out, 0, sizeof(*out));
-    out->op_context = op->context;
-    out->flags = op->flags;
+    out->op_context = op.context;
+    out->flags = op.flags;
     out->src_addr = FI_ADDR_NOTAVAIL;
     if (wc->status != IBV_WC_SUCCESS) {
-        out->err = wc_errno(wc->status);
+        out->err = pmof_wc_errno(wc->status);
         out->prov_errno = wc->status;
-        out->len = op->len;
+        out->len = op.len;
         if (wc->status != IBV_WC_WR_FLUSH_ERR) ep->state = PMOF_EP_ERROR;
         PMOF_INFO(FI_LOG_CQ, "completion error: %s\n", ibv_wc_status_str(wc->status));
-        /* Errors reach the application even for requests it asked no
-         * completion of, as long as it has a CQ to read them from. */
-        return !(recv ? ep->rx_cq_internal : ep->tx_cq_internal);
+    } else if (recv) {
+        out->buf = op.buf;
+        pmof_recv_entry(wc, out, ep->cntrs, cntr);
+        if (wc->opcode == IBV_WC_RECV) pmof_hmem_complete(&op.hmem, wc->byte_len);
+    } else if (op.hmem.mr) {
+        pmof_hmem_complete(&op.hmem, op.len);
     }
-    if (op->hmem.mr) pmof_hmem_complete(&op->hmem, recv ? wc->byte_len : op->len);
-    if (recv) {
-        out->len = wc->byte_len;
-        out->buf = op->buf;
-        if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-            out->flags = FI_RMA | FI_REMOTE_WRITE;
-            out->buf = NULL;
-            out->len = 0;
-            *cntr = ep->cntrs[PMOF_CNTR_REMOTE_WRITE];
-        }
-        if (wc->wc_flags & IBV_WC_WITH_IMM) {
-            out->flags |= FI_REMOTE_CQ_DATA;
-            out->data = ntohl(wc->imm_data);
-        }
-    }
-    return op->report;
+    __atomic_store_n(recv ? &ep->rx.tail : &ep->tx.tail, op.seq + 1, __ATOMIC_RELEASE);
+    if (ep->closing) return false;
+    /* Errors reach the application even for requests it asked no
+     * completion of, as long as it has a CQ to read them from. */
+    if (wc->status != IBV_WC_SUCCESS) return !(recv ? ep->rx_cq_internal : ep->tx_cq_internal);
+    return op.report;
 }
 
 /* ------------------------------------------------------------------ QP */
@@ -277,6 +289,7 @@ static int ep_getopt(fid_t fid, int level, int optname, void *optval, size_t *op
     if (level != FI_OPT_ENDPOINT) return -FI_ENOPROTOOPT;
     switch (optname) {
     case FI_OPT_CM_DATA_SIZE:
+        if (!optval || !optlen) return -FI_EINVAL;
         if (*optlen < sizeof(size_t)) return -FI_ETOOSMALL;
         *(size_t *)optval = PMOF_CM_DATA_MAX;
         *optlen = sizeof(size_t);
@@ -365,7 +378,7 @@ int pmof_bind_cntr(struct pmof_cntr **cntrs, struct pmof_cntr *c, uint64_t flags
 int pmof_ops_flag_control(uint64_t *tx_flags, uint64_t *rx_flags, int command, void *arg) {
     uint64_t *flags = arg;
 
-    if (!(*flags & (FI_TRANSMIT | FI_RECV))) return -FI_EINVAL;
+    if (!flags || !(*flags & (FI_TRANSMIT | FI_RECV))) return -FI_EINVAL;
     if (command == FI_GETOPSFLAG) {
         *flags = (*flags & FI_TRANSMIT) ? *tx_flags : *rx_flags;
         return 0;
@@ -484,13 +497,22 @@ static int ep_close(struct fid *fid) {
         /* Requests still queued are dropped, not completed. */
         int ret = ibv_destroy_qp(ep->qp);
         if (ret) return pmof_errno(ret);
+        /* Completions already in the CQs point into this endpoint: taken
+         * out now, and dropped. */
+        ep->closing = true;
+        pmof_cq_progress(ep->tx_cq);
+        pmof_cq_progress(ep->rx_cq);
     }
     if (ep->id) rdma_destroy_id(ep->id);
     if (ep->eq) atomic_fetch_sub(&ep->eq->refs, 1);
+    for (int k = 0; k < PMOF_CNTR_KINDS; k++) {
+        if (!ep->cntrs[k]) continue;
+        if (ep->tx_cq_internal) pmof_cntr_unwatch_cq(ep->cntrs[k], ep->tx_cq);
+        if (ep->rx_cq_internal) pmof_cntr_unwatch_cq(ep->cntrs[k], ep->rx_cq);
+        atomic_fetch_sub(&ep->cntrs[k]->refs, 1);
+    }
     unref_cq(ep->tx_cq, ep->tx_cq_internal);
     unref_cq(ep->rx_cq, ep->rx_cq_internal);
-    for (int k = 0; k < PMOF_CNTR_KINDS; k++)
-        if (ep->cntrs[k]) atomic_fetch_sub(&ep->cntrs[k]->refs, 1);
     free(ep->connreq);
     free(ep->tx.ops);
     free(ep->rx.ops);

@@ -286,12 +286,11 @@ static int eq_register_handler(struct fi_pmof_eq_ops *ops, uint64_t event_type,
                                fi_eq_event_handler_t handler, void *context) {
     struct pmof_eq *eq = container_of(ops, struct pmof_eq, pmof_ops);
 
+    (void)eq, (void)handler, (void)context;
     if (event_type != FI_COMMIT_EVENT) return -FI_EINVAL;
-    pmof_lock(&eq->lock);
-    eq->commit_handler = handler;
-    eq->commit_handler_ctx = context;
-    pmof_unlock(&eq->lock);
-    return 0;
+    /* Commit events exist only in FI_COMMIT_MANUAL mode, which no info
+     * offers yet: a handler would never be called. */
+    return -FI_ENOSYS;
 }
 
 static struct fi_ops eq_fi_ops = {

@@ -290,10 +290,10 @@ static int route_source(const struct pmof_addrs *a, char *dev, size_t devlen,
         return false;                                                                              \
     } while (0)
 
-static uint64_t dev_caps(const struct pmof_dev *d, bool manual) {
+static uint64_t dev_caps(const struct pmof_dev *d) {
     uint64_t caps = PMOF_PRIMARY_CAPS | FI_FENCE;
 
-    if (d->commit_path != PMOF_COMMIT_NONE || manual) caps |= FI_RMA_PMEM;
+    if (d->commit_path != PMOF_COMMIT_NONE) caps |= FI_RMA_PMEM;
     return caps;
 }
 
@@ -409,14 +409,13 @@ static int set_addr(void **dst, size_t *dstlen, uint32_t *fmt, const struct sock
 }
 
 static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, enum fi_ep_type type,
-                                  const struct fi_info *hints, const struct pmof_addrs *a,
-                                  bool manual) {
+                                  const struct fi_info *hints, const struct pmof_addrs *a) {
     struct fi_info *fi;
     int mr_mode;
     uint64_t mode_bits;
     size_t max_inline = (size_t)pmof_params.inline_size;
     char fab[64];
-    uint64_t offered = dev_caps(d, manual);
+    uint64_t offered = dev_caps(d);
     uint64_t asked = hints ? hints->caps : 0;
 
     if (hints && hints->ep_attr && !ep_attr_ok(hints->ep_attr, type)) return NULL;
@@ -437,12 +436,11 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
     if (hints && hints->fabric_attr && hints->fabric_attr->name &&
         strcmp(hints->fabric_attr->name, fab))
         return NULL;
-    if (manual && !(hints && (hints->mode & FI_COMMIT_MANUAL))) return NULL;
 
     fi = fi_allocinfo();
     if (!fi) return NULL;
     fi->caps = grant_caps(asked, offered);
-    fi->mode = mode_bits | (manual ? FI_COMMIT_MANUAL : 0);
+    fi->mode = mode_bits;
     fi->ep_attr->type = type;
     fi->ep_attr->protocol = FI_PROTO_RDMA_CM_IB_RC;
     fi->ep_attr->protocol_version = 1;
@@ -475,7 +473,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
     fi->domain_attr->mr_iov_limit = 1;
     fi->domain_attr->mr_cnt = d->attr.orig_attr.max_mr;
     fi->domain_attr->caps = FI_LOCAL_COMM | FI_REMOTE_COMM;
-    fi->domain_attr->mode = manual ? FI_COMMIT_MANUAL : 0;
+    fi->domain_attr->mode = 0;
     fi->domain_attr->max_err_data = PMOF_CM_DATA_MAX;
 
     fi->fabric_attr->name = strdup(fab);
@@ -609,17 +607,15 @@ int pmof_getinfo(uint32_t version, const char *node, const char *service, uint64
         if (route_dev[0] && strcmp(route_dev, d->name)) continue;
         if (a.has_src && !route_dev[0] && !dev_has_ip(d, (struct sockaddr *)&a.src)) continue;
         for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
-            /* Transport persistence first; FI_COMMIT_MANUAL, where the
-             * application persists, for those that take the mode. */
-            for (int manual = 0; manual < 2; manual++) {
-                struct fi_info *fi = build_info(version, d, types[t], hints, &a, manual);
-                if (!fi) continue;
-                if (tail)
-                    tail->next = fi;
-                else
-                    head = fi;
-                tail = fi;
-            }
+            /* FI_COMMIT_MANUAL (the application persists) is not offered
+             * yet: its infos come when the provider carries the requests. */
+            struct fi_info *fi = build_info(version, d, types[t], hints, &a);
+            if (!fi) continue;
+            if (tail)
+                tail->next = fi;
+            else
+                head = fi;
+            tail = fi;
         }
     }
     if (!head) return -FI_ENODATA;

@@ -16,15 +16,12 @@ static ssize_t post_recv(struct pmof_ep *ep, const struct iovec *iov, void **des
     int n, ret;
 
     struct iovec staged[PMOF_IOV_LIMIT];
-    struct pmof_hmem_io hio = {0};
-    if (ep->dom->hmem_override && count <= PMOF_IOV_LIMIT && iov) {
-        int sret = pmof_hmem_stage(iov, desc, count, staged, false, &hio);
-        if (sret) return sret;
-        iov = staged;
-    }
+    struct pmof_hmem_io hio;
+    int sret = pmof_hmem_prepare(ep->dom, &iov, desc, count, staged, false, &hio);
+    if (sret) return sret;
     if (!ep->qp || ep->srq) return -FI_EOPBADSTATE;
     if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
-    n = pmof_fill_sge(ep, iov, desc, count, sge, &total);
+    n = pmof_fill_sge(iov, desc, count, sge, &total);
     if (n < 0) return n;
     pmof_lock(&ep->rx_lock);
     if (r->head - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) >= r->size) {
@@ -53,6 +50,7 @@ static ssize_t post_recv(struct pmof_ep *ep, const struct iovec *iov, void **des
 }
 
 static ssize_t msg_recvmsg(struct fid_ep *ep_fid, const struct fi_msg *msg, uint64_t flags) {
+    flags &= ~PMOF_NO_COMPLETION;
     struct pmof_ep *ep = container_of(ep_fid, struct pmof_ep, ep_fid);
 
     if (!msg) return -FI_EINVAL;
@@ -86,11 +84,8 @@ ssize_t pmof_post_send(struct pmof_ep *ep, const struct iovec *iov, void **desc,
     int n = 0;
     struct iovec staged[PMOF_IOV_LIMIT];
 
-    if (ep->dom->hmem_override && count <= PMOF_IOV_LIMIT && iov) {
-        int sret = pmof_hmem_stage(iov, desc, count, staged, true, NULL);
-        if (sret) return sret;
-        iov = staged;
-    }
+    int sret = pmof_hmem_prepare(ep->dom, &iov, desc, count, staged, true, NULL);
+    if (sret) return sret;
     if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
     for (size_t i = 0; i < count; i++)
         total += iov[i].iov_len;
@@ -107,7 +102,7 @@ ssize_t pmof_post_send(struct pmof_ep *ep, const struct iovec *iov, void **desc,
         }
         sflags |= IBV_SEND_INLINE;
     } else {
-        n = pmof_fill_sge(ep, iov, desc, count, sge, &total);
+        n = pmof_fill_sge(iov, desc, count, sge, &total);
         if (n < 0) return n;
     }
     if (flags & FI_FENCE) sflags |= IBV_SEND_FENCE;
@@ -134,6 +129,7 @@ ssize_t pmof_post_send(struct pmof_ep *ep, const struct iovec *iov, void **desc,
 }
 
 static ssize_t msg_sendmsg(struct fid_ep *ep_fid, const struct fi_msg *msg, uint64_t flags) {
+    flags &= ~PMOF_NO_COMPLETION;
     struct pmof_ep *ep = container_of(ep_fid, struct pmof_ep, ep_fid);
 
     if (!msg) return -FI_EINVAL;
@@ -169,7 +165,7 @@ static ssize_t msg_inject(struct fid_ep *ep_fid, const void *buf, size_t len, fi
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
 
     (void)dest_addr;
-    return pmof_post_send(ep, &iov, NULL, 1, 0, NULL, FI_INJECT);
+    return pmof_post_send(ep, &iov, NULL, 1, 0, NULL, PMOF_INJECT);
 }
 
 static ssize_t msg_injectdata(struct fid_ep *ep_fid, const void *buf, size_t len, uint64_t data,
@@ -178,7 +174,7 @@ static ssize_t msg_injectdata(struct fid_ep *ep_fid, const void *buf, size_t len
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
 
     (void)dest_addr;
-    return pmof_post_send(ep, &iov, NULL, 1, data, NULL, FI_INJECT | FI_REMOTE_CQ_DATA);
+    return pmof_post_send(ep, &iov, NULL, 1, data, NULL, PMOF_INJECT | FI_REMOTE_CQ_DATA);
 }
 
 struct fi_ops_msg pmof_msg_ops = {

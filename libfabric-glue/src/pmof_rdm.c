@@ -49,13 +49,13 @@ static void srx_put(struct pmof_rdm *rdm, struct pmof_op *op) {
     pmof_unlock(&rdm->rx_lock);
 }
 
+/* Connections are only ever added at the head (with release) and freed at
+ * close, so completions walk the list without the lock. */
 static struct pmof_conn *conn_by_qpn(struct pmof_rdm *rdm, uint32_t qpn) {
-    struct pmof_conn *c;
+    struct pmof_conn *c = __atomic_load_n(&rdm->conns, __ATOMIC_ACQUIRE);
 
-    pmof_lock(&rdm->lock);
-    for (c = rdm->conns; c; c = c->next)
-        if (c->ep->qp && c->ep->qp->qp_num == qpn) break;
-    pmof_unlock(&rdm->lock);
+    while (c && c->qpn != qpn)
+        c = c->next;
     return c;
 }
 
@@ -69,34 +69,25 @@ bool pmof_rdm_complete(struct pmof_rdm *rdm, const struct ibv_wc *wc, struct pmo
     out->op_context = op->context;
     out->flags = FI_MSG | FI_RECV;
     out->buf = op->buf;
-    out->len = wc->byte_len;
-    out->src_addr = FI_ADDR_NOTAVAIL;
-    *cntr = rdm->cntrs[PMOF_CNTR_RECV];
-    if (c) {
-        if (c->addr == FI_ADDR_NOTAVAIL && rdm->av)
-            c->addr = pmof_av_find(rdm->av, (struct sockaddr *)&c->peer);
-        out->src_addr = c->addr;
+    out->src_addr = c ? __atomic_load_n(&c->addr, __ATOMIC_RELAXED) : FI_ADDR_NOTAVAIL;
+    if (c && out->src_addr == FI_ADDR_NOTAVAIL && rdm->av) {
+        /* A peer the application inserted after it connected. */
+        out->src_addr = pmof_av_find(rdm->av, (struct sockaddr *)&c->peer);
+        if (out->src_addr != FI_ADDR_NOTAVAIL)
+            __atomic_store_n(&c->addr, out->src_addr, __ATOMIC_RELAXED);
     }
+    *cntr = rdm->cntrs[PMOF_CNTR_RECV];
     if (wc->status != IBV_WC_SUCCESS) {
-        out->err = wc->status == IBV_WC_LOC_LEN_ERR ? FI_ETRUNC : FI_EIO;
+        out->err = pmof_wc_errno(wc->status);
         out->prov_errno = wc->status;
         out->len = op->len;
         report = true;
     } else {
-        if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-            out->flags = FI_RMA | FI_REMOTE_WRITE;
-            out->buf = NULL;
-            out->len = 0;
-            *cntr = rdm->cntrs[PMOF_CNTR_REMOTE_WRITE];
-        }
-        if (wc->wc_flags & IBV_WC_WITH_IMM) {
-            out->flags |= FI_REMOTE_CQ_DATA;
-            out->data = ntohl(wc->imm_data);
-        }
+        pmof_recv_entry(wc, out, rdm->cntrs, cntr);
         if (wc->opcode == IBV_WC_RECV) pmof_hmem_complete(&op->hmem, wc->byte_len);
     }
     srx_put(rdm, op);
-    return report;
+    return report && !rdm->closing;
 }
 
 static ssize_t rdm_post_recv(struct pmof_rdm *rdm, const struct iovec *iov, void **desc,
@@ -104,29 +95,17 @@ static ssize_t rdm_post_recv(struct pmof_rdm *rdm, const struct iovec *iov, void
     struct ibv_sge sge[PMOF_IOV_LIMIT];
     struct ibv_recv_wr wr = {0}, *bad;
     struct pmof_op *op;
-    size_t total = 0;
-    size_t n = 0;
-    int ret;
+    size_t total;
+    int n, ret;
 
     struct iovec staged[PMOF_IOV_LIMIT];
-    struct pmof_hmem_io hio = {0};
-    if (rdm->dom->hmem_override && count <= PMOF_IOV_LIMIT && iov) {
-        int sret = pmof_hmem_stage(iov, desc, count, staged, false, &hio);
-        if (sret) return sret;
-        iov = staged;
-    }
+    struct pmof_hmem_io hio;
+    int sret = pmof_hmem_prepare(rdm->dom, &iov, desc, count, staged, false, &hio);
+    if (sret) return sret;
     if (!rdm->srq) return -FI_EOPBADSTATE;
     if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
-    for (size_t i = 0; i < count; i++) {
-        struct pmof_mr *mr = desc ? desc[i] : NULL;
-        if (!iov[i].iov_len) continue;
-        if (!mr || !mr->ibv) return -FI_EINVAL;
-        sge[n].addr = (uintptr_t)iov[i].iov_base;
-        sge[n].length = (uint32_t)iov[i].iov_len;
-        sge[n].lkey = mr->ibv->lkey;
-        total += iov[i].iov_len;
-        n++;
-    }
+    n = pmof_fill_sge(iov, desc, count, sge, &total);
+    if (n < 0) return n;
     pmof_lock(&rdm->rx_lock);
     op = srx_get(rdm);
     if (!op) {
@@ -138,7 +117,7 @@ static ssize_t rdm_post_recv(struct pmof_rdm *rdm, const struct iovec *iov, void
     op->context = context;
     op->len = total;
     op->buf = count ? iov[0].iov_base : NULL;
-    op->report = !(flags & FI_INJECT) && (!rdm->rx_selective || (flags & FI_COMPLETION));
+    op->report = !rdm->rx_selective || (flags & FI_COMPLETION);
     op->hmem = hio;
     wr.wr_id = (uintptr_t)op;
     wr.sg_list = sge;
@@ -161,10 +140,11 @@ static struct pmof_conn *conn_new(struct pmof_rdm *rdm, struct pmof_ep *ep,
     c->state = PMOF_CONN_CONNECTING;
     c->addr = rdm->av ? pmof_av_find(rdm->av, peer) : FI_ADDR_NOTAVAIL;
     memcpy(&c->peer, peer, pmof_sockaddr_len(peer));
+    c->qpn = ep->qp->qp_num;
     ep->rdm = rdm;
     ep->conn = c;
     c->next = rdm->conns;
-    rdm->conns = c;
+    __atomic_store_n(&rdm->conns, c, __ATOMIC_RELEASE);
     return c;
 }
 
@@ -188,13 +168,16 @@ static int open_conn_ep(struct pmof_rdm *rdm, struct fi_info *info, struct pmof_
     if (!ret)
         ret = fi_ep_bind(fid, &rdm->rx_cq->cq_fid.fid,
                          FI_RECV | (rdm->rx_selective ? FI_SELECTIVE_COMPLETION : 0));
-    for (int k = 0; !ret && k < PMOF_CNTR_KINDS; k++) {
-        static const uint64_t flag[PMOF_CNTR_KINDS] = {FI_SEND,  FI_RECV,        FI_READ,
-                                                       FI_WRITE, FI_REMOTE_READ, FI_REMOTE_WRITE};
-        if (rdm->cntrs[k]) ret = fi_ep_bind(fid, &rdm->cntrs[k]->cntr_fid.fid, flag[k]);
-    }
+    for (int k = 0; !ret && k < PMOF_CNTR_KINDS; k++)
+        if (rdm->cntrs[k]) ret = fi_ep_bind(fid, &rdm->cntrs[k]->cntr_fid.fid, pmof_cntr_flags[k]);
     if (!ret) ret = fi_enable(fid);
     if (ret) {
+        if (ep->connreq) {
+            /* The request stays the caller's, to reject. */
+            ep->connreq->id->context = &ep->connreq->handle;
+            ep->connreq = NULL;
+            ep->id = NULL;
+        }
         fi_close(&fid->fid);
         return ret;
     }
@@ -218,6 +201,12 @@ static int rdm_connect(struct pmof_rdm *rdm, const struct sockaddr_storage *peer
     }
     memcpy(info->dest_addr, peer, len);
     info->dest_addrlen = len;
+    /* The listener owns our address's port: connect from another. */
+    if (info->src_addr) {
+        struct sockaddr *src = info->src_addr;
+        if (src->sa_family == AF_INET) ((struct sockaddr_in *)src)->sin_port = 0;
+        if (src->sa_family == AF_INET6) ((struct sockaddr_in6 *)src)->sin6_port = 0;
+    }
     ret = open_conn_ep(rdm, info, &ep);
     fi_freeinfo(info);
     if (ret) return ret;
@@ -231,6 +220,30 @@ static int rdm_connect(struct pmof_rdm *rdm, const struct sockaddr_storage *peer
     return ret;
 }
 
+/* A connection whose QP failed (a dead peer) is down: the next operation
+ * to that peer connects again (rdm->lock held). */
+static bool conn_usable(struct pmof_conn *c) {
+    if (c->state == PMOF_CONN_UP && c->ep->state != PMOF_EP_CONNECTED) c->state = PMOF_CONN_DOWN;
+    return c->state == PMOF_CONN_UP;
+}
+
+/* Remembers the connection sends to `addr` use (rdm->lock held). */
+static void send_conn_set(struct pmof_rdm *rdm, fi_addr_t addr, struct pmof_conn *c) {
+    if (addr >= rdm->send_cap) {
+        size_t n = rdm->send_cap ? rdm->send_cap : 64;
+        struct pmof_conn **t;
+
+        while (n <= addr)
+            n *= 2;
+        t = realloc(rdm->send_conn, n * sizeof(*t));
+        if (!t) return; /* found by the scan next time */
+        memset(t + rdm->send_cap, 0, (n - rdm->send_cap) * sizeof(*t));
+        rdm->send_conn = t;
+        rdm->send_cap = n;
+    }
+    rdm->send_conn[addr] = c;
+}
+
 /* The connection operations toward `addr` use: NULL with -FI_EAGAIN while
  * it is being made (the first call starts it). */
 static struct pmof_ep *rdm_conn(struct pmof_rdm *rdm, fi_addr_t addr, ssize_t *err) {
@@ -238,33 +251,21 @@ static struct pmof_ep *rdm_conn(struct pmof_rdm *rdm, fi_addr_t addr, ssize_t *e
     struct pmof_conn *c, *pending = NULL;
     struct pmof_ep *ep = NULL;
 
-    if (!rdm->av || !pmof_av_get(rdm->av, addr, &peer)) {
-        *err = -FI_EINVAL;
-        return NULL;
-    }
     pmof_lock(&rdm->lock);
-    if (addr < rdm->send_cap && rdm->send_conn[addr] &&
-        rdm->send_conn[addr]->state == PMOF_CONN_UP) {
+    if (addr < rdm->send_cap && rdm->send_conn[addr] && conn_usable(rdm->send_conn[addr])) {
         ep = rdm->send_conn[addr]->ep;
         goto out;
     }
-    for (c = rdm->conns; c; c = c->next) {
+    if (!rdm->av || !pmof_av_get(rdm->av, addr, &peer)) {
+        *err = -FI_EINVAL;
+        goto out;
+    }
+    for (c = rdm->conns; c && !ep; c = c->next) {
         if (!pmof_addr_equal((struct sockaddr *)&c->peer, (struct sockaddr *)&peer)) continue;
-        if (c->state == PMOF_CONN_UP && !ep) {
+        if (conn_usable(c)) {
             ep = c->ep;
-            c->addr = addr;
-            if (addr >= rdm->send_cap) {
-                size_t n = rdm->send_cap ? rdm->send_cap : 64;
-                while (n <= addr)
-                    n *= 2;
-                struct pmof_conn **t = realloc(rdm->send_conn, n * sizeof(*t));
-                if (t) {
-                    memset(t + rdm->send_cap, 0, (n - rdm->send_cap) * sizeof(*t));
-                    rdm->send_conn = t;
-                    rdm->send_cap = n;
-                }
-            }
-            if (addr < rdm->send_cap) rdm->send_conn[addr] = c;
+            __atomic_store_n(&c->addr, addr, __ATOMIC_RELAXED);
+            send_conn_set(rdm, addr, c);
         } else if (c->state == PMOF_CONN_CONNECTING) {
             pending = c;
         }
@@ -300,9 +301,10 @@ static void on_connreq(struct pmof_rdm *rdm, struct fi_eq_cm_entry *entry, size_
         return;
     }
     fi_freeinfo(entry->info);
-    if (!conn_new(rdm, ep, (struct sockaddr *)&d->name, false) || fi_accept(&ep->ep_fid, NULL, 0)) {
-        if (ep->conn) ep->conn->state = PMOF_CONN_DOWN;
-    }
+    if (!conn_new(rdm, ep, (struct sockaddr *)&d->name, false))
+        fi_close(&ep->ep_fid.fid); /* rejects by destroying the request's id */
+    else if (fi_accept(&ep->ep_fid, NULL, 0))
+        ep->conn->state = PMOF_CONN_DOWN;
     pmof_unlock(&rdm->lock);
 }
 
@@ -378,6 +380,7 @@ static struct pmof_rdm *to_rdm(struct fid_ep *ep_fid) {
 }
 
 static ssize_t rdm_recvmsg(struct fid_ep *ep_fid, const struct fi_msg *msg, uint64_t flags) {
+    flags &= ~PMOF_NO_COMPLETION;
     if (!msg) return -FI_EINVAL;
     return rdm_post_recv(to_rdm(ep_fid), msg->msg_iov, msg->desc, msg->iov_count, msg->context,
                          flags);
@@ -401,6 +404,7 @@ static ssize_t rdm_recv(struct fid_ep *ep_fid, void *buf, size_t len, void *desc
     if (!cep) return err_
 
 static ssize_t rdm_sendmsg(struct fid_ep *ep_fid, const struct fi_msg *msg, uint64_t flags) {
+    flags &= ~PMOF_NO_COMPLETION;
     if (!msg) return -FI_EINVAL;
     RDM_CONN(to_rdm(ep_fid), msg->addr);
     return pmof_post_send(cep, msg->msg_iov, msg->desc, msg->iov_count, msg->data, msg->context,
@@ -431,14 +435,14 @@ static ssize_t rdm_senddata(struct fid_ep *ep_fid, const void *buf, size_t len, 
 static ssize_t rdm_inject(struct fid_ep *ep_fid, const void *buf, size_t len, fi_addr_t dest_addr) {
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     RDM_CONN(to_rdm(ep_fid), dest_addr);
-    return pmof_post_send(cep, &iov, NULL, 1, 0, NULL, FI_INJECT);
+    return pmof_post_send(cep, &iov, NULL, 1, 0, NULL, PMOF_INJECT);
 }
 
 static ssize_t rdm_injectdata(struct fid_ep *ep_fid, const void *buf, size_t len, uint64_t data,
                               fi_addr_t dest_addr) {
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     RDM_CONN(to_rdm(ep_fid), dest_addr);
-    return pmof_post_send(cep, &iov, NULL, 1, data, NULL, FI_INJECT | FI_REMOTE_CQ_DATA);
+    return pmof_post_send(cep, &iov, NULL, 1, data, NULL, PMOF_INJECT | FI_REMOTE_CQ_DATA);
 }
 
 static struct fi_ops_msg rdm_msg_ops = {
@@ -459,6 +463,7 @@ static uint64_t rdm_default_flags(struct pmof_rdm *rdm) {
 }
 
 static ssize_t rdm_readmsg(struct fid_ep *ep_fid, const struct fi_msg_rma *msg, uint64_t flags) {
+    flags &= ~PMOF_NO_COMPLETION;
     if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
     RDM_CONN(to_rdm(ep_fid), msg->addr);
     return pmof_rma_read(cep, msg->msg_iov, msg->desc, msg->iov_count, msg->rma_iov[0].addr,
@@ -478,6 +483,7 @@ static ssize_t rdm_read(struct fid_ep *ep_fid, void *buf, size_t len, void *desc
 }
 
 static ssize_t rdm_writemsg(struct fid_ep *ep_fid, const struct fi_msg_rma *msg, uint64_t flags) {
+    flags &= ~PMOF_NO_COMPLETION;
     if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
     if ((flags & FI_IMMED) && !(flags & FI_COMMIT)) return -FI_EINVAL;
     RDM_CONN(to_rdm(ep_fid), msg->addr);
@@ -512,7 +518,7 @@ static ssize_t rdm_inject_write(struct fid_ep *ep_fid, const void *buf, size_t l
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     RDM_CONN(to_rdm(ep_fid), dest_addr);
     return pmof_rma_write(cep, &iov, NULL, 1, addr, key, 0, NULL,
-                          rdm_default_flags(to_rdm(ep_fid)) | FI_INJECT);
+                          rdm_default_flags(to_rdm(ep_fid)) | PMOF_INJECT);
 }
 
 static ssize_t rdm_injectdata_write(struct fid_ep *ep_fid, const void *buf, size_t len,
@@ -521,7 +527,7 @@ static ssize_t rdm_injectdata_write(struct fid_ep *ep_fid, const void *buf, size
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     RDM_CONN(to_rdm(ep_fid), dest_addr);
     return pmof_rma_write(cep, &iov, NULL, 1, addr, key, data, NULL,
-                          rdm_default_flags(to_rdm(ep_fid)) | FI_INJECT | FI_REMOTE_CQ_DATA);
+                          rdm_default_flags(to_rdm(ep_fid)) | PMOF_INJECT | FI_REMOTE_CQ_DATA);
 }
 
 static struct fi_ops_rma rdm_rma_ops = {
@@ -661,6 +667,7 @@ static int rdm_close(struct fid *fid) {
         (void)w;
         pthread_join(rdm->thread, NULL);
     }
+    rdm->closing = true;
     if (rdm->stop_fd[0] > 0) {
         close(rdm->stop_fd[0]);
         close(rdm->stop_fd[1]);
@@ -711,6 +718,7 @@ static int rdm_getname(fid_t fid, void *addr, size_t *addrlen) {
         *addrlen = len;
         return -FI_ETOOSMALL;
     }
+    if (!addr) return -FI_EINVAL;
     memcpy(addr, &rdm->name, len);
     *addrlen = len;
     return 0;

@@ -67,17 +67,17 @@ static ssize_t post_flush_sequence(struct pmof_ep *ep, const struct iovec *iov, 
     struct pmof_op *op;
 
     if (flags & FI_FENCE) {
-        op = pmof_tx_op(ep, NULL, FI_INJECT, 0, 0, PMOF_CNTR_NONE);
+        op = pmof_tx_op(ep, NULL, PMOF_NO_COMPLETION, 0, 0, PMOF_CNTR_NONE);
         if (!op) return -FI_EAGAIN;
         pmof_tx_wr(ep, op, 0);
         ibv_wr_flush(ep->qpx, key_rkey(key), addr, total ? total : 1, type, IBV_FLUSH_MR);
     }
-    op = pmof_tx_op(ep, NULL, FI_INJECT, 0, 0, PMOF_CNTR_NONE);
+    op = pmof_tx_op(ep, NULL, PMOF_NO_COMPLETION, 0, 0, PMOF_CNTR_NONE);
     if (!op) return -FI_EAGAIN;
     pmof_tx_wr(ep, op, inl ? IBV_SEND_INLINE : 0);
     ibv_wr_rdma_write(ep->qpx, key_rkey(key), addr);
     set_payload(ep, iov, count, sge, nsge, inl);
-    op = imm ? pmof_tx_op(ep, NULL, FI_INJECT, 0, 0, PMOF_CNTR_NONE)
+    op = imm ? pmof_tx_op(ep, NULL, PMOF_NO_COMPLETION, 0, 0, PMOF_CNTR_NONE)
              : pmof_tx_op(ep, context, flags, cq_flags, total, PMOF_CNTR_WRITE);
     if (!op) return -FI_EAGAIN;
     pmof_tx_wr(ep, op, 0);
@@ -106,11 +106,8 @@ ssize_t pmof_rma_write(struct pmof_ep *ep, const struct iovec *iov, void **desc,
     struct iovec staged[PMOF_IOV_LIMIT];
 
     if ((flags & FI_IMMED) && !(flags & FI_COMMIT)) return -FI_EINVAL;
-    if (ep->dom->hmem_override && count <= PMOF_IOV_LIMIT && iov) {
-        int sret = pmof_hmem_stage(iov, desc, count, staged, true, NULL);
-        if (sret) return sret;
-        iov = staged;
-    }
+    int sret = pmof_hmem_prepare(ep->dom, &iov, desc, count, staged, true, NULL);
+    if (sret) return sret;
     if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
     ret = check_key(key);
     if (ret) return ret;
@@ -123,7 +120,7 @@ ssize_t pmof_rma_write(struct pmof_ep *ep, const struct iovec *iov, void **desc,
     if (ret) return ret;
     inl = total <= ep->max_inline;
     if (!inl) {
-        nsge = pmof_fill_sge(ep, iov, desc, count, sge, &total);
+        nsge = pmof_fill_sge(iov, desc, count, sge, &total);
         if (nsge < 0) return nsge;
     }
     if (durable) cq_flags |= FI_COMMIT;
@@ -182,20 +179,17 @@ ssize_t pmof_rma_read(struct pmof_ep *ep, const struct iovec *iov, void **desc, 
 
     if (ret) return ret;
     struct iovec staged[PMOF_IOV_LIMIT];
-    struct pmof_hmem_io hio = {0};
-    if (ep->dom->hmem_override && count <= PMOF_IOV_LIMIT && iov) {
-        int sret = pmof_hmem_stage(iov, desc, count, staged, false, &hio);
-        if (sret) return sret;
-        iov = staged;
-    }
+    struct pmof_hmem_io hio;
+    int sret = pmof_hmem_prepare(ep->dom, &iov, desc, count, staged, false, &hio);
+    if (sret) return sret;
     if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
     ret = pmof_ep_check_tx(ep);
     if (ret) return ret;
-    n = pmof_fill_sge(ep, iov, desc, count, sge, &total);
+    n = pmof_fill_sge(iov, desc, count, sge, &total);
     if (n < 0) return n;
     pmof_lock(&ep->tx_lock);
     pmof_tx_start(ep);
-    op = pmof_tx_op(ep, context, flags & ~FI_INJECT, FI_RMA | FI_READ, total, PMOF_CNTR_READ);
+    op = pmof_tx_op(ep, context, flags, FI_RMA | FI_READ, total, PMOF_CNTR_READ);
     if (!op) {
         pmof_tx_abort(ep);
         pmof_unlock(&ep->tx_lock);
@@ -215,6 +209,7 @@ static struct pmof_ep *to_ep(struct fid_ep *ep_fid) {
 }
 
 static ssize_t rma_readmsg(struct fid_ep *ep_fid, const struct fi_msg_rma *msg, uint64_t flags) {
+    flags &= ~PMOF_NO_COMPLETION;
     if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
     return pmof_rma_read(to_ep(ep_fid), msg->msg_iov, msg->desc, msg->iov_count,
                          msg->rma_iov[0].addr, msg->rma_iov[0].key, msg->context, flags);
@@ -234,6 +229,7 @@ static ssize_t rma_read(struct fid_ep *ep_fid, void *buf, size_t len, void *desc
 }
 
 static ssize_t rma_writemsg(struct fid_ep *ep_fid, const struct fi_msg_rma *msg, uint64_t flags) {
+    flags &= ~PMOF_NO_COMPLETION;
     if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
     return pmof_rma_write(to_ep(ep_fid), msg->msg_iov, msg->desc, msg->iov_count,
                           msg->rma_iov[0].addr, msg->rma_iov[0].key, msg->data, msg->context,
@@ -275,7 +271,7 @@ static ssize_t rma_inject(struct fid_ep *ep_fid, const void *buf, size_t len, fi
 
     (void)dest_addr;
     return pmof_rma_write(to_ep(ep_fid), &iov, NULL, 1, addr, key, 0, NULL,
-                          default_flags(to_ep(ep_fid)) | FI_INJECT);
+                          default_flags(to_ep(ep_fid)) | PMOF_INJECT);
 }
 
 static ssize_t rma_injectdata(struct fid_ep *ep_fid, const void *buf, size_t len, uint64_t data,
@@ -284,7 +280,7 @@ static ssize_t rma_injectdata(struct fid_ep *ep_fid, const void *buf, size_t len
 
     (void)dest_addr;
     return pmof_rma_write(to_ep(ep_fid), &iov, NULL, 1, addr, key, data, NULL,
-                          default_flags(to_ep(ep_fid)) | FI_INJECT | FI_REMOTE_CQ_DATA);
+                          default_flags(to_ep(ep_fid)) | PMOF_INJECT | FI_REMOTE_CQ_DATA);
 }
 
 struct fi_ops_rma pmof_rma_ops = {
