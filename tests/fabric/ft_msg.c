@@ -143,42 +143,37 @@ out:
  * touch, and they count how often the provider calls them. */
 static unsigned hmem_from_calls, hmem_to_calls;
 
-static ssize_t mock_copy_from(void *dest, size_t size, enum fi_hmem_iface iface, uint64_t device,
-                              const struct iovec *iov, size_t count, uint64_t offset) {
+/* Copies between buf and the iov, starting `offset` bytes into the iov. */
+static size_t iov_copy(const struct iovec *iov, size_t count, uint64_t offset, void *buf,
+                       size_t size, bool to_iov) {
     size_t done = 0;
 
-    (void)iface, (void)device;
-    __atomic_add_fetch(&hmem_from_calls, 1, __ATOMIC_RELAXED);
     for (size_t i = 0; i < count && done < size; i++) {
         if (offset >= iov[i].iov_len) {
             offset -= iov[i].iov_len;
             continue;
         }
         size_t n = iov[i].iov_len - offset < size - done ? iov[i].iov_len - offset : size - done;
-        memcpy((uint8_t *)dest + done, (uint8_t *)iov[i].iov_base + offset, n);
+        uint8_t *dev = (uint8_t *)iov[i].iov_base + offset, *host = (uint8_t *)buf + done;
+        memcpy(to_iov ? dev : host, to_iov ? host : dev, n);
         done += n;
         offset = 0;
     }
-    return (ssize_t)done;
+    return done;
+}
+
+static ssize_t mock_copy_from(void *dest, size_t size, enum fi_hmem_iface iface, uint64_t device,
+                              const struct iovec *iov, size_t count, uint64_t offset) {
+    (void)iface, (void)device;
+    __atomic_add_fetch(&hmem_from_calls, 1, __ATOMIC_RELAXED);
+    return (ssize_t)iov_copy(iov, count, offset, dest, size, false);
 }
 
 static ssize_t mock_copy_to(enum fi_hmem_iface iface, uint64_t device, const struct iovec *iov,
                             size_t count, uint64_t offset, const void *src, size_t size) {
-    size_t done = 0;
-
     (void)iface, (void)device;
     __atomic_add_fetch(&hmem_to_calls, 1, __ATOMIC_RELAXED);
-    for (size_t i = 0; i < count && done < size; i++) {
-        if (offset >= iov[i].iov_len) {
-            offset -= iov[i].iov_len;
-            continue;
-        }
-        size_t n = iov[i].iov_len - offset < size - done ? iov[i].iov_len - offset : size - done;
-        memcpy((uint8_t *)iov[i].iov_base + offset, (const uint8_t *)src + done, n);
-        done += n;
-        offset = 0;
-    }
-    return (ssize_t)done;
+    return (ssize_t)iov_copy(iov, count, offset, (void *)src, size, true);
 }
 
 static int reg_device(struct ft_side *s, void *buf, size_t len, uint64_t access,
