@@ -9,8 +9,9 @@
  * pmof_fabric.c, pmof_domain.c (domain, MR), pmof_eq.c, pmof_cq.c,
  * pmof_cntr.c, pmof_cm.c (passive endpoint, connection set-up), pmof_ep.c
  * (endpoint object), pmof_msg.c and pmof_rma.c (data path), pmof_commit.c
- * (write-commit, fi_commit, FI_COMMIT_MANUAL), pmof_enosys.c (operations
- * an object lacks).
+ * (fi_commit), pmof_manual.c (FI_COMMIT_MANUAL), pmof_wire.c (what the
+ * provider sends besides verbs traffic, and its parsers), pmof_enosys.c
+ * (operations an object lacks).
  */
 #ifndef PMOF_H
 #define PMOF_H
@@ -37,6 +38,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pmof_wire.h"
+
 #define PMOF_NAME "pmof"
 #define PMOF_PROV_VERSION FI_VERSION(0, 1)
 
@@ -52,8 +55,9 @@ extern struct fi_provider pmof_prov;
 
 /* ---------------------------------------------------------------- limits */
 
-/* Private data of a REQ is 56 bytes; the provider's header takes 2. */
-#define PMOF_CM_DATA_MAX 54
+/* Private data of a REQ is 56 bytes; the provider's header takes 2 (5 for
+ * a manual-commit endpoint: pmof_cm_user_max). */
+#define PMOF_CM_DATA_MAX (PMOF_CM_PRIVATE_MAX - PMOF_CM_HDR_LEN)
 #define PMOF_MAX_MSG_SIZE (1u << 30)
 #define PMOF_IOV_LIMIT 4
 #define PMOF_DEF_TX_SIZE 384
@@ -72,6 +76,7 @@ struct pmof_params {
     int inline_size; /* FI_PMOF_INLINE_SIZE */
     int tx_size, rx_size;
     int allow_layering; /* FI_PMOF_ALLOW_LAYERING: let ofi_rxm over pmof */
+    int commit_manual;  /* FI_PMOF_COMMIT_MANUAL: only the manual infos */
     int cm_timeout_ms;  /* FI_PMOF_CM_TIMEOUT */
 };
 extern struct pmof_params pmof_params;
@@ -170,6 +175,9 @@ struct pmof_domain {
     struct fi_pmof_domain_ops pmof_ops;
     struct fi_hmem_override_ops hmem_ops;
     bool hmem_override;
+    /* FI_COMMIT_MANUAL's control thread, started by the first endpoint */
+    pthread_mutex_t manual_lock;
+    struct pmof_mdom *manual;
 };
 
 int pmof_domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **domain,
@@ -250,6 +258,10 @@ struct pmof_eq {
     /* the error entry last returned by readerr owns its err_data */
     void *err_data;
     struct fi_pmof_eq_ops pmof_ops;
+    /* FI_COMMIT_MANUAL: the handler, or the commits read but not acked */
+    fi_eq_event_handler_t commit_handler;
+    void *commit_handler_ctx;
+    struct pmof_mpend *pending;
     atomic_int refs;
 };
 
@@ -260,6 +272,8 @@ int pmof_eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr, struct fid_
 int pmof_eq_push(struct pmof_eq *eq, uint32_t event, const void *buf, size_t len, bool err);
 int pmof_eq_push_error(struct pmof_eq *eq, fid_t fid, void *context, int err, int prov_errno,
                        const void *err_data, size_t err_data_size);
+/* After entries were taken out of the queue (lock held). */
+void pmof_eq_resignal(struct pmof_eq *eq);
 
 /* ------------------------------------------------------------------- CQ */
 
@@ -347,12 +361,14 @@ struct pmof_connreq {
     struct rdma_cm_id *id;
     struct ibv_ece ece; /* what the request offered */
     uint8_t peer_flags;
+    uint32_t peer_ctl_qpn; /* PMOF_CM_COMMIT_MANUAL */
 };
 
 /* -------------------------------------------------------------- endpoint */
 
 /* One per posted work request; wr_id points at it. */
 struct pmof_rdm;
+struct pmof_mrec;
 
 struct pmof_op {
     struct pmof_ep *ep;
@@ -366,6 +382,7 @@ struct pmof_op {
     bool signaled;
     uint32_t cntr; /* which counter (PMOF_CNTR_*) counts it */
     struct pmof_hmem_io hmem;
+    struct pmof_mrec *mrec; /* a manual commit's drain: its placement */
 };
 
 enum pmof_cntr_kind {
@@ -396,11 +413,6 @@ enum pmof_ep_state {
     PMOF_EP_ERROR,
 };
 
-/* Flags of the provider's 2-byte header in CM private data. */
-enum pmof_cm_flags {
-    PMOF_CM_COMMIT_MANUAL = 1 << 0,
-};
-
 struct pmof_ep {
     struct fid_ep ep_fid;
     struct pmof_domain *dom;
@@ -423,16 +435,20 @@ struct pmof_ep {
     /* tx.head and unsignaled when the batch being built began */
     uint64_t tx_start_head;
     uint32_t tx_start_unsignaled;
+    /* slots a manual commit holds for what follows its acknowledgement */
+    atomic_uint tx_reserved;
     bool resolved; /* the rdma_cm id has a destination address */
     bool closing;  /* completions still queued are dropped */
     /* unsignaled WRs since the last signaled one; every so often one is
      * signaled so the ring can be reclaimed */
     uint32_t unsignaled;
     /* connection set-up */
-    uint8_t cm_data[2 + PMOF_CM_DATA_MAX];
+    uint8_t cm_data[PMOF_CM_PRIVATE_MAX];
     size_t cm_data_len;
     struct pmof_connreq *connreq;
     uint8_t peer_flags;
+    /* FI_COMMIT_MANUAL: the control QP (pmof_manual.c) */
+    struct pmof_mctl *mctl;
     struct fi_pmof_ep_ops pmof_ops;
     /* a connection of an RDM endpoint: receives go to its shared queue */
     struct pmof_rdm *rdm;
@@ -469,6 +485,9 @@ ssize_t pmof_cm_dispatch(struct pmof_eq *eq, struct rdma_cm_event *ev);
 void pmof_tx_start(struct pmof_ep *ep);
 struct pmof_op *pmof_tx_op(struct pmof_ep *ep, void *context, uint64_t flags, uint64_t cq_flags,
                            size_t len, enum pmof_cntr_kind cntr);
+/* A slot held in ep->tx_reserved, already released by the caller. */
+struct pmof_op *pmof_tx_op_reserved(struct pmof_ep *ep, void *context, uint64_t flags,
+                                    uint64_t cq_flags, size_t len);
 void pmof_tx_wr(struct pmof_ep *ep, struct pmof_op *op, unsigned int send_flags);
 ssize_t pmof_tx_post(struct pmof_ep *ep);
 void pmof_tx_abort(struct pmof_ep *ep);
@@ -577,6 +596,39 @@ ssize_t pmof_commit(struct fi_pmof_ep_ops *ops, const struct fi_rma_iov *iov, si
 ssize_t pmof_commit_ep(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t count,
                        uint64_t flags, void *context);
 int pmof_commit_ack(struct fi_pmof_eq_ops *ops, const struct fi_eq_commit_entry *entry, int status);
+
+/* ------------------------------------------------------ FI_COMMIT_MANUAL */
+
+struct pmof_mctl;
+struct pmof_mdom;
+struct pmof_mpend;
+
+/* The control QP of a manual endpoint, created with its QP (INIT). */
+int pmof_manual_ep_init(struct pmof_ep *ep);
+/* Connects it to the peer's control QP; manual commits work from then on. */
+int pmof_manual_connect(struct pmof_ep *ep, uint32_t peer_qpn);
+void pmof_manual_ep_close(struct pmof_ep *ep);
+void pmof_manual_domain_close(struct pmof_domain *dom);
+uint32_t pmof_manual_qpn(const struct pmof_ep *ep);
+/* Both sides commit manually on this connection. */
+bool pmof_manual_active(const struct pmof_ep *ep);
+ssize_t pmof_manual_commit(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t count,
+                           uint64_t flags, void *context);
+/* A durable write (tx_lock not held). */
+ssize_t pmof_manual_write(struct pmof_ep *ep, const struct iovec *iov, size_t count,
+                          const struct ibv_sge *sge, int nsge, bool inl, size_t total,
+                          uint64_t addr, uint64_t key, uint64_t data, void *context,
+                          uint64_t flags);
+/* A write without a commit: its extent joins the next commit to its key
+ * (tx_lock held). */
+int pmof_manual_note_write(struct pmof_ep *ep, uint64_t addr, uint64_t len, uint64_t key);
+/* The drain of a manual commit completed: the REQ goes out.  0, or -FI_E*
+ * and the commit is over (its error is the caller's to report). */
+int pmof_manual_placed(struct pmof_ep *ep, struct pmof_mrec *r);
+void pmof_manual_drain_failed(struct pmof_ep *ep, struct pmof_mrec *r);
+/* Answers (status < 0) or forgets (0) the commits an EQ holds for `m`,
+ * or for every endpoint (NULL). */
+void pmof_manual_eq_release(struct pmof_eq *eq, struct pmof_mctl *m, int status);
 /* Operation flag of the provider's own requests and of fi_inject*: no
  * completion entry (FI_INJECT alone, on fi_sendmsg or fi_writemsg, only
  * frees the buffer at return).  Bit 63, which no flag of the header uses;

@@ -10,9 +10,10 @@
  * active side offers its QP's options, the passive side keeps what both
  * share and answers it, as librdmacm does for the QPs it drives.
  *
- * Private data carries a 2-byte header {user length, flags} ahead of the
- * application's bytes: the CM pads private data, so the length would be
- * lost without it.
+ * Private data carries a header {user length, flags[, control QP]} ahead
+ * of the application's bytes (pmof_wire.h): the CM pads private data, so
+ * the length would be lost without it, and a manual-commit endpoint names
+ * its control QP there.
  */
 #include "pmof.h"
 
@@ -22,27 +23,15 @@
 
 /* ------------------------------------------------------------ private data */
 
-static int cm_data_pack(uint8_t *out, size_t *outlen, const void *param, size_t len,
-                        uint8_t flags) {
-    if (len > PMOF_CM_DATA_MAX) return -FI_EINVAL;
-    if (len && !param) return -FI_EINVAL;
-    out[0] = (uint8_t)len;
-    out[1] = flags;
-    if (len) memcpy(out + 2, param, len);
-    *outlen = len + 2;
-    return 0;
+static int cm_data_pack(uint8_t *out, size_t *outlen, const void *param, size_t len, uint8_t flags,
+                        uint32_t ctl_qpn) {
+    return pmof_cm_hdr_pack(out, outlen, param, len, flags, ctl_qpn) ? -FI_EINVAL : 0;
 }
 
-/* The application's bytes of a CM event's private data. */
-static size_t cm_data_user(const struct rdma_conn_param *p, const uint8_t **data, uint8_t *flags) {
-    const uint8_t *d = p->private_data;
-
-    *data = NULL;
-    if (flags) *flags = 0;
-    if (!d || p->private_data_len < 2 || d[0] > p->private_data_len - 2) return 0;
-    if (flags) *flags = d[1];
-    *data = d + 2;
-    return d[0];
+/* The provider's header of a CM event's private data; empty when the
+ * bytes are not a pmof peer's. */
+static void cm_data_parse(const struct rdma_conn_param *p, struct pmof_cm_hdr *h) {
+    pmof_cm_hdr_parse(p->private_data, p->private_data_len, h);
 }
 
 /* ------------------------------------------------------------------- ECE */
@@ -94,8 +83,19 @@ static void conn_param(struct pmof_ep *ep, struct rdma_conn_param *p) {
     p->qp_num = ep->qp->qp_num;
 }
 
+/* A manual endpoint offers its control QP; the passive side answers with
+ * its own only if the request offered one, so both know whether the
+ * connection commits manually. */
 static uint8_t local_cm_flags(const struct pmof_ep *ep) {
-    return (ep->info->mode & FI_COMMIT_MANUAL) ? PMOF_CM_COMMIT_MANUAL : 0;
+    if (!ep->mctl) return 0;
+    if (ep->connreq && !ep->connreq->peer_ctl_qpn) return 0;
+    return PMOF_CM_COMMIT_MANUAL;
+}
+
+static int pack_local(struct pmof_ep *ep, const void *param, size_t len) {
+    uint8_t flags = local_cm_flags(ep);
+
+    return cm_data_pack(ep->cm_data, &ep->cm_data_len, param, len, flags, pmof_manual_qpn(ep));
 }
 
 static int ep_connect(struct fid_ep *ep_fid, const void *addr, const void *param, size_t len) {
@@ -104,12 +104,12 @@ static int ep_connect(struct fid_ep *ep_fid, const void *addr, const void *param
 
     if (!ep->eq) return -FI_ENOEQ;
     if (ep->state != PMOF_EP_IDLE || ep->connreq) return -FI_EOPBADSTATE;
-    ret = cm_data_pack(ep->cm_data, &ep->cm_data_len, param, len, local_cm_flags(ep));
-    if (ret) return ret;
     if (!ep->qp) {
         ret = fi_enable(ep_fid);
         if (ret) return ret;
     }
+    ret = pack_local(ep, param, len);
+    if (ret) return ret;
     ep->state = PMOF_EP_CONNECTING;
     if (addr && !ep->resolved) {
         /* Asynchronous now that the id is on the EQ's channel: route
@@ -134,14 +134,15 @@ static int ep_accept(struct fid_ep *ep_fid, const void *param, size_t len) {
     if (!ep->connreq) return -FI_EOPBADSTATE;
     if (!ep->eq) return -FI_ENOEQ;
     if (ep->state != PMOF_EP_IDLE) return -FI_EOPBADSTATE;
-    ret = cm_data_pack(ep->cm_data, &ep->cm_data_len, param, len, local_cm_flags(ep));
-    if (ret) return ret;
     if (!ep->qp) {
         ret = fi_enable(ep_fid);
         if (ret) return ret;
     }
+    ret = pack_local(ep, param, len);
+    if (ret) return ret;
     /* Ready to receive and send before the reply leaves. */
     ret = pmof_ep_qp_to_rts(ep);
+    if (!ret && local_cm_flags(ep)) ret = pmof_manual_connect(ep, ep->connreq->peer_ctl_qpn);
     if (ret) return ret;
     conn_param(ep, &p);
     ep->state = PMOF_EP_ACCEPTING;
@@ -262,14 +263,14 @@ static int pep_listen(struct fid_pep *pep_fid) {
 
 static int pep_reject(struct fid_pep *pep_fid, fid_t handle, const void *param, size_t len) {
     struct pmof_connreq *cr;
-    uint8_t data[2 + PMOF_CM_DATA_MAX];
+    uint8_t data[PMOF_CM_PRIVATE_MAX];
     size_t dlen;
     int ret;
 
     (void)pep_fid;
     if (!handle || handle->fclass != FI_CLASS_CONNREQ) return -FI_EINVAL;
     cr = container_of(handle, struct pmof_connreq, handle);
-    ret = cm_data_pack(data, &dlen, param, len, 0);
+    ret = cm_data_pack(data, &dlen, param, len, 0, 0);
     if (ret) return ret;
     ret = rdma_reject(cr->id, data, (uint8_t)dlen) ? pmof_errno(errno) : 0;
     rdma_destroy_id(cr->id);
@@ -344,11 +345,14 @@ static int pep_setopt(fid_t fid, int level, int optname, const void *optval, siz
 }
 
 static int pep_getopt(fid_t fid, int level, int optname, void *optval, size_t *optlen) {
-    (void)fid;
+    struct pmof_pep *pep = container_of(fid, struct pmof_pep, pep_fid.fid);
+
     if (level != FI_OPT_ENDPOINT || optname != FI_OPT_CM_DATA_SIZE) return -FI_ENOPROTOOPT;
     if (!optval || !optlen) return -FI_EINVAL;
     if (*optlen < sizeof(size_t)) return -FI_ETOOSMALL;
-    *(size_t *)optval = PMOF_CM_DATA_MAX;
+    /* What a REQ to this listener may carry: the least of both kinds. */
+    *(size_t *)optval =
+        pmof_cm_user_max((pep->info->mode & FI_COMMIT_MANUAL) ? PMOF_CM_COMMIT_MANUAL : 0);
     *optlen = sizeof(size_t);
     return 0;
 }
@@ -412,7 +416,7 @@ err:
 /* FI_CONNREQ's info: the listener's, with this connection's addresses and
  * device, and the request as its handle. */
 static struct fi_info *connreq_info(struct pmof_pep *pep, struct rdma_cm_event *ev,
-                                    uint8_t peer_flags) {
+                                    const struct pmof_cm_hdr *hdr) {
     struct fi_info *fi = fi_dupinfo(pep->info);
     struct pmof_connreq *cr = calloc(1, sizeof(*cr));
     struct sockaddr *local = rdma_get_local_addr(ev->id), *peer = rdma_get_peer_addr(ev->id);
@@ -440,7 +444,8 @@ static struct fi_info *connreq_info(struct pmof_pep *pep, struct rdma_cm_event *
     fi->fabric_attr->api_version = pmof_prov.fi_version;
     cr->handle.fclass = FI_CLASS_CONNREQ;
     cr->id = ev->id;
-    cr->peer_flags = peer_flags;
+    cr->peer_flags = hdr->flags;
+    cr->peer_ctl_qpn = hdr->ctl_qpn;
     if (rdma_get_remote_ece(ev->id, &cr->ece)) memset(&cr->ece, 0, sizeof(cr->ece));
     ev->id->context = &cr->handle;
     fi->handle = &cr->handle;
@@ -465,18 +470,18 @@ static int push_cm_entry(struct pmof_eq *eq, uint32_t event, fid_t fid, struct f
 }
 
 static int on_connect_request(struct pmof_eq *eq, struct pmof_pep *pep, struct rdma_cm_event *ev) {
-    const uint8_t *data;
-    uint8_t flags;
-    size_t len = cm_data_user(&ev->param.conn, &data, &flags);
-    struct fi_info *info = connreq_info(pep, ev, flags);
+    struct pmof_cm_hdr h;
+    struct fi_info *info;
     int ret;
 
+    cm_data_parse(&ev->param.conn, &h);
+    info = connreq_info(pep, ev, &h);
     if (!info) {
         rdma_reject(ev->id, NULL, 0);
         rdma_destroy_id(ev->id);
         return -FI_ENOMEM;
     }
-    ret = push_cm_entry(eq, FI_CONNREQ, &pep->pep_fid.fid, info, data, len);
+    ret = push_cm_entry(eq, FI_CONNREQ, &pep->pep_fid.fid, info, h.user, h.user_len);
     if (ret) {
         struct pmof_connreq *cr = container_of(info->handle, struct pmof_connreq, handle);
         rdma_reject(ev->id, NULL, 0);
@@ -489,12 +494,16 @@ static int on_connect_request(struct pmof_eq *eq, struct pmof_pep *pep, struct r
 }
 
 static int on_connect_response(struct pmof_eq *eq, struct pmof_ep *ep, struct rdma_cm_event *ev) {
-    const uint8_t *data;
-    size_t len = cm_data_user(&ev->param.conn, &data, &ep->peer_flags);
+    struct pmof_cm_hdr h;
     int ret;
 
+    cm_data_parse(&ev->param.conn, &h);
+    ep->peer_flags = h.flags;
     ece_from_reply(ep);
     ret = pmof_ep_qp_to_rts(ep);
+    /* A peer that commits manually too answered with its control QP. */
+    if (!ret && ep->mctl && (h.flags & PMOF_CM_COMMIT_MANUAL))
+        ret = pmof_manual_connect(ep, h.ctl_qpn);
     if (ret || rdma_establish(ep->id)) {
         if (!ret) ret = pmof_errno(errno);
         ep->state = PMOF_EP_ERROR;
@@ -503,7 +512,7 @@ static int on_connect_response(struct pmof_eq *eq, struct pmof_ep *ep, struct rd
         return pmof_eq_push_error(eq, &ep->ep_fid.fid, ep->ep_fid.fid.context, -ret, 0, NULL, 0);
     }
     ep->state = PMOF_EP_CONNECTED;
-    return push_cm_entry(eq, FI_CONNECTED, &ep->ep_fid.fid, NULL, data, len);
+    return push_cm_entry(eq, FI_CONNECTED, &ep->ep_fid.fid, NULL, h.user, h.user_len);
 }
 
 /* The connection will not come: posted receives are flushed to the CQ
@@ -518,8 +527,7 @@ static int ep_failed(struct pmof_eq *eq, struct pmof_ep *ep, int err, int prov_e
 
 static int ep_event(struct pmof_eq *eq, struct pmof_ep *ep, struct rdma_cm_event *ev) {
     fid_t fid = &ep->ep_fid.fid;
-    const uint8_t *data;
-    size_t len;
+    struct pmof_cm_hdr h;
 
     switch (ev->event) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
@@ -539,8 +547,8 @@ static int ep_event(struct pmof_eq *eq, struct pmof_ep *ep, struct rdma_cm_event
         /* The passive side, once the active side's RTU arrived. */
         if (ep->state == PMOF_EP_CONNECTED) return 0;
         ep->state = PMOF_EP_CONNECTED;
-        len = cm_data_user(&ev->param.conn, &data, NULL);
-        return push_cm_entry(eq, FI_CONNECTED, fid, NULL, data, len);
+        cm_data_parse(&ev->param.conn, &h);
+        return push_cm_entry(eq, FI_CONNECTED, fid, NULL, h.user, h.user_len);
     case RDMA_CM_EVENT_DISCONNECTED:
         if (ep->state != PMOF_EP_SHUTDOWN) {
             ep->state = PMOF_EP_SHUTDOWN;
@@ -548,8 +556,8 @@ static int ep_event(struct pmof_eq *eq, struct pmof_ep *ep, struct rdma_cm_event
         }
         return push_cm_entry(eq, FI_SHUTDOWN, fid, NULL, NULL, 0);
     case RDMA_CM_EVENT_REJECTED:
-        len = cm_data_user(&ev->param.conn, &data, NULL);
-        return ep_failed(eq, ep, FI_ECONNREFUSED, ev->status, data, len);
+        cm_data_parse(&ev->param.conn, &h);
+        return ep_failed(eq, ep, FI_ECONNREFUSED, ev->status, h.user, h.user_len);
     case RDMA_CM_EVENT_ADDR_ERROR:
     case RDMA_CM_EVENT_ROUTE_ERROR:
     case RDMA_CM_EVENT_CONNECT_ERROR:

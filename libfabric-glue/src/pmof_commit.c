@@ -4,7 +4,8 @@
  * completion.  Each range becomes an IBTA FLUSH (placement from the key's
  * class, selectivity "range"); a FLUSH covers every write before it on the
  * QP, so the ranges are durable once the last FLUSH completes, and only
- * that one is signaled.
+ * that one is signaled.  Between manual-commit endpoints the ranges go to
+ * the target application instead (pmof_manual.c).
  */
 #include "pmof.h"
 
@@ -22,10 +23,11 @@ ssize_t pmof_commit_ep(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t 
     if (flags & ~(FI_COMPLETION | FI_COMMIT)) return -FI_EBADFLAGS;
     for (size_t i = 0; i < count; i++)
         if ((iov[i].key >> 32) & ~(PMOF_KEY_CLASS_MASK >> 32)) return -FI_EINVAL;
-    if (ep->dom->commit_path == PMOF_COMMIT_NONE) return -FI_EOPNOTSUPP;
     ret = pmof_ep_check_tx(ep);
     if (ret) return ret;
     if (count > ep->tx.size / 2) return -FI_EINVAL;
+    if (pmof_manual_active(ep)) return pmof_manual_commit(ep, iov, count, flags, context);
+    if (ep->dom->commit_path == PMOF_COMMIT_NONE) return -FI_EOPNOTSUPP;
 
     pmof_lock(&ep->tx_lock);
     pmof_tx_start(ep);
@@ -46,11 +48,4 @@ ssize_t pmof_commit_ep(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t 
     ret = pmof_tx_post(ep);
     pmof_unlock(&ep->tx_lock);
     return ret;
-}
-
-/* FI_COMMIT_MANUAL is not offered yet (see pmof_info.c). */
-int pmof_commit_ack(struct fi_pmof_eq_ops *ops, const struct fi_eq_commit_entry *entry,
-                    int status) {
-    (void)ops, (void)entry, (void)status;
-    return -FI_ENOSYS;
 }

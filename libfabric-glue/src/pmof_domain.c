@@ -40,7 +40,7 @@ static struct fi_ops mr_fi_ops = {
  * needs: a persistent region takes both placements (FI_DELIVERY_COMPLETE
  * asks a persistent region for visibility only), a volatile one global
  * visibility only. */
-static int mr_access(uint64_t access, uint64_t flags) {
+static int mr_access(const struct pmof_domain *dom, uint64_t access, uint64_t flags) {
     int a = 0;
 
     if (!(access & (FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE)))
@@ -49,7 +49,10 @@ static int mr_access(uint64_t access, uint64_t flags) {
     if (access & FI_REMOTE_READ) a |= IBV_ACCESS_REMOTE_READ;
     if (access & FI_REMOTE_WRITE)
         a |= IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
-    if (access & FI_REMOTE_WRITE) {
+    /* A device without remote persistence knows no FLUSH access; its
+     * FI_PMEM regions are made durable by their application
+     * (FI_COMMIT_MANUAL). */
+    if ((access & FI_REMOTE_WRITE) && dom->commit_path != PMOF_COMMIT_NONE) {
         a |= IBV_ACCESS_FLUSH_GLOBAL;
         if (flags & FI_PMEM) a |= IBV_ACCESS_FLUSH_PERSISTENT;
         if (flags & FI_UNCACHED) a |= IBV_ACCESS_UNCACHED;
@@ -82,7 +85,7 @@ static int mr_register(struct pmof_domain *dom, const struct fi_mr_attr *attr, u
     mr->flags = flags & (FI_PMEM | FI_UNCACHED);
     mr->iface = attr->iface;
     mr->device = attr->device.reserved;
-    access = mr_access(attr->access, flags);
+    access = mr_access(dom, attr->access, flags);
     if (attr->iface != FI_HMEM_SYSTEM && iov->iov_len) {
         mr->len = iov->iov_len;
         mr->dev_base = (uintptr_t)iov->iov_base;
@@ -203,6 +206,7 @@ static int domain_close(struct fid *fid) {
     int ret;
 
     if (atomic_load(&dom->refs)) return -FI_EBUSY;
+    pmof_manual_domain_close(dom);
     ret = ibv_dealloc_pd(dom->pd);
     if (ret) return pmof_errno(ret);
     rdma_free_devices(dom->dev_list);
@@ -354,6 +358,7 @@ int pmof_domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid
     dom->pd = ibv_alloc_pd(dom->verbs);
     if (!dom->pd) goto nodev;
     dom->commit_path = pmof_device_commit_path(dom->verbs, &dom->commit_caps);
+    pthread_mutex_init(&dom->manual_lock, NULL);
     dom->thread_safe = info->domain_attr->threading == FI_THREAD_SAFE ||
                        info->domain_attr->threading == FI_THREAD_UNSPEC;
     dom->fab = fab;

@@ -29,8 +29,9 @@ static uint64_t ring_tail(const struct pmof_ring *r) {
     return __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
 }
 
-static bool ring_full(const struct pmof_ring *r) {
-    return r->head - ring_tail(r) >= r->size;
+/* Full when the outstanding and the reserved requests fill it. */
+static bool tx_full(struct pmof_ep *ep) {
+    return ep->tx.head - ring_tail(&ep->tx) + atomic_load(&ep->tx_reserved) >= ep->tx.size;
 }
 
 bool pmof_ep_wants_completion(const struct pmof_ep *ep, bool tx, uint64_t flags) {
@@ -40,17 +41,13 @@ bool pmof_ep_wants_completion(const struct pmof_ep *ep, bool tx, uint64_t flags)
     return (flags & FI_COMPLETION) != 0;
 }
 
-struct pmof_op *pmof_tx_op(struct pmof_ep *ep, void *context, uint64_t flags, uint64_t cq_flags,
-                           size_t len, enum pmof_cntr_kind cntr) {
-    struct pmof_op *op;
+static struct pmof_op *tx_op_at_head(struct pmof_ep *ep, void *context, uint64_t flags,
+                                     uint64_t cq_flags, size_t len, enum pmof_cntr_kind cntr) {
+    struct pmof_op *op = &ep->tx.ops[ep->tx.head % ep->tx.size];
 
-    if (ring_full(&ep->tx)) {
-        pmof_cq_progress(ep->tx_cq);
-        if (ring_full(&ep->tx)) return NULL;
-    }
-    op = &ep->tx.ops[ep->tx.head % ep->tx.size];
     op->ep = ep;
     op->rdm = NULL;
+    op->mrec = NULL;
     op->seq = ep->tx.head++;
     op->context = context;
     op->flags = cq_flags;
@@ -63,6 +60,20 @@ struct pmof_op *pmof_tx_op(struct pmof_ep *ep, void *context, uint64_t flags, ui
     op->signaled = op->report || ep->cntrs[cntr] || ++ep->unsignaled >= ep->tx.size / 2;
     if (op->signaled) ep->unsignaled = 0;
     return op;
+}
+
+struct pmof_op *pmof_tx_op(struct pmof_ep *ep, void *context, uint64_t flags, uint64_t cq_flags,
+                           size_t len, enum pmof_cntr_kind cntr) {
+    if (tx_full(ep)) {
+        pmof_cq_progress(ep->tx_cq);
+        if (tx_full(ep)) return NULL;
+    }
+    return tx_op_at_head(ep, context, flags, cq_flags, len, cntr);
+}
+
+struct pmof_op *pmof_tx_op_reserved(struct pmof_ep *ep, void *context, uint64_t flags,
+                                    uint64_t cq_flags, size_t len) {
+    return tx_op_at_head(ep, context, flags, cq_flags, len, PMOF_CNTR_NONE);
 }
 
 void pmof_tx_start(struct pmof_ep *ep) {
@@ -188,6 +199,21 @@ bool pmof_ep_complete(struct pmof_ep *ep, const struct ibv_wc *wc, struct pmof_c
     }
     __atomic_store_n(recv ? &ep->rx.tail : &ep->tx.tail, op.seq + 1, __ATOMIC_RELEASE);
     if (ep->closing) return false;
+    if (op.mrec) {
+        /* A manual commit's drain: on success the commit goes on, and only
+         * its end reaches the CQ and the write counter. */
+        int err = wc->status == IBV_WC_SUCCESS ? pmof_manual_placed(ep, op.mrec) : 0;
+        if (wc->status != IBV_WC_SUCCESS) pmof_manual_drain_failed(ep, op.mrec);
+        *cntr = NULL;
+        if (wc->status == IBV_WC_SUCCESS && !err) return false;
+        *cntr = ep->cntrs[PMOF_CNTR_WRITE];
+        if (err) {
+            out->err = -err;
+            out->prov_errno = 0;
+            out->len = op.len;
+        }
+        return !ep->tx_cq_internal;
+    }
     /* Errors reach the application even for requests it asked no
      * completion of, as long as it has a CQ to read them from. */
     if (wc->status != IBV_WC_SUCCESS) return !(recv ? ep->rx_cq_internal : ep->tx_cq_internal);
@@ -254,6 +280,7 @@ int pmof_ep_create_qp(struct pmof_ep *ep) {
         PMOF_WARN(FI_LOG_EP_CTRL, "QP to INIT: %s\n", strerror(ret));
         return pmof_errno(ret);
     }
+    if (ep->info->mode & FI_COMMIT_MANUAL) return pmof_manual_ep_init(ep);
     return 0;
 }
 
@@ -291,13 +318,11 @@ static int ep_getopt(fid_t fid, int level, int optname, void *optval, size_t *op
     case FI_OPT_CM_DATA_SIZE:
         if (!optval || !optlen) return -FI_EINVAL;
         if (*optlen < sizeof(size_t)) return -FI_ETOOSMALL;
-        *(size_t *)optval = PMOF_CM_DATA_MAX;
+        *(size_t *)optval =
+            pmof_cm_user_max((ep->info->mode & FI_COMMIT_MANUAL) ? PMOF_CM_COMMIT_MANUAL : 0);
         *optlen = sizeof(size_t);
         return 0;
-    case FI_OPT_MIN_MULTI_RECV:
-        return -FI_ENOPROTOOPT;
     default:
-        (void)ep;
         return -FI_ENOPROTOOPT;
     }
 }
@@ -493,13 +518,16 @@ static void unref_cq(struct pmof_cq *cq, bool internal) {
 static int ep_close(struct fid *fid) {
     struct pmof_ep *ep = container_of(fid, struct pmof_ep, ep_fid.fid);
 
+    /* Completions still queued are dropped from here on; the control
+     * thread no longer reaches this endpoint once its QP is closed. */
+    ep->closing = true;
+    pmof_manual_ep_close(ep);
     if (ep->qp) {
         /* Requests still queued are dropped, not completed. */
         int ret = ibv_destroy_qp(ep->qp);
         if (ret) return pmof_errno(ret);
         /* Completions already in the CQs point into this endpoint: taken
          * out now, and dropped. */
-        ep->closing = true;
         pmof_cq_progress(ep->tx_cq);
         pmof_cq_progress(ep->rx_cq);
     }
@@ -576,7 +604,8 @@ int pmof_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep
         ring_init(&ep->rx, info->rx_attr && info->rx_attr->size ? (uint32_t)info->rx_attr->size
                                                                 : (uint32_t)pmof_params.rx_size))
         goto err;
-    pmof_lock_init(&ep->tx_lock, dom->thread_safe);
+    /* Manual commits post their follow-ups from the control thread. */
+    pmof_lock_init(&ep->tx_lock, dom->thread_safe || (info->mode & FI_COMMIT_MANUAL));
     pmof_lock_init(&ep->rx_lock, dom->thread_safe);
     ep->ep_fid.fid.fclass = FI_CLASS_EP;
     ep->ep_fid.fid.context = context;

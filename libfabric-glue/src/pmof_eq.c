@@ -62,6 +62,10 @@ int pmof_eq_push_error(struct pmof_eq *eq, fid_t fid, void *context, int err, in
     return pmof_eq_push(eq, 0, &buf, sizeof(buf.e) + err_data_size, true);
 }
 
+void pmof_eq_resignal(struct pmof_eq *eq) {
+    if (!eq->queue.head) eq_unsignal(eq);
+}
+
 static struct pmof_eq_entry *eq_pop(struct pmof_eq *eq) {
     struct pmof_eq_entry *e = (struct pmof_eq_entry *)pmof_slist_pop(&eq->queue);
 
@@ -258,6 +262,8 @@ static int eq_close(struct fid *fid) {
     struct pmof_eq_entry *e;
 
     if (atomic_load(&eq->refs)) return -FI_EBUSY;
+    /* Commits read but never acknowledged fail at their initiators. */
+    pmof_manual_eq_release(eq, NULL, -FI_ECANCELED);
     while ((e = (struct pmof_eq_entry *)pmof_slist_pop(&eq->queue)))
         free(e);
     if (eq->channel) rdma_destroy_event_channel(eq->channel);
@@ -286,11 +292,13 @@ static int eq_register_handler(struct fi_pmof_eq_ops *ops, uint64_t event_type,
                                fi_eq_event_handler_t handler, void *context) {
     struct pmof_eq *eq = container_of(ops, struct pmof_eq, pmof_ops);
 
-    (void)eq, (void)handler, (void)context;
-    if (event_type != FI_COMMIT_EVENT) return -FI_EINVAL;
-    /* Commit events exist only in FI_COMMIT_MANUAL mode, which no info
-     * offers yet: a handler would never be called. */
-    return -FI_ENOSYS;
+    /* Commits are the only events the provider hands to a handler. */
+    if (event_type != FI_COMMIT_EVENT) return -FI_ENOSYS;
+    pmof_lock(&eq->lock);
+    eq->commit_handler = handler;
+    eq->commit_handler_ctx = handler ? context : NULL;
+    pmof_unlock(&eq->lock);
+    return 0;
 }
 
 static struct fi_ops eq_fi_ops = {

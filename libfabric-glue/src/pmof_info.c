@@ -408,14 +408,17 @@ static int set_addr(void **dst, size_t *dstlen, uint32_t *fmt, const struct sock
     return 0;
 }
 
+/* `manual`: the FI_COMMIT_MANUAL form, whose target application makes the
+ * ranges durable, so any device offers FI_RMA_PMEM. */
 static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, enum fi_ep_type type,
-                                  const struct fi_info *hints, const struct pmof_addrs *a) {
+                                  const struct fi_info *hints, const struct pmof_addrs *a,
+                                  bool manual) {
     struct fi_info *fi;
     int mr_mode;
     uint64_t mode_bits;
     size_t max_inline = (size_t)pmof_params.inline_size;
     char fab[64];
-    uint64_t offered = dev_caps(d);
+    uint64_t offered = dev_caps(d) | (manual ? FI_RMA_PMEM : 0);
     uint64_t asked = hints ? hints->caps : 0;
 
     if (hints && hints->ep_attr && !ep_attr_ok(hints->ep_attr, type)) return NULL;
@@ -440,7 +443,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
     fi = fi_allocinfo();
     if (!fi) return NULL;
     fi->caps = grant_caps(asked, offered);
-    fi->mode = mode_bits;
+    fi->mode = mode_bits | (manual ? FI_COMMIT_MANUAL : 0);
     fi->ep_attr->type = type;
     fi->ep_attr->protocol = FI_PROTO_RDMA_CM_IB_RC;
     fi->ep_attr->protocol_version = 1;
@@ -601,21 +604,27 @@ int pmof_getinfo(uint32_t version, const char *node, const char *service, uint64
             a.has_src = true;
         }
     }
+    bool want_manual = hints && (hints->mode & FI_COMMIT_MANUAL);
     for (size_t i = 0; i < ndevs; i++) {
         const struct pmof_dev *d = &devs[i];
 
         if (route_dev[0] && strcmp(route_dev, d->name)) continue;
         if (a.has_src && !route_dev[0] && !dev_has_ip(d, (struct sockaddr *)&a.src)) continue;
         for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
-            /* FI_COMMIT_MANUAL (the application persists) is not offered
-             * yet: its infos come when the provider carries the requests. */
-            struct fi_info *fi = build_info(version, d, types[t], hints, &a);
-            if (!fi) continue;
-            if (tail)
-                tail->next = fi;
-            else
-                head = fi;
-            tail = fi;
+            /* The transport's persistence first; FI_COMMIT_MANUAL after it
+             * for applications that take that mode (or alone, with
+             * FI_PMOF_COMMIT_MANUAL). */
+            for (int manual = 0; manual < 2; manual++) {
+                if (manual && !want_manual) continue;
+                if (!manual && want_manual && pmof_params.commit_manual) continue;
+                struct fi_info *fi = build_info(version, d, types[t], hints, &a, manual);
+                if (!fi) continue;
+                if (tail)
+                    tail->next = fi;
+                else
+                    head = fi;
+                tail = fi;
+            }
         }
     }
     if (!head) return -FI_ENODATA;

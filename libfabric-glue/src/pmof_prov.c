@@ -58,6 +58,9 @@ FI_EXT_INI {
     fi_param_define(&pmof_prov, "allow_layering", FI_PARAM_BOOL,
                     "Let utility providers (ofi_rxm) layer over pmof; they drop "
                     "FI_COMMIT semantics (default no)");
+    fi_param_define(&pmof_prov, "commit_manual", FI_PARAM_BOOL,
+                    "To applications that take mode FI_COMMIT_MANUAL, offer only that "
+                    "mode, even where the transport can make writes durable (default no)");
     fi_param_define(&pmof_prov, "cm_timeout", FI_PARAM_INT,
                     "Address and route resolution timeout in ms (default 5000)");
 
@@ -67,6 +70,7 @@ FI_EXT_INI {
     get_int_param("cm_timeout", &pmof_params.cm_timeout_ms, 1);
     int b;
     if (fi_param_get_bool(&pmof_prov, "allow_layering", &b) == 0) pmof_params.allow_layering = b;
+    if (fi_param_get_bool(&pmof_prov, "commit_manual", &b) == 0) pmof_params.commit_manual = b;
     return &pmof_prov;
 }
 

@@ -24,15 +24,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define RDM_CM_MAGIC 0x504d4f46u /* "PMOF" */
-
-/* The connector's name, in its REQ's private data. */
-struct rdm_cm_data {
-    uint32_t magic;
-    uint32_t pid;
-    struct sockaddr_in6 name; /* or a sockaddr_in in the first bytes */
-};
-
 /* ------------------------------------------------------------ receives */
 
 static struct pmof_op *srx_get(struct pmof_rdm *rdm) {
@@ -187,7 +178,7 @@ static int open_conn_ep(struct pmof_rdm *rdm, struct fi_info *info, struct pmof_
 
 static int rdm_connect(struct pmof_rdm *rdm, const struct sockaddr_storage *peer) {
     struct fi_info *info = fi_dupinfo(rdm->msg_info);
-    struct rdm_cm_data data = {.magic = RDM_CM_MAGIC, .pid = (uint32_t)getpid()};
+    struct pmof_rdm_hello data = {.magic = PMOF_RDM_HELLO_MAGIC, .pid = (uint32_t)getpid()};
     struct pmof_ep *ep;
     size_t len = pmof_sockaddr_len((const struct sockaddr *)peer);
     int ret;
@@ -282,11 +273,12 @@ out:
 }
 
 static void on_connreq(struct pmof_rdm *rdm, struct fi_eq_cm_entry *entry, size_t len) {
-    struct rdm_cm_data *d = (void *)entry->data;
+    struct sockaddr_storage name;
     struct pmof_ep *ep;
     int ret;
 
-    if (len < sizeof(*entry) + sizeof(*d) || d->magic != RDM_CM_MAGIC) {
+    /* The connector's name, which its AV entry for us will match. */
+    if (len < sizeof(*entry) || !pmof_rdm_hello_parse(entry->data, len - sizeof(*entry), &name)) {
         fi_reject(&rdm->pep->pep_fid, entry->info->handle, NULL, 0);
         fi_freeinfo(entry->info);
         return;
@@ -301,7 +293,7 @@ static void on_connreq(struct pmof_rdm *rdm, struct fi_eq_cm_entry *entry, size_
         return;
     }
     fi_freeinfo(entry->info);
-    if (!conn_new(rdm, ep, (struct sockaddr *)&d->name, false))
+    if (!conn_new(rdm, ep, (struct sockaddr *)&name, false))
         fi_close(&ep->ep_fid.fid); /* rejects by destroying the request's id */
     else if (fi_accept(&ep->ep_fid, NULL, 0))
         ep->conn->state = PMOF_CONN_DOWN;
@@ -606,6 +598,8 @@ static int rdm_enable(struct pmof_rdm *rdm) {
     if (rdm->enabled) return 0;
     if (!rdm->av) return -FI_ENOAV;
     if (!rdm->tx_cq || !rdm->rx_cq) return -FI_ENOCQ;
+    /* Commit events of manual mode go to the endpoint's EQ. */
+    if ((rdm->info->mode & FI_COMMIT_MANUAL) && !rdm->user_eq) return -FI_ENOEQ;
     rdm->srq = ibv_create_srq(rdm->dom->pd, &sa);
     if (!rdm->srq) return pmof_errno(errno);
     ret = pmof_eq_open(&rdm->dom->fab->fabric_fid, &eqa, &eq, NULL);

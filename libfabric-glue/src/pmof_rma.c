@@ -12,6 +12,9 @@
  *                                  completion comes once the data is durable
  *   FI_IMMED without FI_COMMIT     -FI_EINVAL
  *
+ * Between manual-commit endpoints, durable writes are committed by the
+ * target application instead (pmof_manual.c).
+ *
  * sroce carries a write-commit natively to a peer that agreed to it (ECE)
  * and as IBTA WRITE + FLUSH sequences to any other.  On other devices with
  * IBTA FLUSH the provider posts those sequences itself; on devices without
@@ -97,7 +100,7 @@ ssize_t pmof_rma_write(struct pmof_ep *ep, const struct iovec *iov, void **desc,
     struct ibv_sge sge[PMOF_IOV_LIMIT];
     size_t total = 0;
     bool durable = flags & PMOF_DURABLE_FLAGS;
-    bool inl;
+    bool inl, manual;
     int nsge = 0;
     struct pmof_op *op;
     uint64_t cq_flags = FI_RMA | FI_WRITE;
@@ -111,7 +114,8 @@ ssize_t pmof_rma_write(struct pmof_ep *ep, const struct iovec *iov, void **desc,
     if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
     ret = check_key(key);
     if (ret) return ret;
-    if (durable && ep->dom->commit_path == PMOF_COMMIT_NONE) return -FI_EOPNOTSUPP;
+    manual = pmof_manual_active(ep);
+    if (durable && !manual && ep->dom->commit_path == PMOF_COMMIT_NONE) return -FI_EOPNOTSUPP;
     for (size_t i = 0; i < count; i++)
         total += iov[i].iov_len;
     if ((flags & FI_INJECT) && total > ep->max_inline) return -FI_EINVAL;
@@ -124,8 +128,15 @@ ssize_t pmof_rma_write(struct pmof_ep *ep, const struct iovec *iov, void **desc,
         if (nsge < 0) return nsge;
     }
     if (durable) cq_flags |= FI_COMMIT;
+    if (durable && manual)
+        return pmof_manual_write(ep, iov, count, sge, nsge, inl, total, addr, key, data, context,
+                                 flags);
 
     pmof_lock(&ep->tx_lock);
+    if (manual) {
+        ret = pmof_manual_note_write(ep, addr, total, key);
+        if (ret) goto out;
+    }
     pmof_tx_start(ep);
     if (durable && ep->dom->commit_path == PMOF_COMMIT_FLUSH) {
         ret = post_flush_sequence(ep, iov, count, sge, nsge, inl, addr, key, data, context, flags,

@@ -401,6 +401,24 @@ out:
     return ret;
 }
 
+/* Mode bits the pair needs the provider to keep (among the infos it
+ * offers, the first that does): a provider may list the modes an
+ * application accepts after the infos that need none. */
+#define FT_REQUIRED_MODES FI_COMMIT_MANUAL
+
+static void pick_mode(struct fi_info **list, uint64_t mode) {
+    mode &= FT_REQUIRED_MODES;
+    if (!mode || !*list) return;
+    for (struct fi_info *fi = *list; fi; fi = fi->next) {
+        if ((fi->mode & mode) != mode) continue;
+        struct fi_info *dup = fi_dupinfo(fi);
+        if (!dup) return;
+        fi_freeinfo(*list);
+        *list = dup;
+        return;
+    }
+}
+
 int ft_pair_prepare(struct ft_run *r, struct ft_pair *p, const struct ft_pair_cfg *cfg) {
     int ret = FT_OK;
 
@@ -421,6 +439,7 @@ int ft_pair_prepare(struct ft_run *r, struct ft_pair *p, const struct ft_pair_cf
     p->hints->mode |= p->cfg.mode;
     p->hints->tx_attr->op_flags = p->cfg.tx_op_flags;
     FT_TRY(ft_getinfo_ok(r, r->opts->addr, NULL, FI_SOURCE, p->hints, &p->info));
+    pick_mode(&p->info, p->cfg.mode);
     FT_CHK(fi_fabric(p->info->fabric_attr, &p->fabric, NULL));
 out:
     return ret;
@@ -467,6 +486,7 @@ int ft_msg_client(struct ft_pair *p, const char *service, const void *param, siz
         service = port;
     }
     FT_TRY(ft_getinfo_ok(r, r->opts->addr, service, 0, p->hints, &info));
+    pick_mode(&info, p->cfg.mode);
     FT_EXPECT(info->dest_addr, "client info has no dest_addr");
     FT_TRY(ft_side_open_ep(p, &p->s[FT_CLI], info));
     FT_CHK(fi_connect(p->s[FT_CLI].ep, info->dest_addr, param, len));

@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What pmof puts on the wire besides verbs traffic, and the parsers that
+ * read it back from a peer: the header of CM private data, the RDM
+ * connector's hello, and the FI_COMMIT_MANUAL control messages.  Kept free
+ * of libfabric and verbs so that the fuzz target can take it alone; every
+ * parser accepts any bytes and says no to what is not well formed.
+ */
+#ifndef PMOF_WIRE_H
+#define PMOF_WIRE_H
+
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------- CM private data header */
+
+/* A REQ carries 56 bytes of private data: {user length, flags}, the control
+ * QP's number when the sender commits manually, then the application's. */
+#define PMOF_CM_PRIVATE_MAX 56
+#define PMOF_CM_HDR_LEN 2
+#define PMOF_CM_QPN_LEN 3
+
+enum pmof_cm_flags {
+    PMOF_CM_COMMIT_MANUAL = 1 << 0, /* a control QP number follows */
+};
+
+struct pmof_cm_hdr {
+    const uint8_t *user; /* the application's bytes (NULL if none) */
+    size_t user_len;
+    uint8_t flags;
+    uint32_t ctl_qpn; /* with PMOF_CM_COMMIT_MANUAL */
+};
+
+/* The application's bytes an endpoint can send: 54, or 51 when the header
+ * carries a control QP number. */
+size_t pmof_cm_user_max(uint8_t flags);
+/* 0, or -1 when `len` exceeds pmof_cm_user_max(flags). */
+int pmof_cm_hdr_pack(uint8_t out[PMOF_CM_PRIVATE_MAX], size_t *outlen, const void *user, size_t len,
+                     uint8_t flags, uint32_t ctl_qpn);
+/* False (and an empty header) when the bytes are not ours; the CM may pad
+ * private data, so `len` may exceed what was packed. */
+bool pmof_cm_hdr_parse(const void *data, size_t len, struct pmof_cm_hdr *out);
+
+/* ------------------------------------------------------- RDM hello */
+
+/* The connector's name, as the user bytes of an RDM endpoint's REQ. */
+#define PMOF_RDM_HELLO_MAGIC 0x504d4f46u /* "PMOF" */
+struct pmof_rdm_hello {
+    uint32_t magic;
+    uint32_t pid;
+    struct sockaddr_in6 name; /* or a sockaddr_in in the first bytes */
+};
+
+/* The name a hello carries, if it is one: an IPv4 or IPv6 socket address. */
+bool pmof_rdm_hello_parse(const void *data, size_t len, struct sockaddr_storage *name);
+
+/* ----------------------------------------------- manual-commit messages */
+
+/* A commit request names at most this many ranges (fi_commit's count). */
+#define PMOF_MANUAL_IOV_MAX 32
+#define PMOF_MANUAL_MAGIC 0x4d504d43u /* "CMPM" */
+#define PMOF_MANUAL_VERSION 1
+#define PMOF_MANUAL_HDR_LEN 24
+#define PMOF_MANUAL_RANGE_LEN 24
+#define PMOF_MANUAL_MSG_MAX (PMOF_MANUAL_HDR_LEN + PMOF_MANUAL_IOV_MAX * PMOF_MANUAL_RANGE_LEN)
+
+enum pmof_manual_type {
+    PMOF_MANUAL_REQ = 1, /* initiator -> target: make these ranges durable */
+    PMOF_MANUAL_ACK = 2, /* target -> initiator: done, with a status */
+};
+
+struct pmof_manual_range {
+    uint64_t addr, len, key;
+};
+
+struct pmof_manual_msg {
+    uint8_t type;
+    uint64_t cookie; /* the initiator's, echoed by the ACK */
+    int32_t status;  /* ACK: 0 or a negative libfabric error */
+    uint32_t count;  /* REQ: ranges */
+    struct pmof_manual_range ranges[PMOF_MANUAL_IOV_MAX];
+};
+
+/* Little-endian encoders; each returns the message's length. */
+size_t pmof_manual_encode_req(uint8_t out[PMOF_MANUAL_MSG_MAX], uint64_t cookie,
+                              const struct pmof_manual_range *ranges, uint32_t count);
+size_t pmof_manual_encode_ack(uint8_t out[PMOF_MANUAL_MSG_MAX], uint64_t cookie, int32_t status);
+/* False unless `data` is exactly one well-formed message: known type and
+ * version, 1..PMOF_MANUAL_IOV_MAX ranges for a REQ (none for an ACK), the
+ * length those imply, ranges whose end does not wrap, an ACK status that is
+ * 0 or negative. */
+bool pmof_manual_parse(const void *data, size_t len, struct pmof_manual_msg *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PMOF_WIRE_H */
