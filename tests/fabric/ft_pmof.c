@@ -499,6 +499,179 @@ out:
     return ft_rma_close(r, &e, ret);
 }
 
+/* A target application that persists what it is asked to: msync of each
+ * range of its file mapping, and a record of the ranges. */
+#define PMOF_T_RANGES 8
+
+struct persister {
+    struct ft_rma *e;
+    struct fi_rma_iov seen[2][PMOF_T_RANGES];
+    size_t nseen[2];
+    atomic_int calls;
+};
+
+static int persist_ranges(struct ft_rma *e, const struct fi_eq_commit_entry *ce) {
+    for (size_t i = 0; i < ce->count; i++) {
+        uint8_t *p = e->tgt.buf + (ce->iov[i].addr - e->tgt.raddr);
+        uintptr_t lo = (uintptr_t)p & ~(uintptr_t)4095;
+        if (ce->iov[i].key != e->tgt.key || p < e->tgt.buf ||
+            p + ce->iov[i].len > e->tgt.buf + e->tgt.len)
+            return -FI_EINVAL;
+        if (msync((void *)lo, (uintptr_t)p + ce->iov[i].len - lo, MS_SYNC)) return -FI_EIO;
+    }
+    return 0;
+}
+
+static ssize_t persist_handler(struct fid_eq *eq, uint64_t type, void *data, uint64_t len,
+                               void *context) {
+    struct persister *ps = context;
+    const struct fi_eq_commit_entry *ce = data;
+    int n = atomic_fetch_add(&ps->calls, 1);
+
+    (void)eq;
+    if (type != FI_COMMIT_EVENT || len != sizeof(*ce)) return -FI_EINVAL;
+    if (n < 2) {
+        ps->nseen[n] = ce->count < PMOF_T_RANGES ? ce->count : PMOF_T_RANGES;
+        memcpy(ps->seen[n], ce->iov, ps->nseen[n] * sizeof(*ce->iov));
+    }
+    return persist_ranges(ps->e, ce);
+}
+
+static bool has_range(const struct fi_rma_iov *v, size_t n, uint64_t addr, uint64_t len) {
+    for (size_t i = 0; i < n; i++)
+        if (v[i].addr <= addr && v[i].addr + v[i].len >= addr + len) return true;
+    return false;
+}
+
+/* FI_COMMIT on a write: the target application is asked for this write
+ * and the earlier plain write to the same key, and the initiator's
+ * completion comes once it has persisted them. */
+static int t_manual_write(struct ft_run *r) {
+    struct persister ps = {0};
+    struct fi_context2 ctx;
+    struct ft_rma e;
+    int ret = manual_open(r, &e);
+
+    FT_TRY(ret);
+    ps.e = &e;
+    FT_CHK(fi_eq_register_handler(e.s->eq.eq, FI_COMMIT_EVENT, persist_handler, &ps));
+    bool observable;
+    FT_TRY(dirty_target(&e, FT_PMOF_LEN - 64, 64, &observable));
+    FT_TRY(post_writemsg(&e, 0, 4096, 21, FI_COMMIT | FI_COMPLETION, 0, &ctx));
+    FT_TRY(ft_expect_comp(&e.p, &e.c->tx, &ctx, FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+    FT_EXPECT(atomic_load(&ps.calls) == 1, "the handler ran %d times", atomic_load(&ps.calls));
+    FT_EXPECT(has_range(ps.seen[0], ps.nseen[0], e.tgt.raddr, 4096),
+              "the commit event lacks the write's range");
+    FT_EXPECT(has_range(ps.seen[0], ps.nseen[0], e.tgt.raddr + FT_PMOF_LEN - 64, 64),
+              "the commit event lacks the earlier write to the same key");
+    FT_TRY(durable(&e, 0, 4096, 21, "target at the manual FI_COMMIT completion"));
+    FT_TRY(written_back(&e, observable, "at the manual FI_COMMIT completion"));
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
+/* FI_IMMED: the target's CQ sees the data only once its application has
+ * acknowledged the commit. */
+static int t_manual_immed(struct ft_run *r) {
+    struct fi_context2 ctx, rxc;
+    struct ft_comp comp;
+    struct ft_eqev ev;
+    struct ft_rma e;
+    int ret = manual_open(r, &e);
+
+    FT_TRY(ret);
+    uint64_t data = e.c->info->domain_attr->cq_data_size >= 4 ? 0x5a5a1234 : 0;
+    FT_POST(&e.p, fi_recv(e.s->ep, e.tgt.buf + 32768, 64, e.tgt.desc, FI_ADDR_UNSPEC, &rxc));
+    FT_TRY(post_writemsg(&e, 0, 512, 22, FI_COMMIT | FI_IMMED | FI_COMPLETION, data, &ctx));
+    FT_TRY(ft_wait_event(&e.p, &e.s->eq, FI_COMMIT_EVENT, &ev));
+    FT_TRY(ft_expect_quiet(&e.p, &e.s->rx, 50, "FI_IMMED data before the acknowledgement"));
+    FT_TRY(ft_expect_quiet(&e.p, &e.c->tx, 0, "FI_IMMED write before the acknowledgement"));
+    FT_EXPECT(has_range(ev.u.commit.iov, ev.u.commit.count, e.tgt.raddr, 512),
+              "the commit event lacks the write's range");
+    FT_CHK(persist_ranges(&e, &ev.u.commit));
+    FT_CHK(fi_eq_commit_ack(e.s->eq.eq, &ev.u.commit, 0));
+    FT_TRY(ft_expect_comp(&e.p, &e.s->rx, NULL, FI_REMOTE_CQ_DATA, SIZE_MAX, &comp));
+    FT_EXPECT(comp.e.data == data, "FI_IMMED data %#llx, expected %#llx",
+              (unsigned long long)comp.e.data, (unsigned long long)data);
+    FT_TRY(durable(&e, 0, 512, 22, "target at its FI_IMMED completion"));
+    FT_TRY(ft_expect_comp(&e.p, &e.c->tx, &ctx, FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
+/* FI_FENCE: the earlier plain writes are committed first, and the fenced
+ * write is not placed before the target application acknowledged them. */
+static int t_manual_fenced(struct ft_run *r) {
+    struct fi_context2 ctx[4];
+    struct ft_eqev ev;
+    struct ft_rma e;
+    int ret = manual_open(r, &e);
+
+    FT_TRY(ret);
+    memset(e.tgt.buf, 0, 4 * 4096);
+    for (int i = 0; i < 3; i++)
+        FT_TRY(post_write(&e, 4096 * i, 4096, 30 + i, &ctx[i]));
+    FT_TRY(post_writemsg(&e, 3 * 4096, 4096, 33, FI_COMMIT | FI_FENCE | FI_COMPLETION, 0, &ctx[3]));
+    FT_TRY(ft_wait_event(&e.p, &e.s->eq, FI_COMMIT_EVENT, &ev));
+    FT_EXPECT(has_range(ev.u.commit.iov, ev.u.commit.count, e.tgt.raddr, 3 * 4096),
+              "the first commit event does not cover the three earlier writes");
+    FT_EXPECT(!has_range(ev.u.commit.iov, ev.u.commit.count, e.tgt.raddr + 3 * 4096, 4096),
+              "the first commit event names the fenced write too");
+    /* Time for a wrongly placed write to land. */
+    FT_TRY(ft_expect_quiet(&e.p, &e.s->rx, 50, "a receive"));
+    FT_EXPECT(ft_check(e.tgt.buf + 3 * 4096, 4096, 33) != 4096,
+              "the fenced write was placed before the earlier writes were acknowledged");
+    FT_CHK(fi_eq_commit_ack(e.s->eq.eq, &ev.u.commit, 0));
+    FT_TRY(ft_wait_event(&e.p, &e.s->eq, FI_COMMIT_EVENT, &ev));
+    FT_EXPECT(has_range(ev.u.commit.iov, ev.u.commit.count, e.tgt.raddr + 3 * 4096, 4096),
+              "the second commit event lacks the fenced write");
+    FT_TRY(durable(&e, 3 * 4096, 4096, 33, "fenced write at its commit event"));
+    FT_CHK(fi_eq_commit_ack(e.s->eq.eq, &ev.u.commit, 0));
+    FT_TRY(ft_expect_comp(&e.p, &e.c->tx, &ctx[3], FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+    for (int i = 0; i < 3; i++)
+        FT_TRY(durable(&e, 4096 * i, 4096, 30 + i, "earlier write at the fenced completion"));
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
+/* What the manual API refuses, and an application's error reaching the
+ * initiator through fi_eq_commit_ack. */
+static int t_manual_errors(struct ft_run *r) {
+    struct fi_rma_iov rma[33];
+    struct fi_eq_commit_entry bogus = {0};
+    struct fi_context2 ctx;
+    struct ft_comp comp;
+    struct ft_eqev ev;
+    struct ft_rma e;
+    size_t sz = 0, szlen = sizeof(sz);
+    int ret = manual_open(r, &e);
+
+    FT_TRY(ret);
+    for (int i = 0; i < 33; i++)
+        rma[i] = (struct fi_rma_iov){e.tgt.raddr + 64 * (uint64_t)i, 64, e.tgt.key};
+    ssize_t rc = fi_eq_register_handler(e.s->eq.eq, FI_CONNECTED, persist_handler, NULL);
+    FT_EXPECT(rc == -FI_ENOSYS, "a handler for FI_CONNECTED = %zd, expected -FI_ENOSYS", rc);
+    rc = fi_eq_commit_ack(e.s->eq.eq, &bogus, 0);
+    FT_EXPECT(rc == -FI_ENOENT, "acknowledging no commit = %zd, expected -FI_ENOENT", rc);
+    if (r->opts->ep_type == FI_EP_MSG) {
+        FT_CHK(fi_getopt(&e.c->ep->fid, FI_OPT_ENDPOINT, FI_OPT_CM_DATA_SIZE, &sz, &szlen));
+        FT_EXPECT(sz == 51, "FI_OPT_CM_DATA_SIZE %zu, expected 51 (3 bytes name the control QP)",
+                  sz);
+    }
+    FT_POST(&e.p, fi_commit(e.c->ep, rma, 2, e.c->peer, 0, &ctx));
+    FT_TRY(ft_wait_event(&e.p, &e.s->eq, FI_COMMIT_EVENT, &ev));
+    rc = fi_eq_commit_ack(e.s->eq.eq, &ev.u.commit, 1);
+    FT_EXPECT(rc == -FI_EINVAL, "acknowledging with status 1 = %zd, expected -FI_EINVAL", rc);
+    FT_CHK(fi_eq_commit_ack(e.s->eq.eq, &ev.u.commit, -FI_ENOSPC));
+    rc = fi_eq_commit_ack(e.s->eq.eq, &ev.u.commit, 0);
+    FT_EXPECT(rc == -FI_ENOENT, "acknowledging twice = %zd, expected -FI_ENOENT", rc);
+    FT_TRY(ft_expect_err(&e.p, &e.c->tx, &ctx, &comp));
+    FT_EXPECT(comp.err == FI_ENOSPC, "the initiator got err %d (%s), expected FI_ENOSPC", comp.err,
+              fi_strerror(comp.err));
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
 /* ------------------------------------------------------------ elsewhere */
 
 static ssize_t never_called(struct fid_eq *eq, uint64_t type, void *data, uint64_t len,
@@ -557,6 +730,10 @@ const struct ft_test ft_pmof_tests[] = {
     {"pmof.fi_commit_badkey", t_fi_commit_badkey},
     {"pmof.manual_handler", t_manual_handler},
     {"pmof.manual_eq", t_manual_eq},
+    {"pmof.manual_write", t_manual_write},
+    {"pmof.manual_immed", t_manual_immed},
+    {"pmof.manual_fenced", t_manual_fenced},
+    {"pmof.manual_errors", t_manual_errors},
     {"pmof.wrappers_enosys", t_wrappers_enosys},
     {NULL, NULL},
 };
