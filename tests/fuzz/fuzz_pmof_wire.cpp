@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: MIT
+//
+// libFuzzer target for what the pmof libfabric provider reads from a peer
+// (libfabric-glue/src/pmof_wire.c): the header of CM private data, the RDM
+// connector's hello, and the FI_COMMIT_MANUAL control messages.  The first
+// byte picks the parser.  The oracle is the sanitizers, plus: whatever a
+// parser accepts is consistent with its input (user bytes inside it, a
+// nonzero control QP when the flag says so, an address family it knows,
+// a message that encodes back to the same bytes).
+#include "pmof_wire.h"
+
+#include <cstdlib>
+#include <cstring>
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    const uint8_t *in = data + 1;
+    size_t n = size - 1;
+    switch (data[0] % 3) {
+    case 0: {
+        pmof_cm_hdr h;
+        if (!pmof_cm_hdr_parse(in, n, &h)) {
+            if (h.user || h.user_len || h.flags || h.ctl_qpn) abort();
+            return 0;
+        }
+        if (h.user_len && (h.user < in || h.user + h.user_len > in + n)) abort();
+        if (h.user_len > pmof_cm_user_max(h.flags)) abort();
+        if (!(h.flags & PMOF_CM_COMMIT_MANUAL) != !h.ctl_qpn) abort();
+        // Packing what was parsed gives the same prefix back.
+        uint8_t out[PMOF_CM_PRIVATE_MAX];
+        size_t len;
+        if (pmof_cm_hdr_pack(out, &len, h.user, h.user_len, h.flags, h.ctl_qpn)) abort();
+        if (len > n || std::memcmp(out, in, len)) abort();
+        return 0;
+    }
+    case 1: {
+        sockaddr_storage ss;
+        if (pmof_rdm_hello_parse(in, n, &ss) && ss.ss_family != AF_INET && ss.ss_family != AF_INET6)
+            abort();
+        return 0;
+    }
+    default: {
+        pmof_manual_msg m;
+        if (!pmof_manual_parse(in, n, &m)) return 0;
+        uint8_t out[PMOF_MANUAL_MSG_MAX];
+        size_t len = m.type == PMOF_MANUAL_REQ
+                         ? pmof_manual_encode_req(out, m.cookie, m.ranges, m.count)
+                         : pmof_manual_encode_ack(out, m.cookie, m.status);
+        if (len != n || std::memcmp(out, in, n)) abort();
+        return 0;
+    }
+    }
+}
