@@ -131,6 +131,8 @@ static inline void pmof_unlock(struct pmof_lock *l) {
 }
 
 int pmof_errno(int err); /* positive errno (or -errno) to -FI_E* */
+/* Before the provider starts a thread. */
+void pmof_pin_library(void);
 uint64_t pmof_now_ms(void);
 
 /* ------------------------------------------------------------- fi_info */

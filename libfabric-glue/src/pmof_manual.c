@@ -29,8 +29,10 @@
  * initiator's transmit CQ every few tens of microseconds, so that a commit
  * moves on even when the application waits elsewhere (the provider's data
  * progress is automatic); an application that reads its CQ moves it on at
- * once.  Work request ids carry the control block's unique
- * id, so completions of a closed endpoint's QP find nothing and are
+ * once.  While commits wait for their ACK it sends the peer a PING now and
+ * then: a target that died answers nothing, and the control QP's retries
+ * running out fail those commits instead of leaving them waiting forever.  Work request ids carry
+ * the control block's unique id, so completions of a closed endpoint's QP find nothing and are
  * dropped.
  *
  * Locks: m->lock (send slots, records) and m->ep_lock (the endpoint
@@ -55,6 +57,8 @@
 #define MANUAL_SLOT 1024
 #define MANUAL_CQE_PER_QP (MANUAL_RECVS + MANUAL_SENDS)
 #define MANUAL_WR_RECV (1ULL << 16)
+#define MANUAL_WR_PING (1ULL << 17)
+#define MANUAL_PING_MS 500
 
 _Static_assert(PMOF_MANUAL_MSG_MAX <= MANUAL_SLOT, "a control message fits a slot");
 
@@ -107,6 +111,8 @@ struct pmof_mctl {
     struct pmof_ep *ep;
     int pins;
     atomic_int draining; /* drains posted, not yet completed */
+    atomic_int waiting;  /* REQs sent, not yet acknowledged */
+    atomic_bool ping_out;
     /* extents written without a commit, by key (the endpoint's tx_lock) */
     struct pmof_manual_range dirty[PMOF_MANUAL_IOV_MAX - 1];
     uint32_t ndirty;
@@ -126,6 +132,8 @@ struct pmof_mdom {
     size_t nctl;
     uint32_t next_uid;
     atomic_int draining; /* of all its endpoints */
+    atomic_int waiting;
+    uint64_t last_ping_ms;
 };
 
 /* A commit delivered as FI_COMMIT_EVENT, until fi_eq_commit_ack. */
@@ -218,7 +226,7 @@ static int post_recv(struct pmof_mctl *m, uint32_t slot) {
 }
 
 /* Sends one control message; -FI_E* when the control QP cannot take it. */
-static int ctl_send(struct pmof_mctl *m, const uint8_t *msg, size_t len) {
+static int ctl_send(struct pmof_mctl *m, const uint8_t *msg, size_t len, uint64_t tag) {
     struct ibv_send_wr wr = {.opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED, .num_sge = 1};
     struct ibv_send_wr *bad;
     struct ibv_sge sge;
@@ -236,7 +244,7 @@ static int ctl_send(struct pmof_mctl *m, const uint8_t *msg, size_t len) {
     slot = m->send_free[--m->nsend_free];
     memcpy(slot_buf(m, slot, false), msg, len);
     sge = (struct ibv_sge){(uintptr_t)slot_buf(m, slot, false), (uint32_t)len, m->mr->lkey};
-    wr.wr_id = wr_id(m, slot, false);
+    wr.wr_id = wr_id(m, slot, false) | tag;
     wr.sg_list = &sge;
     ret = ibv_post_send(m->qp, &wr, &bad);
     if (ret) m->send_free[m->nsend_free++] = slot;
@@ -249,7 +257,7 @@ static void send_ack(struct pmof_mctl *m, uint64_t cookie, int status) {
     uint8_t msg[PMOF_MANUAL_MSG_MAX];
     size_t len = pmof_manual_encode_ack(msg, cookie, status);
 
-    if (ctl_send(m, msg, len))
+    if (ctl_send(m, msg, len, 0))
         PMOF_WARN(FI_LOG_EP_DATA, "commit acknowledgement lost: the initiator's QP fails\n");
 }
 
@@ -261,7 +269,7 @@ static int send_req(struct pmof_mctl *m, struct pmof_mrec *r) {
     uint8_t msg[PMOF_MANUAL_MSG_MAX];
     size_t len = pmof_manual_encode_req(msg, rec_cookie(m, r), r->ranges, r->count);
 
-    return ctl_send(m, msg, len);
+    return ctl_send(m, msg, len, 0);
 }
 
 /* ------------------------------------------------------------- records */
@@ -290,6 +298,11 @@ static void drain_add(struct pmof_mctl *m, int n) {
         uint64_t one = 1;
         if (write(m->md->wake_fd, &one, sizeof(one)) < 0) PMOF_WARN(FI_LOG_EP_DATA, "wake: %m\n");
     }
+}
+
+static void waiting_add(struct pmof_mctl *m, int n) {
+    atomic_fetch_add(&m->waiting, n);
+    atomic_fetch_add(&m->md->waiting, n);
 }
 
 static void rec_put(struct pmof_ep *ep, struct pmof_mrec *r) {
@@ -487,7 +500,10 @@ int pmof_manual_placed(struct pmof_ep *ep, struct pmof_mrec *r) {
     r->step = r->step == MREC_DRAIN_FENCE ? MREC_REQ_FENCE : MREC_REQ;
     pthread_mutex_unlock(&m->lock);
     ret = send_req(m, r);
-    if (ret) rec_put(ep, r);
+    if (ret)
+        rec_put(ep, r);
+    else
+        waiting_add(m, 1);
     return ret;
 }
 
@@ -558,6 +574,7 @@ static void on_ack(struct pmof_mctl *m, const struct pmof_manual_msg *msg) {
                   m->qp->qp_num);
         return;
     }
+    waiting_add(m, -1);
     ep = mctl_pin(m);
     if (!ep) return;
     if (msg->status) {
@@ -595,7 +612,9 @@ static void ctl_failed(struct pmof_mctl *m) {
         pthread_mutex_lock(&m->lock);
         bool waiting = r->step == MREC_REQ || r->step == MREC_REQ_FENCE;
         pthread_mutex_unlock(&m->lock);
-        if (waiting) rec_complete(ep, r, -FI_EIO);
+        if (!waiting) continue;
+        waiting_add(m, -1);
+        rec_complete(ep, r, -FI_EIO);
     }
     mctl_unpin(m);
 }
@@ -731,6 +750,7 @@ static void handle_wc(struct pmof_mdom *md, const struct ibv_wc *wc) {
 
     if (!m) return; /* a closed endpoint's */
     if (!recv) {
+        if (wc->wr_id & MANUAL_WR_PING) atomic_store(&m->ping_out, false);
         pthread_mutex_lock(&m->lock);
         if (slot < MANUAL_SENDS) m->send_free[m->nsend_free++] = slot;
         pthread_mutex_unlock(&m->lock);
@@ -750,7 +770,7 @@ static void handle_wc(struct pmof_mdom *md, const struct ibv_wc *wc) {
     }
     if (msg.type == PMOF_MANUAL_REQ)
         on_req(m, &msg);
-    else
+    else if (msg.type == PMOF_MANUAL_ACK)
         on_ack(m, &msg);
 out:
     mctl_unref(m);
@@ -778,6 +798,20 @@ static void progress_drains(struct pmof_mdom *md) {
     }
 }
 
+/* A PING on every control QP with commits waiting (and none in flight). */
+static void ping_waiting(struct pmof_mdom *md) {
+    uint8_t msg[PMOF_MANUAL_MSG_MAX];
+    size_t len = pmof_manual_encode_ping(msg);
+
+    md->last_ping_ms = pmof_now_ms();
+    pthread_mutex_lock(&md->lock);
+    for (struct pmof_mctl *m = md->list; m; m = m->next) {
+        if (!atomic_load(&m->waiting) || atomic_exchange(&m->ping_out, true)) continue;
+        if (ctl_send(m, msg, len, MANUAL_WR_PING)) atomic_store(&m->ping_out, false);
+    }
+    pthread_mutex_unlock(&md->lock);
+}
+
 static void *ctl_thread(void *arg) {
     struct pmof_mdom *md = arg;
     struct pollfd fds[3] = {{.fd = md->ch->fd, .events = POLLIN},
@@ -785,21 +819,24 @@ static void *ctl_thread(void *arg) {
                             {.fd = md->wake_fd, .events = POLLIN}};
 
     for (;;) {
-        /* A drain is outstanding: look again soon. */
-        struct timespec soon = {0, 50 * 1000};
+        /* A drain is outstanding: look again soon; commits wait for an
+         * ACK: check on their peers now and then. */
+        struct timespec soon = {0, 50 * 1000}, later = {0, 100 * 1000 * 1000};
         bool draining = atomic_load(&md->draining) > 0;
+        bool waiting = atomic_load(&md->waiting) > 0;
         struct ibv_cq *cq;
         struct ibv_wc wc[16];
         void *ctx;
         int n;
 
-        if (ppoll(fds, 3, draining ? &soon : NULL, NULL) < 0) continue;
+        if (ppoll(fds, 3, draining ? &soon : waiting ? &later : NULL, NULL) < 0) continue;
         if (fds[1].revents) break;
         if (fds[2].revents) {
             uint64_t v;
             if (read(md->wake_fd, &v, sizeof(v)) < 0) v = 0;
         }
         if (draining) progress_drains(md);
+        if (waiting && pmof_now_ms() - md->last_ping_ms >= MANUAL_PING_MS) ping_waiting(md);
         if (!(fds[0].revents & POLLIN) || ibv_get_cq_event(md->ch, &cq, &ctx)) continue;
         ibv_ack_cq_events(cq, 1);
         ibv_req_notify_cq(cq, 0);
@@ -852,6 +889,7 @@ static int mdom_get(struct pmof_domain *dom, struct pmof_mdom **out) {
         ret = pmof_errno(errno ? errno : EIO);
         goto err;
     }
+    pmof_pin_library();
     ret = pthread_create(&md->thread, NULL, ctl_thread, md);
     if (ret) {
         ret = pmof_errno(ret);
@@ -1006,6 +1044,7 @@ void pmof_manual_ep_close(struct pmof_ep *ep) {
     atomic_store(&m->dead, true);
     /* Drains still posted are dropped with the endpoint's completions. */
     atomic_fetch_sub(&md->draining, atomic_exchange(&m->draining, 0));
+    atomic_fetch_sub(&md->waiting, atomic_exchange(&m->waiting, 0));
     ibv_modify_qp(m->qp, &qa, IBV_QP_STATE);
     pthread_mutex_lock(&md->lock);
     for (struct pmof_mctl **pp = &md->list; *pp; pp = &(*pp)->next) {

@@ -6,6 +6,7 @@
  */
 #include "pmof.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <time.h>
 
@@ -16,6 +17,22 @@ struct pmof_params pmof_params = {
     .allow_layering = 0,
     .cm_timeout_ms = 5000,
 };
+
+static void pin_library(void) {
+    Dl_info di;
+
+    if (!dladdr((void *)pmof_pin_library, &di) || !di.dli_fname ||
+        !dlopen(di.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE))
+        PMOF_WARN(FI_LOG_CORE, "cannot keep the provider loaded: %s\n", dlerror());
+}
+
+/* libfabric unloads its providers at exit (fi_fini), maybe while an
+ * application that never closed its domain still has the provider's
+ * threads running: the first thread keeps the library mapped to the end. */
+void pmof_pin_library(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, pin_library);
+}
 
 static void pmof_cleanup(void) {
     pmof_info_cleanup();

@@ -613,6 +613,7 @@ static int rdm_enable(struct pmof_rdm *rdm) {
     if (!ret) ret = fi_getname(&pep->fid, &rdm->name, &len);
     if (ret) return ret;
     if (pipe(rdm->stop_fd)) return pmof_errno(errno);
+    pmof_pin_library();
     ret = pthread_create(&rdm->thread, NULL, rdm_cm_thread, rdm);
     if (ret) return pmof_errno(ret);
     rdm->thread_running = true;

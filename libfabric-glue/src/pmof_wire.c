@@ -140,6 +140,10 @@ size_t pmof_manual_encode_ack(uint8_t out[PMOF_MANUAL_MSG_MAX], uint64_t cookie,
     return encode_hdr(out, PMOF_MANUAL_ACK, 0, cookie, status);
 }
 
+size_t pmof_manual_encode_ping(uint8_t out[PMOF_MANUAL_MSG_MAX]) {
+    return encode_hdr(out, PMOF_MANUAL_PING, 0, 0, 0);
+}
+
 bool pmof_manual_parse(const void *data, size_t len, struct pmof_manual_msg *out) {
     const uint8_t *d = data;
     uint16_t count;
@@ -166,6 +170,8 @@ bool pmof_manual_parse(const void *data, size_t len, struct pmof_manual_msg *out
         return true;
     case PMOF_MANUAL_ACK:
         return !count && out->status <= 0 && len == PMOF_MANUAL_HDR_LEN;
+    case PMOF_MANUAL_PING:
+        return !count && !out->status && len == PMOF_MANUAL_HDR_LEN;
     default:
         return false;
     }

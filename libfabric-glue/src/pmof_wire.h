@@ -72,8 +72,9 @@ bool pmof_rdm_hello_parse(const void *data, size_t len, struct sockaddr_storage 
 #define PMOF_MANUAL_MSG_MAX (PMOF_MANUAL_HDR_LEN + PMOF_MANUAL_IOV_MAX * PMOF_MANUAL_RANGE_LEN)
 
 enum pmof_manual_type {
-    PMOF_MANUAL_REQ = 1, /* initiator -> target: make these ranges durable */
-    PMOF_MANUAL_ACK = 2, /* target -> initiator: done, with a status */
+    PMOF_MANUAL_REQ = 1,  /* initiator -> target: make these ranges durable */
+    PMOF_MANUAL_ACK = 2,  /* target -> initiator: done, with a status */
+    PMOF_MANUAL_PING = 3, /* either way: is the peer there?  (no answer) */
 };
 
 struct pmof_manual_range {
@@ -92,8 +93,9 @@ struct pmof_manual_msg {
 size_t pmof_manual_encode_req(uint8_t out[PMOF_MANUAL_MSG_MAX], uint64_t cookie,
                               const struct pmof_manual_range *ranges, uint32_t count);
 size_t pmof_manual_encode_ack(uint8_t out[PMOF_MANUAL_MSG_MAX], uint64_t cookie, int32_t status);
+size_t pmof_manual_encode_ping(uint8_t out[PMOF_MANUAL_MSG_MAX]);
 /* False unless `data` is exactly one well-formed message: known type and
- * version, 1..PMOF_MANUAL_IOV_MAX ranges for a REQ (none for an ACK), the
+ * version, 1..PMOF_MANUAL_IOV_MAX ranges for a REQ (none otherwise), the
  * length those imply, ranges whose end does not wrap, an ACK status that is
  * 0 or negative. */
 bool pmof_manual_parse(const void *data, size_t len, struct pmof_manual_msg *out);

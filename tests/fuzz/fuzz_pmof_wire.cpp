@@ -45,7 +45,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         uint8_t out[PMOF_MANUAL_MSG_MAX];
         size_t len = m.type == PMOF_MANUAL_REQ
                          ? pmof_manual_encode_req(out, m.cookie, m.ranges, m.count)
-                         : pmof_manual_encode_ack(out, m.cookie, m.status);
+                     : m.type == PMOF_MANUAL_ACK ? pmof_manual_encode_ack(out, m.cookie, m.status)
+                                                 : pmof_manual_encode_ping(out);
+        // A PING carries no cookie: only its header fields are compared.
+        if (m.type == PMOF_MANUAL_PING) std::memcpy(out + 8, in + 8, 8);
         if (len != n || std::memcmp(out, in, n)) abort();
         return 0;
     }

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# The remote log through libfabric (docs/examples/fi_remote_log.c) over the
+# pmof provider, and its target killed mid-stream:
+#
+#   1. a whole run of 500 records, then `--verify` of the log file: every
+#      record complete, the head at 500;
+#   2. the same stream of small records, the target killed with SIGKILL after
+#      about a second.  The initiator must end with a completion error
+#      (exit 3), not hang; the log file passes `--verify` with its head H at
+#      least the last `committed N` the initiator printed (a completed
+#      FI_COMMIT is never lost), every record 1..H complete (FI_FENCE placed
+#      no head before its record), and H past N by at most the 16 appends the
+#      initiator keeps in flight.
+#
+# Each run twice: with FI_COMMIT carried by the transport (sroce's native
+# write-commit) and with FI_COMMIT_MANUAL (the target's handler msyncs the
+# ranges it is given).  SIGKILL leaves the page cache alone, so this checks
+# the protocol - placement order, no completion ahead of the target's
+# persistence - not power loss.
+#
+# Usage: test_pmof_commit_kill.sh BUILD-DIR
+#
+# ctest: TIMEOUT=300 RESOURCE_LOCK=lo-127.0.22.1,lo-127.0.22.2
+set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+sroce_init "${1:?usage: $0 BUILD-DIR}"
+require_loopback
+prog=$BUILD_DIR/tests/compile/fi_remote_log
+[[ -x $prog ]] || die "$prog is not built"
+export FI_PROVIDER_PATH=$BUILD_DIR/libfabric-glue
+[[ -f $FI_PROVIDER_PATH/libpmof-fi.so ]] || die "libpmof-fi.so is not built in $FI_PROVIDER_PATH"
+A=127.0.22.1
+B=127.0.22.2
+depth=16
+logs=()
+cleanup() {
+	((${#logs[@]})) && rm -f "${logs[@]}"
+	_sroce_cleanup
+}
+trap cleanup EXIT
+
+sroce_config fk0 $A fk1 $B
+private_agent
+"$SROCE_BIN" agent start ${SROCE_AGENT_LOG:+--log "$SROCE_AGENT_LOG"} || die "agent start failed"
+
+# wait_for FILE SECONDS PATTERN PID: until FILE holds PATTERN; fails early
+# once PID has exited.
+wait_for() {
+	local deadline=$((SECONDS + $2))
+	until grep -q -- "$3" "$1" 2>/dev/null; do
+		kill -0 "$4" 2>/dev/null || return 1
+		((SECONDS < deadline)) || return 1
+		sleep 0.05
+	done
+}
+
+show_logs() {
+	local f
+	for f in server client; do
+		[[ -s $out.$f ]] && tail -n 15 "$out.$f" | sed "s/^/  $f: /"
+	done
+	return 0
+}
+
+# start_target NAME [ARGS...]: sets spid, port, log.
+start_target() {
+	local name=$1
+	shift
+	out=$WORK/$name
+	log=$(mktemp /var/tmp/pmof-commit-kill.XXXXXX)
+	logs+=("$log")
+	# No `timeout` in between: `sroce exec` execs the program, so $! is the
+	# target itself and a SIGKILL reaches it.
+	"$SROCE_BIN" exec -- "$prog" --server -a $A --file "$log" --size 67108864 "$@" \
+		>"$out.server" 2>&1 &
+	spid=$!
+	SROCE_BG_PIDS+=("$spid")
+	if ! wait_for "$out.server" 30 "listening on port" "$spid"; then
+		fail "$name: the target did not start"
+		show_logs
+		return 1
+	fi
+	port=$(sed -n 's/^fi_remote_log: listening on port \([0-9]*\)$/\1/p' "$out.server")
+	[[ -n $port ]] || die "$name: the target printed no port"
+}
+
+whole() {
+	local name=$1 head
+	shift
+	start_target "$name" "$@" || return
+	RP_TIMEOUT=120 sroce_bg "$out.client" "$prog" -a $A -p "$port" -n 500 "$@"
+	bg_wait "$BG_PID"
+	if ((BG_RC != 0)); then
+		fail "$name: the initiator exited $BG_RC"
+		show_logs
+		kill "$spid" 2>/dev/null
+		bg_wait "$spid"
+		return
+	fi
+	bg_wait "$spid"
+	((BG_RC == 0)) || fail "$name: the target exited $BG_RC"
+	head=$("$prog" --verify "$log" 2>&1)
+	if [[ $head == "log ok: 500 records" ]]; then
+		pass "$name: 500 records committed and verified"
+	else
+		fail "$name: --verify: $head"
+		show_logs
+	fi
+}
+
+crash() {
+	local name=$1 cpid last head ms killed_at
+	shift
+	start_target "$name" "$@" || return
+	RP_TIMEOUT=120 sroce_bg "$out.client" "$prog" -a $A -p "$port" -n 1000000 \
+		--record-size 32 "$@"
+	cpid=$BG_PID
+	if ! wait_for "$out.client" 60 "^committed " "$cpid"; then
+		fail "$name: no record was committed"
+		show_logs
+		kill -9 "$spid" 2>/dev/null
+		bg_wait "$spid"
+		bg_wait "$cpid"
+		return
+	fi
+	sleep 1
+	if ! kill -0 "$cpid" 2>/dev/null || ! kill -0 "$spid" 2>/dev/null; then
+		fail "$name: the stream ended before the target was killed"
+		show_logs
+		kill -9 "$spid" 2>/dev/null
+		bg_wait "$spid"
+		bg_wait "$cpid"
+		return
+	fi
+	kill -9 "$spid"
+	killed_at=$(now)
+	bg_wait "$spid"
+	bg_wait "$cpid"
+	ms=$(awk -v s="$(elapsed "$killed_at")" 'BEGIN { printf "%d", s * 1000 }')
+	last=$(awk '/^committed / { n = $2 } END { print n + 0 }' "$out.client")
+	echo "$name: target killed after $last completed commits; initiator exited $BG_RC after $ms ms"
+	case $BG_RC in
+	3) pass "$name: the initiator stopped with a completion error" ;;
+	124 | 137) fail "$name: the initiator hung after the target was killed" ;;
+	*)
+		fail "$name: the initiator exited $BG_RC, expected 3"
+		show_logs
+		;;
+	esac
+	((last > 0)) || fail "$name: nothing was committed before the kill"
+	if ! "$prog" --verify "$log" --record-size 32 >"$out.verify" 2>&1; then
+		fail "$name: --verify: $(cat "$out.verify")"
+		return
+	fi
+	head=$(sed -n 's/^log ok: \([0-9]*\) records$/\1/p' "$out.verify")
+	if [[ -z $head ]]; then
+		fail "$name: --verify printed no head: $(cat "$out.verify")"
+	elif ((head < last)); then
+		fail "$name: head $head < $last, the last completed FI_COMMIT"
+	elif ((head > last + depth)); then
+		fail "$name: head $head is more than $depth records past $last"
+	else
+		pass "$name: head $head covers the $last completed commits, every record valid"
+	fi
+}
+
+whole transport
+whole manual --manual
+crash transport-kill
+crash manual-kill --manual
+finish
