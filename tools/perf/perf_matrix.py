@@ -5,8 +5,9 @@
 Every way of making a remote write durable (the --method values of
 ib_write_commit_lat/bw) at sizes 8 B ... 1 MiB, over two sroce links on lo,
 together with the peers measured in the same run: raw UDP and TCP over
-loopback (socket_loopback) and libfabric's tcp provider writing with
-FI_COMMIT_COMPLETE (fi_commit_bench).  Writes results.md (tables, the target
+loopback (socket_loopback), libfabric's tcp provider writing with
+FI_COMMIT_COMPLETE (fi_commit_bench) and the same program over the pmof
+provider on the sroce links (an agent of the matrix's own for rdma_cm).  Writes results.md (tables, the target
 ratios, the exact commands), results.json (every figure) and results.png
 (latency and bandwidth against size) into --out.
 
@@ -54,6 +55,22 @@ class Matrix:
         for name, addr in (("pm0", args.addr[0]), ("pm1", args.addr[1])):
             subprocess.run([self.sroce, "link", "add", name, "netdev", "lo", "addr", addr],
                            env=self.env, check=True, stdout=subprocess.DEVNULL)
+        # pmof connects through rdma_cm, which needs an agent: a private one.
+        self.env["SROCE_AGENT_SOCKET"] = "perf-matrix-%d" % os.getpid()
+        self.env["FI_PROVIDER_PATH"] = os.path.join(self.build, "libfabric-glue")
+        self.agent = False
+
+    def start_agent(self):
+        if not self.agent:
+            subprocess.run([self.sroce, "agent", "start"], env=self.env, check=True,
+                           stdout=subprocess.DEVNULL)
+            self.agent = True
+
+    def stop_agent(self):
+        if self.agent:
+            subprocess.run([self.sroce, "agent", "stop"], env=self.env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.agent = False
 
     # ------------------------------------------------------------ running
     def next_port(self):
@@ -277,16 +294,36 @@ class Matrix:
         if not os.path.exists(fi):
             print("fi_commit_bench not built (libfabric-dev missing): libfabric peer skipped")
             return
+        pmof = os.path.exists(os.path.join(self.build, "libfabric-glue", "libpmof-fi.so"))
+        if pmof:
+            self.start_agent()
+        else:
+            print("libpmof-fi.so not built: the pmof provider is skipped")
+        # tcp and pmof measured round-robin, size by size: their ratio is a
+        # target.
         for size in self.args.sizes:
             for kind in ("lat", "bw"):
                 iters = self.args.lat_iters if kind == "lat" else self.args.bw_iters
-                common = ["-p", "tcp", "-m", kind, "-s", str(size), "-n", str(iters),
-                          "-P", "@PORT@"]
-                r = self.run_pair([fi] + common,
-                                  [fi] + common + ["--out_json_file", "@JSON@", "127.0.0.1"],
-                                  label="fi_commit_bench tcp %s" % kind)
-                peers.setdefault("libfabric tcp commit " + kind, {})[size] = r["results"][0]
-                self.progress(kind, "libfabric tcp commit", size, r["results"][0])
+                common = ["-m", kind, "-s", str(size), "-n", str(iters), "-P", "@PORT@"]
+                jobs = [("tcp", self.fi_job([fi], ["-p", "tcp"] + common, "127.0.0.1", []))]
+                if pmof:
+                    ex = [self.sroce, "exec", "--"]
+                    jobs.append(("pmof", self.fi_job(ex + [fi], ["-p", "pmof"] + common,
+                                                     self.args.addr[0],
+                                                     ["-a", self.args.addr[0]])))
+                for prov, r in self.interleaved(jobs).items():
+                    name = "libfabric %s commit %s" % (prov, kind)
+                    peers.setdefault(name, {})[size] = r["results"][0]
+                    self.progress(kind, "libfabric %s commit" % prov, size, r["results"][0])
+
+    def fi_job(self, fi, common, host, server_only):
+        """One fi_commit_bench pair as fn(record) -> JSON; `fi` is the
+        program with whatever runs it."""
+        prov = common[1]
+        server = fi + common + server_only
+        client = fi + common + ["--out_json_file", "@JSON@", host]
+        label = "fi_commit_bench %s %s" % (prov, common[3])
+        return lambda record: self.run_pair_once(server, client, None, label, record)
 
     def progress(self, kind, name, size, r):
         if kind == "lat":
@@ -352,6 +389,14 @@ class Matrix:
         add("native commit 64 B latency / libfabric tcp FI_COMMIT_COMPLETE",
             get(lat, "native", 64, "t_typical"),
             get(peers, "libfabric tcp commit lat", 64, "t_typical"), 1.0, "<=", "t_typical, RTT")
+        add("libfabric pmof FI_COMMIT_COMPLETE 64 B latency / libfabric tcp",
+            get(peers, "libfabric pmof commit lat", 64, "t_typical"),
+            get(peers, "libfabric tcp commit lat", 64, "t_typical"), 0.85, "<=",
+            "t_typical, RTT; fi_commit_bench -p pmof / -p tcp")
+        add("libfabric pmof FI_COMMIT_COMPLETE 64 B latency / native commit (raw verbs)",
+            get(peers, "libfabric pmof commit lat", 64, "t_typical"),
+            get(lat, "native", 64, "t_typical"), 1.10, "<=",
+            "t_typical, RTT; the provider's overhead over ib_write_commit_lat --method native")
         return rows
 
     def write_report(self):
@@ -500,6 +545,7 @@ def main():
         print("perf_matrix: %s" % e, file=sys.stderr)
         return 1
     finally:
+        m.stop_agent()
         subprocess.run(["rm", "-rf", m.work])
     print("wrote %s/results.md, results.json, results.png" % args.out)
     return 0
