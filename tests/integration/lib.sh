@@ -186,6 +186,26 @@ sroce_bg() {
 	SROCE_BG_PIDS+=("$BG_PID")
 }
 
+# wait_for FILE SECONDS PATTERN PID: waits until FILE contains PATTERN;
+# fails after SECONDS, or early once process PID has exited.
+wait_for() {
+	local deadline=$((SECONDS + $2))
+	until grep -q -- "$3" "$1" 2>/dev/null; do
+		kill -0 "$4" 2>/dev/null || return 1
+		((SECONDS < deadline)) || return 1
+		sleep 0.05
+	done
+}
+
+# show_logs PREFIX: the last lines of PREFIX.server and PREFIX.client.
+show_logs() {
+	local f
+	for f in server client; do
+		[[ -s $1.$f ]] && tail -n 15 "$1.$f" | sed "s/^/  $f: /"
+	done
+	return 0
+}
+
 # bg_wait PID: waits for a process started by sroce_bg and sets BG_RC to its
 # exit status.  The id is forgotten afterwards, so the exit trap never signals
 # an unrelated process that happens to reuse it.

@@ -43,25 +43,6 @@ trap cleanup EXIT
 
 sroce_config ck0 127.0.7.3 ck1 127.0.7.4
 
-# Waits up to $2 seconds for file $1 to contain $3; fails early once process
-# $4 has exited.
-wait_for() {
-	local deadline=$((SECONDS + $2))
-	until grep -q -- "$3" "$1" 2>/dev/null; do
-		kill -0 "$4" 2>/dev/null || return 1
-		((SECONDS < deadline)) || return 1
-		sleep 0.05
-	done
-}
-
-show_logs() {
-	local f
-	for f in server client; do
-		[[ -s $out.$f ]] && tail -n 15 "$out.$f" | sed "s/^/  $f: /"
-	done
-	return 0
-}
-
 # crash MODE PATH [CLIENT-ARGS...]: PATH is how the initiator says it commits.
 crash() {
 	local mode=$1 path=$2 log port spid cpid killed_at ms last head
@@ -82,7 +63,7 @@ crash() {
 		grep -q 'FLUSH_PERSISTENT): Invalid argument' "$out.server" &&
 			skip "/var/tmp cannot be registered for persistence"
 		fail "$mode: the target did not start"
-		show_logs
+		show_logs "$out"
 		return
 	fi
 	port=$(sed -n 's/^remote_log: listening on port \([0-9]*\)$/\1/p' "$out.server")
@@ -95,7 +76,7 @@ crash() {
 	cpid=$BG_PID
 	if ! wait_for "$out.client" 60 "^committed " "$cpid"; then
 		fail "$mode: no record was committed"
-		show_logs
+		show_logs "$out"
 		kill -9 "$spid" 2>/dev/null
 		bg_wait "$spid" 2>/dev/null
 		bg_wait "$cpid"
@@ -104,7 +85,7 @@ crash() {
 	sleep 1
 	if ! kill -0 "$cpid" 2>/dev/null || ! kill -0 "$spid" 2>/dev/null; then
 		fail "$mode: the stream ended before the target was killed"
-		show_logs
+		show_logs "$out"
 		kill -9 "$spid" 2>/dev/null
 		bg_wait "$spid" 2>/dev/null
 		bg_wait "$cpid"
@@ -131,7 +112,7 @@ crash() {
 		pass "$mode: the error is IBV_WC_RETRY_EXC_ERR"
 	else
 		fail "$mode: no transport retry error reported"
-		show_logs
+		show_logs "$out"
 	fi
 	if grep -q 'records committed$' "$out.client"; then
 		fail "$mode: the initiator reported a finished run"

@@ -45,25 +45,6 @@ sroce_config fk0 $A fk1 $B
 private_agent
 "$SROCE_BIN" agent start ${SROCE_AGENT_LOG:+--log "$SROCE_AGENT_LOG"} || die "agent start failed"
 
-# wait_for FILE SECONDS PATTERN PID: until FILE holds PATTERN; fails early
-# once PID has exited.
-wait_for() {
-	local deadline=$((SECONDS + $2))
-	until grep -q -- "$3" "$1" 2>/dev/null; do
-		kill -0 "$4" 2>/dev/null || return 1
-		((SECONDS < deadline)) || return 1
-		sleep 0.05
-	done
-}
-
-show_logs() {
-	local f
-	for f in server client; do
-		[[ -s $out.$f ]] && tail -n 15 "$out.$f" | sed "s/^/  $f: /"
-	done
-	return 0
-}
-
 # start_target NAME [ARGS...]: sets spid, port, log.
 start_target() {
 	local name=$1
@@ -79,7 +60,7 @@ start_target() {
 	SROCE_BG_PIDS+=("$spid")
 	if ! wait_for "$out.server" 30 "listening on port" "$spid"; then
 		fail "$name: the target did not start"
-		show_logs
+		show_logs "$out"
 		return 1
 	fi
 	port=$(sed -n 's/^fi_remote_log: listening on port \([0-9]*\)$/\1/p' "$out.server")
@@ -94,7 +75,7 @@ whole() {
 	bg_wait "$BG_PID"
 	if ((BG_RC != 0)); then
 		fail "$name: the initiator exited $BG_RC"
-		show_logs
+		show_logs "$out"
 		kill "$spid" 2>/dev/null
 		bg_wait "$spid"
 		return
@@ -106,7 +87,7 @@ whole() {
 		pass "$name: 500 records committed and verified"
 	else
 		fail "$name: --verify: $head"
-		show_logs
+		show_logs "$out"
 	fi
 }
 
@@ -119,7 +100,7 @@ crash() {
 	cpid=$BG_PID
 	if ! wait_for "$out.client" 60 "^committed " "$cpid"; then
 		fail "$name: no record was committed"
-		show_logs
+		show_logs "$out"
 		kill -9 "$spid" 2>/dev/null
 		bg_wait "$spid"
 		bg_wait "$cpid"
@@ -128,7 +109,7 @@ crash() {
 	sleep 1
 	if ! kill -0 "$cpid" 2>/dev/null || ! kill -0 "$spid" 2>/dev/null; then
 		fail "$name: the stream ended before the target was killed"
-		show_logs
+		show_logs "$out"
 		kill -9 "$spid" 2>/dev/null
 		bg_wait "$spid"
 		bg_wait "$cpid"
@@ -146,7 +127,7 @@ crash() {
 	124 | 137) fail "$name: the initiator hung after the target was killed" ;;
 	*)
 		fail "$name: the initiator exited $BG_RC, expected 3"
-		show_logs
+		show_logs "$out"
 		;;
 	esac
 	((last > 0)) || fail "$name: nothing was committed before the kill"
