@@ -81,8 +81,8 @@ struct pmof_mrec {
     uint32_t reserved; /* send slots held for the follow-ups */
     struct pmof_manual_range ranges[PMOF_MANUAL_IOV_MAX];
     uint32_t count;
-    /* FI_FENCE: the write, posted once the earlier extents are durable */
-    bool fenced;
+    /* the write itself; with FI_FENCE posted once the earlier extents are
+     * durable, from these */
     struct pmof_manual_range write_range;
     struct ibv_sge sge[PMOF_IOV_LIMIT];
     int nsge;
@@ -457,7 +457,6 @@ ssize_t pmof_manual_write(struct pmof_ep *ep, const struct iovec *iov, size_t co
     pmof_lock(&ep->tx_lock);
     if ((flags & FI_FENCE) && m->ndirty) {
         /* Every earlier extent first; this write once they are durable. */
-        r->fenced = true;
         r->reserved++;
         for (uint32_t i = 0; i < m->ndirty; i++)
             r->ranges[r->count++] = m->dirty[i];
@@ -714,19 +713,19 @@ void pmof_manual_eq_release(struct pmof_eq *eq, struct pmof_mctl *m, int status)
     }
     for (struct pmof_mpend *p = gone; p; p = p->next) {
         /* Drop the queued FI_COMMIT_EVENT that names p->iov, if unread. */
-        struct pmof_slist_entry **ep = &eq->queue.head, *prev = NULL;
-        while (*ep) {
-            struct pmof_eq_entry *e = (struct pmof_eq_entry *)*ep;
+        struct pmof_slist_entry **link = &eq->queue.head, *prev = NULL;
+        while (*link) {
+            struct pmof_eq_entry *e = (struct pmof_eq_entry *)*link;
             const struct fi_eq_commit_entry *ce = (const void *)e->data;
             if (!e->err && e->event == FI_COMMIT_EVENT && e->len == sizeof(*ce) &&
                 ce->iov == p->iov) {
-                *ep = (*ep)->next;
+                *link = (*link)->next;
                 if (eq->queue.tail == &e->link) eq->queue.tail = prev;
                 free(e);
                 break;
             }
-            prev = *ep;
-            ep = &(*ep)->next;
+            prev = *link;
+            link = &(*link)->next;
         }
     }
     pmof_eq_resignal(eq);
