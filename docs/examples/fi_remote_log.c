@@ -12,8 +12,9 @@
  *   offset 64   record 1, record 2, ...: a header (sequence number, payload
  *               length, checksum), then the payload, padded to 8 bytes
  *
- * The target (--server) maps the file MAP_SHARED and registers it with
- * fi_mr_reg(..., FI_PMEM).  The initiator appends each record with
+ * The target (--server) maps the file - or a device DAX, /dev/daxN.M, which
+ * an RNIC such as Linux rxe can make persistent by itself - MAP_SHARED and
+ * registers it with fi_mr_reg(..., FI_PMEM).  The initiator appends each record with
  *
  *   1. fi_write() of the record into the next free slot, and
  *   2. fi_writemsg() of the new head index with FI_COMMIT | FI_FENCE:
@@ -103,11 +104,44 @@ static size_t slot_size(size_t record_size) {
     return sizeof(struct rec_hdr) + ((record_size + 7) & ~(size_t)7);
 }
 
+/* Maps the log: a file (created, or of its own size when read), or a
+ * device DAX character device (/dev/daxN.M, persistent memory the NIC can
+ * reach directly), of which *len bytes are used - a multiple of its
+ * alignment, usually 2 MiB. */
+static uint8_t *map_log(const char *path, bool create, size_t *len) {
+    int fd = open(path, create ? O_RDWR | O_CREAT : O_RDONLY, 0644);
+    struct stat st;
+    void *p;
+
+    if (fd < 0 || fstat(fd, &st)) {
+        perror(path);
+        return NULL;
+    }
+    if (S_ISREG(st.st_mode)) {
+        if (create && (ftruncate(fd, 0) || ftruncate(fd, (off_t)*len))) {
+            perror(path);
+            close(fd);
+            return NULL;
+        }
+        if (!create) *len = (size_t)st.st_size;
+    }
+    p = *len ? mmap(NULL, *len, create ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0)
+             : MAP_FAILED;
+    close(fd);
+    if (p == MAP_FAILED) {
+        fprintf(stderr, "%s: cannot map %zu bytes\n", path, *len);
+        return NULL;
+    }
+    return p;
+}
+
 static struct fi_info *get_info(const char *node, const char *service, uint64_t flags) {
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
 
     hints->ep_attr->type = FI_EP_MSG;
-    hints->caps = FI_RMA | FI_RMA_PMEM;
+    /* Each side names its direction: a device that executes its peers'
+     * FLUSHes but cannot send one still serves as a target. */
+    hints->caps = FI_RMA | (opt.server ? FI_REMOTE_WRITE : FI_WRITE) | FI_RMA_PMEM;
     /* The application can persist by itself when asked to. */
     hints->mode = opt.manual ? FI_COMMIT_MANUAL : 0;
     hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
@@ -183,20 +217,12 @@ static int run_server(void) {
     struct fid_mr *mr;
     struct sockaddr_in sin;
     size_t alen = sizeof(sin);
-    int fd;
 
-    fd = open(opt.file, O_RDWR | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || ftruncate(fd, (off_t)opt.size)) {
-        perror(opt.file);
-        return 1;
-    }
     log_len = opt.size;
-    log_base = mmap(NULL, log_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (log_base == MAP_FAILED) {
-        perror("mmap");
-        return 1;
-    }
+    log_base = map_log(opt.file, true, &log_len);
+    if (!log_base) return 1;
+    /* A device keeps what an earlier log left: start from an empty one. */
+    *(uint64_t *)log_base = 0;
     *(uint64_t *)(log_base + 8) = htole64(LOG_MAGIC);
     msync(log_base, 4096, MS_SYNC);
 
@@ -347,17 +373,11 @@ static int run_client(void) {
 /* --------------------------------------------------------------- verify */
 
 static int verify(const char *path) {
-    int fd = open(path, O_RDONLY);
-    struct stat st;
-    uint8_t *p;
+    size_t len = opt.size;
+    const uint8_t *p = map_log(path, false, &len);
 
-    if (fd < 0 || fstat(fd, &st)) {
-        perror(path);
-        return 1;
-    }
-    p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED || (size_t)st.st_size < LOG_DATA) {
+    if (!p) return 1;
+    if (len < LOG_DATA) {
         fprintf(stderr, "%s: not a log\n", path);
         return 1;
     }
@@ -370,8 +390,7 @@ static int verify(const char *path) {
     for (uint64_t seq = 1; seq <= head; seq++) {
         size_t off = LOG_DATA + (seq - 1) * slot;
         const struct rec_hdr *h = (const void *)(p + off);
-        if (off + slot > (size_t)st.st_size || le64toh(h->seq) != seq ||
-            le32toh(h->len) != opt.record_size ||
+        if (off + slot > len || le64toh(h->seq) != seq || le32toh(h->len) != opt.record_size ||
             le32toh(h->csum) != checksum(p + off + sizeof(*h), opt.record_size, seq)) {
             printf("record %" PRIu64 " of %" PRIu64 " is damaged\n", seq, head);
             return 2;
@@ -386,7 +405,8 @@ static void usage(FILE *f) {
                "[--manual]\n"
                "       fi_remote_log -a ADDR -p PORT [-n RECORDS] [--record-size BYTES] "
                "[--manual]\n"
-               "       fi_remote_log --verify PATH [--record-size BYTES]\n");
+               "       fi_remote_log --verify PATH [--size BYTES] [--record-size BYTES]\n"
+               "PATH may be a device DAX (/dev/daxN.M); --size then says how much of it.\n");
 }
 
 int main(int argc, char **argv) {

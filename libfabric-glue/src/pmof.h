@@ -64,6 +64,8 @@ extern struct fi_provider pmof_prov;
 #define PMOF_DEF_RX_SIZE 384
 #define PMOF_DEF_CQ_SIZE 1024
 #define PMOF_DEF_INLINE 256
+/* Inline data is gathered into one buffer of at most this size. */
+#define PMOF_INLINE_MAX 1024
 /* Keys carry the target region's durability class above the rkey, so the
  * initiator asks for the right placement without being told. */
 #define PMOF_KEY_PMEM (1ULL << 32)
@@ -160,7 +162,15 @@ enum pmof_commit_path {
     PMOF_COMMIT_NONE,  /* no remote persistence: say so (-FI_EOPNOTSUPP) */
     PMOF_COMMIT_VERBS, /* ibv_wr_rdma_write_commit (sroce): native or IBTA */
     PMOF_COMMIT_FLUSH, /* an RNIC with IBTA FLUSH: WRITE + FLUSH sequences */
+    /* An RNIC that executes its peers' FLUSHes, under a libibverbs too old
+     * to post one (rdma-core < 45): persistent memory for targets only. */
+    PMOF_COMMIT_FLUSH_TARGET,
 };
+
+/* Whether this side can make its own writes durable at the target. */
+static inline bool pmof_path_initiates(enum pmof_commit_path path) {
+    return path == PMOF_COMMIT_VERBS || path == PMOF_COMMIT_FLUSH;
+}
 
 struct pmof_domain {
     struct fid_domain domain_fid;
@@ -174,6 +184,7 @@ struct pmof_domain {
     bool thread_safe;
     enum pmof_commit_path commit_path;
     struct ibv_commit_caps commit_caps;
+    size_t tx_iov_limit; /* entries a send, write or read may gather */
     struct fi_pmof_domain_ops pmof_ops;
     struct fi_hmem_override_ops hmem_ops;
     bool hmem_override;
@@ -194,6 +205,8 @@ int pmof_mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t fla
 /* Commit paths of a device, from what it reports. */
 enum pmof_commit_path pmof_device_commit_path(struct ibv_context *verbs,
                                               struct ibv_commit_caps *caps);
+/* How many entries a transmit may gather on a device. */
+size_t pmof_device_tx_iov_limit(const struct ibv_device_attr_ex *attr, enum pmof_commit_path path);
 
 struct pmof_mr {
     struct fid_mr mr_fid;
@@ -496,6 +509,10 @@ void pmof_tx_abort(struct pmof_ep *ep);
 /* Fills an SGE list from iov/desc (FI_MR_LOCAL descriptors). */
 int pmof_fill_sge(const struct iovec *iov, void **desc, size_t count, struct ibv_sge *sge,
                   size_t *total);
+/* The data of the work request just started: inline (copied now) or the
+ * scatter/gather list. */
+void pmof_wr_set_payload(struct pmof_ep *ep, const struct iovec *iov, size_t count,
+                         const struct ibv_sge *sge, int nsge, bool inl);
 extern const uint64_t pmof_cntr_flags[PMOF_CNTR_KINDS];
 /* fi_ep_bind of a counter (FI_SEND, FI_RECV, FI_READ, ... flags). */
 int pmof_bind_cntr(struct pmof_cntr **cntrs, struct pmof_cntr *c, uint64_t flags);

@@ -27,7 +27,7 @@ ssize_t pmof_commit_ep(struct pmof_ep *ep, const struct fi_rma_iov *iov, size_t 
     if (ret) return ret;
     if (count > ep->tx.size / 2) return -FI_EINVAL;
     if (pmof_manual_active(ep)) return pmof_manual_commit(ep, iov, count, flags, context);
-    if (ep->dom->commit_path == PMOF_COMMIT_NONE) return -FI_EOPNOTSUPP;
+    if (!pmof_path_initiates(ep->dom->commit_path)) return -FI_EOPNOTSUPP;
 
     pmof_lock(&ep->tx_lock);
     pmof_tx_start(ep);

@@ -55,7 +55,9 @@ static int mr_access(const struct pmof_domain *dom, uint64_t access, uint64_t fl
     if ((access & FI_REMOTE_WRITE) && dom->commit_path != PMOF_COMMIT_NONE) {
         a |= IBV_ACCESS_FLUSH_GLOBAL;
         if (flags & FI_PMEM) a |= IBV_ACCESS_FLUSH_PERSISTENT;
-        if (flags & FI_UNCACHED) a |= IBV_ACCESS_UNCACHED;
+        /* Non-temporal placement is sroce's; other devices have none. */
+        if ((flags & FI_UNCACHED) && dom->commit_path == PMOF_COMMIT_VERBS)
+            a |= IBV_ACCESS_UNCACHED;
     }
     return a;
 }
@@ -102,13 +104,29 @@ static int mr_register(struct pmof_domain *dom, const struct fi_mr_attr *attr, u
          * them, so they get no verbs MR (and key 0). */
         if (iov->iov_len) {
             mr->ibv = ibv_reg_mr(dom->pd, iov->iov_base, iov->iov_len, access);
-            if (!mr->ibv && (access & IBV_ACCESS_UNCACHED) && errno == EINVAL)
-                mr->ibv =
-                    ibv_reg_mr(dom->pd, iov->iov_base, iov->iov_len, access & ~IBV_ACCESS_UNCACHED);
+            if (!mr->ibv && (access & IBV_ACCESS_UNCACHED) && errno == EINVAL) {
+                access &= ~IBV_ACCESS_UNCACHED;
+                mr->ibv = ibv_reg_mr(dom->pd, iov->iov_base, iov->iov_len, access);
+            }
+            /* An RNIC refuses persistent FLUSH access to memory that is
+             * not persistent (Linux rxe: anything but a DAX device).  In a
+             * FI_COMMIT_MANUAL domain the application persists, so the
+             * region only loses what it never used. */
+            if (!mr->ibv && (access & IBV_ACCESS_FLUSH_PERSISTENT) && errno == EINVAL &&
+                (dom->info->mode & FI_COMMIT_MANUAL)) {
+                access &= ~IBV_ACCESS_FLUSH_PERSISTENT;
+                mr->ibv = ibv_reg_mr(dom->pd, iov->iov_base, iov->iov_len, access);
+            }
             if (!mr->ibv) {
                 int err = errno;
-                PMOF_WARN(FI_LOG_MR, "ibv_reg_mr(%p, %zu) failed: %s\n", iov->iov_base,
-                          iov->iov_len, strerror(err));
+                if ((access & IBV_ACCESS_FLUSH_PERSISTENT) && err == EINVAL)
+                    PMOF_WARN(FI_LOG_MR,
+                              "%s cannot make %p (%zu bytes) persistent: not persistent memory "
+                              "(FI_PMEM)\n",
+                              ibv_get_device_name(dom->verbs->device), iov->iov_base, iov->iov_len);
+                else
+                    PMOF_WARN(FI_LOG_MR, "ibv_reg_mr(%p, %zu) failed: %s\n", iov->iov_base,
+                              iov->iov_len, strerror(err));
                 free(mr);
                 return pmof_errno(err);
             }
@@ -222,9 +240,12 @@ static int domain_query(struct fi_pmof_domain_ops *ops, struct fi_pmof_attr *att
 
     if (!attr || attr->size < offsetof(struct fi_pmof_attr, native) + sizeof(int))
         return -FI_EINVAL;
-    if (dom->commit_path != PMOF_COMMIT_NONE) {
+    if (dom->commit_path == PMOF_COMMIT_FLUSH_TARGET) {
+        a.mr_flags = FI_PMEM;
+        a.atomicity_unit = dom->commit_caps.atomicity_unit;
+    } else if (dom->commit_path != PMOF_COMMIT_NONE) {
         a.commit_flags = FI_COMMIT | FI_FENCE | FI_IMMED;
-        a.mr_flags = FI_PMEM | FI_UNCACHED;
+        a.mr_flags = dom->commit_path == PMOF_COMMIT_VERBS ? FI_PMEM | FI_UNCACHED : FI_PMEM;
         a.atomicity_unit = dom->commit_caps.atomicity_unit;
         a.native = (dom->commit_caps.flags & IBV_COMMIT_CAP_NATIVE) != 0;
     }
@@ -358,6 +379,7 @@ int pmof_domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid
     dom->pd = ibv_alloc_pd(dom->verbs);
     if (!dom->pd) goto nodev;
     dom->commit_path = pmof_device_commit_path(dom->verbs, &dom->commit_caps);
+    dom->tx_iov_limit = pmof_device_tx_iov_limit(&dom->dev_attr, dom->commit_path);
     pthread_mutex_init(&dom->manual_lock, NULL);
     dom->thread_safe = info->domain_attr->threading == FI_THREAD_SAFE ||
                        info->domain_attr->threading == FI_THREAD_UNSPEC;

@@ -105,6 +105,30 @@ void pmof_tx_abort(struct pmof_ep *ep) {
     ep->unsignaled = ep->tx_start_unsignaled;
 }
 
+void pmof_wr_set_payload(struct pmof_ep *ep, const struct iovec *iov, size_t count,
+                         const struct ibv_sge *sge, int nsge, bool inl) {
+    uint8_t buf[PMOF_INLINE_MAX];
+    size_t len = 0;
+
+    if (!inl) {
+        ibv_wr_set_sge_list(ep->qpx, (size_t)nsge, sge);
+        return;
+    }
+    /* One buffer, never a list: rdma-core's rxe provider before v64 leaves
+     * an inline list's length at 0 (the request then carries nothing, and
+     * a write of nothing even passes a bad key).  The copy is at most
+     * PMOF_INLINE_MAX bytes, which the device copies anyway. */
+    if (count == 1) {
+        ibv_wr_set_inline_data(ep->qpx, iov[0].iov_base, iov[0].iov_len);
+        return;
+    }
+    for (size_t i = 0; i < count; i++) {
+        memcpy(buf + len, iov[i].iov_base, iov[i].iov_len);
+        len += iov[i].iov_len;
+    }
+    ibv_wr_set_inline_data(ep->qpx, buf, len);
+}
+
 int pmof_fill_sge(const struct iovec *iov, void **desc, size_t count, struct ibv_sge *sge,
                   size_t *total) {
     size_t n = 0;
@@ -260,7 +284,8 @@ int pmof_ep_create_qp(struct pmof_ep *ep) {
         return pmof_errno(ret);
     }
     ep->qpx = ibv_qp_to_qp_ex(ep->qp);
-    ep->max_inline = attr.cap.max_inline_data;
+    ep->max_inline =
+        attr.cap.max_inline_data < PMOF_INLINE_MAX ? attr.cap.max_inline_data : PMOF_INLINE_MAX;
     if (dom->commit_path == PMOF_COMMIT_VERBS) ep->commit_ops = ibv_qp_to_commit_ops(ep->qpx);
 
     memset(&qa, 0, sizeof(qa));

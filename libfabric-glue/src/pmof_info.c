@@ -7,7 +7,9 @@
  * Devices are discovered at the first call: their attributes, their IP
  * addresses (the RoCE GIDs) and how they make remote writes durable.  A
  * device that cannot does not advertise FI_RMA_PMEM, except through
- * FI_COMMIT_MANUAL, where the target application persists.
+ * FI_COMMIT_MANUAL, where the target application persists; one that can
+ * only as a target (its libibverbs cannot post a FLUSH) advertises it to
+ * applications that ask for no FI_WRITE.
  */
 #include "pmof.h"
 
@@ -64,20 +66,36 @@ static bool devs_loaded;
 enum pmof_commit_path pmof_device_commit_path(struct ibv_context *verbs,
                                               struct ibv_commit_caps *caps) {
     memset(caps, 0, sizeof(*caps));
-    if (ibv_query_commit_caps(verbs, caps) == 0) return PMOF_COMMIT_VERBS;
-#if PMOF_VERBS_HAVE_UPSTREAM_FLUSH
-    /* Only a libibverbs that has ibv_wr_flush reaches an RNIC's FLUSH;
-     * older ones have no such entry in their providers' QPs. */
     struct ibv_device_attr_ex attr;
-    if (ibv_query_device_ex(verbs, NULL, &attr) == 0 &&
-        (attr.device_cap_flags_ex & IB_UVERBS_DEVICE_FLUSH_GLOBAL) &&
-        (attr.device_cap_flags_ex & IB_UVERBS_DEVICE_FLUSH_PERSISTENT)) {
-        caps->flags = IBV_COMMIT_CAP_FLUSH;
-        caps->atomicity_unit = 8;
-        return PMOF_COMMIT_FLUSH;
-    }
+
+    if (ibv_query_commit_caps(verbs, caps) == 0) return PMOF_COMMIT_VERBS;
+    if (ibv_query_device_ex(verbs, NULL, &attr) ||
+        !(attr.device_cap_flags_ex & IB_UVERBS_DEVICE_FLUSH_GLOBAL) ||
+        !(attr.device_cap_flags_ex & IB_UVERBS_DEVICE_FLUSH_PERSISTENT))
+        return PMOF_COMMIT_NONE;
+    caps->atomicity_unit = 8;
+#if PMOF_VERBS_HAVE_UPSTREAM_FLUSH
+    caps->flags = IBV_COMMIT_CAP_FLUSH;
+    return PMOF_COMMIT_FLUSH;
+#else
+    /* Only a libibverbs that has ibv_wr_flush reaches an RNIC's FLUSH
+     * (older ones have no such entry in their providers' QPs), but the
+     * responder is the kernel's: it needs only the access bits, which
+     * every libibverbs passes through. */
+    return PMOF_COMMIT_FLUSH_TARGET;
 #endif
-    return PMOF_COMMIT_NONE;
+}
+
+size_t pmof_device_tx_iov_limit(const struct ibv_device_attr_ex *attr, enum pmof_commit_path path) {
+    /* Linux rxe (vendor 0xFFFFFF, as sroce, which has the commit verbs)
+     * with rdma-core's provider before v64 sums an ibv_wr_set_sge_list
+     * list as n times its first entry: the request then fails or, shorter,
+     * silently sends too little.  Its version cannot be asked, so rxe
+     * gathers no lists at all. */
+    if (attr->orig_attr.vendor_id == 0xFFFFFF && path != PMOF_COMMIT_VERBS) return 1;
+    if (attr->orig_attr.max_sge > 0 && attr->orig_attr.max_sge < PMOF_IOV_LIMIT)
+        return (size_t)attr->orig_attr.max_sge;
+    return PMOF_IOV_LIMIT;
 }
 
 static void load_addresses(struct ibv_context *ctx, struct pmof_dev *d) {
@@ -293,7 +311,7 @@ static int route_source(const struct pmof_addrs *a, char *dev, size_t devlen,
 static uint64_t dev_caps(const struct pmof_dev *d) {
     uint64_t caps = PMOF_PRIMARY_CAPS | FI_FENCE;
 
-    if (d->commit_path != PMOF_COMMIT_NONE) caps |= FI_RMA_PMEM;
+    if (pmof_path_initiates(d->commit_path)) caps |= FI_RMA_PMEM;
     return caps;
 }
 
@@ -354,12 +372,12 @@ static bool domain_attr_ok(const struct fi_domain_attr *h, const struct pmof_dev
     return true;
 }
 
-static bool tx_attr_ok(const struct fi_tx_attr *h, size_t max_inline) {
+static bool tx_attr_ok(const struct fi_tx_attr *h, size_t max_inline, size_t iov_limit) {
     if (!h) return true;
     if (h->op_flags & ~PMOF_TX_OP_FLAGS)
         NOMATCH("tx op_flags 0x%llx\n", (unsigned long long)h->op_flags);
     if (h->inject_size > max_inline) NOMATCH("inject_size %zu > %zu\n", h->inject_size, max_inline);
-    if (h->iov_limit > PMOF_IOV_LIMIT) NOMATCH("tx iov_limit %zu\n", h->iov_limit);
+    if (h->iov_limit > iov_limit) NOMATCH("tx iov_limit %zu > %zu\n", h->iov_limit, iov_limit);
     if (h->rma_iov_limit > 1) NOMATCH("rma_iov_limit %zu > 1\n", h->rma_iov_limit);
     if (h->msg_order & ~PMOF_MSG_ORDER) NOMATCH("tx msg_order not supported\n");
     if (h->comp_order & ~(PMOF_ORDER_STRICT | PMOF_ORDER_DATA)) NOMATCH("tx comp_order\n");
@@ -421,6 +439,11 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
     uint64_t offered = dev_caps(d) | (manual ? FI_RMA_PMEM : 0);
     uint64_t asked = hints ? hints->caps : 0;
 
+    /* A target-only device is persistent memory to an application that
+     * does not write itself (FI_WRITE, named or implied). */
+    if (d->commit_path == PMOF_COMMIT_FLUSH_TARGET && !(grant_caps(asked, offered) & FI_WRITE))
+        offered |= FI_RMA_PMEM;
+
     if (hints && hints->ep_attr && !ep_attr_ok(hints->ep_attr, type)) return NULL;
     if (asked & ~(PMOF_PRIMARY_CAPS | PMOF_SECONDARY_CAPS)) {
         PMOF_INFO(FI_LOG_CORE, "caps 0x%llx not supported\n",
@@ -432,7 +455,9 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
         return NULL;
     }
     if (hints && hints->domain_attr && !domain_attr_ok(hints->domain_attr, d)) return NULL;
-    if (hints && !tx_attr_ok(hints->tx_attr, max_inline)) return NULL;
+    if (hints &&
+        !tx_attr_ok(hints->tx_attr, max_inline, pmof_device_tx_iov_limit(&d->attr, d->commit_path)))
+        return NULL;
     if (hints && !rx_attr_ok(hints->rx_attr)) return NULL;
     if (!mr_mode_ok(version, hints, &mr_mode, &mode_bits)) return NULL;
     fabric_name(d, fab, sizeof(fab));
@@ -490,7 +515,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
     fi->tx_attr->comp_order = PMOF_ORDER_STRICT;
     fi->tx_attr->inject_size = max_inline;
     fi->tx_attr->size = (size_t)pmof_params.tx_size;
-    fi->tx_attr->iov_limit = PMOF_IOV_LIMIT;
+    fi->tx_attr->iov_limit = pmof_device_tx_iov_limit(&d->attr, d->commit_path);
     fi->tx_attr->rma_iov_limit = 1;
 
     fi->rx_attr->caps = fi->caps & (PMOF_PRIMARY_CAPS | PMOF_SECONDARY_CAPS) &

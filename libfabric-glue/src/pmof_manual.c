@@ -365,14 +365,7 @@ static ssize_t post_drain(struct pmof_ep *ep, struct pmof_mrec *r, const struct 
     ep->unsignaled = 0;
     pmof_tx_wr(ep, op, inl ? IBV_SEND_INLINE : 0);
     ibv_wr_rdma_write(ep->qpx, (uint32_t)key, addr);
-    if (inl) {
-        struct ibv_data_buf b[PMOF_IOV_LIMIT];
-        for (size_t i = 0; i < count; i++)
-            b[i] = (struct ibv_data_buf){iov[i].iov_base, iov[i].iov_len};
-        ibv_wr_set_inline_data_list(ep->qpx, count, b);
-    } else {
-        ibv_wr_set_sge_list(ep->qpx, (size_t)nsge, sge);
-    }
+    pmof_wr_set_payload(ep, iov, count, sge, nsge, inl);
     if (r->reserved) atomic_fetch_add(&ep->tx_reserved, r->reserved);
     ssize_t ret = pmof_tx_post(ep);
     if (ret && r->reserved) atomic_fetch_sub(&ep->tx_reserved, r->reserved);

@@ -75,7 +75,6 @@ static ssize_t msg_recv(struct fid_ep *ep_fid, void *buf, size_t len, void *desc
 ssize_t pmof_post_send(struct pmof_ep *ep, const struct iovec *iov, void **desc, size_t count,
                        uint64_t data, void *context, uint64_t flags) {
     struct ibv_sge sge[PMOF_IOV_LIMIT];
-    struct ibv_data_buf inl[PMOF_IOV_LIMIT];
     size_t total = 0;
     bool inject = flags & FI_INJECT;
     struct pmof_op *op;
@@ -86,7 +85,7 @@ ssize_t pmof_post_send(struct pmof_ep *ep, const struct iovec *iov, void **desc,
 
     int sret = pmof_hmem_prepare(ep->dom, &iov, desc, count, staged, true, NULL);
     if (sret) return sret;
-    if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
+    if (count > ep->dom->tx_iov_limit || (count && !iov)) return -FI_EINVAL;
     for (size_t i = 0; i < count; i++)
         total += iov[i].iov_len;
     if (inject && total > ep->max_inline) return -FI_EINVAL;
@@ -96,10 +95,6 @@ ssize_t pmof_post_send(struct pmof_ep *ep, const struct iovec *iov, void **desc,
     /* Small sends go inline whether or not they are injected: no lkey
      * needed, and the buffer is free at return. */
     if (total <= ep->max_inline) {
-        for (size_t i = 0; i < count; i++) {
-            inl[i].addr = iov[i].iov_base;
-            inl[i].length = iov[i].iov_len;
-        }
         sflags |= IBV_SEND_INLINE;
     } else {
         n = pmof_fill_sge(iov, desc, count, sge, &total);
@@ -119,10 +114,7 @@ ssize_t pmof_post_send(struct pmof_ep *ep, const struct iovec *iov, void **desc,
         ibv_wr_send_imm(ep->qpx, htonl((uint32_t)data));
     else
         ibv_wr_send(ep->qpx);
-    if (sflags & IBV_SEND_INLINE)
-        ibv_wr_set_inline_data_list(ep->qpx, count, inl);
-    else
-        ibv_wr_set_sge_list(ep->qpx, (size_t)n, sge);
+    pmof_wr_set_payload(ep, iov, count, sge, n, sflags & IBV_SEND_INLINE);
     ret = pmof_tx_post(ep);
     pmof_unlock(&ep->tx_lock);
     return ret;

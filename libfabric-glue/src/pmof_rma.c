@@ -37,21 +37,6 @@ static ssize_t check_key(uint64_t key) {
     return (key >> 32) & ~(PMOF_KEY_CLASS_MASK >> 32) ? -FI_EINVAL : 0;
 }
 
-/* Fills the data of the WR just started: inline when it fits. */
-static void set_payload(struct pmof_ep *ep, const struct iovec *iov, size_t count,
-                        const struct ibv_sge *sge, int nsge, bool inl) {
-    if (inl) {
-        struct ibv_data_buf b[PMOF_IOV_LIMIT];
-        for (size_t i = 0; i < count; i++) {
-            b[i].addr = iov[i].iov_base;
-            b[i].length = iov[i].iov_len;
-        }
-        ibv_wr_set_inline_data_list(ep->qpx, count, b);
-    } else {
-        ibv_wr_set_sge_list(ep->qpx, (size_t)nsge, sge);
-    }
-}
-
 /* IBTA placement for a key's class: FI_DELIVERY_COMPLETE asks visibility. */
 static uint8_t placement(uint64_t key, uint64_t flags) {
     if (key_pmem(key) && (flags & (FI_COMMIT | FI_COMMIT_COMPLETE))) return IBV_FLUSH_PERSISTENT;
@@ -79,7 +64,7 @@ static ssize_t post_flush_sequence(struct pmof_ep *ep, const struct iovec *iov, 
     if (!op) return -FI_EAGAIN;
     pmof_tx_wr(ep, op, inl ? IBV_SEND_INLINE : 0);
     ibv_wr_rdma_write(ep->qpx, key_rkey(key), addr);
-    set_payload(ep, iov, count, sge, nsge, inl);
+    pmof_wr_set_payload(ep, iov, count, sge, nsge, inl);
     op = imm ? pmof_tx_op(ep, NULL, PMOF_NO_COMPLETION, 0, 0, PMOF_CNTR_NONE)
              : pmof_tx_op(ep, context, flags, cq_flags, total, PMOF_CNTR_WRITE);
     if (!op) return -FI_EAGAIN;
@@ -111,11 +96,11 @@ ssize_t pmof_rma_write(struct pmof_ep *ep, const struct iovec *iov, void **desc,
     if ((flags & FI_IMMED) && !(flags & FI_COMMIT)) return -FI_EINVAL;
     int sret = pmof_hmem_prepare(ep->dom, &iov, desc, count, staged, true, NULL);
     if (sret) return sret;
-    if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
+    if (count > ep->dom->tx_iov_limit || (count && !iov)) return -FI_EINVAL;
     ret = check_key(key);
     if (ret) return ret;
     manual = pmof_manual_active(ep);
-    if (durable && !manual && ep->dom->commit_path == PMOF_COMMIT_NONE) return -FI_EOPNOTSUPP;
+    if (durable && !manual && !pmof_path_initiates(ep->dom->commit_path)) return -FI_EOPNOTSUPP;
     for (size_t i = 0; i < count; i++)
         total += iov[i].iov_len;
     if ((flags & FI_INJECT) && total > ep->max_inline) return -FI_EINVAL;
@@ -165,14 +150,14 @@ ssize_t pmof_rma_write(struct pmof_ep *ep, const struct iovec *iov, void **desc,
                                                      htonl((uint32_t)data));
         else
             ep->commit_ops->wr_rdma_write_commit(ep->qpx, key_rkey(key), addr, cflags);
-        set_payload(ep, iov, count, sge, nsge, inl);
+        pmof_wr_set_payload(ep, iov, count, sge, nsge, inl);
     } else {
         pmof_tx_wr(ep, op, (inl ? IBV_SEND_INLINE : 0) | ((flags & FI_FENCE) ? IBV_SEND_FENCE : 0));
         if (flags & FI_REMOTE_CQ_DATA)
             ibv_wr_rdma_write_imm(ep->qpx, key_rkey(key), addr, htonl((uint32_t)data));
         else
             ibv_wr_rdma_write(ep->qpx, key_rkey(key), addr);
-        set_payload(ep, iov, count, sge, nsge, inl);
+        pmof_wr_set_payload(ep, iov, count, sge, nsge, inl);
     }
     ret = pmof_tx_post(ep);
 out:
@@ -193,7 +178,7 @@ ssize_t pmof_rma_read(struct pmof_ep *ep, const struct iovec *iov, void **desc, 
     struct pmof_hmem_io hio;
     int sret = pmof_hmem_prepare(ep->dom, &iov, desc, count, staged, false, &hio);
     if (sret) return sret;
-    if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
+    if (count > ep->dom->tx_iov_limit || (count && !iov)) return -FI_EINVAL;
     ret = pmof_ep_check_tx(ep);
     if (ret) return ret;
     n = pmof_fill_sge(iov, desc, count, sge, &total);
@@ -209,7 +194,7 @@ ssize_t pmof_rma_read(struct pmof_ep *ep, const struct iovec *iov, void **desc, 
     op->hmem = hio;
     pmof_tx_wr(ep, op, (flags & FI_FENCE) ? IBV_SEND_FENCE : 0);
     ibv_wr_rdma_read(ep->qpx, key_rkey(key), addr);
-    ibv_wr_set_sge_list(ep->qpx, (size_t)n, sge);
+    pmof_wr_set_payload(ep, NULL, 0, sge, n, false);
     ret = pmof_tx_post(ep);
     pmof_unlock(&ep->tx_lock);
     return ret;

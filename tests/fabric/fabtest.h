@@ -191,6 +191,9 @@ struct ft_pair_cfg {
     bool rdm_eq;            /* bind an EQ to RDM endpoints too */
     /* set on both domains before anything is opened in them */
     struct fi_hmem_override_ops *hmem;
+    /* per side (FT_SRV, FT_CLI): an info without `mode` instead, so that
+     * the two ends of a connection differ in it */
+    bool plain[2];
 };
 
 struct ft_side {
@@ -210,7 +213,8 @@ struct ft_pair {
     struct ft_run *r;
     struct ft_pair_cfg cfg;
     struct fi_info *hints;
-    struct fi_info *info; /* the server's (MSG) or both sides' (RDM) */
+    struct fi_info *info;         /* the server's (MSG) or both sides' (RDM) */
+    struct fi_info *rdm_cli_info; /* RDM: the client's, when cfg.plain differs */
     struct fid_fabric *fabric;
     struct fid_pep *pep;
     bool connected;

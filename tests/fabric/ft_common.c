@@ -403,14 +403,16 @@ out:
 
 /* Mode bits the pair needs the provider to keep (among the infos it
  * offers, the first that does): a provider may list the modes an
- * application accepts after the infos that need none. */
+ * application accepts after the infos that need none.  A `plain` side
+ * takes the first info that needs none of them, so that one end of a
+ * connection can have a mode the other has not. */
 #define FT_REQUIRED_MODES FI_COMMIT_MANUAL
 
-static void pick_mode(struct fi_info **list, uint64_t mode) {
+static void pick_mode(struct fi_info **list, uint64_t mode, bool plain) {
     mode &= FT_REQUIRED_MODES;
     if (!mode || !*list) return;
     for (struct fi_info *fi = *list; fi; fi = fi->next) {
-        if ((fi->mode & mode) != mode) continue;
+        if (plain ? (fi->mode & mode) != 0 : (fi->mode & mode) != mode) continue;
         struct fi_info *dup = fi_dupinfo(fi);
         if (!dup) return;
         fi_freeinfo(*list);
@@ -439,7 +441,11 @@ int ft_pair_prepare(struct ft_run *r, struct ft_pair *p, const struct ft_pair_cf
     p->hints->mode |= p->cfg.mode;
     p->hints->tx_attr->op_flags = p->cfg.tx_op_flags;
     FT_TRY(ft_getinfo_ok(r, r->opts->addr, NULL, FI_SOURCE, p->hints, &p->info));
-    pick_mode(&p->info, p->cfg.mode);
+    if (r->opts->ep_type == FI_EP_RDM && p->cfg.plain[FT_CLI] != p->cfg.plain[FT_SRV]) {
+        FT_TRY(ft_getinfo_ok(r, r->opts->addr, NULL, FI_SOURCE, p->hints, &p->rdm_cli_info));
+        pick_mode(&p->rdm_cli_info, p->cfg.mode, p->cfg.plain[FT_CLI]);
+    }
+    pick_mode(&p->info, p->cfg.mode, p->cfg.plain[FT_SRV]);
     FT_CHK(fi_fabric(p->info->fabric_attr, &p->fabric, NULL));
 out:
     return ret;
@@ -486,7 +492,7 @@ int ft_msg_client(struct ft_pair *p, const char *service, const void *param, siz
         service = port;
     }
     FT_TRY(ft_getinfo_ok(r, r->opts->addr, service, 0, p->hints, &info));
-    pick_mode(&info, p->cfg.mode);
+    pick_mode(&info, p->cfg.mode, p->cfg.plain[FT_CLI]);
     FT_EXPECT(info->dest_addr, "client info has no dest_addr");
     FT_TRY(ft_side_open_ep(p, &p->s[FT_CLI], info));
     FT_CHK(fi_connect(p->s[FT_CLI].ep, info->dest_addr, param, len));
@@ -542,7 +548,8 @@ static int rdm_connect(struct ft_pair *p) {
     struct ft_run *r = p->r;
 
     for (int i = 0; i < 2; i++) {
-        struct fi_info *info = fi_dupinfo(p->info);
+        struct fi_info *info =
+            fi_dupinfo(i == FT_CLI && p->rdm_cli_info ? p->rdm_cli_info : p->info);
         FT_EXPECT(info, "fi_dupinfo failed");
         FT_TRY(ft_side_open_ep(p, &p->s[i], info));
         FT_CHK(fi_getname(&p->s[i].ep->fid, name[i], &len[i]));
@@ -596,6 +603,7 @@ int ft_pair_close(struct ft_pair *p, int ret) {
     }
     ret = close_fid(r, p->fabric ? &p->fabric->fid : NULL, "fabric", ret);
     fi_freeinfo(p->info);
+    fi_freeinfo(p->rdm_cli_info);
     fi_freeinfo(p->hints);
     memset(p, 0, sizeof(*p));
     return ret;

@@ -16,13 +16,17 @@
 
 /* Decides before opening anything special (hints another provider may
  * refuse) whether the pmof tests apply. */
-static int pmof_probe(struct ft_run *r) {
+static int pmof_probe(struct ft_run *r, bool transport_commits) {
     struct fi_pmof_attr attr;
     struct ft_dom d;
     int ret = FT_OK;
 
     FT_TRY(ft_dom_open(r, &d));
     ret = ft_require_pmof(r, d.domain, &attr);
+    /* A domain whose device executes its peers' FLUSHes but cannot send
+     * one (Linux rxe under a libibverbs older than rdma-core 45). */
+    if (ret == FT_OK && transport_commits && !(attr.commit_flags & FI_COMMIT))
+        ret = ft_skip(r, "a target-only domain: it cannot commit its own writes (commit_flags 0)");
 out:
     return ft_dom_close(r, &d, ret);
 }
@@ -32,7 +36,9 @@ static int pmof_open(struct ft_run *r, struct ft_rma *e, const struct ft_pair_cf
     int ret;
 
     memset(e, 0, sizeof(*e));
-    ret = pmof_probe(r);
+    /* Manual commits need no more than the transport's writes, apart from
+     * the mixed tests, where one side is not manual. */
+    ret = pmof_probe(r, !cfg || !(cfg->mode & FI_COMMIT_MANUAL) || cfg->plain[0] || cfg->plain[1]);
     FT_TRY(ret);
     FT_TRY(ft_rma_open(r, e, cfg, FT_PMOF_LEN, FI_PMEM));
     FT_TRY(ft_require_pmof(r, e->c->domain, attr));
@@ -116,17 +122,19 @@ static long dirty_kb(const void *addr) {
 
 /* Writes the target's file back, then dirties it with a plain write of
  * [off, off+len) and checks that shows (*observable false if this kernel
- * does not report it, and the durability checks are skipped). */
+ * does not report it, or the file system never writes back - ramfs -, and
+ * the durability checks are skipped). */
 static int dirty_target(struct ft_rma *e, size_t off, size_t len, bool *observable) {
     struct ft_run *r = e->p.r;
     struct fi_context2 ctx;
     int ret = FT_OK;
 
     FT_EXPECT(!msync(e->tgt.buf, e->tgt.map_len, MS_SYNC), "msync of the target failed");
+    bool cleaned = dirty_kb(e->tgt.buf) == 0;
     FT_TRY(post_write(e, off, len, 77, &ctx));
     FT_TRY(ft_expect_comp(&e->p, &e->c->tx, &ctx, FI_RMA | FI_WRITE, SIZE_MAX, NULL));
     FT_TRY(ft_wait_pattern(&e->p, e->tgt.buf + off, len, 77, "plain write"));
-    *observable = dirty_kb(e->tgt.buf + off) > 0;
+    *observable = cleaned && dirty_kb(e->tgt.buf + off) > 0;
     if (!*observable) ft_note(r, "dirty pages of the target not observable: write-back unchecked");
 out:
     return ret;
@@ -139,8 +147,9 @@ static int dirty_locally(struct ft_rma *e, size_t off, size_t len, bool *observa
     int ret = FT_OK;
 
     FT_EXPECT(!msync(e->tgt.buf, e->tgt.map_len, MS_SYNC), "msync of the target failed");
+    bool cleaned = dirty_kb(e->tgt.buf) == 0;
     memset(e->tgt.buf + off, 0xee, len);
-    *observable = dirty_kb(e->tgt.buf + off) > 0;
+    *observable = cleaned && dirty_kb(e->tgt.buf + off) > 0;
     if (!*observable) ft_note(r, "dirty pages of the target not observable: write-back unchecked");
 out:
     return ret;
@@ -163,8 +172,9 @@ static int t_query(struct ft_run *r) {
     FT_TRY(ft_dom_open(r, &d));
     FT_TRY(ft_require_pmof(r, d.domain, &attr));
     FT_EXPECT(attr.atomicity_unit > 0, "atomicity_unit 0");
-    FT_EXPECT(attr.commit_flags & FI_COMMIT, "commit_flags %#llx lack FI_COMMIT",
-              (unsigned long long)attr.commit_flags);
+    /* Only a device that is not sroce may be a commit target only. */
+    FT_EXPECT((attr.commit_flags & FI_COMMIT) || (!attr.native && !attr.commit_flags),
+              "commit_flags %#llx lack FI_COMMIT", (unsigned long long)attr.commit_flags);
     FT_EXPECT(attr.mr_flags & FI_PMEM, "mr_flags %#llx lack FI_PMEM",
               (unsigned long long)attr.mr_flags);
     ft_note(r, "atomicity_unit %zu, commit_flags %#llx, mr_flags %#llx, native %d",
@@ -672,6 +682,209 @@ out:
     return ft_rma_close(r, &e, ret);
 }
 
+/* ------------------------------------------------- mixed connections */
+
+/*
+ * One end manual, the other not: fi_pmof(7) has such a connection commit
+ * through the transport, so its commits complete without the target
+ * application and no FI_COMMIT_EVENT reaches either EQ.
+ *
+ * `plain` is the pair's side (FT_SRV, FT_CLI) without the mode.  The
+ * client initiates, unless `target_connects`: then the server does, so
+ * that the initiator is the end that accepted the connection (for RDM the
+ * client makes it with a send of its own first).  The provider decides
+ * differently on the two ends (the connecting one from the reply, the
+ * accepting one from the request), so each mixed test runs both ways.
+ */
+static int mixed_open(struct ft_run *r, struct ft_rma *e, int plain, bool target_connects) {
+    struct ft_pair_cfg cfg = {.mode = FI_COMMIT_MANUAL, .rdm_eq = true};
+    struct fi_pmof_attr attr;
+    struct fi_context2 sctx, rctx;
+    int ret;
+
+    cfg.plain[plain] = true;
+    ret = pmof_open(r, e, &cfg, &attr);
+    FT_TRY(ret);
+    for (int i = 0; i < 2; i++) {
+        bool manual = (e->p.s[i].info->mode & FI_COMMIT_MANUAL) != 0;
+        if (manual == (i == plain))
+            return ft_skip(r, "the provider offered no %s info for the %s",
+                           manual ? "non-manual" : "FI_COMMIT_MANUAL", e->p.s[i].name);
+    }
+    if (!target_connects) goto out;
+    FT_TRY(ft_buf_free(r, &e->loc));
+    FT_TRY(ft_buf_free(r, &e->tgt));
+    e->c = &e->p.s[FT_SRV];
+    e->s = &e->p.s[FT_CLI];
+    FT_TRY(ft_buf_alloc(&e->p, e->c, FT_PMOF_LEN, FT_ACC_LOCAL, 0, &e->loc));
+    FT_TRY(ft_buf_alloc(&e->p, e->s, FT_PMOF_LEN, FT_ACC_REMOTE | FT_ACC_LOCAL, FI_PMEM, &e->tgt));
+    if (r->opts->ep_type != FI_EP_RDM) goto out;
+    FT_POST(&e->p, fi_recv(e->c->ep, e->loc.buf, 64, e->loc.desc, FI_ADDR_UNSPEC, &rctx));
+    FT_POST(&e->p, fi_send(e->s->ep, e->tgt.buf, 8, e->tgt.desc, e->s->peer, &sctx));
+    FT_TRY(ft_expect_comp(&e->p, &e->s->tx, &sctx, FI_SEND, SIZE_MAX, NULL));
+    FT_TRY(ft_expect_comp(&e->p, &e->c->rx, &rctx, FI_RECV, 8, NULL));
+out:
+    return ret;
+}
+
+/* fi_pmof(7) gives the size by the endpoint's mode: an application sizes
+ * its connection data before it knows what its peer is. */
+static int mixed_cm_data_size(struct ft_rma *e, int plain) {
+    struct ft_run *r = e->p.r;
+    int ret = FT_OK;
+
+    if (r->opts->ep_type != FI_EP_MSG) return FT_OK;
+    for (int i = 0; i < 2; i++) {
+        size_t sz = 0, szlen = sizeof(sz), want = i == plain ? 54 : 51;
+        FT_CHK(fi_getopt(&e->p.s[i].ep->fid, FI_OPT_ENDPOINT, FI_OPT_CM_DATA_SIZE, &sz, &szlen));
+        FT_EXPECT(sz == want, "%s FI_OPT_CM_DATA_SIZE %zu, expected %zu", e->p.s[i].name, sz, want);
+    }
+out:
+    return ret;
+}
+
+/* FI_COMMIT on a write, after a plain write to the same key. */
+static int mixed_commit_write(struct ft_rma *e) {
+    struct fi_context2 ctx;
+    bool observable;
+    int ret = FT_OK;
+
+    FT_TRY(dirty_target(e, FT_PMOF_LEN - 64, 64, &observable));
+    FT_TRY(post_writemsg(e, 0, 4096, 41, FI_COMMIT | FI_COMPLETION, 0, &ctx));
+    FT_TRY(ft_expect_comp(&e->p, &e->c->tx, &ctx, FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+    FT_TRY(durable(e, 0, 4096, 41, "target at the mixed FI_COMMIT completion"));
+    FT_TRY(durable(e, FT_PMOF_LEN - 64, 64, 77, "earlier plain write at FI_COMMIT completion"));
+    FT_TRY(written_back(e, observable, "at the mixed FI_COMMIT completion"));
+out:
+    return ret;
+}
+
+/* fi_commit of more ranges than a manual commit may name (32): the
+ * transport takes them. */
+#define MIXED_RANGES 33
+
+static int mixed_fi_commit(struct ft_rma *e) {
+    struct fi_context2 ctx, wctx[MIXED_RANGES];
+    struct fi_rma_iov rma[MIXED_RANGES];
+    struct ft_run *r = e->p.r;
+    bool observable;
+    int ret = FT_OK;
+
+    FT_TRY(dirty_target(e, 0, 64, &observable));
+    for (int i = 0; i < MIXED_RANGES; i++) {
+        FT_TRY(post_write(e, 1024 * (size_t)i, 100 + (size_t)i, 100 + (unsigned)i, &wctx[i]));
+        rma[i] =
+            (struct fi_rma_iov){e->tgt.raddr + 1024 * (uint64_t)i, 100 + (uint64_t)i, e->tgt.key};
+    }
+    for (int i = 0; i < MIXED_RANGES; i++)
+        FT_TRY(ft_expect_comp(&e->p, &e->c->tx, &wctx[i], FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+    FT_POST(&e->p, fi_commit(e->c->ep, rma, MIXED_RANGES, e->c->peer, 0, &ctx));
+    FT_TRY(expect_commit_done(e, &ctx));
+    for (int i = 0; i < MIXED_RANGES; i++)
+        FT_TRY(durable(e, 1024 * (size_t)i, rma[i].len, 100 + (unsigned)i,
+                       "range at the mixed fi_commit completion"));
+    FT_TRY(written_back(e, observable, "at the mixed fi_commit completion"));
+out:
+    return ret;
+}
+
+/* FI_IMMED: the data reaches the target's CQ once the write is durable,
+ * with no acknowledgement of its application in between. */
+static int mixed_immed(struct ft_rma *e) {
+    struct fi_context2 ctx, rxc;
+    struct ft_run *r = e->p.r;
+    struct ft_comp comp;
+    int ret = FT_OK;
+
+    uint64_t data = e->c->info->domain_attr->cq_data_size >= 4 ? 0x3c3c5678 : 0;
+    FT_POST(&e->p, fi_recv(e->s->ep, e->tgt.buf + 32768, 64, e->tgt.desc, FI_ADDR_UNSPEC, &rxc));
+    FT_TRY(post_writemsg(e, 0, 512, 42, FI_COMMIT | FI_IMMED | FI_COMPLETION, data, &ctx));
+    FT_TRY(ft_expect_comp(&e->p, &e->s->rx, &rxc, FI_REMOTE_CQ_DATA, SIZE_MAX, &comp));
+    FT_TRY(durable(e, 0, 512, 42, "target at its mixed FI_IMMED completion"));
+    FT_EXPECT(comp.e.data == data, "FI_IMMED data %#llx, expected %#llx",
+              (unsigned long long)comp.e.data, (unsigned long long)data);
+    FT_TRY(ft_expect_comp(&e->p, &e->c->tx, &ctx, FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+out:
+    return ret;
+}
+
+/* FI_FENCE: the earlier plain writes are durable at the fenced commit's
+ * completion. */
+static int mixed_fenced(struct ft_rma *e) {
+    struct fi_context2 ctx[4];
+    bool observable;
+    int ret = FT_OK;
+
+    FT_TRY(dirty_locally(e, 0, 4 * 4096, &observable));
+    for (int i = 0; i < 3; i++)
+        FT_TRY(post_write(e, 4096 * (size_t)i, 4096, 43 + (unsigned)i, &ctx[i]));
+    FT_TRY(post_writemsg(e, 3 * 4096, 4096, 46, FI_COMMIT | FI_FENCE | FI_COMPLETION, 0, &ctx[3]));
+    FT_TRY(ft_expect_comp(&e->p, &e->c->tx, &ctx[3], FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+    for (int i = 0; i < 4; i++)
+        FT_TRY(durable(e, 4096 * (size_t)i, 4096, 43 + (unsigned)i,
+                       "write at the mixed fenced commit's completion"));
+    FT_TRY(written_back(e, observable, "at the mixed fenced commit's completion"));
+    for (int i = 0; i < 3; i++)
+        FT_TRY(ft_expect_comp(&e->p, &e->c->tx, &ctx[i], FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+out:
+    return ret;
+}
+
+/* Neither EQ got a commit event, and the target's holds none unanswered
+ * (fi_eq_commit_ack of any entry: -FI_ENOENT). */
+static int mixed_no_events(struct ft_rma *e) {
+    struct fi_eq_commit_entry bogus = {0};
+    struct ft_run *r = e->p.r;
+    int ret = FT_OK;
+
+    FT_TRY(ft_expect_quiet(&e->p, &e->s->rx, 50, "after the commits"));
+    for (int i = 0; i < 2; i++) {
+        const struct ft_eq *q = &e->p.s[i].eq;
+        for (size_t k = 0; k < q->n; k++)
+            FT_EXPECT(q->q[k].is_err || q->q[k].event != FI_COMMIT_EVENT,
+                      "FI_COMMIT_EVENT on the %s of a mixed connection", q->name);
+    }
+    ssize_t rc = fi_eq_commit_ack(e->s->eq.eq, &bogus, 0);
+    FT_EXPECT(rc == -FI_ENOENT, "fi_eq_commit_ack on the target's EQ = %zd, expected -FI_ENOENT",
+              rc);
+out:
+    return ret;
+}
+
+static int mixed_round(struct ft_run *r, int plain, bool target_connects) {
+    struct ft_rma e;
+    int ret = mixed_open(r, &e, plain, target_connects);
+
+    FT_TRY(ret);
+    FT_TRY(mixed_cm_data_size(&e, plain));
+    FT_TRY(mixed_commit_write(&e));
+    FT_TRY(mixed_fi_commit(&e));
+    FT_TRY(mixed_immed(&e));
+    FT_TRY(mixed_fenced(&e));
+    FT_TRY(mixed_no_events(&e));
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
+/* `manual_initiator`: the end that writes and commits is the manual one. */
+static int mixed(struct ft_run *r, bool manual_initiator) {
+    int ret = FT_OK;
+
+    for (int target_connects = 0; target_connects < 2 && ret == FT_OK; target_connects++) {
+        int initiator = target_connects ? FT_SRV : FT_CLI;
+        ret = mixed_round(r, manual_initiator ? 1 - initiator : initiator, target_connects);
+    }
+    return ret;
+}
+
+static int t_mixed_manual_initiator(struct ft_run *r) {
+    return mixed(r, true);
+}
+
+static int t_mixed_manual_target(struct ft_run *r) {
+    return mixed(r, false);
+}
+
 /* ------------------------------------------------------------ elsewhere */
 
 static ssize_t never_called(struct fid_eq *eq, uint64_t type, void *data, uint64_t len,
@@ -734,6 +947,8 @@ const struct ft_test ft_pmof_tests[] = {
     {"pmof.manual_immed", t_manual_immed},
     {"pmof.manual_fenced", t_manual_fenced},
     {"pmof.manual_errors", t_manual_errors},
+    {"pmof.mixed_manual_initiator", t_mixed_manual_initiator},
+    {"pmof.mixed_manual_target", t_mixed_manual_target},
     {"pmof.wrappers_enosys", t_wrappers_enosys},
     {NULL, NULL},
 };

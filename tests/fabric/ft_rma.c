@@ -193,7 +193,10 @@ static int t_writemsg(struct ft_run *r) {
     int ret = FT_OK;
 
     FT_TRY(ft_rma_open(r, &e, NULL, 65536, 0));
-    FT_EXPECT(iov_limit(&e) >= 2, "tx iov_limit %zu", iov_limit(&e));
+    if (iov_limit(&e) < 2) {
+        ret = ft_skip(r, "tx iov_limit %zu", iov_limit(&e));
+        goto out;
+    }
     size_t nrma = e.c->info->tx_attr->rma_iov_limit >= 2 ? 2 : 1;
     size_t total = local_iovs(&e, iov, desc, 2);
     ft_fill(stream, total, 50);
