@@ -3,16 +3,19 @@
 #
 # The project's test command: installs what is missing, builds, and runs
 #   1. every test (unit and integration) in the default build,
-#   2. the unit tests under AddressSanitizer + UndefinedBehaviorSanitizer,
-#   3. the unit tests under ThreadSanitizer,
+#   2. the unit tests and the `sanitize` tests (the pmof provider's fabtests)
+#      under AddressSanitizer + UndefinedBehaviorSanitizer,
+#   3. the same under ThreadSanitizer,
 #   4. the libFuzzer targets briefly, when tests/fuzz has any,
 # then prints one line "N passed, N failed, N skipped" over all of them and
 # exits non-zero if anything failed or did not build.
 #
 # Usage: scripts/test.sh [--no-setup] [--no-sanitizers] [--no-fuzz] [-- CTEST-ARGS...]
 # CTEST-ARGS are added to the default-build run (e.g. -R real_clients).
-# Sanitizer builds run unit tests only: integration tests preload
-# libsroce.so into uninstrumented programs, which a sanitizer runtime refuses.
+# Sanitizer builds run no other integration test: those preload libsroce.so
+# into uninstrumented programs, which a sanitizer runtime refuses.  The
+# default build leaves the `sanitize` tests out: unsanitized, they repeat
+# what test_pmof_provider does there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,13 +60,15 @@ record() {
 	stages+=("$(printf '%-22s %4d passed %4d failed %4d skipped %6ss' "$1" "$2" "$3" "$4" "$5")")
 }
 
-# build STAGE PRESET [TARGET]: configures and builds; a failure is recorded
-# as one failed test of the stage.
+# build STAGE PRESET [TARGET...]: configures and builds (everything, or only
+# the TARGETs); a failure is recorded as one failed test of the stage.
 build() {
-	local stage=$1 preset=$2 target=${3:-} start=$SECONDS
-	banner "$stage: configure + build (preset $preset${target:+, target $target})"
+	local stage=$1 preset=$2 start=$SECONDS targets=()
+	shift 2
+	(($#)) && targets=(--target "$@")
+	banner "$stage: configure + build (preset $preset${*:+, targets $*})"
 	if cmake --preset "$preset" >"$logdir/$preset.configure.log" 2>&1 &&
-		cmake --build --preset "$preset" ${target:+--target "$target"} >"$logdir/$preset.build.log" 2>&1; then
+		cmake --build --preset "$preset" "${targets[@]}" >"$logdir/$preset.build.log" 2>&1; then
 		echo "built in $((SECONDS - start)) s"
 		return 0
 	fi
@@ -107,7 +112,7 @@ if ((setup)); then
 fi
 
 if build default default; then
-	run_ctest default build "${extra[@]}"
+	run_ctest default build -LE '^sanitize$' "${extra[@]}"
 else
 	echo "the default build failed; nothing else is built or tested" >&2
 	sanitizers=0 fuzz=0
@@ -118,11 +123,14 @@ if ((sanitizers)); then
 	export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
 	export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 	export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
-	if build asan asan sroce_unit_tests; then
-		run_ctest asan build-asan -L unit
+	# What the unit and sanitize tests run: the unit tests with the agent
+	# (sroce) and libsroce.so, the provider and its fabtest program.
+	san_targets=(sroce_unit_tests pmof-fi pmof_fabtest)
+	if build asan asan "${san_targets[@]}"; then
+		run_ctest asan build-asan -L '^(unit|sanitize)$'
 	fi
-	if build tsan tsan sroce_unit_tests; then
-		run_ctest tsan build-tsan -L unit
+	if build tsan tsan "${san_targets[@]}"; then
+		run_ctest tsan build-tsan -L '^(unit|sanitize)$'
 	fi
 fi
 
