@@ -13,7 +13,12 @@
 #     `ibv_rc_pingpong` server and client pair over the two devices;
 #   - then with libsroce-dev: <infiniband/verbs_ext.h> builds as strict C11
 #     with `pkg-config --cflags libibverbs-ext`, and a program linked with
-#     `pkg-config --libs` sees the devices without LD_PRELOAD.
+#     `pkg-config --libs` sees the devices without LD_PRELOAD;
+#   - then with libfabric-pmof: the root's libfabric finds the provider in
+#     its provider directory, with no FI_PROVIDER_PATH (`fi_info -p pmof`
+#     under `sroce exec` lists both devices), and a strict C11 program with
+#     <rdma/fi_ext_pmof.h>, linked with -lfabric only, gets an answer from
+#     fi_pmof_query().
 #
 # The root shares the host's network stack, so the devices are on the host's
 # lo.  The base root (a tarball) and apt's downloads are cached in
@@ -66,7 +71,7 @@ else
 	cp "$pkg_build"/*.deb "$DEBS"/
 	log "packages built in $(elapsed "$start") s"
 fi
-for p in libsroce0 libsroce-dev sroce; do
+for p in libsroce0 libsroce-dev sroce libfabric-pmof; do
 	compgen -G "$DEBS/${p}_*.deb" >/dev/null || die "no $p package among: $(ls "$DEBS")"
 done
 for d in "$DEBS"/*.deb; do
@@ -194,6 +199,56 @@ check "links with \$(pkg-config --libs libibverbs-ext)" \
 	bash -c 'gcc /tmp/header.o -o /tmp/header $(pkg-config --libs libibverbs-ext)'
 check "linked program sees pkg0 without LD_PRELOAD" \
 	bash -c 'env -u LD_PRELOAD timeout 30 /tmp/header'
+
+# The provider where the root's libfabric looks for providers by itself:
+# FI_PROVIDER_PATH, which the build tree needs, is not set.
+check "install libfabric-pmof, libfabric-bin, libfabric-dev" \
+	apt_install /tmp/debs/libfabric-pmof_*.deb libfabric-bin libfabric-dev
+check "libfabric-pmof ships libpmof-fi.so, fi_pmof(7) and its copyright" \
+	bash -c "files=\$(dpkg -L libfabric-pmof) &&
+		grep -q '/libfabric/libpmof-fi\.so\$' <<<\"\$files\" &&
+		grep -qx /usr/share/man/man7/fi_pmof.7 <<<\"\$files\" &&
+		grep -qx /usr/share/doc/libfabric-pmof/copyright <<<\"\$files\""
+check "fi_info -p pmof without FI_PROVIDER_PATH lists pkg0 and pkg1" \
+	bash -c "out=\$(env -u FI_PROVIDER_PATH timeout 30 sroce exec -- fi_info -p pmof 2>&1) &&
+		grep -q 'provider: pmof' <<<\"\$out\" && grep -q 'domain: pkg0' <<<\"\$out\" &&
+		grep -q 'domain: pkg1' <<<\"\$out\" || { echo \"\$out\"; exit 1; }"
+cat >/tmp/pmof.c <<'C'
+#include <rdma/fi_ext_pmof.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The first pmof domain, and what fi_pmof_query() says of it: the
+ * extensions reach the provider through libfabric alone. */
+int main(void) {
+    struct fi_info *hints = fi_allocinfo(), *info = NULL;
+    struct fid_fabric *fabric = NULL;
+    struct fid_domain *domain = NULL;
+    struct fi_pmof_attr attr = {.size = sizeof(attr)};
+    int rc = -1;
+
+    if (!hints || !(hints->fabric_attr->prov_name = malloc(sizeof("pmof")))) return 1;
+    memcpy(hints->fabric_attr->prov_name, "pmof", sizeof("pmof"));
+    hints->ep_attr->type = FI_EP_MSG;
+    if (fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info) == 0 &&
+        fi_fabric(info->fabric_attr, &fabric, NULL) == 0 &&
+        fi_domain(fabric, info, &domain, NULL) == 0)
+        rc = fi_pmof_query(domain, &attr);
+    printf("%s: fi_pmof_query %d, commit_flags %#llx\n",
+           info ? info->domain_attr->name : "no pmof domain", rc,
+           (unsigned long long)attr.commit_flags);
+    if (domain) fi_close(&domain->fid);
+    if (fabric) fi_close(&fabric->fid);
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return rc == 0 && (attr.commit_flags & FI_COMMIT) ? 0 : 1;
+}
+C
+check "<rdma/fi_ext_pmof.h> builds: gcc -std=c11 -pedantic -Werror ... -lfabric" \
+	gcc -std=c11 -Wall -Wextra -Werror -pedantic /tmp/pmof.c -o /tmp/pmof -lfabric
+check "fi_pmof_query() reaches the packaged provider" \
+	env -u FI_PROVIDER_PATH timeout 30 sroce exec -- /tmp/pmof
 
 sroce agent stop 2>/dev/null
 echo "$passed checks passed, $failed failed"
