@@ -156,7 +156,8 @@ static ssize_t cq_readfrom(struct fid_cq *cq_fid, void *buf, size_t count, fi_ad
         n++;
     }
     if (!n) {
-        ssize_t r = cq->ring_count ? -FI_EAVAIL : -FI_EAGAIN;
+        /* Only an error at the head is -FI_EAVAIL (count 0 reads none). */
+        ssize_t r = cq->ring_count && ring_at(cq, 0)->err ? -FI_EAVAIL : -FI_EAGAIN;
         pmof_unlock(&cq->lock);
         return r;
     }

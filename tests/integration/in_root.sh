@@ -16,7 +16,7 @@ src=${1:?usage: $0 SRC ADDR1 ADDR2 ADDR3 [STEP...]}
 a1=${2:?} a2=${3:?} a3=${4:?}
 shift 4
 steps=("$@")
-((${#steps[@]} > 0)) || steps=(setup build unit symbols clients suite)
+((${#steps[@]} > 0)) || steps=(setup build unit symbols clients fabric suite)
 cd "$src" || exit 1
 export DEBIAN_FRONTEND=noninteractive
 # The root's own agent: it shares the host's network namespace, where the
@@ -91,6 +91,34 @@ if want clients; then
 		grep 'iters in' "$RP_CLIENT_LOG"
 	)
 	step clients clients && sed 's/^/    /' "$build/in-root-clients.log" | grep -E 'MB/s|iters in'
+fi
+
+if want fabric; then
+	# The libfabric provider under this release's libfabric (Debian 13: 2.1)
+	# and libibverbs (whose ibv_wr_flush it compiles in): fi_info, Debian's
+	# fi_pingpong as two processes, and pmof_fabtest, on the devices (and
+	# the agent) of the clients step.  Inside `step` errexit is off: every
+	# command is checked.
+	fabric() (
+		. tests/integration/lib.sh
+		sroce_init build
+		require_cmds fi_info fi_pingpong ss
+		export FI_PROVIDER_PATH=$build/libfabric-glue
+		sroce_config tx0 "$a1" tx1 "$a2"
+		"$SROCE_BIN" exec -- fi_info --version | grep libfabric || exit 1
+		"$SROCE_BIN" exec -- fi_info -p pmof -t FI_EP_MSG | grep -q 'provider: pmof' || exit 1
+		for ep in msg rdm; do
+			run_pair fi_pingpong -p pmof -e "$ep" -c -I 10 -d tx0 -B @PORT@ -- \
+				fi_pingpong -p pmof -e "$ep" -c -I 10 -P @PORT@ "$a1" || exit 1
+			echo "fi_pingpong -e $ep: $(grep -c '^[0-9]' "$RP_CLIENT_LOG") sizes"
+			"$SROCE_BIN" exec -- build/tests/fabric/pmof_fabtest -p pmof -e "$ep" -a "$a1" \
+				>"$WORK/fabtest.$ep" 2>&1
+			rc=$?
+			echo "pmof_fabtest -e $ep: $(tail -n 1 "$WORK/fabtest.$ep")"
+			((rc == 0)) || { grep '^not ok' "$WORK/fabtest.$ep"; exit 1; }
+		done
+	)
+	step fabric fabric && sed 's/^/    /' "$build/in-root-fabric.log" | grep -E 'fi_pingpong -e|pmof_fabtest|libfabric'
 fi
 
 if want suite; then

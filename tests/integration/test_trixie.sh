@@ -10,6 +10,9 @@
 #     rdma-core 56's libibverbs and Debian 13's perftest and ibverbs-utils;
 #   - Debian 13's ib_write_bw, ib_send_bw -c UD and ibv_rc_pingpong over two
 #     sroce devices on 127.0.17.1 and 127.0.17.2;
+#   - the libfabric provider pmof under libfabric 2.1, built against
+#     rdma-core 56 (ibv_wr_flush compiled in): fi_info, fi_pingpong -c msg
+#     and rdm, pmof_fabtest msg and rdm, over the same two devices;
 #   - rdma-core 56's own pyverbs suite over a sroce device on 127.0.17.3
 #     (test_rdma_core_suite.sh, with the root's python3 and python3-pyverbs).
 #
