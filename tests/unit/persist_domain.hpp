@@ -836,39 +836,22 @@ struct RunResult {
     }
 };
 
-// Posts `plan` on a fresh RC pair (initiator on ctx_a, target on ctx_b)
-// while a second thread powers the domain off at random moments and checks
-// each image.  Completions are polled in order (one send queue), so "which
-// FLUSH completions were polled" is one number: the last polled point.
-inline void run_plan(Domain &dom, ibv_context *ctx_a, ibv_context *ctx_b, const Plan &plan,
-                     const RunOpts &o, RunResult &res) {
-    rctest::Pair pair;
-    rctest::PairOpts po;
-    po.qp_ex = true;
-    po.sq_sig_all = false;
-    po.send_wr = o.send_wr;
-    po.timeout = o.timeout;
-    po.b_access = rctest::kAllAccess | kFlushAccess;
-    po.extra_send_ops = IBV_QP_EX_WITH_RDMA_WRITE_COMMIT;
-    ASSERT_NO_FATAL_FAILURE(pair.setup(ctx_a, ctx_b, po));
-    if (o.native_commit) {
-        ASSERT_EQ(ibv_qp_set_commit_peer(pair.a.qp, IBV_COMMIT_CAP_NATIVE), 0);
-    }
-
-    auto *src = const_cast<uint8_t *>(plan.image.data());
-    ibv_mr *smr = ibv_reg_mr(pair.a.pd, src, plan.image.size(), IBV_ACCESS_LOCAL_WRITE);
-    ASSERT_NE(smr, nullptr) << std::strerror(errno);
-    struct Dereg {
-        ibv_mr *m;
-        ~Dereg() { ibv_dereg_mr(m); }
-    } smr_guard{smr};
-    FileMr dst(plan.mr_len);
-    ASSERT_NE(dst.data(), nullptr) << "mapping a file on /var/tmp: " << std::strerror(errno);
-    ASSERT_NE(dst.reg(pair.b.pd, o.target_access), nullptr)
-        << "registering the file-backed MR: " << std::strerror(errno);
-
-    Target t{pair.a.qpx, smr->lkey, uint64_t(uintptr_t(src)), dst.mr()->rkey,
-             uint64_t(uintptr_t(dst.data()))};
+// Runs `plan` through `ini` while a second thread powers the domain off at
+// random moments and checks each image against what had been promised.
+// `target` is the target's memory (plan.mr_len bytes), which the domain
+// shadows.  Completions must come in posting order (one send queue), so
+// "which durability points were polled" is one number: the last polled.
+//
+// The initiator is any type with
+//   size_t post(const Plan &, size_t first, size_t n, std::string &failure)
+//       posts ops [first, first+n) (a point signaled, the rest not) and
+//       returns how many it could (the rest wait for room);
+//   int poll(uint64_t *ids, int max, std::string &failure)
+//       returns the op indices of up to `max` completed points (-1: failed).
+// so the same workload and checks run through verbs or through libfabric.
+template <class Initiator>
+void drive_plan(Domain &dom, Initiator &ini, const uint8_t *target, const Plan &plan,
+                const RunOpts &o, RunResult &res) {
     const Plan &believed = o.believed ? *o.believed : plan;
     Checker checker(believed);
     size_t end = std::min(o.stop_before, plan.ops.size());
@@ -880,7 +863,7 @@ inline void run_plan(Domain &dom, ibv_context *ctx_a, ibv_context *ctx_b, const 
             << "a run must end with a durability point, or its last WQEs never report";
     }
 
-    dom.attach(dst.data(), plan.mr_len);
+    dom.attach(target, plan.mr_len);
     auto t0 = Clock::now();
     std::atomic<int64_t> polled{-1};
     std::atomic<uint64_t> posted_points{0};
@@ -934,45 +917,32 @@ inline void run_plan(Domain &dom, ibv_context *ctx_a, ibv_context *ctx_b, const 
                 n++;
             }
             if (n > 0) {
-                ibv_wr_start(t.q);
-                for (size_t i = next; i < next + n; i++) {
-                    const Op &op = plan.ops[i];
-                    const KindInfo &k = info(op.kind);
-                    t.q->wr_id = i;
-                    t.q->wr_flags = k.point ? IBV_SEND_SIGNALED : 0;
-                    k.post(t, op);
-                    res.by_kind[size_t(op.kind)]++;
+                size_t posted = ini.post(plan, next, n, failure);
+                if (!failure.empty()) break;
+                // Only the points actually posted are in flight.
+                pts = posted_points.load(std::memory_order_relaxed);
+                for (size_t i = next; i < next + posted; i++) {
+                    res.by_kind[size_t(plan.ops[i].kind)]++;
+                    if (info(plan.ops[i].kind).point) pts++;
                 }
-                int rc = ibv_wr_complete(t.q);
-                if (rc) {
-                    failure = strf("ibv_wr_complete of ops #%zu..#%zu: %s", next, next + n - 1,
-                                   std::strerror(rc));
-                    break;
-                }
-                next += n;
+                next += posted;
                 res.ops = next;
-                busy = true;
+                busy = posted > 0;
                 posted_points.store(pts, std::memory_order_release);
             }
         }
-        ibv_wc wc[16];
-        int k = ibv_poll_cq(pair.a.scq, 16, wc);
-        if (k < 0) {
-            failure = strf("ibv_poll_cq: %d", k);
-            break;
-        }
+        uint64_t ids[16];
+        int k = ini.poll(ids, 16, failure);
+        if (k < 0) break;
         for (int i = 0; i < k && failure.empty(); i++) {
-            const Op *op = wc[i].wr_id < end ? &plan.ops[wc[i].wr_id] : nullptr;
-            if (wc[i].status != IBV_WC_SUCCESS)
-                failure = strf("%s completed with %s", op ? plan.op_desc(wc[i].wr_id).c_str() : "?",
-                               ibv_wc_status_str(wc[i].status));
-            else if (!op || op->point != last + 1)
-                failure = strf("completion for wr_id %" PRIu64 " while point #%" PRId64
+            const Op *op = ids[i] < end ? &plan.ops[ids[i]] : nullptr;
+            if (!op || op->point != last + 1)
+                failure = strf("completion for op %" PRIu64 " while point #%" PRId64
                                " was the next expected",
-                               wc[i].wr_id, last + 1);
+                               ids[i], last + 1);
             else {
                 last = op->point;
-                retired = size_t(wc[i].wr_id) + 1;
+                retired = size_t(ids[i]) + 1;
                 polled.store(last, std::memory_order_release);
             }
         }
@@ -1002,6 +972,80 @@ inline void run_plan(Domain &dom, ibv_context *ctx_a, ibv_context *ctx_b, const 
     res.check = checker.stats;
     res.domain = dom.stats();
     dom.detach();
+}
+
+// The verbs initiator: one QP's ibv_wr_* batch per post, its send CQ.
+struct VerbsInitiator {
+    Target t;
+    ibv_cq *scq;
+
+    size_t post(const Plan &plan, size_t first, size_t n, std::string &failure) {
+        ibv_wr_start(t.q);
+        for (size_t i = first; i < first + n; i++) {
+            const Op &op = plan.ops[i];
+            const KindInfo &k = info(op.kind);
+            t.q->wr_id = i;
+            t.q->wr_flags = k.point ? IBV_SEND_SIGNALED : 0;
+            k.post(t, op);
+        }
+        int rc = ibv_wr_complete(t.q);
+        if (rc)
+            failure = strf("ibv_wr_complete of ops #%zu..#%zu: %s", first, first + n - 1,
+                           std::strerror(rc));
+        return rc ? 0 : n;
+    }
+    int poll(uint64_t *ids, int max, std::string &failure) {
+        ibv_wc wc[16];
+        int k = ibv_poll_cq(scq, std::min(max, 16), wc);
+        if (k < 0) {
+            failure = strf("ibv_poll_cq: %d", k);
+            return -1;
+        }
+        for (int i = 0; i < k; i++) {
+            if (wc[i].status != IBV_WC_SUCCESS) {
+                failure = strf("op %" PRIu64 " completed with %s", wc[i].wr_id,
+                               ibv_wc_status_str(wc[i].status));
+                return -1;
+            }
+            ids[i] = wc[i].wr_id;
+        }
+        return k;
+    }
+};
+
+// Posts `plan` on a fresh RC pair (initiator on ctx_a, target on ctx_b)
+// through verbs (drive_plan).
+inline void run_plan(Domain &dom, ibv_context *ctx_a, ibv_context *ctx_b, const Plan &plan,
+                     const RunOpts &o, RunResult &res) {
+    rctest::Pair pair;
+    rctest::PairOpts po;
+    po.qp_ex = true;
+    po.sq_sig_all = false;
+    po.send_wr = o.send_wr;
+    po.timeout = o.timeout;
+    po.b_access = rctest::kAllAccess | kFlushAccess;
+    po.extra_send_ops = IBV_QP_EX_WITH_RDMA_WRITE_COMMIT;
+    ASSERT_NO_FATAL_FAILURE(pair.setup(ctx_a, ctx_b, po));
+    if (o.native_commit) {
+        ASSERT_EQ(ibv_qp_set_commit_peer(pair.a.qp, IBV_COMMIT_CAP_NATIVE), 0);
+    }
+
+    auto *src = const_cast<uint8_t *>(plan.image.data());
+    ibv_mr *smr = ibv_reg_mr(pair.a.pd, src, plan.image.size(), IBV_ACCESS_LOCAL_WRITE);
+    ASSERT_NE(smr, nullptr) << std::strerror(errno);
+    struct Dereg {
+        ibv_mr *m;
+        ~Dereg() { ibv_dereg_mr(m); }
+    } smr_guard{smr};
+    FileMr dst(plan.mr_len);
+    ASSERT_NE(dst.data(), nullptr) << "mapping a file on /var/tmp: " << std::strerror(errno);
+    ASSERT_NE(dst.reg(pair.b.pd, o.target_access), nullptr)
+        << "registering the file-backed MR: " << std::strerror(errno);
+
+    Target t{pair.a.qpx, smr->lkey, uint64_t(uintptr_t(src)), dst.mr()->rkey,
+             uint64_t(uintptr_t(dst.data()))};
+    VerbsInitiator ini{t, pair.a.scq};
+    drive_plan(dom, ini, dst.data(), plan, o, res);
 }
 
 } // namespace crash
