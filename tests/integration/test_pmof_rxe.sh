@@ -60,48 +60,24 @@ ns=sroce-pmofrxe-$$
 host_ip=10.203.0.1
 guest_ip=10.203.0.2
 conf=$WORK/links.conf
-cap_pid=
 cleanup() {
 	vm_cleanup
-	[[ -n $cap_pid ]] && kill "$cap_pid" 2>/dev/null && wait "$cap_pid" 2>/dev/null
-	local p
-	for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
-	ip netns del "$ns" 2>/dev/null
+	vm_ns_cleanup
 	_sroce_cleanup
 }
 trap cleanup EXIT
-in_ns() { ip netns exec "$ns" "$@"; }
+in_ns() { vm_in_ns "$@"; }
 
-ip netns add "$ns" 2>"$WORK/err" || skip "ip netns unusable: $(cat "$WORK/err")"
-in_ns ip link set lo up
-in_ns ip tuntap add dev tap0 mode tap 2>"$WORK/err" || skip "cannot create a tap device: $(cat "$WORK/err")"
-in_ns ip addr add "$host_ip/24" dev tap0
-in_ns ip link set tap0 up
-in_ns "$SROCE_BIN" --config "$conf" link add sroce0 netdev tap0 addr "$host_ip" ||
-	die "sroce link add sroce0 netdev tap0 addr $host_ip failed"
+vm_tap_ns "$ns" "$host_ip" "$conf" || skip "$VM_ERR"
 export SROCE_CONFIG=$conf FI_PROVIDER_PATH=$BUILD_DIR/libfabric-glue
 in_ns "$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log" ||
 	die "the sroce agent did not start in the namespace"
 
 # The RoCE traffic on the tap, to see what the commits became on the wire.
-pcap=
-if command -v dumpcap >/dev/null && command -v tshark >/dev/null; then
-	pcap=${SROCE_VM_CAPTURE:-$WORK/tap0.pcap}
-	chmod 1777 "$WORK"
-	: >"$WORK/dumpcap.log"
-	in_ns dumpcap -q -P -B 64 -i tap0 -f 'udp port 4791' -w "$pcap" >"$WORK/dumpcap.log" 2>&1 &
-	cap_pid=$!
-	for ((i = 0; i < 100; i++)); do
-		grep -q "Capturing on" "$WORK/dumpcap.log" && break
-		kill -0 "$cap_pid" 2>/dev/null || break
-		sleep 0.1
-	done
-	grep -q "Capturing on" "$WORK/dumpcap.log" || {
-		log "no capture: $(cat "$WORK/dumpcap.log")"
-		pcap=
-	}
-else
-	log "dumpcap or tshark missing: the wire check is skipped"
+pcap=${SROCE_VM_CAPTURE:-$WORK/tap0.pcap}
+if ! command -v tshark >/dev/null || ! vm_capture_start "$pcap"; then
+	log "no capture (${VM_ERR:-tshark missing}): the wire check is skipped"
+	pcap=
 fi
 
 # 4 MiB of the device DAX (two of its 2 MiB pages): rxe's FLUSH of a whole
@@ -147,8 +123,7 @@ start_all=$SECONDS
 vm_start --ns "$ns" --append "guest.ip=$guest_ip/24" -- \
 	-machine pc,nvdimm=on -m "$VM_MEM,slots=2,maxmem=4G" \
 	-object "memory-backend-file,id=mem1,share=on,mem-path=$WORK/nvdimm.img,size=256M" \
-	-device nvdimm,memdev=mem1 \
-	-netdev tap,id=n0,ifname=tap0,script=no,downscript=no -device virtio-net-pci,netdev=n0,romfile=
+	-device nvdimm,memdev=mem1 "${VM_NET[@]}"
 if ! vm_wait 'GID ' 120; then
 	vm_dump >&2
 	die "the guest did not bring up rxe0"
@@ -280,9 +255,7 @@ fi
 vm_finish 120
 # --- the wire: FLUSH (opcode 0x1C) from sroce, and rxe's answers ---------------
 if [[ -n $pcap ]]; then
-	kill "$cap_pid" 2>/dev/null
-	wait "$cap_pid" 2>/dev/null
-	cap_pid=
+	vm_capture_stop
 	tshark -r "$pcap" -T fields -e ip.src -e infiniband.bth.opcode -e infiniband.bth.psn \
 		-e infiniband.aeth.syndrome 2>/dev/null >"$WORK/wire.txt"
 	# An IBTA FLUSH (RC opcode 28) is answered by an RDMA READ response

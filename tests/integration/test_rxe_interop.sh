@@ -52,31 +52,17 @@ ns=sroce-rxe-$$
 host_ip=10.201.0.1
 guest_ip=10.201.0.2
 conf=$WORK/links.conf
-cap_pid=
 
-kill_ns() {
-	local p
-	# Whatever runs inside the namespace was started by this script.
-	for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
-}
 cleanup() {
 	vm_cleanup
-	[[ -n $cap_pid ]] && kill "$cap_pid" 2>/dev/null && wait "$cap_pid" 2>/dev/null
-	kill_ns
-	ip netns del "$ns" 2>/dev/null
+	vm_ns_cleanup
 	_sroce_cleanup
 }
 trap cleanup EXIT
 
-in_ns() { ip netns exec "$ns" "$@"; }
+in_ns() { vm_in_ns "$@"; }
 
-ip netns add "$ns" 2>"$WORK/err" || skip "ip netns unusable: $(cat "$WORK/err")"
-in_ns ip link set lo up
-in_ns ip tuntap add dev tap0 mode tap 2>"$WORK/err" || skip "cannot create a tap device: $(cat "$WORK/err")"
-in_ns ip addr add "$host_ip/24" dev tap0
-in_ns ip link set tap0 up
-in_ns "$SROCE_BIN" --config "$conf" link add sroce0 netdev tap0 addr "$host_ip" ||
-	die "sroce link add sroce0 netdev tap0 addr $host_ip failed"
+vm_tap_ns "$ns" "$host_ip" "$conf" || skip "$VM_ERR"
 export SROCE_CONFIG=$conf
 # The namespace's agent (QP1 and the CM) lives as long as the test, so that
 # its counters at the end cover every case.
@@ -87,25 +73,12 @@ in_ns "$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log" ||
 # scapy recompute every ICRC, IP ID included (roce_peer_check.py).
 pcap=
 python=$(scapy_python)
-if command -v dumpcap >/dev/null && [[ -n $python ]]; then
+if [[ -z $python ]]; then
+	log "python3-scapy missing: the wire check is skipped"
+elif vm_capture_start "${SROCE_VM_CAPTURE:-$WORK/tap0.pcap}"; then
 	pcap=${SROCE_VM_CAPTURE:-$WORK/tap0.pcap}
-	# dumpcap may write as a dropped user; -B: a 64 MiB buffer, so that no
-	# burst is lost from the capture.
-	chmod 1777 "$WORK"
-	: >"$WORK/dumpcap.log"
-	in_ns dumpcap -q -P -B 64 -i tap0 -f 'udp port 4791' -w "$pcap" >"$WORK/dumpcap.log" 2>&1 &
-	cap_pid=$!
-	for ((i = 0; i < 100; i++)); do
-		grep -q "Capturing on" "$WORK/dumpcap.log" && break
-		kill -0 "$cap_pid" 2>/dev/null || break
-		sleep 0.1
-	done
-	if ! grep -q "Capturing on" "$WORK/dumpcap.log"; then
-		log "no capture: $(cat "$WORK/dumpcap.log")"
-		pcap=
-	fi
 else
-	log "dumpcap or python3-scapy missing: the wire check is skipped"
+	log "$VM_ERR: the wire check is skipped"
 fi
 
 # name|server side|guest command|host command|kind.  @GID@ is the guest's
@@ -215,8 +188,7 @@ mkdir -p "$WORK/overlay/test"
 vm_initrd "$WORK/overlay"
 
 start_all=$SECONDS
-vm_start --ns "$ns" --append "guest.ip=$guest_ip/24" -- \
-	-netdev tap,id=n0,ifname=tap0,script=no,downscript=no -device virtio-net-pci,netdev=n0,romfile=
+vm_start --ns "$ns" --append "guest.ip=$guest_ip/24" -- "${VM_NET[@]}"
 if ! vm_wait 'GID ' 120; then
 	vm_dump >&2
 	die "the guest did not bring up rxe0"
@@ -445,10 +417,7 @@ fi
 
 vm_finish 60
 if [[ -n $pcap ]]; then
-	# dumpcap writes its last packets when it stops.
-	kill "$cap_pid" 2>/dev/null
-	wait "$cap_pid" 2>/dev/null
-	cap_pid=
+	vm_capture_stop
 	if "$python" "$here/../vm/roce_peer_check.py" "$pcap" "$host_ip" "$guest_ip" >"$WORK/check.log" 2>&1; then
 		pass "wire check: rxe and sroce ICRCs recomputed by scapy"
 	else

@@ -58,22 +58,14 @@ else
 	net=1
 fi
 
-kill_ns() {
-	local p
-	# Whatever runs inside the namespace was started by this script.
-	for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
-}
 cleanup() {
 	vm_cleanup
-	if [[ -n $ns ]]; then
-		kill_ns
-		ip netns del "$ns" 2>/dev/null
-	fi
+	vm_ns_cleanup
 	_sroce_cleanup
 }
 trap cleanup EXIT
 
-in_ns() { ip netns exec "$ns" "$@"; }
+in_ns() { vm_in_ns "$@"; }
 
 # rlog_case NAME MODE [CLIENT-ARGS...]: the host's remote_log initiator
 # against the guest's target NAME; MODE is the path the initiator must report.
@@ -110,22 +102,14 @@ rlog_case() {
 	fi
 }
 
-qemu_net=()
 append=
 if ((net)); then
-	ns=sroce-pmem-$$
-	if ip netns add "$ns" 2>"$WORK/err" &&
-		in_ns ip link set lo up &&
-		in_ns ip tuntap add dev tap0 mode tap 2>"$WORK/err" &&
-		in_ns ip addr add "$host_ip/24" dev tap0 &&
-		in_ns ip link set tap0 up &&
-		in_ns "$SROCE_BIN" --config "$WORK/links.conf" link add sroce0 netdev tap0 addr "$host_ip"; then
+	if vm_tap_ns "sroce-pmem-$$" "$host_ip" "$WORK/links.conf"; then
+		ns=$VM_NS
 		export SROCE_CONFIG=$WORK/links.conf
-		# shellcheck disable=SC2054 # qemu options, commas included
-		qemu_net=(-netdev tap,id=n0,ifname=tap0,script=no,downscript=no -device virtio-net-pci,netdev=n0,romfile=)
 		append="guest.ip=$guest_ip/24"
 	else
-		why_no_net="cannot set up the namespace and tap: $(cat "$WORK/err")"
+		why_no_net=$VM_ERR
 		net=0
 	fi
 fi
@@ -176,7 +160,7 @@ t0=$SECONDS
 vm_start ${ns:+--ns "$ns"} --append "$append" -- \
 	-machine pc,nvdimm=on -m 2G,slots=2,maxmem=4G \
 	-object "memory-backend-file,id=mem1,share=on,mem-path=$backing,size=256M" \
-	-device nvdimm,memdev=mem1 "${qemu_net[@]}"
+	-device nvdimm,memdev=mem1 "${VM_NET[@]}"
 
 if ((net)); then
 	if vm_wait 'READY xfer|NOTREADY xfer|GUEST-EXIT' 150 && [[ $(vm_marker 'READY xfer|NOTREADY xfer|GUEST-EXIT') == "READY xfer" ]]; then

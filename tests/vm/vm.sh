@@ -14,6 +14,12 @@
 #   vm_send go-x                       # a line on the guest's control port
 #   vm_finish 60                       # waits for power-off; VM_RC = guest rc
 #
+# A guest whose eth0 is a tap on the host, with sroce on the host's end:
+#   vm_tap_ns NS HOST-IP CONF          # namespace, tap0, link sroce0; VM_NET
+#   vm_in_ns CMD...                    # CMD in that namespace
+#   vm_capture_start FILE; vm_capture_stop   # RoCEv2 on tap0 (dumpcap)
+#   vm_ns_cleanup                      # from the EXIT trap, after vm_cleanup
+#
 # The console goes to $VM_LOG (CRs removed when read).  qemu runs under
 # `timeout -s KILL $VM_TIMEOUT` and is killed on exit by vm_cleanup, which
 # the caller's EXIT trap must call.
@@ -188,4 +194,88 @@ vm_cleanup() {
 		VM_PID=
 	fi
 	return 0
+}
+
+# --- the host's end: a network namespace with the tap the guest's eth0 is on
+
+# vm_tap_ns NS HOST-IP CONF: makes network namespace NS with lo up and tap0
+# at HOST-IP/24, and the sroce link sroce0 on tap0 in the link
+# configuration CONF; VM_NS becomes NS (vm_ns_cleanup removes it) and
+# VM_NET the qemu options that put the guest's eth0 on the tap.  Fails
+# with the reason in VM_ERR.
+VM_NS=
+VM_NET=()
+vm_tap_ns() {
+	local ns=$1 ip=$2 conf=$3 err=$VM_WORK/vm_tap_ns.err
+	VM_ERR=
+	if ! ip netns add "$ns" 2>"$err"; then
+		VM_ERR="ip netns unusable: $(cat "$err")"
+		return 1
+	fi
+	VM_NS=$ns
+	if ! vm_in_ns ip link set lo up 2>"$err" ||
+		! vm_in_ns ip tuntap add dev tap0 mode tap 2>"$err" ||
+		! vm_in_ns ip addr add "$ip/24" dev tap0 2>"$err" ||
+		! vm_in_ns ip link set tap0 up 2>"$err"; then
+		VM_ERR="cannot set up the tap device: $(cat "$err")"
+		return 1
+	fi
+	if ! vm_in_ns "${SROCE_BIN:?vm_tap_ns needs SROCE_BIN}" --config "$conf" link add sroce0 \
+		netdev tap0 addr "$ip" 2>"$err"; then
+		VM_ERR="sroce link add sroce0 netdev tap0 addr $ip failed: $(cat "$err")"
+		return 1
+	fi
+	# shellcheck disable=SC2054,SC2034 # qemu options (commas included), for the caller
+	VM_NET=(-netdev tap,id=n0,ifname=tap0,script=no,downscript=no -device virtio-net-pci,netdev=n0,romfile=)
+}
+
+# vm_in_ns CMD...: runs CMD in the namespace of vm_tap_ns.
+vm_in_ns() { ip netns exec "$VM_NS" "$@"; }
+
+# vm_capture_start FILE: captures the RoCEv2 traffic on the namespace's
+# tap into FILE (dumpcap, from tshark; the tap carries the IPv4 headers
+# exactly as sent, so every ICRC can be recomputed).  Fails, with the
+# reason in VM_ERR, when dumpcap is missing or does not start.
+VM_CAP_PID=
+vm_capture_start() {
+	local file=$1 log=$VM_WORK/dumpcap.log i
+	VM_ERR=
+	command -v dumpcap >/dev/null || {
+		VM_ERR="dumpcap (tshark) is not installed"
+		return 1
+	}
+	# dumpcap may write as a dropped user; -B: a 64 MiB buffer, so that no
+	# burst is lost from the capture.
+	chmod 1777 "$VM_WORK"
+	: >"$log"
+	vm_in_ns dumpcap -q -P -B 64 -i tap0 -f 'udp port 4791' -w "$file" >"$log" 2>&1 &
+	VM_CAP_PID=$!
+	for ((i = 0; i < 100; i++)); do
+		grep -q "Capturing on" "$log" && return 0
+		kill -0 "$VM_CAP_PID" 2>/dev/null || break
+		sleep 0.1
+	done
+	# shellcheck disable=SC2034 # for the caller
+	VM_ERR="no capture: $(cat "$log")"
+	vm_capture_stop
+	return 1
+}
+
+# vm_capture_stop: stops the capture (dumpcap writes its last packets then).
+vm_capture_stop() {
+	[[ -n $VM_CAP_PID ]] || return 0
+	kill "$VM_CAP_PID" 2>/dev/null
+	wait "$VM_CAP_PID" 2>/dev/null
+	VM_CAP_PID=
+}
+
+# vm_ns_cleanup: the capture, everything running in the namespace (all of
+# it started by the test) and the namespace itself.
+vm_ns_cleanup() {
+	local p
+	vm_capture_stop
+	[[ -n $VM_NS ]] || return 0
+	for p in $(ip netns pids "$VM_NS" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+	ip netns del "$VM_NS" 2>/dev/null
+	VM_NS=
 }
