@@ -357,9 +357,20 @@ static bool ep_attr_ok(const struct fi_ep_attr *h, enum fi_ep_type type) {
     return true;
 }
 
-static bool domain_attr_ok(const struct fi_domain_attr *h, const struct pmof_dev *d) {
+/* A FI_EP_MSG endpoint's connection advances when its EQ is read (the
+ * rdma_cm events are handled there); RDM connections are the provider's
+ * own, served by its threads. */
+static enum fi_progress control_progress(enum fi_ep_type type) {
+    return type == FI_EP_MSG ? FI_PROGRESS_MANUAL : FI_PROGRESS_AUTO;
+}
+
+static bool domain_attr_ok(const struct fi_domain_attr *h, const struct pmof_dev *d,
+                           enum fi_ep_type type) {
     if (!h) return true;
     if (h->name && strcmp(h->name, d->name)) return false;
+    if (h->control_progress == FI_PROGRESS_AUTO && control_progress(type) != FI_PROGRESS_AUTO)
+        NOMATCH("control progress FI_PROGRESS_AUTO: FI_EP_MSG connections advance in "
+                "fi_eq_read\n");
     if (h->mr_key_size > 8) NOMATCH("mr_key_size %zu > 8\n", h->mr_key_size);
     if (h->cq_data_size > 4) NOMATCH("cq_data_size %zu > 4\n", h->cq_data_size);
     if (h->av_type == FI_AV_MAP || h->av_type == FI_AV_TABLE || h->av_type == FI_AV_UNSPEC)
@@ -454,7 +465,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
         PMOF_INFO(FI_LOG_CORE, "%s cannot make remote writes durable (FI_RMA_PMEM)\n", d->name);
         return NULL;
     }
-    if (hints && hints->domain_attr && !domain_attr_ok(hints->domain_attr, d)) return NULL;
+    if (hints && hints->domain_attr && !domain_attr_ok(hints->domain_attr, d, type)) return NULL;
     if (hints &&
         !tx_attr_ok(hints->tx_attr, max_inline, pmof_device_tx_iov_limit(&d->attr, d->commit_path)))
         return NULL;
@@ -482,7 +493,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
 
     fi->domain_attr->name = strdup(d->name);
     fi->domain_attr->threading = FI_THREAD_SAFE;
-    fi->domain_attr->control_progress = FI_PROGRESS_AUTO;
+    fi->domain_attr->control_progress = control_progress(type);
     fi->domain_attr->data_progress = FI_PROGRESS_AUTO;
     fi->domain_attr->resource_mgmt = FI_RM_ENABLED;
     fi->domain_attr->av_type = FI_AV_UNSPEC;

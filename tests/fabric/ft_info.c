@@ -122,6 +122,42 @@ out:
     return ret;
 }
 
+/* A provider that says FI_PROGRESS_AUTO for control must set connections
+ * up without the application's help; pmof's FI_EP_MSG connections advance
+ * in fi_eq_read, so it says FI_PROGRESS_MANUAL there and refuses hints
+ * that insist on AUTO.  Other providers: whatever they offer must honour
+ * hints asking for MANUAL or AUTO. */
+static int t_control_progress(struct ft_run *r) {
+    struct fi_info *hints = hints_for(r), *info = NULL;
+    int ret = FT_OK, rc;
+    bool msg = r->opts->ep_type == FI_EP_MSG;
+
+    FT_EXPECT(hints, "out of memory");
+    FT_TRY(ft_getinfo_ok(r, r->opts->addr, NULL, FI_SOURCE, hints, &info));
+    enum fi_progress got = info->domain_attr->control_progress;
+    ft_note(r, "control_progress %s",
+            got == FI_PROGRESS_AUTO ? "FI_PROGRESS_AUTO" : "FI_PROGRESS_MANUAL");
+    fi_freeinfo(info);
+    info = NULL;
+    if (ft_is_pmof_prov(r->opts))
+        FT_EXPECT(got == (msg ? FI_PROGRESS_MANUAL : FI_PROGRESS_AUTO),
+                  "control_progress %d for %s endpoints", got, msg ? "FI_EP_MSG" : "FI_EP_RDM");
+    hints->domain_attr->control_progress = FI_PROGRESS_AUTO;
+    FT_TRY(ft_getinfo(r, r->opts->addr, NULL, FI_SOURCE, hints, &info, &rc));
+    if (ft_is_pmof_prov(r->opts) && msg)
+        FT_EXPECT(rc == -FI_ENODATA,
+                  "hints control_progress AUTO: fi_getinfo = %d, expected "
+                  "-FI_ENODATA",
+                  rc);
+    for (struct fi_info *i = rc ? NULL : info; i; i = i->next)
+        FT_EXPECT(i->domain_attr->control_progress == FI_PROGRESS_AUTO,
+                  "hints control_progress AUTO, info %d", i->domain_attr->control_progress);
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
 static int t_mr_mode(struct ft_run *r) {
     struct fi_info *hints = hints_for(r), *info = NULL;
     int ret = FT_OK;
@@ -287,6 +323,7 @@ const struct ft_test ft_info_tests[] = {
     {"getinfo.caps_subset", t_caps_subset},
     {"getinfo.mode", t_mode},
     {"getinfo.mr_mode", t_mr_mode},
+    {"getinfo.control_progress", t_control_progress},
     {"getinfo.addr_format", t_addr_format},
     {"getinfo.src_node", t_src_node},
     {"getinfo.dest", t_dest},

@@ -278,9 +278,10 @@ class Pair {
     void wait_event(int i, uint32_t want, fi_eq_cm_entry &cm) {
         uint32_t ev = 0;
         for (int tries = 0; tries < 300; tries++) {
-            // pmof moves a connection on (address and route resolution,
-            // the request) when its endpoint's EQ is read: a peek at the
-            // other side's lets one thread wait for both.
+            // FI_EP_MSG control progress is manual in pmof: a connection
+            // moves on (address and route, the request) when its
+            // endpoint's EQ is read, so one thread waiting for both sides
+            // peeks at the other's.
             uint32_t other;
             uint8_t peek[256];
             fi_eq_read(eq_[1 - i], &other, peek, sizeof(peek), FI_PEEK);
