@@ -185,6 +185,11 @@ struct pmof_domain {
     enum pmof_commit_path commit_path;
     struct ibv_commit_caps commit_caps;
     size_t tx_iov_limit; /* entries a send, write or read may gather */
+    /* Atomics: IBTA ATOMIC WRITE available; the word fetch-less atomics
+     * return their old value to, registered as `scratch` */
+    bool atomic_write;
+    uint64_t scratch_word;
+    struct pmof_mr *scratch;
     struct fi_pmof_domain_ops pmof_ops;
     struct fi_hmem_override_ops hmem_ops;
     bool hmem_override;
@@ -523,6 +528,15 @@ ssize_t pmof_ep_check_tx(struct pmof_ep *ep);
 
 extern struct fi_ops_msg pmof_msg_ops;
 extern struct fi_ops_rma pmof_rma_ops;
+/* Atomics (pmof_atomic.c), of MSG and RDM endpoints alike. */
+extern struct fi_ops_atomic pmof_atomic_ops;
+enum pmof_atomic_family { PMOF_ATOMIC_WRITE, PMOF_ATOMIC_FETCH, PMOF_ATOMIC_COMPARE };
+int pmof_atomic_valid(const struct pmof_domain *dom, int family, enum fi_datatype datatype,
+                      enum fi_op op, size_t *count);
+/* An RDM endpoint's connection to addr, or the MSG endpoint itself. */
+struct pmof_ep *pmof_ep_for(struct fid_ep *ep_fid, fi_addr_t addr, ssize_t *err);
+struct pmof_domain *pmof_ep_domain(struct fid_ep *ep_fid);
+uint64_t pmof_ep_op_flags(struct fid_ep *ep_fid); /* its default transmit flags */
 ssize_t pmof_post_send(struct pmof_ep *ep, const struct iovec *iov, void **desc, size_t count,
                        uint64_t data, void *context, uint64_t flags);
 ssize_t pmof_rma_read(struct pmof_ep *ep, const struct iovec *iov, void **desc, size_t count,

@@ -225,6 +225,11 @@ static int domain_close(struct fid *fid) {
 
     if (atomic_load(&dom->refs)) return -FI_EBUSY;
     pmof_manual_domain_close(dom);
+    if (dom->scratch) {
+        if (dom->scratch->ibv) ibv_dereg_mr(dom->scratch->ibv);
+        free(dom->scratch);
+        dom->scratch = NULL;
+    }
     ret = ibv_dealloc_pd(dom->pd);
     if (ret) return pmof_errno(ret);
     rdma_free_devices(dom->dev_list);
@@ -324,8 +329,21 @@ static int domain_srx_ctx(struct fid_domain *domain, struct fi_rx_attr *attr, st
 
 static int domain_query_atomic(struct fid_domain *domain, enum fi_datatype datatype, enum fi_op op,
                                struct fi_atomic_attr *attr, uint64_t flags) {
-    (void)domain, (void)datatype, (void)op, (void)attr, (void)flags;
-    return -FI_EOPNOTSUPP;
+    struct pmof_domain *dom = container_of(domain, struct pmof_domain, domain_fid);
+    int family = (flags & FI_COMPARE_ATOMIC) ? PMOF_ATOMIC_COMPARE
+                 : (flags & FI_FETCH_ATOMIC) ? PMOF_ATOMIC_FETCH
+                                             : PMOF_ATOMIC_WRITE;
+    size_t count;
+    int ret;
+
+    if (flags & ~(FI_COMPARE_ATOMIC | FI_FETCH_ATOMIC | FI_TAGGED)) return -FI_EBADFLAGS;
+    if (!attr) return -FI_EINVAL;
+    if (!dom->scratch) return -FI_EOPNOTSUPP;
+    ret = pmof_atomic_valid(dom, family, datatype, op, &count);
+    if (ret) return ret;
+    attr->count = count;
+    attr->size = sizeof(uint64_t);
+    return 0;
 }
 
 static int domain_query_collective(struct fid_domain *domain, enum fi_collective_op coll,
@@ -380,6 +398,20 @@ int pmof_domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid
     if (!dom->pd) goto nodev;
     dom->commit_path = pmof_device_commit_path(dom->verbs, &dom->commit_caps);
     dom->tx_iov_limit = pmof_device_tx_iov_limit(&dom->dev_attr, dom->commit_path);
+    /* sroce has ATOMIC WRITE; another device only under a libibverbs that
+     * can post it. */
+    dom->atomic_write = dom->commit_path == PMOF_COMMIT_VERBS ||
+                        (PMOF_VERBS_HAVE_ATOMIC_WRITE &&
+                         (dom->dev_attr.device_cap_flags_ex & IB_UVERBS_DEVICE_ATOMIC_WRITE));
+    if (dom->dev_attr.orig_attr.atomic_cap != IBV_ATOMIC_NONE) {
+        dom->scratch = calloc(1, sizeof(*dom->scratch));
+        if (!dom->scratch) goto nodev;
+        dom->scratch->mr_fid.fid.fclass = FI_CLASS_MR;
+        dom->scratch->dom = dom;
+        dom->scratch->ibv = ibv_reg_mr(dom->pd, &dom->scratch_word, sizeof(dom->scratch_word),
+                                       IBV_ACCESS_LOCAL_WRITE);
+        if (!dom->scratch->ibv) goto nodev;
+    }
     pthread_mutex_init(&dom->manual_lock, NULL);
     dom->thread_safe = info->domain_attr->threading == FI_THREAD_SAFE ||
                        info->domain_attr->threading == FI_THREAD_UNSPEC;

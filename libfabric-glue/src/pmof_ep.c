@@ -273,6 +273,10 @@ int pmof_ep_create_qp(struct pmof_ep *ep) {
         attr.srq = ep->srq;
         attr.cap.max_recv_wr = attr.cap.max_recv_sge = 0;
     }
+    if (dom->scratch)
+        attr.send_ops_flags |=
+            IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP;
+    if (dom->atomic_write) attr.send_ops_flags |= IBV_QP_EX_WITH_ATOMIC_WRITE;
     if (dom->commit_path == PMOF_COMMIT_VERBS)
         attr.send_ops_flags |= IBV_QP_EX_WITH_RDMA_WRITE_COMMIT | IBV_QP_EX_WITH_FLUSH;
     else if (dom->commit_path == PMOF_COMMIT_FLUSH)
@@ -640,7 +644,7 @@ int pmof_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep
     ep->ep_fid.msg = &pmof_msg_ops;
     ep->ep_fid.rma = &pmof_rma_ops;
     ep->ep_fid.tagged = &pmof_tagged_ops_enosys;
-    ep->ep_fid.atomic = &pmof_atomic_ops_enosys;
+    ep->ep_fid.atomic = &pmof_atomic_ops;
     ep->ep_fid.collective = &pmof_collective_ops_enosys;
     ep->pmof_ops.size = sizeof(ep->pmof_ops);
     ep->pmof_ops.commit = pmof_commit;

@@ -25,8 +25,8 @@
 #define PMOF_OFI_CORE_PROV_ONLY (1ULL << 59)
 
 #define PMOF_PRIMARY_CAPS                                                                          \
-    (FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_SEND | FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE | \
-     FI_LOCAL_COMM | FI_REMOTE_COMM | FI_HMEM)
+    (FI_MSG | FI_RMA | FI_ATOMIC | FI_READ | FI_WRITE | FI_SEND | FI_RECV | FI_REMOTE_READ |       \
+     FI_REMOTE_WRITE | FI_LOCAL_COMM | FI_REMOTE_COMM | FI_HMEM)
 #define PMOF_SECONDARY_CAPS (FI_FENCE | FI_RMA_PMEM | FI_SOURCE)
 #define PMOF_TX_OP_FLAGS                                                                           \
     (FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE |                \
@@ -312,6 +312,7 @@ static uint64_t dev_caps(const struct pmof_dev *d) {
     uint64_t caps = PMOF_PRIMARY_CAPS | FI_FENCE;
 
     if (pmof_path_initiates(d->commit_path)) caps |= FI_RMA_PMEM;
+    if (d->attr.orig_attr.atomic_cap == IBV_ATOMIC_NONE) caps &= ~FI_ATOMIC;
     return caps;
 }
 
@@ -415,7 +416,8 @@ static uint64_t grant_caps(uint64_t asked, uint64_t offered) {
     caps = (asked & PMOF_PRIMARY_CAPS) | (offered & PMOF_SECONDARY_CAPS & ~FI_RMA_PMEM) |
            (asked & FI_RMA_PMEM);
     if ((caps & FI_MSG) && !(caps & (FI_SEND | FI_RECV))) caps |= FI_SEND | FI_RECV;
-    if ((caps & FI_RMA) && !(caps & (FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE)))
+    if ((caps & (FI_RMA | FI_ATOMIC)) &&
+        !(caps & (FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE)))
         caps |= FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
     if (!(caps & (FI_LOCAL_COMM | FI_REMOTE_COMM))) caps |= FI_LOCAL_COMM | FI_REMOTE_COMM;
     /* FI_RMA_PMEM is granted whenever the device has it, as libfabric's
@@ -459,6 +461,10 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
     if (asked & ~(PMOF_PRIMARY_CAPS | PMOF_SECONDARY_CAPS)) {
         PMOF_INFO(FI_LOG_CORE, "caps 0x%llx not supported\n",
                   (unsigned long long)(asked & ~(PMOF_PRIMARY_CAPS | PMOF_SECONDARY_CAPS)));
+        return NULL;
+    }
+    if ((asked & FI_ATOMIC) && !(offered & FI_ATOMIC)) {
+        PMOF_INFO(FI_LOG_CORE, "%s has no atomics\n", d->name);
         return NULL;
     }
     if ((asked & FI_RMA_PMEM) && !(offered & FI_RMA_PMEM)) {

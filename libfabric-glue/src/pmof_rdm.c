@@ -371,6 +371,24 @@ static struct pmof_rdm *to_rdm(struct fid_ep *ep_fid) {
     return container_of(ep_fid, struct pmof_rdm, ep_fid);
 }
 
+static struct fi_ops rdm_fi_ops;
+
+struct pmof_ep *pmof_ep_for(struct fid_ep *ep_fid, fi_addr_t addr, ssize_t *err) {
+    *err = 0;
+    if (ep_fid->fid.ops == &rdm_fi_ops) return rdm_conn(to_rdm(ep_fid), addr, err);
+    return container_of(ep_fid, struct pmof_ep, ep_fid);
+}
+
+struct pmof_domain *pmof_ep_domain(struct fid_ep *ep_fid) {
+    if (ep_fid->fid.ops == &rdm_fi_ops) return to_rdm(ep_fid)->dom;
+    return container_of(ep_fid, struct pmof_ep, ep_fid)->dom;
+}
+
+uint64_t pmof_ep_op_flags(struct fid_ep *ep_fid) {
+    if (ep_fid->fid.ops == &rdm_fi_ops) return to_rdm(ep_fid)->tx_op_flags;
+    return container_of(ep_fid, struct pmof_ep, ep_fid)->tx_op_flags;
+}
+
 static ssize_t rdm_recvmsg(struct fid_ep *ep_fid, const struct fi_msg *msg, uint64_t flags) {
     flags &= ~PMOF_NO_COMPLETION;
     if (!msg) return -FI_EINVAL;
@@ -781,7 +799,7 @@ int pmof_rdm_endpoint(struct pmof_domain *dom, struct fi_info *info, struct fid_
     rdm->ep_fid.msg = &rdm_msg_ops;
     rdm->ep_fid.rma = &rdm_rma_ops;
     rdm->ep_fid.tagged = &pmof_tagged_ops_enosys;
-    rdm->ep_fid.atomic = &pmof_atomic_ops_enosys;
+    rdm->ep_fid.atomic = &pmof_atomic_ops;
     rdm->ep_fid.collective = &pmof_collective_ops_enosys;
     rdm->pmof_ops.size = sizeof(rdm->pmof_ops);
     rdm->pmof_ops.commit = rdm_commit;

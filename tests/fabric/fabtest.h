@@ -51,6 +51,7 @@ extern const struct ft_test ft_info_tests[];
 extern const struct ft_test ft_object_tests[];
 extern const struct ft_test ft_msg_tests[];
 extern const struct ft_test ft_rma_tests[];
+extern const struct ft_test ft_atomic_tests[];
 extern const struct ft_test ft_pmof_tests[];
 
 int ft_failf(struct ft_run *r, const char *file, int line, const char *fmt, ...)
@@ -185,6 +186,7 @@ enum { FT_SRV = 0, FT_CLI = 1 };
 
 struct ft_pair_cfg {
     uint64_t mode;          /* added to hints->mode (FI_COMMIT_MANUAL) */
+    uint64_t caps;          /* added to hints->caps (FI_ATOMIC) */
     uint64_t tx_op_flags;   /* hints->tx_attr->op_flags */
     uint64_t tx_bind_flags; /* e.g. FI_SELECTIVE_COMPLETION */
     bool write_cntr;        /* bind a counter for FI_WRITE on the client */

@@ -439,6 +439,7 @@ int ft_pair_prepare(struct ft_run *r, struct ft_pair *p, const struct ft_pair_cf
     p->hints = ft_hints(r->opts, r->opts->ep_type);
     FT_EXPECT(p->hints, "out of memory");
     p->hints->mode |= p->cfg.mode;
+    p->hints->caps |= p->cfg.caps;
     p->hints->tx_attr->op_flags = p->cfg.tx_op_flags;
     FT_TRY(ft_getinfo_ok(r, r->opts->addr, NULL, FI_SOURCE, p->hints, &p->info));
     if (r->opts->ep_type == FI_EP_RDM && p->cfg.plain[FT_CLI] != p->cfg.plain[FT_SRV]) {
