@@ -201,6 +201,21 @@ static int precheck(const struct fi_msg_atomic *msg) {
     return 0;
 }
 
+/* The fi_msg_atomic of a call that names one target word. */
+static struct fi_msg_atomic atomic_msg(const struct fi_ioc *iov, void **desc, size_t count,
+                                       fi_addr_t dest_addr, const struct fi_rma_ioc *rma,
+                                       enum fi_datatype datatype, enum fi_op op, void *context) {
+    return (struct fi_msg_atomic){.msg_iov = iov,
+                                  .desc = desc,
+                                  .iov_count = count,
+                                  .addr = dest_addr,
+                                  .rma_iov = rma,
+                                  .rma_iov_count = 1,
+                                  .datatype = datatype,
+                                  .op = op,
+                                  .context = context};
+}
+
 #define RESOLVE(ep_fid, msg)                                                                       \
     ssize_t err_ = precheck(msg);                                                                  \
     if (err_) return err_;                                                                         \
@@ -216,15 +231,7 @@ static ssize_t a_writev(struct fid_ep *ep_fid, const struct fi_ioc *iov, void **
                         fi_addr_t dest_addr, uint64_t addr, uint64_t key, enum fi_datatype datatype,
                         enum fi_op op, void *context) {
     struct fi_rma_ioc rma = {.addr = addr, .count = 1, .key = key};
-    struct fi_msg_atomic msg = {.msg_iov = iov,
-                                .desc = desc,
-                                .iov_count = count,
-                                .addr = dest_addr,
-                                .rma_iov = &rma,
-                                .rma_iov_count = 1,
-                                .datatype = datatype,
-                                .op = op,
-                                .context = context};
+    struct fi_msg_atomic msg = atomic_msg(iov, desc, count, dest_addr, &rma, datatype, op, context);
     RESOLVE(ep_fid, &msg);
     return atomic_writemsg(ep, &msg, default_flags(ep_fid));
 }
@@ -264,15 +271,7 @@ static ssize_t a_readwritev(struct fid_ep *ep_fid, const struct fi_ioc *iov, voi
                             size_t result_count, fi_addr_t dest_addr, uint64_t addr, uint64_t key,
                             enum fi_datatype datatype, enum fi_op op, void *context) {
     struct fi_rma_ioc rma = {.addr = addr, .count = 1, .key = key};
-    struct fi_msg_atomic msg = {.msg_iov = iov,
-                                .desc = desc,
-                                .iov_count = count,
-                                .addr = dest_addr,
-                                .rma_iov = &rma,
-                                .rma_iov_count = 1,
-                                .datatype = datatype,
-                                .op = op,
-                                .context = context};
+    struct fi_msg_atomic msg = atomic_msg(iov, desc, count, dest_addr, &rma, datatype, op, context);
     RESOLVE(ep_fid, &msg);
     return atomic_readwritemsg(ep, &msg, resultv, result_desc, result_count, default_flags(ep_fid));
 }
@@ -303,15 +302,7 @@ static ssize_t a_compwritev(struct fid_ep *ep_fid, const struct fi_ioc *iov, voi
                             size_t result_count, fi_addr_t dest_addr, uint64_t addr, uint64_t key,
                             enum fi_datatype datatype, enum fi_op op, void *context) {
     struct fi_rma_ioc rma = {.addr = addr, .count = 1, .key = key};
-    struct fi_msg_atomic msg = {.msg_iov = iov,
-                                .desc = desc,
-                                .iov_count = count,
-                                .addr = dest_addr,
-                                .rma_iov = &rma,
-                                .rma_iov_count = 1,
-                                .datatype = datatype,
-                                .op = op,
-                                .context = context};
+    struct fi_msg_atomic msg = atomic_msg(iov, desc, count, dest_addr, &rma, datatype, op, context);
     RESOLVE(ep_fid, &msg);
     return atomic_compwritemsg(ep, &msg, comparev, compare_desc, compare_count, resultv,
                                result_desc, result_count, default_flags(ep_fid));

@@ -28,20 +28,6 @@ using namespace crash;
 
 namespace {
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
-
-constexpr uint64_t kMinPowerOffs = kSanitized ? 60 : 300;
-
 Domain g_domain;
 
 class HookEnv : public ::testing::Environment {

@@ -60,12 +60,7 @@ ns=sroce-pmofrxe-$$
 host_ip=10.203.0.1
 guest_ip=10.203.0.2
 conf=$WORK/links.conf
-cleanup() {
-	vm_cleanup
-	vm_ns_cleanup
-	_sroce_cleanup
-}
-trap cleanup EXIT
+vm_cleanup_on_exit
 in_ns() { vm_in_ns "$@"; }
 
 vm_tap_ns "$ns" "$host_ip" "$conf" || skip "$VM_ERR"

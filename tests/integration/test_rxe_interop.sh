@@ -53,12 +53,7 @@ host_ip=10.201.0.1
 guest_ip=10.201.0.2
 conf=$WORK/links.conf
 
-cleanup() {
-	vm_cleanup
-	vm_ns_cleanup
-	_sroce_cleanup
-}
-trap cleanup EXIT
+vm_cleanup_on_exit
 
 in_ns() { vm_in_ns "$@"; }
 

@@ -58,12 +58,7 @@ else
 	net=1
 fi
 
-cleanup() {
-	vm_cleanup
-	vm_ns_cleanup
-	_sroce_cleanup
-}
-trap cleanup EXIT
+vm_cleanup_on_exit
 
 in_ns() { vm_in_ns "$@"; }
 

@@ -43,6 +43,23 @@ namespace crash {
 using rctest::Clock;
 using namespace std::chrono_literals;
 
+// Sanitized code copies and compares memory many times slower; races do not
+// need volume, so those builds run smaller logs and fewer power-offs.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
+// Power-offs a run waits for, spread over it (RunOpts::min_power_offs).
+inline constexpr uint64_t kMinPowerOffs = kSanitized ? 60 : 300;
+
 inline std::string strf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 inline std::string strf(const char *fmt, ...) {
     char buf[512];

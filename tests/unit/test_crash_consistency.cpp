@@ -17,22 +17,6 @@ using namespace crash;
 
 namespace {
 
-// Sanitized code copies and compares memory many times slower; races do not
-// need volume, so those builds run smaller logs and fewer power-offs.
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
-
-constexpr uint64_t kMinPowerOffs = kSanitized ? 60 : 300;
-
 Domain g_domain;
 ibv_device *g_dev[2];
 

@@ -18,7 +18,7 @@
 #   vm_tap_ns NS HOST-IP CONF          # namespace, tap0, link sroce0; VM_NET
 #   vm_in_ns CMD...                    # CMD in that namespace
 #   vm_capture_start FILE; vm_capture_stop   # RoCEv2 on tap0 (dumpcap)
-#   vm_ns_cleanup                      # from the EXIT trap, after vm_cleanup
+#   vm_cleanup_on_exit                 # EXIT trap: vm_cleanup, vm_ns_cleanup
 #
 # The console goes to $VM_LOG (CRs removed when read).  qemu runs under
 # `timeout -s KILL $VM_TIMEOUT` and is killed on exit by vm_cleanup, which
@@ -267,6 +267,12 @@ vm_capture_stop() {
 	kill "$VM_CAP_PID" 2>/dev/null
 	wait "$VM_CAP_PID" 2>/dev/null
 	VM_CAP_PID=
+}
+
+# vm_cleanup_on_exit: the EXIT trap of a test that uses vm_tap_ns: qemu,
+# the namespace and lib.sh's own cleanup.
+vm_cleanup_on_exit() {
+	trap 'vm_cleanup; vm_ns_cleanup; _sroce_cleanup' EXIT
 }
 
 # vm_ns_cleanup: the capture, everything running in the namespace (all of
