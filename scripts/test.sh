@@ -124,8 +124,8 @@ if ((sanitizers)); then
 	export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 	export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 	# What the unit and sanitize tests run: the unit tests with the agent
-	# (sroce) and libsroce.so, the provider and its fabtest program.
-	san_targets=(sroce_unit_tests pmof-fi pmof_fabtest)
+	# (sroce) and libsroce.so, the provider, its fabtest and crash programs.
+	san_targets=(sroce_unit_tests pmof-fi pmof_fabtest pmof_crash_tests)
 	if build asan asan "${san_targets[@]}"; then
 		run_ctest asan build-asan -L '^(unit|sanitize)$'
 	fi

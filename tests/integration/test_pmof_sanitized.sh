@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 #
-# pmof_fabtest (tests/fabric), msg and rdm, in a sanitizer build: the
+# pmof_fabtest (tests/fabric), msg and rdm, and pmof_crash_tests (the
+# crash-consistency domain through pmof) in a sanitizer build: the
 # provider, libsroce.so with the engine, the fabtest itself and the agent all
 # built with the sanitizer BUILD-DIR was configured with (SROCE_SANITIZE:
 # ASan+UBSan or TSan).  Both ends of every connection are in one process, so
@@ -38,6 +39,8 @@ thread) ;;
 esac
 fabtest=$BUILD_DIR/tests/fabric/pmof_fabtest
 [[ -x $fabtest ]] || die "pmof_fabtest is not built in $BUILD_DIR/tests/fabric"
+[[ -x $BUILD_DIR/tests/fabric/pmof_crash_tests ]] ||
+	die "pmof_crash_tests is not built in $BUILD_DIR/tests/fabric"
 export FI_PROVIDER_PATH=$BUILD_DIR/libfabric-glue
 [[ -f $FI_PROVIDER_PATH/libpmof-fi.so ]] || die "libpmof-fi.so is not built in $FI_PROVIDER_PATH"
 A=127.0.23.1
@@ -65,6 +68,21 @@ for ep in msg rdm; do
 		fail "pmof_fabtest -e $ep ($sanitizer): exit $rc after ${secs}s" "$(grep -a -v '^ok' "$out")"
 	fi
 done
+
+# The crash-consistency run: the engine's persist hook, a power-off thread
+# copying the target while the engine writes it, and the provider's own
+# threads, all under the sanitizer.
+crash=$BUILD_DIR/tests/fabric/pmof_crash_tests
+out=$WORK/crash
+start=$(now)
+rc=0
+PMOF_CRASH_ADDR=$A timeout -k 5 300 "$SROCE_BIN" exec -- "$crash" >"$out" 2>&1 || rc=$?
+secs=$(elapsed "$start")
+if ((rc == 0)) && ! grep -a -q 'Sanitizer' "$out" && grep -a -q '^\[  PASSED  \] 3 tests' "$out"; then
+	pass "pmof_crash_tests ($sanitizer): 3 tests in ${secs}s"
+else
+	fail "pmof_crash_tests ($sanitizer): exit $rc after ${secs}s" "$(tail -n 80 "$out")"
+fi
 
 "$SROCE_BIN" agent stop || true
 bg_wait "$agent_pid"
