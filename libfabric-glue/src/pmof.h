@@ -79,6 +79,7 @@ struct pmof_params {
     int tx_size, rx_size;
     int allow_layering; /* FI_PMOF_ALLOW_LAYERING: let ofi_rxm over pmof */
     int commit_manual;  /* FI_PMOF_COMMIT_MANUAL: only the manual infos */
+    int commit_flush;   /* FI_PMOF_COMMIT_PATH=flush: sroce too takes the RNIC path */
     int cm_timeout_ms;  /* FI_PMOF_CM_TIMEOUT */
 };
 extern struct pmof_params pmof_params;
@@ -211,7 +212,9 @@ int pmof_mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t fla
 enum pmof_commit_path pmof_device_commit_path(struct ibv_context *verbs,
                                               struct ibv_commit_caps *caps);
 /* How many entries a transmit may gather on a device. */
-size_t pmof_device_tx_iov_limit(const struct ibv_device_attr_ex *attr, enum pmof_commit_path path);
+size_t pmof_device_tx_iov_limit(const struct ibv_device_attr_ex *attr, bool sroce);
+/* A sroce device: the commit verbs, ATOMIC WRITE, no rxe provider quirks. */
+bool pmof_device_is_sroce(struct ibv_context *verbs);
 
 struct pmof_mr {
     struct fid_mr mr_fid;

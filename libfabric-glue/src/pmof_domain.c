@@ -397,12 +397,13 @@ int pmof_domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid
     dom->pd = ibv_alloc_pd(dom->verbs);
     if (!dom->pd) goto nodev;
     dom->commit_path = pmof_device_commit_path(dom->verbs, &dom->commit_caps);
-    dom->tx_iov_limit = pmof_device_tx_iov_limit(&dom->dev_attr, dom->commit_path);
+    bool sroce = pmof_device_is_sroce(dom->verbs);
+    dom->tx_iov_limit = pmof_device_tx_iov_limit(&dom->dev_attr, sroce);
     /* sroce has ATOMIC WRITE; another device only under a libibverbs that
      * can post it. */
-    dom->atomic_write = dom->commit_path == PMOF_COMMIT_VERBS ||
-                        (PMOF_VERBS_HAVE_ATOMIC_WRITE &&
-                         (dom->dev_attr.device_cap_flags_ex & IB_UVERBS_DEVICE_ATOMIC_WRITE));
+    dom->atomic_write =
+        sroce || (PMOF_VERBS_HAVE_ATOMIC_WRITE &&
+                  (dom->dev_attr.device_cap_flags_ex & IB_UVERBS_DEVICE_ATOMIC_WRITE));
     if (dom->dev_attr.orig_attr.atomic_cap != IBV_ATOMIC_NONE) {
         dom->scratch = calloc(1, sizeof(*dom->scratch));
         if (!dom->scratch) goto nodev;

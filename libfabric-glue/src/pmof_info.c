@@ -56,6 +56,7 @@ struct pmof_dev {
     struct sockaddr_in6 in6;
     bool has_in4, has_in6;
     enum pmof_commit_path commit_path;
+    bool sroce; /* has the commit verbs, whichever path commits take */
 };
 
 static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -68,7 +69,14 @@ enum pmof_commit_path pmof_device_commit_path(struct ibv_context *verbs,
     memset(caps, 0, sizeof(*caps));
     struct ibv_device_attr_ex attr;
 
-    if (ibv_query_commit_caps(verbs, caps) == 0) return PMOF_COMMIT_VERBS;
+    if (ibv_query_commit_caps(verbs, caps) == 0) {
+        if (!pmof_params.commit_flush) return PMOF_COMMIT_VERBS;
+        /* sroce posts FLUSH as an RNIC does: the provider's own sequences
+         * run against a real FLUSH responder. */
+        caps->flags = IBV_COMMIT_CAP_FLUSH;
+        caps->atomicity_unit = 8;
+        return PMOF_COMMIT_FLUSH;
+    }
     if (ibv_query_device_ex(verbs, NULL, &attr) ||
         !(attr.device_cap_flags_ex & IB_UVERBS_DEVICE_FLUSH_GLOBAL) ||
         !(attr.device_cap_flags_ex & IB_UVERBS_DEVICE_FLUSH_PERSISTENT))
@@ -86,13 +94,20 @@ enum pmof_commit_path pmof_device_commit_path(struct ibv_context *verbs,
 #endif
 }
 
-size_t pmof_device_tx_iov_limit(const struct ibv_device_attr_ex *attr, enum pmof_commit_path path) {
+bool pmof_device_is_sroce(struct ibv_context *verbs) {
+    struct ibv_commit_caps caps;
+
+    memset(&caps, 0, sizeof(caps));
+    return ibv_query_commit_caps(verbs, &caps) == 0;
+}
+
+size_t pmof_device_tx_iov_limit(const struct ibv_device_attr_ex *attr, bool sroce) {
     /* Linux rxe (vendor 0xFFFFFF, as sroce, which has the commit verbs)
      * with rdma-core's provider before v64 sums an ibv_wr_set_sge_list
      * list as n times its first entry: the request then fails or, shorter,
      * silently sends too little.  Its version cannot be asked, so rxe
      * gathers no lists at all. */
-    if (attr->orig_attr.vendor_id == 0xFFFFFF && path != PMOF_COMMIT_VERBS) return 1;
+    if (attr->orig_attr.vendor_id == 0xFFFFFF && !sroce) return 1;
     if (attr->orig_attr.max_sge > 0 && attr->orig_attr.max_sge < PMOF_IOV_LIMIT)
         return (size_t)attr->orig_attr.max_sge;
     return PMOF_IOV_LIMIT;
@@ -149,6 +164,7 @@ static int load_devices(void) {
         load_addresses(list[i], d);
         if (!d->has_in4 && !d->has_in6) continue;
         d->commit_path = pmof_device_commit_path(list[i], &caps);
+        d->sroce = pmof_device_is_sroce(list[i]);
         ndevs++;
     }
     if (list) rdma_free_devices(list);
@@ -473,7 +489,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
     }
     if (hints && hints->domain_attr && !domain_attr_ok(hints->domain_attr, d, type)) return NULL;
     if (hints &&
-        !tx_attr_ok(hints->tx_attr, max_inline, pmof_device_tx_iov_limit(&d->attr, d->commit_path)))
+        !tx_attr_ok(hints->tx_attr, max_inline, pmof_device_tx_iov_limit(&d->attr, d->sroce)))
         return NULL;
     if (hints && !rx_attr_ok(hints->rx_attr)) return NULL;
     if (!mr_mode_ok(version, hints, &mr_mode, &mode_bits)) return NULL;
@@ -532,7 +548,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
     fi->tx_attr->comp_order = PMOF_ORDER_STRICT;
     fi->tx_attr->inject_size = max_inline;
     fi->tx_attr->size = (size_t)pmof_params.tx_size;
-    fi->tx_attr->iov_limit = pmof_device_tx_iov_limit(&d->attr, d->commit_path);
+    fi->tx_attr->iov_limit = pmof_device_tx_iov_limit(&d->attr, d->sroce);
     fi->tx_attr->rma_iov_limit = 1;
 
     fi->rx_attr->caps = fi->caps & (PMOF_PRIMARY_CAPS | PMOF_SECONDARY_CAPS) &

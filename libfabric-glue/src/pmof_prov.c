@@ -78,6 +78,11 @@ FI_EXT_INI {
     fi_param_define(&pmof_prov, "commit_manual", FI_PARAM_BOOL,
                     "To applications that take mode FI_COMMIT_MANUAL, offer only that "
                     "mode, even where the transport can make writes durable (default no)");
+    fi_param_define(&pmof_prov, "commit_path", FI_PARAM_STRING,
+                    "How commits travel on a device with native write-commit (sroce): "
+                    "'native' (default; write-commits, or sroce's IBTA sequences for peers "
+                    "that do not agree) or 'flush' (IBTA WRITE + FLUSH sequences posted by "
+                    "the provider, as on an RNIC with FLUSH)");
     fi_param_define(&pmof_prov, "cm_timeout", FI_PARAM_INT,
                     "Address and route resolution timeout in ms (default 5000)");
 
@@ -88,6 +93,13 @@ FI_EXT_INI {
     int b;
     if (fi_param_get_bool(&pmof_prov, "allow_layering", &b) == 0) pmof_params.allow_layering = b;
     if (fi_param_get_bool(&pmof_prov, "commit_manual", &b) == 0) pmof_params.commit_manual = b;
+    char *path = NULL;
+    if (fi_param_get_str(&pmof_prov, "commit_path", &path) == 0 && path) {
+        if (!strcmp(path, "flush"))
+            pmof_params.commit_flush = 1;
+        else if (strcmp(path, "native"))
+            PMOF_WARN(FI_LOG_CORE, "FI_PMOF_COMMIT_PATH=%s: expected native or flush\n", path);
+    }
     return &pmof_prov;
 }
 

@@ -44,8 +44,11 @@ static uint8_t placement(uint64_t key, uint64_t flags) {
 }
 
 /* A device with IBTA FLUSH but no write-commit verb: the sequences sroce
- * would send, posted here: [FLUSH(MR)] WRITE FLUSH(range) [WRITE_IMM 0].
- * Slots are taken in posting order, the application's last. */
+ * would send, posted here: [FLUSH(MR)] WRITE FLUSH [WRITE_IMM 0].  The
+ * last FLUSH covers the whole region for FI_COMMIT, whose promise takes in
+ * every earlier write to the key, and the write's range for
+ * FI_COMMIT_COMPLETE and FI_DELIVERY_COMPLETE, whose promise is this write
+ * only.  Slots are taken in posting order, the application's last. */
 static ssize_t post_flush_sequence(struct pmof_ep *ep, const struct iovec *iov, size_t count,
                                    const struct ibv_sge *sge, int nsge, bool inl, uint64_t addr,
                                    uint64_t key, uint64_t data, void *context, uint64_t flags,
@@ -69,7 +72,8 @@ static ssize_t post_flush_sequence(struct pmof_ep *ep, const struct iovec *iov, 
              : pmof_tx_op(ep, context, flags, cq_flags, total, PMOF_CNTR_WRITE);
     if (!op) return -FI_EAGAIN;
     pmof_tx_wr(ep, op, 0);
-    ibv_wr_flush(ep->qpx, key_rkey(key), addr, total, type, IBV_FLUSH_RANGE);
+    ibv_wr_flush(ep->qpx, key_rkey(key), addr, total ? total : 1, type,
+                 (flags & FI_COMMIT) ? IBV_FLUSH_MR : IBV_FLUSH_RANGE);
     if (imm) {
         op = pmof_tx_op(ep, context, flags, cq_flags, total, PMOF_CNTR_WRITE);
         if (!op) return -FI_EAGAIN;

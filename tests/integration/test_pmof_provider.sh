@@ -10,7 +10,9 @@
 #   2. fi_pingpong -p pmof -c (every buffer checked), msg and rdm, all of
 #      its sizes, as two processes.
 #   3. pmof_fabtest (tests/fabric): getinfo, objects, messages, RMA,
-#      counters and every persistence promise, msg and rdm.
+#      atomics, counters and every persistence promise, msg and rdm, with
+#      the commits sroce takes and with those pmof posts on an RNIC
+#      (FI_PMOF_COMMIT_PATH=flush).
 #
 # Usage: test_pmof_provider.sh BUILD-DIR
 #
@@ -77,14 +79,21 @@ fi
 
 # --- our fabtests ----------------------------------------------------------------
 fabtest=$BUILD_DIR/tests/fabric/pmof_fabtest
+# Twice: as pmof runs on sroce (write-commits), and with
+# FI_PMOF_COMMIT_PATH=flush, the IBTA WRITE + FLUSH sequences pmof posts on
+# an RNIC, here against sroce's FLUSH responder.
 if [[ -x $fabtest ]]; then
-	for ep in msg rdm; do
-		out=$WORK/fabtest.$ep
-		if timeout -k 5 240 "$SROCE_BIN" exec -- "$fabtest" -p pmof -e $ep -a $A >"$out" 2>&1; then
-			pass "pmof_fabtest -e $ep: $(grep -a -c '^ok' "$out") ok ($(grep -a -c '# skip' "$out") skipped)"
-		else
-			fail "pmof_fabtest -e $ep" "$(grep -a -v '^ok' "$out")"
-		fi
+	for path in native flush; do
+		for ep in msg rdm; do
+			out=$WORK/fabtest.$ep.$path
+			if FI_PMOF_COMMIT_PATH=$path timeout -k 5 240 "$SROCE_BIN" exec -- \
+				"$fabtest" -p pmof -e $ep -a $A >"$out" 2>&1; then
+				pass "pmof_fabtest -e $ep ($path commits): $(grep -a -c '^ok' "$out") ok" \
+					"($(grep -a -c '# skip' "$out") skipped)"
+			else
+				fail "pmof_fabtest -e $ep ($path commits)" "$(grep -a -v '^ok' "$out")"
+			fi
+		done
 	done
 else
 	fail "pmof_fabtest is not built in $BUILD_DIR/tests/fabric"
