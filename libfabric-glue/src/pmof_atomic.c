@@ -117,6 +117,16 @@ static int target(const struct fi_rma_ioc *rma, size_t count, uint64_t *addr, ui
     return 0;
 }
 
+/* The one element a fetching operation returns into. */
+static int result_of(struct atomic_req *r, struct fi_ioc *resultv, void **result_desc,
+                     size_t result_count) {
+    if (result_count != 1 || !resultv || resultv->count != 1 || !resultv->addr || !result_desc)
+        return -FI_EINVAL;
+    r->result = resultv->addr;
+    r->result_desc = result_desc[0];
+    return 0;
+}
+
 static ssize_t atomic_writemsg(struct pmof_ep *ep, const struct fi_msg_atomic *msg,
                                uint64_t flags) {
     struct atomic_req r = {.context = msg ? msg->context : NULL, .flags = flags};
@@ -140,10 +150,7 @@ static ssize_t atomic_readwritemsg(struct pmof_ep *ep, const struct fi_msg_atomi
     if (msg->op == FI_SUM && (ret = operand(msg->msg_iov, msg->iov_count, msg->desc, &r.operand)))
         return ret;
     if ((ret = target(msg->rma_iov, msg->rma_iov_count, &r.addr, &r.key))) return ret;
-    if (result_count != 1 || !resultv || resultv->count != 1 || !resultv->addr || !result_desc)
-        return -FI_EINVAL;
-    r.result = resultv->addr;
-    r.result_desc = result_desc[0];
+    if ((ret = result_of(&r, resultv, result_desc, result_count))) return ret;
     return atomic_post(ep, &r);
 }
 
@@ -159,10 +166,7 @@ static ssize_t atomic_compwritemsg(struct pmof_ep *ep, const struct fi_msg_atomi
     if ((ret = operand(msg->msg_iov, msg->iov_count, msg->desc, &r.operand))) return ret;
     if ((ret = operand(comparev, compare_count, compare_desc, &r.compare))) return ret;
     if ((ret = target(msg->rma_iov, msg->rma_iov_count, &r.addr, &r.key))) return ret;
-    if (result_count != 1 || !resultv || resultv->count != 1 || !resultv->addr || !result_desc)
-        return -FI_EINVAL;
-    r.result = resultv->addr;
-    r.result_desc = result_desc[0];
+    if ((ret = result_of(&r, resultv, result_desc, result_count))) return ret;
     return atomic_post(ep, &r);
 }
 

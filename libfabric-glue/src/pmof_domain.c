@@ -219,17 +219,31 @@ static struct fi_ops_mr domain_mr_ops = {
 
 /* --------------------------------------------------------------- domain */
 
+/* The word fetch-less atomics return the old value to (dropped). */
+static int scratch_open(struct pmof_domain *dom) {
+    dom->scratch = calloc(1, sizeof(*dom->scratch));
+    if (!dom->scratch) return -FI_ENOMEM;
+    dom->scratch->mr_fid.fid.fclass = FI_CLASS_MR;
+    dom->scratch->dom = dom;
+    dom->scratch->ibv =
+        ibv_reg_mr(dom->pd, &dom->scratch_word, sizeof(dom->scratch_word), IBV_ACCESS_LOCAL_WRITE);
+    return dom->scratch->ibv ? 0 : pmof_errno(errno);
+}
+
+static void scratch_close(struct pmof_domain *dom) {
+    if (!dom->scratch) return;
+    if (dom->scratch->ibv) ibv_dereg_mr(dom->scratch->ibv);
+    free(dom->scratch);
+    dom->scratch = NULL;
+}
+
 static int domain_close(struct fid *fid) {
     struct pmof_domain *dom = container_of(fid, struct pmof_domain, domain_fid.fid);
     int ret;
 
     if (atomic_load(&dom->refs)) return -FI_EBUSY;
     pmof_manual_domain_close(dom);
-    if (dom->scratch) {
-        if (dom->scratch->ibv) ibv_dereg_mr(dom->scratch->ibv);
-        free(dom->scratch);
-        dom->scratch = NULL;
-    }
+    scratch_close(dom);
     ret = ibv_dealloc_pd(dom->pd);
     if (ret) return pmof_errno(ret);
     rdma_free_devices(dom->dev_list);
@@ -404,15 +418,7 @@ int pmof_domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid
     dom->atomic_write =
         sroce || (PMOF_VERBS_HAVE_ATOMIC_WRITE &&
                   (dom->dev_attr.device_cap_flags_ex & IB_UVERBS_DEVICE_ATOMIC_WRITE));
-    if (dom->dev_attr.orig_attr.atomic_cap != IBV_ATOMIC_NONE) {
-        dom->scratch = calloc(1, sizeof(*dom->scratch));
-        if (!dom->scratch) goto nodev;
-        dom->scratch->mr_fid.fid.fclass = FI_CLASS_MR;
-        dom->scratch->dom = dom;
-        dom->scratch->ibv = ibv_reg_mr(dom->pd, &dom->scratch_word, sizeof(dom->scratch_word),
-                                       IBV_ACCESS_LOCAL_WRITE);
-        if (!dom->scratch->ibv) goto nodev;
-    }
+    if (dom->dev_attr.orig_attr.atomic_cap != IBV_ATOMIC_NONE && scratch_open(dom)) goto nodev;
     pthread_mutex_init(&dom->manual_lock, NULL);
     dom->thread_safe = info->domain_attr->threading == FI_THREAD_SAFE ||
                        info->domain_attr->threading == FI_THREAD_UNSPEC;
@@ -428,6 +434,8 @@ int pmof_domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid
     *domain = &dom->domain_fid;
     return 0;
 nodev:
+    scratch_close(dom);
+    if (dom->pd) ibv_dealloc_pd(dom->pd);
     if (dom->dev_list) rdma_free_devices(dom->dev_list);
     fi_freeinfo(dom->info);
     free(dom);

@@ -131,10 +131,13 @@ struct FabricInitiator {
         if (n == -FI_EAGAIN) return 0;
         if (n == -FI_EAVAIL) {
             fi_cq_err_entry err{};
-            fi_cq_readerr(cq, &err, 0);
-            failure =
-                strf("op %td completed with %s",
-                     static_cast<fi_context2 *>(err.op_context) - ctx.data(), fi_strerror(err.err));
+            ssize_t rc = fi_cq_readerr(cq, &err, 0);
+            if (rc < 0 || !err.op_context)
+                failure = strf("an error completion fi_cq_readerr cannot give (%zd)", rc);
+            else
+                failure = strf("op %td completed with %s",
+                               static_cast<fi_context2 *>(err.op_context) - ctx.data(),
+                               fi_strerror(err.err));
             return -1;
         }
         if (n < 0) {

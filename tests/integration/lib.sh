@@ -206,6 +206,52 @@ show_logs() {
 	return 0
 }
 
+# kill_mid_stream NAME PREFIX SPID CPID: the kill tests' crash: once the
+# client (started by sroce_bg, output PREFIX.client) has committed a
+# record and a second has passed with both still running, the server dies
+# by SIGKILL.  Then both are reaped: BG_RC is the client's status,
+# KILLED_AT when the server died.  Fails (a failed check, both reaped) when
+# the stream never started or ended before the kill.
+kill_mid_stream() {
+	local name=$1 out=$2 spid=$3 cpid=$4 why=
+	if ! wait_for "$out.client" 60 "^committed " "$cpid"; then
+		why="no record was committed"
+	else
+		sleep 1
+		if ! kill -0 "$cpid" 2>/dev/null || ! kill -0 "$spid" 2>/dev/null; then
+			why="the stream ended before the target was killed"
+		fi
+	fi
+	if [[ -n $why ]]; then
+		fail "$name: $why"
+		show_logs "$out"
+	fi
+	kill -9 "$spid" 2>/dev/null
+	# shellcheck disable=SC2034 # for the caller
+	KILLED_AT=$(now)
+	# (bash reports the killed job on stderr)
+	bg_wait "$spid" 2>/dev/null
+	bg_wait "$cpid"
+	[[ -z $why ]]
+}
+
+# check_log_head NAME VERIFY-OUTPUT LAST DEPTH: the kill tests' verdict on
+# a remote log after the crash: --verify's head must cover the LAST
+# completed commit and be at most DEPTH (the appends in flight) past it.
+check_log_head() {
+	local name=$1 out=$2 last=$3 depth=$4 head
+	head=$(sed -n 's/^log ok: \([0-9]*\) records$/\1/p' "$out")
+	if [[ -z $head ]]; then
+		fail "$name: --verify printed no head: $(cat "$out")"
+	elif ((head < last)); then
+		fail "$name: head $head < $last, the last completed commit"
+	elif ((head > last + depth)); then
+		fail "$name: head $head is more than $depth records past $last"
+	else
+		pass "$name: head $head covers the $last completed commits, every record valid"
+	fi
+}
+
 # bg_wait PID: waits for a process started by sroce_bg and sets BG_RC to its
 # exit status.  The id is forgotten afterwards, so the exit trap never signals
 # an unrelated process that happens to reuse it.

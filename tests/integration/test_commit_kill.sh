@@ -45,7 +45,7 @@ sroce_config ck0 127.0.7.3 ck1 127.0.7.4
 
 # crash MODE PATH [CLIENT-ARGS...]: PATH is how the initiator says it commits.
 crash() {
-	local mode=$1 path=$2 log port spid cpid killed_at ms last head
+	local mode=$1 path=$2 log port spid cpid ms last
 	shift 2
 	# Output files of their own per run: a later run must never read an
 	# earlier run's lines before its own process has truncated the file.
@@ -74,28 +74,8 @@ crash() {
 	RP_TIMEOUT=120 sroce_bg "$out.client" "$prog" -d ck1 -g 1 -p "$port" -n 1000000 \
 		--record-size 32 127.0.7.3 "$@"
 	cpid=$BG_PID
-	if ! wait_for "$out.client" 60 "^committed " "$cpid"; then
-		fail "$mode: no record was committed"
-		show_logs "$out"
-		kill -9 "$spid" 2>/dev/null
-		bg_wait "$spid" 2>/dev/null
-		bg_wait "$cpid"
-		return
-	fi
-	sleep 1
-	if ! kill -0 "$cpid" 2>/dev/null || ! kill -0 "$spid" 2>/dev/null; then
-		fail "$mode: the stream ended before the target was killed"
-		show_logs "$out"
-		kill -9 "$spid" 2>/dev/null
-		bg_wait "$spid" 2>/dev/null
-		bg_wait "$cpid"
-		return
-	fi
-	kill -9 "$spid"
-	killed_at=$(now)
-	bg_wait "$spid" 2>/dev/null
-	bg_wait "$cpid"
-	ms=$(awk -v s="$(elapsed "$killed_at")" 'BEGIN { printf "%d", s * 1000 }')
+	kill_mid_stream "$mode" "$out" "$spid" "$cpid" || return
+	ms=$(awk -v s="$(elapsed "$KILLED_AT")" 'BEGIN { printf "%d", s * 1000 }')
 
 	if ! grep -qx "remote_log: $path" "$out.client"; then
 		fail "$mode: the initiator did not use the $path"
@@ -123,17 +103,8 @@ crash() {
 		fail "$mode: --verify: $(cat "$out.verify")"
 		return
 	fi
-	head=$(sed -n 's/^log ok: \([0-9]*\) records$/\1/p' "$out.verify")
 	echo "$mode: $(cat "$out.verify")"
-	if [[ -z $head ]]; then
-		fail "$mode: --verify printed no head: $(cat "$out.verify")"
-	elif ((head < last)); then
-		fail "$mode: head $head < $last, the last acknowledged commit"
-	elif ((head > last + depth)); then
-		fail "$mode: head $head is more than $depth records past $last"
-	else
-		pass "$mode: head $head covers the $last acknowledged commits, every record valid"
-	fi
+	check_log_head "$mode" "$out.verify" "$last" "$depth"
 }
 
 crash native "native write-commit"

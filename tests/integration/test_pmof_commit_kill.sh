@@ -92,34 +92,14 @@ whole() {
 }
 
 crash() {
-	local name=$1 cpid last head ms killed_at
+	local name=$1 cpid last ms
 	shift
 	start_target "$name" "$@" || return
 	RP_TIMEOUT=120 sroce_bg "$out.client" "$prog" -a $A -p "$port" -n 1000000 \
 		--record-size 32 "$@"
 	cpid=$BG_PID
-	if ! wait_for "$out.client" 60 "^committed " "$cpid"; then
-		fail "$name: no record was committed"
-		show_logs "$out"
-		kill -9 "$spid" 2>/dev/null
-		bg_wait "$spid"
-		bg_wait "$cpid"
-		return
-	fi
-	sleep 1
-	if ! kill -0 "$cpid" 2>/dev/null || ! kill -0 "$spid" 2>/dev/null; then
-		fail "$name: the stream ended before the target was killed"
-		show_logs "$out"
-		kill -9 "$spid" 2>/dev/null
-		bg_wait "$spid"
-		bg_wait "$cpid"
-		return
-	fi
-	kill -9 "$spid"
-	killed_at=$(now)
-	bg_wait "$spid"
-	bg_wait "$cpid"
-	ms=$(awk -v s="$(elapsed "$killed_at")" 'BEGIN { printf "%d", s * 1000 }')
+	kill_mid_stream "$name" "$out" "$spid" "$cpid" || return
+	ms=$(awk -v s="$(elapsed "$KILLED_AT")" 'BEGIN { printf "%d", s * 1000 }')
 	last=$(awk '/^committed / { n = $2 } END { print n + 0 }' "$out.client")
 	echo "$name: target killed after $last completed commits; initiator exited $BG_RC after $ms ms"
 	case $BG_RC in
@@ -135,16 +115,7 @@ crash() {
 		fail "$name: --verify: $(cat "$out.verify")"
 		return
 	fi
-	head=$(sed -n 's/^log ok: \([0-9]*\) records$/\1/p' "$out.verify")
-	if [[ -z $head ]]; then
-		fail "$name: --verify printed no head: $(cat "$out.verify")"
-	elif ((head < last)); then
-		fail "$name: head $head < $last, the last completed FI_COMMIT"
-	elif ((head > last + depth)); then
-		fail "$name: head $head is more than $depth records past $last"
-	else
-		pass "$name: head $head covers the $last completed commits, every record valid"
-	fi
+	check_log_head "$name" "$out.verify" "$last" "$depth"
 }
 
 whole transport
