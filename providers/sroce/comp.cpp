@@ -251,6 +251,18 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     req_run(qp, tx);
 }
 
+// An answered FLUSH shows which ICRC form its peer takes (req.cpp:
+// flush_legacy_form): IBTA's for certain when only that form was sent.
+void learn_flush_icrc(Qp *qp, const SendWqe &w) {
+    uint8_t &form = qp->req.flush_icrc;
+    if (w.flush_forms == kFlushIcrcIbta)
+        form = kFlushIcrcIbta;
+    else if (w.flush_last_legacy)
+        form = kFlushIcrcLegacy;
+    else if (form != kFlushIcrcIbta)
+        form = kFlushIcrcUnknown;
+}
+
 // Completes the single-PSN request at pkt.psn: an atomic (its original value
 // goes to the local buffer) or a FLUSH / ATOMIC WRITE (nothing to place).
 void on_single_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx, bool atomic) {
@@ -272,6 +284,7 @@ void on_single_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx, bool atomi
         uint64_t orig = pkt.orig();
         std::memcpy(reinterpret_cast<void *>(uintptr_t(w->sge[0].addr)), &orig, 8);
     }
+    if (w->opcode == IBV_WR_FLUSH) learn_flush_icrc(qp, *w);
     w->done = true;
     retire(qp);
     progress(qp, wire::psn_add(pkt.psn, 1));

@@ -94,6 +94,45 @@ bool solve_ip_id(const uint8_t *pseudo, const uint8_t *rest, size_t rest_len, ui
     return true;
 }
 
+// The ICRC over `covered` (whose last 4 bytes are the ICRC field) for a
+// datagram whose UDP payload is udp_len bytes: the two differ only for the
+// legacy FLUSH form, which covers more than it carries.
+uint32_t compute(const Ipv4Header &ip, size_t udp_len, const uint8_t *covered, size_t len) {
+    uint8_t pseudo[kPseudoLen];
+    build_pseudo(pseudo, ip, udp_len, covered);
+    uint32_t s = crc32_gzip_refl(0, pseudo, kPseudoLen);
+    return crc32_gzip_refl(s, covered + wire::kBthLen, len - wire::kBthLen - wire::kIcrcLen);
+}
+
+bool verify(Ipv4Header ip, size_t udp_len, const uint8_t *covered, size_t len, uint16_t *ip_id) {
+    uint32_t want = icrc_load(covered + len - wire::kIcrcLen);
+    ip.ip_id = 0;
+    ip.df = true;
+    if (compute(ip, udp_len, covered, len) == want) {
+        if (ip_id) *ip_id = 0;
+        return true;
+    }
+    // sroce sends from port 4791 with ID 0 and DF; giving its packets 17 free
+    // bits to solve for would let corrupted ones through, so only peers that
+    // pick other source ports (Linux rxe hashes the QPN into it) get solved.
+    if (ip.sport == wire::kRoceV2Port) return false;
+    for (bool df : {true, false}) {
+        ip.df = df;
+        uint8_t pseudo[kPseudoLen];
+        build_pseudo(pseudo, ip, udp_len, covered);
+        uint16_t id;
+        if (solve_ip_id(pseudo, covered + wire::kBthLen, len - wire::kBthLen - wire::kIcrcLen, want,
+                        &id)) {
+            if (ip_id) *ip_id = id;
+            return true;
+        }
+    }
+    return false;
+}
+
+// A FLUSH carries no payload; anything longer is not one rxe sent.
+constexpr size_t kMaxLegacyLen = 64;
+
 } // namespace
 
 uint32_t icrc_begin(const Ipv4Header &ip, size_t udp_payload_len, const uint8_t *bth) {
@@ -107,35 +146,21 @@ uint32_t icrc_update(uint32_t state, const void *data, size_t len) {
 }
 
 uint32_t icrc_compute(const Ipv4Header &ip, const uint8_t *pkt, size_t len) {
-    uint32_t s = icrc_begin(ip, len, pkt);
-    return icrc_update(s, pkt + wire::kBthLen, len - wire::kBthLen - wire::kIcrcLen);
+    return compute(ip, len, pkt, len);
 }
 
 bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id) {
     if (len < wire::kBthLen + wire::kIcrcLen) return false;
-    uint32_t want = icrc_load(pkt + len - wire::kIcrcLen);
-    ip.ip_id = 0;
-    ip.df = true;
-    if (icrc_compute(ip, pkt, len) == want) {
-        if (ip_id) *ip_id = 0;
-        return true;
-    }
-    // sroce sends from port 4791 with ID 0 and DF; giving its packets 17 free
-    // bits to solve for would let corrupted ones through, so only peers that
-    // pick other source ports (Linux rxe hashes the QPN into it) get solved.
-    if (ip.sport == wire::kRoceV2Port) return false;
-    for (bool df : {true, false}) {
-        ip.df = df;
-        uint8_t pseudo[kPseudoLen];
-        build_pseudo(pseudo, ip, len, pkt);
-        uint16_t id;
-        if (solve_ip_id(pseudo, pkt + wire::kBthLen, len - wire::kBthLen - wire::kIcrcLen, want,
-                        &id)) {
-            if (ip_id) *ip_id = id;
-            return true;
-        }
-    }
-    return false;
+    return verify(ip, len, pkt, len, ip_id);
+}
+
+bool icrc_verify_flush_legacy(Ipv4Header ip, const uint8_t *pkt, size_t len) {
+    if (len < wire::kBthLen + wire::kIcrcLen || len > kMaxLegacyLen) return false;
+    size_t body = len - wire::kIcrcLen;
+    uint8_t covered[2 * kMaxLegacyLen];
+    std::memcpy(covered, pkt, body);
+    std::memcpy(covered + body, pkt, len);
+    return verify(ip, len, covered, body + len, nullptr);
 }
 
 } // namespace sroce

@@ -55,4 +55,11 @@ inline void icrc_store(uint8_t *p, uint32_t v) {
 // ICRC is valid; *ip_id gets the ID used.
 bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id = nullptr);
 
+// Linux rxe from 6.2 on gives FLUSH no payload offset in its opcode table, so
+// the ICRC it sends and expects for a FLUSH continues, after the standard
+// coverage, over the packet's bytes before the ICRC a second time (BTH
+// unmasked).  Verifies a FLUSH datagram in that form, with the same IP ID
+// rules as icrc_verify (wire-protocol.md §4.4).
+bool icrc_verify_flush_legacy(Ipv4Header ip, const uint8_t *pkt, size_t len);
+
 } // namespace sroce

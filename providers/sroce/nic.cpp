@@ -208,10 +208,12 @@ Nic::~Nic() {
         };
         fprintf(stderr,
                 "sroce: %s: rx_pkts %llu tx_pkts %llu rx_bad_icrc %llu rx_bad_hdr %llu "
-                "rx_no_qp %llu rx_dropped_fault %llu retransmits %llu timeouts %llu\n",
+                "rx_no_qp %llu rx_dropped_fault %llu retransmits %llu timeouts %llu "
+                "rx_flush_legacy_icrc %llu tx_flush_legacy_icrc %llu\n",
                 dev_->ibdev.name, v(stats.rx_pkts), v(stats.tx_pkts), v(stats.rx_bad_icrc),
                 v(stats.rx_bad_hdr), v(stats.rx_no_qp), v(stats.rx_dropped_fault),
-                v(stats.retransmits), v(stats.timeouts));
+                v(stats.retransmits), v(stats.timeouts), v(stats.rx_flush_legacy_icrc),
+                v(stats.tx_flush_legacy_icrc));
     }
     if (thread_.joinable()) {
         stop_ = true;
@@ -358,7 +360,7 @@ void Nic::publish_qp(const Qp *qp) {
 }
 
 void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
-                int iovcnt, uint32_t payload_len) {
+                int iovcnt, uint32_t payload_len, bool legacy_flush) {
     if (b.n == TxBatch::kSlots) {
         std::unique_lock<std::mutex> t;
         if (b.order) t = std::unique_lock<std::mutex>(*b.order);
@@ -382,6 +384,10 @@ void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, c
     }
     std::memset(s.tail, 0, pad);
     if (pad) crc = icrc_update(crc, s.tail, pad);
+    if (legacy_flush) {
+        crc = icrc_update(crc, s.hdr, hdr_len);
+        stats.tx_flush_legacy_icrc.fetch_add(1, std::memory_order_relaxed);
+    }
     icrc_store(s.tail + pad, crc);
     s.iov[k++] = {s.tail, pad + wire::kIcrcLen};
 
@@ -424,8 +430,12 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_
     }
     Ipv4Header ip{from.sin_addr.s_addr, dst, ntohs(from.sin_port), wire::kRoceV2Port};
     if (!icrc_verify(ip, data, len)) {
-        stats.rx_bad_icrc.fetch_add(1, std::memory_order_relaxed);
-        return;
+        if (pkt.opcode != wire::kFlush || !icrc_verify_flush_legacy(ip, data, len)) {
+            stats.rx_bad_icrc.fetch_add(1, std::memory_order_relaxed);
+            return;
+        }
+        pkt.legacy_icrc = true;
+        stats.rx_flush_legacy_icrc.fetch_add(1, std::memory_order_relaxed);
     }
     // The P_Key table holds only the default full-member key: accept it and
     // its limited-member form, drop every other partition.
@@ -468,6 +478,9 @@ void Nic::deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx) {
     }
     tx.order = &qp->tx_mu;
     if (request) {
+        // The peer's own FLUSH shows the ICRC form it takes (req.cpp).
+        if (pkt.opcode == wire::kFlush && pkt.src_addr == qp->attr.dest_addr)
+            qp->req.flush_icrc = pkt.legacy_icrc ? kFlushIcrcLegacy : kFlushIcrcIbta;
         resp_receive(qp, pkt, tx);
         if (qp->resp.ack_pending && !qp->resp.ack_listed) {
             qp->resp.ack_listed = true;

@@ -42,7 +42,9 @@ FaultConfig parse_fault_config(const std::string &spec);
 
 struct NicStats {
     std::atomic<uint64_t> rx_pkts{0}, tx_pkts{0}, rx_bad_icrc{0}, rx_bad_hdr{0}, rx_no_qp{0},
-        rx_dropped_fault{0}, retransmits{0}, timeouts{0};
+        rx_dropped_fault{0}, retransmits{0}, timeouts{0},
+        // FLUSH packets in Linux rxe's ICRC form (icrc.hpp), received / sent
+        rx_flush_legacy_icrc{0}, tx_flush_legacy_icrc{0};
 };
 
 class Nic {
@@ -55,9 +57,10 @@ class Nic {
     Device *device() const { return dev_; }
 
     // Queues one packet: hdr holds BTH and extended headers (hdr_len bytes),
-    // payload is gathered from `iov`; pad and ICRC are added here.
+    // payload is gathered from `iov`; pad and ICRC are added here.  A
+    // legacy_flush packet (no payload) gets Linux rxe's FLUSH ICRC form.
     void queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
-               int iovcnt, uint32_t payload_len);
+               int iovcnt, uint32_t payload_len, bool legacy_flush = false);
     void flush(TxBatch &b);
 
     // QP table: QPN = qpn_base_ + index, where qpn_base_ carries the

@@ -86,6 +86,32 @@ uint8_t wire_opcode(const Qp *qp, uint8_t rc) {
     }
 }
 
+// Linux rxe 6.2 and later drops FLUSHes with IBTA's ICRC and takes only its
+// own form (icrc.hpp).  The first transmission uses the form the peer is
+// known to take, IBTA's while unknown; retransmissions alternate - while
+// unknown only after two in IBTA's form, so a lost packet alone rarely shows
+// an IBTA peer the other form - and the completer learns from the answer.  A
+// peer that answered an IBTA-form FLUSH never sees the other form again.
+bool flush_legacy_form(Qp *qp, SendWqe &w) {
+    uint8_t n = w.flush_tx;
+    if (w.flush_tx < UINT8_MAX) w.flush_tx++;
+    bool legacy;
+    switch (qp->req.flush_icrc) {
+    case kFlushIcrcIbta:
+        legacy = false;
+        break;
+    case kFlushIcrcLegacy:
+        legacy = n % 2 == 0;
+        break;
+    default:
+        legacy = n >= 2 && n % 2 == 0;
+        break;
+    }
+    w.flush_forms |= legacy ? kFlushIcrcLegacy : kFlushIcrcIbta;
+    w.flush_last_legacy = legacy;
+    return legacy;
+}
+
 void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx) {
     using namespace wire;
     const uint32_t mtu = qp->attr.mtu;
@@ -133,7 +159,8 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx) {
     if (info.immdt) std::memcpy(hdr + info.immdt, &w.imm, 4); // already network order
     if (info.ieth) std::memcpy(hdr + info.ieth, &w.imm, 4);   // the rkey, likewise
     if (!(info.hdrs & kHasPayload)) {
-        qp->nic->queue(tx, daddr, hdr, info.hdr_len, nullptr, 0, 0);
+        bool legacy = op == kFlush && flush_legacy_form(qp, w);
+        qp->nic->queue(tx, daddr, hdr, info.hdr_len, nullptr, 0, 0, legacy);
         return;
     }
     if (w.opcode == IBV_WR_ATOMIC_WRITE) {

@@ -315,11 +315,17 @@ struct SendWqe {
     uint32_t npkts = 0;                    // PSNs this WQE consumes
     uint32_t sent_pkts = 0;                // packets (re)transmitted so far in the current pass
     uint32_t read_next = 0;                // READ: index of the next response packet expected
+    uint8_t flush_tx = 0;                  // FLUSH: transmissions so far (saturating)
+    uint8_t flush_forms = 0;               // FLUSH: kFlushIcrc* bits of the forms sent
+    bool flush_last_legacy = false;        // FLUSH: the latest transmission's form
     bool done = false;                     // acknowledged
     ibv_wc_status status = IBV_WC_SUCCESS; // a local error found when posting
 };
 
 constexpr uint8_t kCommitNone = 0, kCommitInner = 1, kCommitFinal = 2;
+// A peer's FLUSH ICRC form: unknown, IBTA's (confirmed: never send the other
+// to it), or Linux rxe's legacy one (learned, still re-checked on retries).
+constexpr uint8_t kFlushIcrcUnknown = 0, kFlushIcrcIbta = 1, kFlushIcrcLegacy = 2;
 constexpr uint8_t kTmNone = 0, kTmRead = 1, kTmFin = 2;
 // Work-request opcode of a native write-commit, never handed to rdma-core.
 // It must lie inside the range of enum ibv_wr_opcode's values (0..15 in
@@ -460,6 +466,8 @@ struct Requester {
     // a send queue slot (the READ's own is freed only after it completes).
     bool tm_fin_pending = false;
     uint8_t tm_fin[16] = {};
+    // Which ICRC form of FLUSH the peer takes (wire-protocol.md §4.4).
+    uint8_t flush_icrc = kFlushIcrcUnknown;
     SendWqe &at(uint32_t i) { return wqe[i % max_wr]; }
 };
 

@@ -269,6 +269,7 @@ struct Packet {
     uint32_t src_addr = 0;    // sender's IPv4 address (network order), set by the receiver
     uint32_t dst_addr = 0;    // the address it was sent to: the device's or a multicast group's
     uint16_t src_port = 0;    // sender's UDP port (host order)
+    bool legacy_icrc = false; // a FLUSH whose ICRC has Linux rxe's form (icrc.hpp)
 
     // The RC opcode of the same operation for UC and XRC packets (whose
     // opcodes differ only in the transport bits), so the transport roles

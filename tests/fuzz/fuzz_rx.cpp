@@ -477,6 +477,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         Ipv4Header ip{h.peer_addr, h.dev_addr, wire::kRoceV2Port, wire::kRoceV2Port};
         uint16_t id;
         (void)icrc_verify(ip, p, n, &id);
+        // Linux rxe's FLUSH form, with the IP ID solved as for rxe's ports.
+        ip.sport = uint16_t(0xC000 | target);
+        (void)icrc_verify_flush_legacy(ip, p, n);
     }
 
     Qp *qp = to_qp(h.qp);

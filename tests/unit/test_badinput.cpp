@@ -211,6 +211,7 @@ struct Rx {
     uint32_t rkey = 0, dma_len = 0;
     uint64_t swap_add = 0, compare = 0;
     Bytes payload;
+    bool legacy_icrc = false; // a FLUSH with Linux rxe's ICRC form (icrc.hpp)
 
     std::string str() const {
         const char *n = op_info(opcode).name;
@@ -277,6 +278,26 @@ Bytes packet(uint8_t op, uint32_t qpn, uint32_t psn, const Bytes &ext, const Byt
     return p;
 }
 
+// Re-seals `p` with Linux rxe's FLUSH ICRC: after the standard coverage the
+// CRC runs over the packet's bytes before the ICRC once more.
+void seal_legacy(Bytes &p, const char *src, uint16_t sport, uint16_t ip_id) {
+    size_t body = p.size() - kIcrcLen;
+    Bytes covered(p.begin(), p.begin() + long(body));
+    covered.insert(covered.end(), p.begin(), p.end());
+    Ipv4Header ip{ip4(src), ip4(kDevAddr), sport, kRoceV2Port};
+    ip.ip_id = ip_id;
+    uint32_t crc = icrc_begin(ip, p.size(), covered.data());
+    crc = icrc_update(crc, covered.data() + kBthLen, covered.size() - kBthLen - kIcrcLen);
+    icrc_store(p.data() + body, icrc_final(crc));
+}
+
+uint16_t port_of(int fd) {
+    sockaddr_in sa{};
+    socklen_t l = sizeof sa;
+    getsockname(fd, reinterpret_cast<sockaddr *>(&sa), &l);
+    return ntohs(sa.sin_port);
+}
+
 void send_raw(int fd, const Bytes &p) {
     sockaddr_in to{};
     to.sin_family = AF_INET;
@@ -288,8 +309,9 @@ void send_raw(int fd, const Bytes &p) {
 
 // Receives one datagram on `fd` within `ms`, and checks what every sroce
 // packet must satisfy: sent from the device address and port 4791, a valid
-// header, addressed to the peer QP, and a valid ICRC computed with IP ID 0.
-std::optional<Rx> receive(int fd, int ms) {
+// header, addressed to the peer QP, and a valid ICRC computed with IP ID 0 -
+// in Linux rxe's FLUSH form only where the caller allows it.
+std::optional<Rx> receive(int fd, int ms, bool legacy_ok = false) {
     pollfd p{fd, POLLIN, 0};
     if (poll(&p, 1, ms) <= 0) return std::nullopt;
     Rx rx;
@@ -317,8 +339,14 @@ std::optional<Rx> receive(int fd, int ms) {
     Ipv4Header ip{from.sin_addr.s_addr, self.sin_addr.s_addr, ntohs(from.sin_port),
                   ntohs(self.sin_port)};
     uint16_t id = 0xFFFF;
-    EXPECT_TRUE(icrc_verify(ip, rx.raw.data(), rx.raw.size(), &id)) << "bad ICRC from sroce";
-    EXPECT_EQ(id, 0) << "ICRC computed for a non-zero IP ID";
+    if (icrc_verify(ip, rx.raw.data(), rx.raw.size(), &id)) {
+        EXPECT_EQ(id, 0) << "ICRC computed for a non-zero IP ID";
+    } else if (pkt.opcode == kFlush && icrc_verify_flush_legacy(ip, rx.raw.data(), rx.raw.size())) {
+        rx.legacy_icrc = true;
+        EXPECT_TRUE(legacy_ok) << "FLUSH in Linux rxe's ICRC form";
+    } else {
+        ADD_FAILURE() << "bad ICRC from sroce";
+    }
     const uint8_t *h = rx.raw.data();
     EXPECT_EQ(bth::tver(h), 0);
     EXPECT_EQ(h[4], 0) << "FECN/BECN/reserved bits set";
@@ -409,7 +437,8 @@ class FakePeer : public ::testing::Test {
         ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
         ia.pd = w.pd;
         ia.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ |
-                            IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE_COMMIT;
+                            IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE_COMMIT |
+                            IBV_QP_EX_WITH_FLUSH;
         qp = ibv_create_qp_ex(w.pd->context, &ia);
         ASSERT_NE(qp, nullptr) << strerror(errno);
         qpn = qp->qp_num;
@@ -470,6 +499,46 @@ class FakePeer : public ::testing::Test {
                       ackreq);
     }
 
+    // A FLUSH to this QP sealed as Linux rxe 6.2+ seals it: from an
+    // ephemeral port (peer_alt) with IP ID `ip_id`.
+    Bytes legacy_flush(uint32_t psn, const Bytes &ext, uint16_t ip_id) {
+        Bytes p = packet(kFlush, qpn, psn, ext, {});
+        seal_legacy(p, kPeerAddr, port_of(w.peer_alt), ip_id);
+        return p;
+    }
+
+    // An empty READ RESPONSE ONLY acknowledging the FLUSH at `psn`.
+    Bytes flush_response(uint32_t psn, uint32_t msn) {
+        return packet(kReadRespOnly, qpn, psn, aeth_bytes(aeth::kAck | aeth::kNoCredits, msn), {},
+                      false);
+    }
+
+    void post_flush(uint64_t wr_id) {
+        ibv_qp_ex *qpx = ibv_qp_to_qp_ex(qp);
+        ASSERT_NE(qpx, nullptr);
+        ibv_wr_start(qpx);
+        qpx->wr_id = wr_id;
+        qpx->wr_flags = IBV_SEND_SIGNALED;
+        ibv_wr_flush(qpx, 0xAABBCCDD, 0x10000, 64, IBV_FLUSH_GLOBAL, IBV_FLUSH_RANGE);
+        ASSERT_EQ(ibv_wr_complete(qpx), 0);
+    }
+
+    // sroce's next transmission of the FLUSH at `psn`, in the form wanted.
+    void expect_flush(uint32_t psn, bool legacy, int n) {
+        std::optional<Rx> r = reply(kReplyMs, true);
+        ASSERT_TRUE(r) << "transmission " << n;
+        ASSERT_EQ(r->opcode, kFlush) << r->str();
+        EXPECT_EQ(r->psn, psn) << "transmission " << n;
+        EXPECT_EQ(r->legacy_icrc, legacy) << "transmission " << n;
+    }
+
+    void expect_success(uint64_t wr_id) {
+        std::optional<ibv_wc> wc = poll_wc();
+        ASSERT_TRUE(wc);
+        EXPECT_EQ(wc->status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc->status);
+        EXPECT_EQ(wc->wr_id, wr_id);
+    }
+
     // The engine touches MR memory under Qp::mu.  Taking that lock (as
     // ibv_query_qp does) orders its accesses with ours in a way
     // ThreadSanitizer can see; a datagram through the kernel is invisible to it.
@@ -484,8 +553,8 @@ class FakePeer : public ::testing::Test {
         fence();
         send_raw(w.peer, p);
     }
-    std::optional<Rx> reply(int ms = kReplyMs) {
-        std::optional<Rx> r = receive(w.peer, ms);
+    std::optional<Rx> reply(int ms = kReplyMs, bool legacy_ok = false) {
+        std::optional<Rx> r = receive(w.peer, ms, legacy_ok);
         fence();
         return r;
     }
@@ -1169,6 +1238,35 @@ TEST_F(FakePeer, FlushIsAnsweredAndItsDuplicateReplayed) {
     ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn + 1));
 }
 
+// Linux rxe 6.2 and later seals FLUSH with its own ICRC form (icrc.hpp): it
+// is accepted, from rxe's hashed source ports with any IP ID, and a
+// corrupted one is still dropped.
+TEST_F(FakePeer, FlushInLinuxRxesIcrcFormIsAccepted) {
+    ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn, 0, IBV_ACCESS_FLUSH_GLOBAL));
+    Bytes feth(4);
+    put32(feth.data(), 1);
+    Bytes flush = legacy_flush(kRqPsn, cat(feth, reth(va(0x100), rkey(), 64)), 0x5A5A);
+    Bytes bad = flush;
+    bad[kBthLen + 5] ^= 0x01;
+    ASSERT_NO_FATAL_FAILURE(expect_dropped(bad, w.peer_alt));
+    fence();
+    send_raw(w.peer_alt, flush);
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kReadRespOnly) << r->str();
+    EXPECT_EQ(r->psn, kRqPsn);
+    EXPECT_EQ(r->syndrome & aeth::kKindMask, aeth::kAck);
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn + 1));
+}
+
+// Only FLUSH has the legacy form: any other opcode sealed that way is corrupt.
+TEST_F(FakePeer, LegacyIcrcFormOfOtherOpcodesIsDropped) {
+    Bytes wr = packet(kWriteOnly, qpn, kRqPsn, reth(va(0x100), rkey(), 0), {});
+    seal_legacy(wr, kPeerAddr, kRoceV2Port, 0);
+    ASSERT_NO_FATAL_FAILURE(expect_dropped(wr));
+    ASSERT_NO_FATAL_FAILURE(expect_qp_works(kRqPsn));
+}
+
 TEST_F(FakePeer, AtomicWriteStoresOnceAndItsDuplicateIsReplayed) {
     Bytes v1 = pattern(8, 1), v2 = pattern(8, 2);
     Bytes aw = packet(kAtomicWrite, qpn, kRqPsn, reth(va(0x100), rkey(), 8), v1);
@@ -1217,6 +1315,57 @@ TEST_F(FakePeer, MisalignedAtomicIsRejected) {
 
 // ---------------------------------------------------------------------------
 // Requester: what sroce sends, and how it takes forged responses
+
+// A peer that drops IBTA-form FLUSHes (unfixed Linux rxe) is found by
+// retransmission: two IBTA tries, then the forms alternate, and the form
+// answered is the one used first from then on.
+TEST_F(FakePeer, FlushFormIsLearnedFromAnAnsweredRetransmission) {
+    ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn, 10));
+    ASSERT_NO_FATAL_FAILURE(post_flush(1));
+    const bool legacy[] = {false, false, true};
+    for (int n = 0; n < 3; n++)
+        ASSERT_NO_FATAL_FAILURE(expect_flush(kSqPsn, legacy[n], n));
+    send(flush_response(kSqPsn, 1));
+    ASSERT_NO_FATAL_FAILURE(expect_success(1));
+    ASSERT_NO_FATAL_FAILURE(post_flush(2));
+    ASSERT_NO_FATAL_FAILURE(expect_flush(kSqPsn + 1, true, 0));
+    // A learned form is re-checked: unanswered, the next try is IBTA's.
+    ASSERT_NO_FATAL_FAILURE(expect_flush(kSqPsn + 1, false, 1));
+    ASSERT_NO_FATAL_FAILURE(expect_flush(kSqPsn + 1, true, 2));
+    send(flush_response(kSqPsn + 1, 2));
+    ASSERT_NO_FATAL_FAILURE(expect_success(2));
+    EXPECT_EQ(qp_state(), IBV_QPS_RTS);
+}
+
+// A peer that answered an IBTA-form FLUSH never sees the other form.
+TEST_F(FakePeer, FlushToAPeerThatTookIbtasFormNeverUsesTheOther) {
+    ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn, 10));
+    ASSERT_NO_FATAL_FAILURE(post_flush(1));
+    ASSERT_NO_FATAL_FAILURE(expect_flush(kSqPsn, false, 0));
+    send(flush_response(kSqPsn, 1));
+    ASSERT_NO_FATAL_FAILURE(expect_success(1));
+    ASSERT_NO_FATAL_FAILURE(post_flush(2));
+    for (int n = 0; n < 5; n++)
+        ASSERT_NO_FATAL_FAILURE(expect_flush(kSqPsn + 1, false, n));
+    send(flush_response(kSqPsn + 1, 2));
+    ASSERT_NO_FATAL_FAILURE(expect_success(2));
+}
+
+// The peer's own FLUSH shows its form before sroce sends one.
+TEST_F(FakePeer, PeersOwnLegacyFlushTeachesTheForm) {
+    ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn, 0, IBV_ACCESS_FLUSH_GLOBAL));
+    Bytes feth(4);
+    put32(feth.data(), 1);
+    fence();
+    send_raw(w.peer_alt, legacy_flush(kRqPsn, cat(feth, reth(va(0x100), rkey(), 64)), 7));
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kReadRespOnly) << r->str();
+    ASSERT_NO_FATAL_FAILURE(post_flush(1));
+    ASSERT_NO_FATAL_FAILURE(expect_flush(kSqPsn, true, 0));
+    send(flush_response(kSqPsn, 1));
+    ASSERT_NO_FATAL_FAILURE(expect_success(1));
+}
 
 // docs/design.md §2.5: no manufacturer-specific opcode ever reaches a peer that
 // has not declared support; the commit travels as IBTA FLUSH(MR) + WRITE +

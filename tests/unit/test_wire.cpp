@@ -266,8 +266,10 @@ Ipv4Header hdr(const char *src, const char *dst, uint16_t sport = kRoceV2Port, u
 
 // The reference ICRC: CRC-32 (zlib) over 8 x 0xFF, the IPv4 and UDP headers
 // with the variant fields set to ones, and the transport packet with BTH
-// byte 4 set to ones, stored little-endian.
-uint32_t reference_icrc(const Ipv4Header &ip, const uint8_t *pkt, size_t len) {
+// byte 4 set to ones, stored little-endian.  Linux rxe's form of a FLUSH
+// (legacy_flush) then covers the packet's bytes before the ICRC once more.
+uint32_t reference_icrc(const Ipv4Header &ip, const uint8_t *pkt, size_t len,
+                        bool legacy_flush = false) {
     Bytes b(8, 0xFF);
     uint16_t ip_len = uint16_t(20 + 8 + len), udp_len = uint16_t(8 + len);
     uint8_t src[4], dst[4];
@@ -305,6 +307,7 @@ uint32_t reference_icrc(const Ipv4Header &ip, const uint8_t *pkt, size_t len) {
     b.insert(b.end(), udp_hdr, udp_hdr + 8);
     b.insert(b.end(), pkt, pkt + len - 4);
     b[8 + 20 + 8 + 4] = 0xFF;
+    if (legacy_flush) b.insert(b.end(), pkt, pkt + len - 4);
     return uint32_t(crc32(0L, b.data(), uInt(b.size())));
 }
 
@@ -624,6 +627,31 @@ TEST(Icrc, MatchesZlibReferenceOverManyPackets) {
         s = icrc_update(s, p.data() + kBthLen + cut, body - cut);
         ASSERT_EQ(icrc_final(s), want);
     }
+}
+
+TEST(Icrc, LinuxRxeFlushFormVerifiesOnlyAsSuch) {
+    Bytes p = build(kFlush, 0x11, 0x222, 0);
+    Ipv4Header sent = hdr("10.0.0.7", "10.0.0.8", 0xC123, 0x3A3A, true);
+    icrc_store(p.data() + p.size() - kIcrcLen, reference_icrc(sent, p.data(), p.size(), true));
+    Ipv4Header seen = hdr("10.0.0.7", "10.0.0.8", 0xC123, 0, true);
+    EXPECT_FALSE(icrc_verify(seen, p.data(), p.size()));
+    EXPECT_TRUE(icrc_verify_flush_legacy(seen, p.data(), p.size()));
+    Bytes bad = p;
+    bad[kBthLen + 2] ^= 0x40;
+    EXPECT_FALSE(icrc_verify_flush_legacy(seen, bad.data(), bad.size()));
+    // From port 4791 only ID 0 with DF is taken, as for every sroce packet.
+    Ipv4Header from_sroce = hdr("10.0.0.7", "10.0.0.8");
+    EXPECT_FALSE(icrc_verify_flush_legacy(from_sroce, p.data(), p.size()));
+    icrc_store(p.data() + p.size() - kIcrcLen,
+               reference_icrc(from_sroce, p.data(), p.size(), true));
+    EXPECT_TRUE(icrc_verify_flush_legacy(from_sroce, p.data(), p.size()));
+    // The IBTA form is not the legacy one.
+    seal(p, from_sroce);
+    EXPECT_TRUE(icrc_verify(from_sroce, p.data(), p.size()));
+    EXPECT_FALSE(icrc_verify_flush_legacy(from_sroce, p.data(), p.size()));
+    // Nothing longer than a FLUSH is taken in that form.
+    Bytes big(200, 0);
+    EXPECT_FALSE(icrc_verify_flush_legacy(seen, big.data(), big.size()));
 }
 
 TEST(Icrc, StoredLittleEndian) {
