@@ -105,6 +105,20 @@ void forget_inherited_nics() {
                        g_nics_mu.unlock();
                    });
 
+bool stats_wanted() {
+    const char *s = getenv("SROCE_STATS");
+    return s && *s == '1';
+}
+
+// librdmacm keeps every device it has seen open until the process ends, so
+// their NICs are never released: those still open print at exit.
+void print_open_nics_stats() {
+    std::unique_lock<std::mutex> g(g_nics_mu, std::try_to_lock);
+    if (!g.owns_lock()) return; // exit() from a thread inside acquire/release
+    for (Nic *n : g_nics)
+        if (n) n->print_stats();
+}
+
 double next_uniform(uint64_t &s) {
     // splitmix64: cheap and reproducible from the seed.
     uint64_t z = (s += 0x9E3779B97F4A7C15ull);
@@ -142,9 +156,27 @@ Nic *Nic::acquire(Device *dev) {
             return nullptr;
         }
         slot = n;
+        if (stats_wanted()) {
+            static std::once_flag once;
+            std::call_once(once, [] { atexit(print_open_nics_stats); });
+        }
     }
     slot->refs_++;
     return slot;
+}
+
+void Nic::print_stats() {
+    if (stats_printed_.exchange(true)) return;
+    auto v = [](const std::atomic<uint64_t> &a) {
+        return (unsigned long long)a.load(std::memory_order_relaxed);
+    };
+    fprintf(stderr,
+            "sroce: %s: rx_pkts %llu tx_pkts %llu rx_bad_icrc %llu rx_bad_hdr %llu "
+            "rx_no_qp %llu rx_dropped_fault %llu retransmits %llu timeouts %llu "
+            "rx_flush_legacy_icrc %llu tx_flush_legacy_icrc %llu\n",
+            dev_->ibdev.name, v(stats.rx_pkts), v(stats.tx_pkts), v(stats.rx_bad_icrc),
+            v(stats.rx_bad_hdr), v(stats.rx_no_qp), v(stats.rx_dropped_fault), v(stats.retransmits),
+            v(stats.timeouts), v(stats.rx_flush_legacy_icrc), v(stats.tx_flush_legacy_icrc));
 }
 
 void Nic::release() {
@@ -202,19 +234,7 @@ Nic::Nic(Device *dev)
 }
 
 Nic::~Nic() {
-    if (const char *s = getenv("SROCE_STATS"); s && *s == '1') {
-        auto v = [](const std::atomic<uint64_t> &a) {
-            return (unsigned long long)a.load(std::memory_order_relaxed);
-        };
-        fprintf(stderr,
-                "sroce: %s: rx_pkts %llu tx_pkts %llu rx_bad_icrc %llu rx_bad_hdr %llu "
-                "rx_no_qp %llu rx_dropped_fault %llu retransmits %llu timeouts %llu "
-                "rx_flush_legacy_icrc %llu tx_flush_legacy_icrc %llu\n",
-                dev_->ibdev.name, v(stats.rx_pkts), v(stats.tx_pkts), v(stats.rx_bad_icrc),
-                v(stats.rx_bad_hdr), v(stats.rx_no_qp), v(stats.rx_dropped_fault),
-                v(stats.retransmits), v(stats.timeouts), v(stats.rx_flush_legacy_icrc),
-                v(stats.tx_flush_legacy_icrc));
-    }
+    if (stats_wanted()) print_stats();
     if (thread_.joinable()) {
         stop_ = true;
         uint64_t one = 1;

@@ -56,6 +56,9 @@ class Nic {
 
     Device *device() const { return dev_; }
 
+    // Prints the counters on stderr, once (SROCE_STATS=1: at close or exit).
+    void print_stats();
+
     // Queues one packet: hdr holds BTH and extended headers (hdr_len bytes),
     // payload is gathered from `iov`; pad and ICRC are added here.  A
     // legacy_flush packet (no payload) gets Linux rxe's FLUSH ICRC form.
@@ -116,6 +119,7 @@ class Nic {
     NicStats stats;
 
   private:
+    std::atomic<bool> stats_printed_{false};
     explicit Nic(Device *dev);
     ~Nic();
     int open_socket();

@@ -18,7 +18,13 @@ Checks:
     other than 4791 -- the packets sroce can only verify by solving for the
     unseen IP ID -- so the capture proves that path was exercised.
 
-Usage: roce_peer_check.py CAPTURE.pcap SROCE-IP PEER-IP [--sample N]
+With --flush-forms every FLUSH (RC opcode 0x1C) is checked, and one whose
+ICRC is Linux rxe's form (the standard CRC continued over the transport
+packet's bytes before the ICRC once more: wire-protocol.md 4.4) is counted
+as such instead of as a mismatch; the counts per sender and form are printed
+as "flush SENDER ibta=N legacy=M".
+
+Usage: roce_peer_check.py CAPTURE.pcap SROCE-IP PEER-IP [--sample N] [--flush-forms]
 Exit status: 0 all good, 1 a check failed, 77 scapy is missing.
 """
 import argparse
@@ -26,6 +32,7 @@ import collections
 import socket
 import struct
 import sys
+import zlib
 
 try:
     from scapy.all import Ether, RawPcapReader
@@ -35,6 +42,7 @@ except ImportError as e:
     sys.exit(77)
 
 ROCE_PORT = 4791
+RC_FLUSH = 0x1C
 
 
 def parse(frame):
@@ -59,6 +67,7 @@ def main():
     ap.add_argument("sroce_ip")
     ap.add_argument("peer_ip")
     ap.add_argument("--sample", type=int, default=200)
+    ap.add_argument("--flush-forms", action="store_true")
     a = ap.parse_args()
 
     names = {a.sroce_ip: "sroce", a.peer_ip: "rxe"}
@@ -69,6 +78,7 @@ def main():
     no_df = collections.Counter()
     other_sport = collections.Counter()
     sports = collections.defaultdict(set)
+    flush_forms = collections.defaultdict(collections.Counter)
     mismatches = []
     for n, (frame, _meta) in enumerate(RawPcapReader(a.pcap), 1):
         h = parse(frame)
@@ -84,11 +94,20 @@ def main():
         no_df[who] += not df
         other_sport[who] += sport != ROCE_PORT
         sports[who].add(sport)
-        if ops[who][opcode] <= a.sample:
+        flush = a.flush_forms and opcode == RC_FLUSH
+        if ops[who][opcode] <= a.sample or flush:
             pkt = Ether(frame)
             want = pkt[BTH].compute_icrc(b"")
             got = frame[-4:]
             checked[who] += 1
+            if flush:
+                ihl = (frame[14] & 0x0F) * 4
+                body = frame[14 + ihl + 8:-4]
+                legacy = zlib.crc32(body, int.from_bytes(want, "little")).to_bytes(4, "little")
+                form = "ibta" if got == want else "legacy" if got == legacy else None
+                if form:
+                    flush_forms[who][form] += 1
+                    continue
             if want != got:
                 mismatches.append(f"frame {n} from {who} "
                                   f"{_bth_opcodes.get(opcode, hex(opcode))}, IP ID {ip_id:#06x}: "
@@ -110,6 +129,10 @@ def main():
             print(f"  {op:#04x} {_bth_opcodes.get(op, '?'):<36} {ops[who][op]}")
         if total[who] == 0:
             bad(f"no RoCEv2 packet from {who}")
+    if a.flush_forms:
+        for who in ("sroce", "rxe"):
+            print(f"flush {who} ibta={flush_forms[who]['ibta']} "
+                  f"legacy={flush_forms[who]['legacy']}")
     for m in mismatches[:30]:
         print(f"  {m}", file=sys.stderr)
     if mismatches:
