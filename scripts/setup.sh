@@ -11,6 +11,8 @@
 #   tools    packet capture and dissection, plots, nftables, and the
 #            heavier third-party clients: UCX, librpma, Open MPI
 #   vm       the qemu guest of tests/vm
+#   kernel   the kernel sources and headers rxe-patches/build.sh builds the
+#            patched RDMA modules from and against
 #   root     debootstrap, for the tests that make a clean Debian root
 #
 # Package names differ between releases (Debian 12 and 13, Ubuntu 22.04 and
@@ -40,10 +42,16 @@ declare -A group=(
   # kernel has it already.
   [vm]="qemu-system-x86 linux-image-amd64|linux-image-generic linux-image-6.12-amd64|
     busybox-static cpio kmod ndctl e2fsprogs"
+  # rxe-patches/build.sh: the source of the kernel the vm group installs
+  # (Debian 12: 6.1, and 6.12 for the stand-alone FLUSH fix) and headers of
+  # the same upload, so the modules load into that kernel.  Newer releases
+  # ship neither 6.1 nor the series' base: nothing to install there.
+  [kernel]="linux-source-6.1| linux-headers-amd64|linux-headers-generic
+    linux-source-6.12| linux-headers-6.12-amd64| git xz-utils perl bc libelf-dev rsync"
   # A clean Debian root (test_deb_packages.sh, test_trixie.sh).
   [root]="debootstrap"
 )
-all_groups=(build clients tools vm root)
+all_groups=(build clients tools vm kernel root)
 
 groups=("$@")
 [ "${#groups[@]}" -gt 0 ] || groups=("${all_groups[@]}")
