@@ -78,7 +78,10 @@ headers_version() {
 	dpkg-query -W -f='${Version}' "linux-headers-$1" 2>/dev/null
 }
 if [[ -z $kver ]]; then
-	for d in $(ls -d /lib/modules/"$series".*/build 2>/dev/null | sort -V -r); do
+	shopt -s nullglob
+	dirs=(/lib/modules/"$series".*/build)
+	shopt -u nullglob
+	for d in $(printf '%s\n' "${dirs[@]}" | sort -V -r); do
 		k=$(basename "$(dirname "$d")")
 		if [[ $(headers_version "$k") == "$src_version" ]]; then
 			kver=$k
@@ -128,7 +131,9 @@ rm -rf "$src"
 git_q clone -q "$base" "$src"
 patches=()
 if ((!base_only)); then
-	mapfile -t patches < <(ls "$here/$series"/[0-9]*.patch 2>/dev/null | sort)
+	shopt -s nullglob
+	patches=("$here/$series"/[0-9]*.patch) # globs sort by name
+	shopt -u nullglob
 	((${#patches[@]})) || die "no patches in $here/$series"
 fi
 : >"$out/series.txt"
@@ -141,9 +146,10 @@ for p in "${patches[@]}"; do
 done
 
 if ((checkpatch)) && ((${#patches[@]})); then
-	# --no-tree: the extract lacks the files checkpatch takes as a tree's mark.
+	# --no-tree: the extract lacks the files checkpatch takes as a tree's mark,
+	# and the upstream history a Fixes: tag names.
 	if ! perl "$src/scripts/checkpatch.pl" --no-tree --strict --quiet \
-		--ignore FILE_PATH_CHANGES "${patches[@]}" >"$out/checkpatch.log" 2>&1; then
+		--ignore FILE_PATH_CHANGES,UNKNOWN_COMMIT_ID "${patches[@]}" >"$out/checkpatch.log" 2>&1; then
 		cat "$out/checkpatch.log" >&2
 		die "checkpatch.pl --strict reports problems"
 	fi

@@ -26,13 +26,19 @@
 #   5. fi_remote_log --manual with the initiator on rxe and the target on
 #      sroce: FI_COMMIT_MANUAL works over any device, the kernel's included.
 #
+# With SROCE_VM_MODULES=DIR (tests/vm/build_guest.sh) the guest runs the
+# RDMA modules of DIR, rxe-patches/ applied (test_rxe_patches.sh): its rxe
+# then takes FLUSH with IBTA's ICRC, and sections 4 and the wire check
+# expect that form and no other (SROCE_TEST_RXE_FLUSH_FORM=ibta; the
+# default, legacy, is what an unpatched rxe needs).
+#
 # Usage: test_pmof_rxe.sh BUILD-DIR
 # Skips (77) without root, /dev/net/tun, qemu, a Debian kernel >= 6.2
 # (scripts/setup.sh installs linux-image-6.12-amd64), or libfabric-bin; the
 # wire check needs tshark and scapy.
 # SROCE_VM_CAPTURE=FILE keeps the capture of the tap in FILE.
 #
-# ctest: TIMEOUT=900 LABELS=vm,netns PROCESSORS=2
+# ctest: TIMEOUT=900 LABELS=vm,netns PROCESSORS=2 RESOURCE_LOCK=vm-10.203
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -81,6 +87,9 @@ fi
 # region writes back each of its cache lines.
 dax_size=$((4 << 20))
 records=${SROCE_TEST_PMOF_RXE_RECORDS:-200}
+flush_form=${SROCE_TEST_RXE_FLUSH_FORM:-legacy}
+[[ $flush_form == legacy || $flush_form == ibta ]] ||
+	die "SROCE_TEST_RXE_FLUSH_FORM must be legacy or ibta, not '$flush_form'"
 pp_port=18700
 pp_rdm_port=18701
 rlog_port=18702
@@ -99,6 +108,7 @@ cat >"$overlay/test/run.sh" <<EOF
 export FI_PROVIDER_PATH=/usr/lib/pmof FI_PROVIDER=pmof
 failed=0
 rdma link add rxe0 type rxe netdev eth0 || exit 100
+step rxe_taint 10 cat /sys/module/rdma_rxe/taint
 GID=\$(roce_gid_index rxe0) || { echo "rxe0 has no RoCE v2 IPv4 GID"; exit 101; }
 mark "GID \$GID"
 step dax 60 ndctl create-namespace -f -e namespace0.0 -m devdax || exit 102
@@ -208,17 +218,33 @@ done
 # Linux rxe (6.2 and later, unpatched) computes the ICRC of a FLUSH over its
 # headers twice (its opcode table gives FLUSH no payload offset) and drops
 # every standard FLUSH; sroce learns from the first FLUSH rxe answers that
-# this peer takes its form (docs/wire-protocol.md 4.4).  Every record must
-# be committed and found in the log on the device DAX, and sroce's
-# statistics show FLUSHes sent in rxe's form.
+# this peer takes its form (docs/wire-protocol.md 4.4).  A patched rxe takes
+# IBTA's form, and sroce must then never send the other.  Every record must
+# be committed and found in the log on the device DAX.
+taint=$(vm_step_output rxe_taint)
+if [[ -n ${SROCE_VM_MODULES:-} ]]; then
+	if [[ $taint == *O* ]]; then
+		pass "the guest runs the patched rdma_rxe (taint $taint: out of tree)"
+	else
+		fail "the guest's rdma_rxe is not the patched module (taint '$taint')"
+	fi
+fi
 SROCE_STATS=1 guest_server rlog "$rlog" -a "$guest_ip" -p "$rlog_port" -n "$records"
 vrc=$(guest_rc rlog_verify 90)
 legacy_tx=$(sed -n 's/.* tx_flush_legacy_icrc \([0-9]*\).*/\1/p' "$WORK/rlog.host.log" | sort -n | tail -n 1)
-if [[ $hrc == 0 && $grc == 0 && $vrc == 0 ]] && ((${legacy_tx:-0} > 0)) &&
-	vm_step_output rlog_verify | grep -qx "log ok: $records records"; then
-	pass "fi_remote_log to unpatched rxe: $records records committed over WRITE + FLUSH, all in the log on device DAX ($legacy_tx FLUSHes in rxe's ICRC form)"
+legacy_tx=${legacy_tx:-none}
+if [[ $flush_form == legacy ]]; then
+	form_ok=$([[ $legacy_tx != none ]] && ((legacy_tx > 0)) && echo 1)
+	form_what="$legacy_tx FLUSHes in rxe's ICRC form"
 else
-	fail "fi_remote_log to rxe: initiator exited $hrc, target $grc, --verify $vrc, FLUSHes in rxe's form ${legacy_tx:-none}" \
+	form_ok=$([[ $legacy_tx == 0 ]] && echo 1)
+	form_what="no FLUSH in the non-IBTA form"
+fi
+if [[ $hrc == 0 && $grc == 0 && $vrc == 0 && -n $form_ok ]] &&
+	vm_step_output rlog_verify | grep -qx "log ok: $records records"; then
+	pass "fi_remote_log to rxe ($flush_form FLUSH form): $records records committed over WRITE + FLUSH, all in the log on device DAX ($form_what)"
+else
+	fail "fi_remote_log to rxe: initiator exited $hrc, target $grc, --verify $vrc, FLUSHes sent in rxe's form: $legacy_tx (expected: $form_what)" \
 		"$(cat "$WORK/rlog.host.log"; vm_step_output rlog; vm_step_output rlog_verify)"
 fi
 
@@ -263,7 +289,13 @@ if [[ -n $pcap ]]; then
 		>"$WORK/check.log" 2>&1; then
 		forms=$(sed -n 's/^flush sroce //p' "$WORK/check.log")
 		legacy=$(sed -n 's/^flush sroce .*legacy=\([0-9]*\)/\1/p' "$WORK/check.log")
-		if ((${legacy:-0} > 0 && answers >= records)); then
+		rxe_legacy=$(sed -n 's/^flush rxe .*legacy=\([0-9]*\)/\1/p' "$WORK/check.log")
+		if [[ $flush_form == legacy ]]; then
+			form_ok=$((${legacy:-0} > 0))
+		else
+			form_ok=$((${legacy:-1} == 0 && ${rxe_legacy:-1} == 0))
+		fi
+		if ((form_ok && answers >= records)); then
 			pass "wire: sroce's FLUSHes ($forms) answered $answers times by rxe; every ICRC recomputed by scapy"
 		else
 			fail "wire: sroce's FLUSHes $forms, $answers answered by rxe"

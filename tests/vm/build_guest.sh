@@ -15,6 +15,9 @@
 # init, guest-lib.sh, pmem_check.c, the kernel image and the versions of the
 # packages copied), so a repeated run only prints the cached path.
 # SROCE_VM_KERNEL=VERSION picks a kernel other than the newest one installed.
+# SROCE_VM_MODULES=DIR adds the modules DIR/*.ko (rxe-patches/build.sh's
+# output, built for that kernel) under lib/modules/VERSION/updates, where
+# modprobe finds them before the kernel's own.
 #
 # Exits 77 when a needed package is missing (scripts/setup.sh installs them).
 set -euo pipefail
@@ -77,6 +80,9 @@ key_input() {
 	sha256sum "${BASH_SOURCE[0]}" "$here/init" "$here/guest-lib.sh" "$here/pmem_check.c" /boot/vmlinuz-"$kver"
 	dpkg-query -W "${need_pkgs[@]}" libc6 libgcc-s1 linux-image-"$kver" 2>/dev/null || true
 	"$cc" --version | head -n 1
+	if [[ -n ${SROCE_VM_MODULES:-} ]]; then
+		sha256sum "$SROCE_VM_MODULES"/*.ko
+	fi
 }
 key=$(key_input | sha256sum | cut -c1-16)
 dest=$out/guest-$kver-$key
@@ -135,6 +141,16 @@ add_module() {
 for m in "${modules[@]}"; do
 	add_module "$m"
 done
+if [[ -n ${SROCE_VM_MODULES:-} ]]; then
+	mods=("$SROCE_VM_MODULES"/*.ko)
+	[[ -e ${mods[0]} ]] || die "no modules in SROCE_VM_MODULES=$SROCE_VM_MODULES"
+	for f in "${mods[@]}"; do
+		magic=$(modinfo -F vermagic "$f")
+		[[ $magic == "$kver "* ]] || die "${f##*/} is built for '${magic%% *}', the guest boots $kver"
+	done
+	mkdir -p "$root/$moddir/updates"
+	cp "${mods[@]}" "$root/$moddir/updates/"
+fi
 cp "$moddir"/modules.{builtin,order} "$root/$moddir/"
 [[ -f $moddir/modules.builtin.modinfo ]] && cp "$moddir/modules.builtin.modinfo" "$root/$moddir/"
 depmod -b "$root" "$kver"
