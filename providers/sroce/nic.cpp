@@ -699,7 +699,13 @@ bool Nic::app_progress() {
             : 1;
     app_polls_.store(streak, std::memory_order_relaxed);
     app_poll_ns_.store(now, std::memory_order_relaxed);
-    return rx_pass() > 0;
+    if (rx_pass() == 0) return false;
+    // A pass that dispatched something (and sent the ACKs it owed) can
+    // outlast kSpinningGapNs: the gap to the next poll counts from its end,
+    // or every packet would end the streak and hand the socket back to the
+    // progress thread.
+    app_poll_ns_.store(now_ns(), std::memory_order_relaxed);
+    return true;
 }
 
 bool Nic::app_is_spinning(uint64_t now) const {
