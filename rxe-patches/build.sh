@@ -208,4 +208,15 @@ n=$(find "$mods" -name '*.ko' | wc -l)
 ((n == 8)) || die "expected 8 modules, built $n"
 magic=$(modinfo -F vermagic "$mods/rdma_rxe.ko")
 [[ $magic == "$kver "* ]] || die "rdma_rxe.ko has vermagic '$magic', not for $kver"
-echo "build.sh: $n modules for $kver (${#patches[@]} patches) in $mods"
+# The series keeps the kernel's symbol versions, so the kernel's other
+# RDMA modules (hardware drivers, IPoIB, NFS over RDMA...) still load
+# next to these: every export must carry the version the kernel's own
+# Module.symvers gives it.
+changed=$(join <(awk '{ print $2, $1 }' "$mods/Module.symvers" | sort) \
+	<(awk '{ print $2, $1 }' "$kbuild/Module.symvers" | sort) | awk '$2 != $3 { print $1 }')
+exports=$(wc -l <"$mods/Module.symvers")
+if [[ -n $changed ]]; then
+	while read -r sym; do echo "  $sym"; done <<<"$changed" >&2
+	die "$(wc -l <<<"$changed") of $exports exports changed their symbol version"
+fi
+echo "build.sh: $n modules for $kver (${#patches[@]} patches) in $mods; all $exports exports keep the kernel's symbol versions"
