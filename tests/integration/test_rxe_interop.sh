@@ -29,7 +29,7 @@
 # scapy recomputes ICRCs from both sides, and rxe must have sent packets with
 # hashed IP IDs.  SROCE_VM_CAPTURE=FILE keeps that capture in FILE.
 #
-# ctest: TIMEOUT=420 LABELS=vm,netns PROCESSORS=2
+# ctest: TIMEOUT=420 LABELS=vm,netns PROCESSORS=2 RESOURCE_LOCK=vm-10.201
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

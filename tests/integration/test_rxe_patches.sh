@@ -3,21 +3,28 @@
 #
 # The kernel patches of rxe-patches/ at work: each series is applied to the
 # kernel source Debian ships, checked with checkpatch.pl --strict, built
-# into modules for Debian's kernel (rxe-patches/build.sh), and the qemu
-# guest boots that kernel with them (tests/vm/build_guest.sh,
-# SROCE_VM_MODULES).
+# into modules for Debian's kernel (rxe-patches/build.sh, which also checks
+# that every export keeps the kernel's symbol version), and the qemu guest
+# boots that kernel with them (tests/vm/build_guest.sh, SROCE_VM_MODULES).
 #
-#   6.12: the stand-alone FLUSH ICRC fix.  test_pmof_rxe.sh runs against
-#         the patched rxe and expects sroce's commits to travel as IBTA
-#         FLUSHes only: rxe answers the first form sroce sends, so sroce
-#         never learns the non-IBTA one, and scapy finds only IBTA FLUSHes
-#         on the wire.
+#   6.1 (Debian 12's kernel): FLUSH, ATOMIC WRITE and the FLUSH ICRC fix.
+#       Every patch must build on its own (build.sh --each).  Then, in the
+#       guest with the patched modules:
+#       - test_rxe_interop.sh, the stock interoperability suite: no
+#         regression;
+#       - test_rxe_a19.sh: FLUSH (global, persistent; range, MR) and ATOMIC
+#         WRITE both ways, with the error cases, sroce never sending the
+#         non-IBTA FLUSH form;
+#       - test_pmof_rxe.sh: the pmof provider, and sroce committing records
+#         into rxe's device DAX with IBTA FLUSHes only.
+#   6.12: the stand-alone FLUSH ICRC fix; test_rxe_a19.sh and
+#       test_pmof_rxe.sh against it, IBTA FLUSHes only.
 #
 # Usage: test_rxe_patches.sh BUILD-DIR
 # Skips (77) without the kernel sources and headers (scripts/setup.sh
-# kernel), or when test_pmof_rxe.sh skips (root, qemu, a tap).
+# kernel); a sub-test that skips (root, qemu, a tap) is reported as such.
 #
-# ctest: TIMEOUT=1500 LABELS=vm,netns,kernel PROCESSORS=2 RESOURCE_LOCK=vm-10.203
+# ctest: TIMEOUT=2400 LABELS=vm,netns,kernel PROCESSORS=2 RESOURCE_LOCK=vm-10.201,vm-10.203,vm-10.204
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,27 +33,60 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 sroce_init "${1:?usage: test_rxe_patches.sh BUILD-DIR}"
 patches=$(cd "$here/../../rxe-patches" && pwd)
 
-[[ -r /usr/src/linux-source-6.12.tar.xz ]] ||
-	skip "linux-source-6.12 is not installed (scripts/setup.sh kernel)"
-compgen -G '/lib/modules/6.12*/build/Makefile' >/dev/null ||
-	skip "no linux-headers-6.12 installed (scripts/setup.sh kernel)"
+# build SERIES [BUILD-ARGS...]: applies, checks and builds a series into
+# BUILD_DIR/rxe-patches/SERIES; prints nothing and fails on error.
+build() {
+	local series=$1 out=$BUILD_DIR/rxe-patches/$1
+	shift
+	if bash "$patches/build.sh" --series "$series" --checkpatch --out "$out" "$@" \
+		>"$WORK/build-$series.log" 2>&1; then
+		pass "$series series: $(wc -l <"$out/series.txt") patches apply to linux-source-$series, checkpatch.pl --strict clean, build$([[ " $* " == *" --each "* ]] && echo " one by one"); $(grep -o 'all [0-9]* exports keep[^;]*' "$WORK/build-$series.log")"
+		return 0
+	fi
+	fail "$series series: rxe-patches/build.sh failed" "$(tail -n 30 "$WORK/build-$series.log")"
+	return 1
+}
 
-# --- 6.12: the FLUSH ICRC fix ----------------------------------------------
-out=$BUILD_DIR/rxe-patches/6.12
-if bash "$patches/build.sh" --series 6.12 --checkpatch --out "$out" >"$WORK/build-6.12.log" 2>&1; then
-	pass "6.12 series: applies to linux-source-6.12, checkpatch.pl --strict clean, builds ($(paste -sd' ' "$out/series.txt"))"
+# sub SERIES SCRIPT [VAR=VALUE...]: runs a guest test with the series' modules.
+sub() {
+	local series=$1 script=$2 rc=0 mods=$BUILD_DIR/rxe-patches/$1/modules
+	shift 2
+	local kver
+	kver=$(modinfo -F vermagic "$mods/rdma_rxe.ko" | cut -d' ' -f1)
+	env SROCE_VM_KERNEL="$kver" SROCE_VM_MODULES="$mods" "$@" \
+		bash "$here/$script" "$BUILD_DIR" >"$WORK/$series-$script.log" 2>&1 || rc=$?
+	sed "s/^/  $series $script| /" "$WORK/$series-$script.log"
+	case $rc in
+	0) pass "$series: $script with the patched modules" ;;
+	77) log "$series: $script skipped: $(grep -m1 SKIP "$WORK/$series-$script.log")" ;;
+	*) fail "$series: $script with the patched modules failed ($rc)" ;;
+	esac
+}
+
+have_kernel() {
+	[[ -r /usr/src/linux-source-$1.tar.xz ]] && compgen -G "/lib/modules/$1.*/build/Makefile" >/dev/null
+}
+have_kernel 6.1 || have_kernel 6.12 ||
+	skip "no linux-source-6.1 or -6.12 with its headers installed (scripts/setup.sh kernel)"
+
+# --- 6.1: Debian 12's kernel -------------------------------------------------
+if have_kernel 6.1; then
+	if build 6.1 --each; then
+		sub 6.1 test_rxe_interop.sh
+		sub 6.1 test_rxe_a19.sh SROCE_TEST_RXE_FLUSH_FORM=ibta
+		sub 6.1 test_pmof_rxe.sh SROCE_TEST_RXE_FLUSH_FORM=ibta
+	fi
 else
-	fail "6.12 series: rxe-patches/build.sh failed" "$(tail -n 30 "$WORK/build-6.12.log")"
-	finish
+	log "linux-source-6.1 or its headers missing: the 6.1 series is not tested"
 fi
-kver=$(modinfo -F vermagic "$out/modules/rdma_rxe.ko" | cut -d' ' -f1)
-rc=0
-SROCE_VM_KERNEL=$kver SROCE_VM_MODULES=$out/modules SROCE_TEST_RXE_FLUSH_FORM=ibta \
-	bash "$here/test_pmof_rxe.sh" "$BUILD_DIR" >"$WORK/pmof-6.12.log" 2>&1 || rc=$?
-sed 's/^/  6.12| /' "$WORK/pmof-6.12.log"
-case $rc in
-0) pass "6.12 with the fix: sroce commits into rxe's device DAX with IBTA FLUSHes only" ;;
-77) skip "test_pmof_rxe.sh skipped: $(grep -m1 SKIP "$WORK/pmof-6.12.log")" ;;
-*) fail "6.12 with the fix: test_pmof_rxe.sh failed ($rc)" ;;
-esac
+
+# --- 6.12: the FLUSH ICRC fix --------------------------------------------------
+if have_kernel 6.12; then
+	if build 6.12; then
+		sub 6.12 test_rxe_a19.sh SROCE_TEST_RXE_FLUSH_FORM=ibta
+		sub 6.12 test_pmof_rxe.sh SROCE_TEST_RXE_FLUSH_FORM=ibta
+	fi
+else
+	log "linux-source-6.12 or its headers missing: the 6.12 fix is not tested"
+fi
 finish

@@ -920,7 +920,11 @@ int Cm::init_qp_attr(Id &id, uint32_t state, uint8_t *out, size_t *out_len) {
     } else if (state == 1) {
         a.qp_attr_mask = kState | kAccess | kPkey | kPort;
         a.qp_access_flags = 0x2 /* REMOTE_WRITE */;
-        if (id.responder_resources) a.qp_access_flags |= 0x4 | 0x8; // REMOTE_READ | ATOMIC
+        // A FLUSH takes a responder resource like a READ: the kernel's CM
+        // (from Linux 6.2 on) grants the placement types the device
+        // executes with them, and every sroce device executes both.
+        if (id.responder_resources)
+            a.qp_access_flags |= 0x4 | 0x8 | 0x100 | 0x200; // READ, ATOMIC, FLUSH_*
     } else if (state == 2) {
         if (id.cm == CmState::kReqSent || id.cm == CmState::kMraReqRcvd) return EINVAL;
         a.qp_attr_mask = kState | kAv | kMtu | kDestQpn | kRqPsn;

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# RDMA FLUSH and ATOMIC WRITE (IBTA 1.5 Annex A19) between sroce and Linux
+# rxe, both directions, with tests/progs/a19_check: every completion status
+# and opcode checked, written data read back byte for byte.  The guest
+# (qemu, behind a tap in a network namespace created here: host sroce0
+# 10.204.0.1, guest rxe0 10.204.0.2) switches its emulated NVDIMM to device
+# DAX, so rxe's region A takes persistent FLUSHes.
+#
+#   1. sroce initiator, rxe target: FLUSH global and persistent, of a range
+#      and of the whole region; ATOMIC WRITE; and the errors: a region
+#      without FLUSH access and a persistent FLUSH of a region registered for
+#      global visibility only (remote access error), a misaligned ATOMIC
+#      WRITE (remote invalid request).
+#   2. rxe initiator, sroce target (a file it maps: persistent): the same
+#      cases, as far as the guest's libibverbs can post them - Debian 12's
+#      rdma-core 44 posts ATOMIC WRITE but no FLUSH, and a19_check then says
+#      so (exit 77), which is checked too.
+#
+# The guest boots the newest kernel installed (Debian's 6.12: an rxe with
+# FLUSH in its own ICRC form, which sroce learns) unless SROCE_VM_KERNEL
+# says otherwise; with SROCE_VM_MODULES=DIR it runs rxe-patches/' modules
+# (test_rxe_patches.sh), and SROCE_TEST_RXE_FLUSH_FORM=ibta then requires
+# that sroce never sent a FLUSH in the non-IBTA form.
+#
+# Usage: test_rxe_a19.sh BUILD-DIR
+# Skips (77) without root, /dev/net/tun, qemu, or a guest kernel whose rxe
+# executes FLUSH (>= 6.2, or patched).
+#
+# ctest: TIMEOUT=600 LABELS=vm,netns PROCESSORS=2 RESOURCE_LOCK=vm-10.204
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+sroce_init "${1:?usage: test_rxe_a19.sh BUILD-DIR}"
+: "${VM_TIMEOUT:=420}"
+: "${VM_MEM:=1G}"
+# shellcheck source=../vm/vm.sh
+. "$here/../vm/vm.sh"
+
+((EUID == 0)) || skip "needs root for a network namespace and a tap device"
+require_cmds ip timeout
+[[ -c /dev/net/tun ]] || skip "no /dev/net/tun"
+a19=$BUILD_DIR/tests/progs/a19_check
+[[ -x $a19 ]] || die "$a19 is not built"
+vm_init "$BUILD_DIR"
+kver=$(cat "$VM_GUEST/kernel-version")
+[[ -n ${SROCE_VM_MODULES:-} || $(printf '%s\n' 6.2 "$kver" | sort -V | head -n 1) == 6.2 ]] ||
+	skip "the guest's kernel $kver has an rxe without FLUSH"
+flush_form=${SROCE_TEST_RXE_FLUSH_FORM:-any}
+
+ns=sroce-a19-$$
+host_ip=10.204.0.1
+guest_ip=10.204.0.2
+conf=$WORK/links.conf
+vm_cleanup_on_exit
+vm_tap_ns "$ns" "$host_ip" "$conf" || skip "$VM_ERR"
+export SROCE_CONFIG=$conf
+vm_in_ns "$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log" ||
+	die "the sroce agent did not start in the namespace"
+
+cases=(ops no-flush-access no-persistent-access misaligned-atomic-write)
+dax_size=$((4 << 20))
+guest_port=18800
+host_port=18801
+secs=120
+
+overlay=$WORK/overlay
+mkdir -p "$overlay/test"
+vm_add_program "$overlay" "$a19"
+{
+	echo ". /etc/guest-lib.sh"
+	echo "failed=0"
+	echo "rdma link add rxe0 type rxe netdev eth0 || exit 100"
+	echo "GID=\$(roce_gid_index rxe0) || exit 101"
+	echo "mark \"GID \$GID\""
+	echo "step rxe_taint 10 cat /sys/module/rdma_rxe/taint"
+	echo "step dax 60 ndctl create-namespace -f -e namespace0.0 -m devdax || exit 102"
+	echo "attempt guest server $guest_port 300 a19_check --server -a $guest_ip -p $guest_port" \
+		"--pmem /dev/dax0.0 --size $dax_size --connections ${#cases[@]} || failed=\$((failed + 1))"
+	for c in "${cases[@]}"; do
+		echo "attempt host guest_$c $host_port $secs a19_check -p $host_port --case $c $host_ip"
+	done
+	echo "exit \$failed"
+} >"$overlay/test/run.sh"
+vm_initrd "$overlay"
+
+start_all=$SECONDS
+vm_start --ns "$ns" --append "guest.ip=$guest_ip/24" -- \
+	-machine pc,nvdimm=on -m "$VM_MEM,slots=2,maxmem=4G" \
+	-object "memory-backend-file,id=mem1,share=on,mem-path=$WORK/nvdimm.img,size=256M" \
+	-device nvdimm,memdev=mem1 "${VM_NET[@]}"
+vm_wait 'GID ' 120 || {
+	vm_dump >&2
+	die "the guest did not bring up rxe0"
+}
+echo "guest ($kver) up with rxe0 in $((SECONDS - start_all)) s; rdma_rxe taint: $(vm_step_output rxe_taint)"
+if [[ -n ${SROCE_VM_MODULES:-} ]]; then
+	if [[ $(vm_step_output rxe_taint) == *O* ]]; then
+		pass "the guest runs the patched rdma_rxe"
+	else
+		fail "the guest's rdma_rxe is not the patched module"
+	fi
+fi
+
+host_run() { vm_in_ns timeout -k 5 "$secs" "$SROCE_BIN" exec -- "$@"; }
+# What each case prints when it passes.
+declare -A expect=(
+	[ops]='ops: 4 FLUSH kinds and ATOMIC WRITE checked'
+	[no-flush-access]='no-flush-access: remote access error as expected'
+	[no-persistent-access]='no-persistent-access: remote access error as expected'
+	[misaligned-atomic-write]='misaligned-atomic-write: remote invalid request error as expected'
+)
+
+# --- 1. sroce initiator, rxe target ----------------------------------------------
+if vm_wait "(NOT)?READY server" 200 && [[ $(vm_marker "(NOT)?READY server") == "READY server" ]]; then
+	for c in "${cases[@]}"; do
+		rc=0
+		SROCE_STATS=1 host_run "$a19" -p "$guest_port" --case "$c" "$guest_ip" >"$WORK/h-$c.log" 2>&1 || rc=$?
+		if [[ $rc == 0 ]] && grep -qF "${expect[$c]}" "$WORK/h-$c.log"; then
+			pass "sroce -> rxe $c: $(grep -F "${expect[$c]}" "$WORK/h-$c.log" | sed 's/^a19_check client: //')"
+		else
+			fail "sroce -> rxe $c: exit $rc" "$(cat "$WORK/h-$c.log")"
+		fi
+		if [[ $flush_form == ibta ]] && grep -q 'tx_flush_legacy_icrc [1-9]' "$WORK/h-$c.log"; then
+			fail "sroce -> rxe $c: sroce sent FLUSHes in the non-IBTA form to a patched rxe"
+		fi
+	done
+	vm_wait 'DONE server rc=' 60 || true
+	vrc=$(vm_marker 'DONE server rc=' | sed -n 's/.*rc=//p')
+	if [[ $vrc == 0 ]]; then
+		pass "rxe target served ${#cases[@]} connections, region A on device DAX"
+	else
+		fail "rxe target (a19_check --server) exited ${vrc:-none}" "$(vm_step_output server)"
+	fi
+else
+	fail "the guest's a19_check server did not listen" "$(vm_step_output server)"
+fi
+
+# --- 2. rxe initiator, sroce target ---------------------------------------------
+truncate -s $((1 << 20)) "$WORK/target.pm"
+for c in "${cases[@]}"; do
+	if ! vm_wait "WAIT guest_$c" 120; then
+		fail "rxe -> sroce $c: the guest did not reach it"
+		continue
+	fi
+	host_run "$a19" --server -a "$host_ip" -p "$host_port" --pmem "$WORK/target.pm" \
+		--size $((1 << 20)) >"$WORK/s-$c.log" 2>&1 &
+	spid=$!
+	for ((i = 0; i < 100; i++)); do
+		grep -q 'listening' "$WORK/s-$c.log" && break
+		kill -0 "$spid" 2>/dev/null || break
+		sleep 0.1
+	done
+	vm_send "go-guest_$c" || true
+	vm_wait "DONE guest_$c rc=" "$secs" || true
+	grc=$(vm_marker "DONE guest_$c rc=" | sed -n 's/.*rc=//p')
+	out=$(vm_step_output "guest_$c")
+	if [[ $grc == 0 ]] && grep -qF "${expect[$c]%% *}" <<<"$out"; then
+		srv=0
+		wait "$spid" || srv=$?
+		last=$(grep -E 'ops:|as expected' <<<"$out" | tail -n 1 | sed 's/^a19_check client: //')
+		if [[ $c == ops ]] && grep -q 'cannot post FLUSH' <<<"$out"; then
+			last="$last (this libibverbs posts no FLUSH)"
+		fi
+		if ((srv == 0)); then
+			pass "rxe -> sroce $c: $last"
+		else
+			fail "rxe -> sroce $c: the sroce target exited $srv" "$(cat "$WORK/s-$c.log")"
+		fi
+	elif [[ $grc == 77 ]] && grep -q 'cannot post FLUSH' <<<"$out"; then
+		# Nothing connected: the server still waits.
+		kill "$spid" 2>/dev/null
+		wait "$spid" 2>/dev/null
+		pass "rxe -> sroce $c: not run - the guest's libibverbs cannot post FLUSH (rdma-core 44), as a19_check reports"
+	else
+		kill "$spid" 2>/dev/null
+		wait "$spid" 2>/dev/null
+		fail "rxe -> sroce $c: guest exit ${grc:-none}" "$out
+$(cat "$WORK/s-$c.log")"
+	fi
+done
+
+vm_finish 60
+echo "guest exited $VM_RC after ${VM_SECONDS}s; whole test $((SECONDS - start_all)) s"
+if ((CHECKS_FAILED)); then
+	vm_console | grep -E '^\[ *[0-9]+\.[0-9]+\]' | tail -n 30 | sed 's/^/  guest kernel: /'
+fi
+finish
