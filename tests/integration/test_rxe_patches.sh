@@ -16,7 +16,9 @@
 #         WRITE both ways, with the error cases, sroce never sending the
 #         non-IBTA FLUSH form;
 #       - test_pmof_rxe.sh: the pmof provider, and sroce committing records
-#         into rxe's device DAX with IBTA FLUSHes only.
+#         into rxe's device DAX with IBTA FLUSHes only;
+#       - test_rxe_durable.sh: rxe as the durable target through a power
+#         cut of the guest.
 #   6.12: the stand-alone FLUSH ICRC fix; test_rxe_a19.sh and
 #       test_pmof_rxe.sh against it, IBTA FLUSHes only.
 #
@@ -24,7 +26,7 @@
 # Skips (77) without the kernel sources and headers (scripts/setup.sh
 # kernel); a sub-test that skips (root, qemu, a tap) is reported as such.
 #
-# ctest: TIMEOUT=2400 LABELS=vm,netns,kernel PROCESSORS=2 RESOURCE_LOCK=vm-10.201,vm-10.203,vm-10.204
+# ctest: TIMEOUT=2400 LABELS=vm,netns,kernel PROCESSORS=2 RESOURCE_LOCK=vm-10.201,vm-10.203,vm-10.204,vm-10.205
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -75,6 +77,7 @@ if have_kernel 6.1; then
 		sub 6.1 test_rxe_interop.sh
 		sub 6.1 test_rxe_a19.sh SROCE_TEST_RXE_FLUSH_FORM=ibta
 		sub 6.1 test_pmof_rxe.sh SROCE_TEST_RXE_FLUSH_FORM=ibta
+		sub 6.1 test_rxe_durable.sh
 	fi
 else
 	log "linux-source-6.1 or its headers missing: the 6.1 series is not tested"
