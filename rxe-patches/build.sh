@@ -15,10 +15,13 @@
 #      versions of everything they import are the kernel's;
 #   4. with --each, builds after every patch too (each must build on its
 #      own); with --checkpatch, runs the kernel's checkpatch.pl --strict on
-#      every patch file.
+#      every patch file (and on the test module's source);
+#   5. with --test-module, builds test-module/ (a kernel consumer of the
+#      series' work requests, for the tests; not part of the series) in the
+#      same tree, into OUT/test-module/.
 #
 # Usage: build.sh [--series 6.1|6.12] [--kver KVER] [--out DIR] [--each]
-#                 [--checkpatch] [--base-only] [-j N]
+#                 [--checkpatch] [--test-module] [--base-only] [-j N]
 #   --series   which series (directory) and source: 6.1 (default) or 6.12
 #   --kver     the kernel to build for (default: the newest installed whose
 #              headers match the series, e.g. 6.1.0-56-amd64)
@@ -38,6 +41,7 @@ out=
 each=0
 checkpatch=0
 base_only=0
+test_module=0
 jobs=$(nproc)
 
 die() {
@@ -53,6 +57,7 @@ while (($#)); do
 	--each) each=1 ;;
 	--checkpatch) checkpatch=1 ;;
 	--base-only) base_only=1 ;;
+	--test-module) test_module=1 ;;
 	-j) jobs=${2:?}; shift ;;
 	-h | --help)
 		sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
@@ -154,6 +159,13 @@ if ((checkpatch)) && ((${#patches[@]})); then
 		die "checkpatch.pl --strict reports problems"
 	fi
 	echo "build.sh: checkpatch.pl --strict: ${#patches[@]} patches clean"
+	if ((test_module)); then
+		perl "$src/scripts/checkpatch.pl" --no-tree --strict --quiet -f \
+			"$here/test-module/"*.c >"$out/checkpatch-module.log" 2>&1 || {
+			cat "$out/checkpatch-module.log" >&2
+			die "checkpatch.pl --strict reports problems in test-module/"
+		}
+	fi
 fi
 
 # --- 3. the modules ---------------------------------------------------------
@@ -175,6 +187,11 @@ sync_tree() {
 NOSTDINC_FLAGS += -I$(M)/include -I$(M)/include/uapi -I$(M)/include/trace
 obj-m += drivers/infiniband/core/ drivers/infiniband/sw/rxe/
 EOF
+	if ((test_module)); then
+		mkdir -p "$bld/test-module"
+		rsync -a -c "$here/test-module/" "$bld/test-module/"
+		echo 'obj-m += test-module/' >>"$bld/Kbuild"
+	fi
 }
 build_modules() {
 	sync_tree
@@ -200,9 +217,13 @@ fi
 build_modules || die "the modules do not build (see $out/make.log)"
 
 mods=$out/modules
-rm -rf "$mods"
+rm -rf "$mods" "$out/test-module"
 mkdir -p "$mods"
-find "$bld" -name '*.ko' -exec cp {} "$mods/" \;
+find "$bld/drivers" -name '*.ko' -exec cp {} "$mods/" \;
+if ((test_module)); then
+	mkdir -p "$out/test-module"
+	cp "$bld/test-module/"*.ko "$out/test-module/"
+fi
 cp "$bld/Module.symvers" "$mods/"
 n=$(find "$mods" -name '*.ko' | wc -l)
 ((n == 8)) || die "expected 8 modules, built $n"

@@ -17,6 +17,15 @@
 #      cases, as far as the guest's libibverbs can post them - Debian 12's
 #      rdma-core 44 posts ATOMIC WRITE but no FLUSH, and a19_check then says
 #      so (exit 77), which is checked too.
+#   3. With SROCE_TEST_RXE_KMOD=FILE (rxe-patches/test-module's a19_kmod.ko,
+#      built for the patched kernel): the same cases from kernel space, the
+#      module posting struct ib_flush_wr and struct ib_atomic_write_wr over
+#      kernel rdma_cm to a sroce target.
+#
+# The RoCE traffic on the tap is captured and checked by
+# tests/vm/roce_peer_check.py --flush-forms: scapy recomputes every FLUSH's
+# ICRC from both sides, in IBTA's form or Linux rxe's legacy one, and every
+# other sampled packet's.
 #
 # The guest boots the newest kernel installed (Debian's 6.12: an rxe with
 # FLUSH in its own ICRC form, which sroce learns) unless SROCE_VM_KERNEL
@@ -26,7 +35,7 @@
 #
 # Usage: test_rxe_a19.sh BUILD-DIR
 # Skips (77) without root, /dev/net/tun, qemu, or a guest kernel whose rxe
-# executes FLUSH (>= 6.2, or patched).
+# executes FLUSH (>= 6.2, or patched); the wire check needs tshark and scapy.
 #
 # ctest: TIMEOUT=600 LABELS=vm,netns PROCESSORS=2 RESOURCE_LOCK=vm-10.204
 set -uo pipefail
@@ -61,6 +70,12 @@ export SROCE_CONFIG=$conf
 vm_in_ns "$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log" ||
 	die "the sroce agent did not start in the namespace"
 
+pcap=${SROCE_VM_CAPTURE:-$WORK/tap0.pcap}
+if ! command -v tshark >/dev/null || ! vm_capture_start "$pcap"; then
+	log "no capture (${VM_ERR:-tshark missing}): the wire check is skipped"
+	pcap=
+fi
+
 cases=(ops no-flush-access no-persistent-access misaligned-atomic-write)
 dax_size=$((4 << 20))
 guest_port=18800
@@ -70,6 +85,9 @@ secs=120
 overlay=$WORK/overlay
 mkdir -p "$overlay/test"
 vm_add_program "$overlay" "$a19"
+kmod=${SROCE_TEST_RXE_KMOD:-}
+kmod_port=18802
+[[ -z $kmod ]] || cp "$kmod" "$overlay/test/a19_kmod.ko"
 {
 	echo ". /etc/guest-lib.sh"
 	echo "failed=0"
@@ -83,6 +101,10 @@ vm_add_program "$overlay" "$a19"
 	for c in "${cases[@]}"; do
 		echo "attempt host guest_$c $host_port $secs a19_check -p $host_port --case $c $host_ip"
 	done
+	if [[ -n $kmod ]]; then
+		echo "attempt host kmod $kmod_port $secs insmod /test/a19_kmod.ko server=$host_ip port=$kmod_port"
+		echo "step kmod_log 10 sh -c 'dmesg | grep a19_kmod'"
+	fi
 	echo "exit \$failed"
 } >"$overlay/test/run.sh"
 vm_initrd "$overlay"
@@ -96,6 +118,7 @@ vm_wait 'GID ' 120 || {
 	vm_dump >&2
 	die "the guest did not bring up rxe0"
 }
+vm_wait 'DONE rxe_taint rc=' 30 || true
 echo "guest ($kver) up with rxe0 in $((SECONDS - start_all)) s; rdma_rxe taint: $(vm_step_output rxe_taint)"
 if [[ -n ${SROCE_VM_MODULES:-} ]]; then
 	if [[ $(vm_step_output rxe_taint) == *O* ]]; then
@@ -183,7 +206,55 @@ $(cat "$WORK/s-$c.log")"
 	fi
 done
 
+# --- 3. a kernel consumer on rxe, sroce target ----------------------------------
+if [[ -n $kmod ]]; then
+	if vm_wait "WAIT kmod" 120; then
+		host_run "$a19" --server -a "$host_ip" -p "$kmod_port" --pmem "$WORK/target.pm" \
+			--size $((1 << 20)) --connections ${#cases[@]} >"$WORK/s-kmod.log" 2>&1 &
+		spid=$!
+		for ((i = 0; i < 100; i++)); do
+			grep -q 'listening' "$WORK/s-kmod.log" && break
+			kill -0 "$spid" 2>/dev/null || break
+			sleep 0.1
+		done
+		vm_send "go-kmod" || true
+		vm_wait "DONE kmod_log rc=" "$secs" || true
+		krc=$(vm_marker "DONE kmod rc=" | sed -n 's/.*rc=//p')
+		klog=$(vm_step_output kmod_log)
+		srv=0
+		wait "$spid" || srv=$?
+		if [[ $krc == 0 && $srv == 0 ]] && grep -q 'a19_kmod: 4 cases, 0 failed' <<<"$klog"; then
+			pass "kernel consumer on rxe -> sroce: $(grep -c 'as expected\|read back intact' <<<"$klog") checks: $(grep -o 'ops: [0-9]* FLUSH kinds and ATOMIC WRITE checked' <<<"$klog"), and the errors"
+			grep -o 'a19_kmod: .*' <<<"$klog" | while read -r line; do echo "  $line"; done
+		else
+			fail "kernel consumer on rxe -> sroce: insmod exited ${krc:-none}, sroce target $srv" \
+				"$(vm_step_output kmod; echo "$klog"; cat "$WORK/s-kmod.log")"
+		fi
+	else
+		fail "kernel consumer: the guest did not reach it"
+	fi
+fi
+
 vm_finish 60
+# --- the wire: every FLUSH's ICRC, and which form each side used ------------------
+if [[ -n $pcap ]]; then
+	vm_capture_stop
+	python=$(scapy_python) || python=
+	if [[ -z $python ]]; then
+		log "scapy is missing: the ICRCs are not checked"
+	elif "$python" "$here/../vm/roce_peer_check.py" --flush-forms "$pcap" "$host_ip" "$guest_ip" \
+		>"$WORK/check.log" 2>&1; then
+		forms="sroce $(sed -n 's/^flush sroce //p' "$WORK/check.log"), rxe $(sed -n 's/^flush rxe //p' "$WORK/check.log")"
+		legacy=$(sed -n 's/^flush .*legacy=\([0-9]*\)$/\1/p' "$WORK/check.log" | paste -sd+ | bc)
+		if [[ $flush_form == ibta ]] && ((legacy > 0)); then
+			fail "wire: FLUSHes in the non-IBTA form with a patched rxe ($forms)"
+		else
+			pass "wire: every ICRC recomputed by scapy; FLUSH forms: $forms"
+		fi
+	else
+		fail "wire check (roce_peer_check.py --flush-forms)" "$(cat "$WORK/check.log")"
+	fi
+fi
 echo "guest exited $VM_RC after ${VM_SECONDS}s; whole test $((SECONDS - start_all)) s"
 if ((CHECKS_FAILED)); then
 	vm_console | grep -E '^\[ *[0-9]+\.[0-9]+\]' | tail -n 30 | sed 's/^/  guest kernel: /'
