@@ -17,6 +17,13 @@
 #      cases, as far as the guest's libibverbs can post them - Debian 12's
 #      rdma-core 44 posts ATOMIC WRITE but no FLUSH, and a19_check then says
 #      so (exit 77), which is checked too.
+#   1b. With SROCE_TEST_RXE_NATIVE=1 (a guest rxe with rxe-patches/' write-
+#      commit responder): sroce's native write-commits (opcodes 0xC0-0xC5)
+#      into rxe's device DAX - plain, ORDERED, with immediate data, one
+#      packet and several, each read back, the immediate data checked at
+#      rxe - and the errors (a region without FLUSH access, a persistent
+#      commit to a region registered for global visibility only: remote
+#      access error); the capture must show the native opcodes.
 #   3. With SROCE_TEST_RXE_KMOD=FILE (rxe-patches/test-module's a19_kmod.ko,
 #      built for the patched kernel): the same cases from kernel space, the
 #      module posting struct ib_flush_wr and struct ib_atomic_write_wr over
@@ -77,6 +84,9 @@ if ! command -v tshark >/dev/null || ! vm_capture_start "$pcap"; then
 fi
 
 cases=(ops no-flush-access no-persistent-access misaligned-atomic-write)
+native=${SROCE_TEST_RXE_NATIVE:-}
+host_cases=("${cases[@]}")
+[[ -z $native ]] || host_cases+=(commit commit-no-access commit-global-only)
 dax_size=$((4 << 20))
 guest_port=18800
 host_port=18801
@@ -97,7 +107,7 @@ kmod_port=18802
 	echo "step rxe_taint 10 cat /sys/module/rdma_rxe/taint"
 	echo "step dax 60 ndctl create-namespace -f -e namespace0.0 -m devdax || exit 102"
 	echo "attempt guest server $guest_port 300 a19_check --server -a $guest_ip -p $guest_port" \
-		"--pmem /dev/dax0.0 --size $dax_size --connections ${#cases[@]} || failed=\$((failed + 1))"
+		"--pmem /dev/dax0.0 --size $dax_size --connections ${#host_cases[@]} || failed=\$((failed + 1))"
 	for c in "${cases[@]}"; do
 		echo "attempt host guest_$c $host_port $secs a19_check -p $host_port --case $c $host_ip"
 	done
@@ -135,11 +145,14 @@ declare -A expect=(
 	[no-flush-access]='no-flush-access: remote access error as expected'
 	[no-persistent-access]='no-persistent-access: remote access error as expected'
 	[misaligned-atomic-write]='misaligned-atomic-write: remote invalid request error as expected'
+	[commit]='commit: 5 write-commits (persistent) checked'
+	[commit-no-access]='commit-no-access: remote access error as expected'
+	[commit-global-only]='commit-global-only: remote access error as expected'
 )
 
 # --- 1. sroce initiator, rxe target ----------------------------------------------
 if vm_wait "(NOT)?READY server" 200 && [[ $(vm_marker "(NOT)?READY server") == "READY server" ]]; then
-	for c in "${cases[@]}"; do
+	for c in "${host_cases[@]}"; do
 		rc=0
 		SROCE_STATS=1 host_run "$a19" -p "$guest_port" --case "$c" "$guest_ip" >"$WORK/h-$c.log" 2>&1 || rc=$?
 		if [[ $rc == 0 ]] && grep -qF "${expect[$c]}" "$WORK/h-$c.log"; then
@@ -153,8 +166,16 @@ if vm_wait "(NOT)?READY server" 200 && [[ $(vm_marker "(NOT)?READY server") == "
 	done
 	vm_wait 'DONE server rc=' 60 || true
 	vrc=$(vm_marker 'DONE server rc=' | sed -n 's/.*rc=//p')
+	if [[ -n $native ]]; then
+		imms=$(vm_step_output server | sed -n 's/.*: \([0-9]*\) immediate completions$/\1/p')
+		if [[ $imms == 2 ]] && ! vm_step_output server | grep -q 'receive completion'; then
+			pass "rxe target: the 2 immediate data of the write-commits completed as IBV_WC_RECV_RDMA_WITH_IMM, byte_len 0"
+		else
+			fail "rxe target: ${imms:-no} immediate completions of write-commits, expected 2" "$(vm_step_output server)"
+		fi
+	fi
 	if [[ $vrc == 0 ]]; then
-		pass "rxe target served ${#cases[@]} connections, region A on device DAX"
+		pass "rxe target served ${#host_cases[@]} connections, region A on device DAX"
 	else
 		fail "rxe target (a19_check --server) exited ${vrc:-none}" "$(vm_step_output server)"
 	fi
@@ -246,9 +267,14 @@ if [[ -n $pcap ]]; then
 		>"$WORK/check.log" 2>&1; then
 		forms="sroce $(sed -n 's/^flush sroce //p' "$WORK/check.log"), rxe $(sed -n 's/^flush rxe //p' "$WORK/check.log")"
 		legacy=$(sed -n 's/^flush .*legacy=\([0-9]*\)$/\1/p' "$WORK/check.log" | paste -sd+ | bc)
+		# Native write-commits from sroce: opcodes 0xc0-0xc5 in the table.
+		commit_ops=$(awk '/^sroce:/ { s = 1 } /^rxe:/ { s = 0 } s && $1 ~ /^0xc[0-5]$/ { n += $NF } END { print n + 0 }' "$WORK/check.log")
 		if [[ $flush_form == ibta ]] && ((legacy > 0)); then
 			fail "wire: FLUSHes in the non-IBTA form with a patched rxe ($forms)"
+		elif [[ -n $native ]] && ((commit_ops == 0)); then
+			fail "wire: no native write-commit opcode from sroce" "$(cat "$WORK/check.log")"
 		else
+			[[ -z $native ]] || forms="$forms; $commit_ops native write-commit packets (0xC0-0xC5) from sroce"
 			pass "wire: every ICRC recomputed by scapy; FLUSH forms: $forms"
 		fi
 	else

@@ -7,8 +7,8 @@
 # that every export keeps the kernel's symbol version), and the qemu guest
 # boots that kernel with them (tests/vm/build_guest.sh, SROCE_VM_MODULES).
 #
-#   6.1 (Debian 12's kernel): FLUSH, ATOMIC WRITE, the FLUSH ICRC fix and
-#       the kernel API for them.
+#   6.1 (Debian 12's kernel): FLUSH, ATOMIC WRITE, the FLUSH ICRC fix, the
+#       kernel API for them, and the write-commit responder.
 #       Every patch must build on its own (build.sh --each).  Then, in the
 #       guest with the patched modules:
 #       - test_rxe_interop.sh, the stock interoperability suite: no
@@ -17,7 +17,8 @@
 #         WRITE both ways, with the error cases, sroce never sending the
 #         non-IBTA FLUSH form; rxe's FLUSHes from kernel space too
 #         (rxe-patches/test-module, a kernel consumer of the new work
-#         requests);
+#         requests); sroce's native write-commits into rxe, executed by
+#         its write-commit responder;
 #       - test_pmof_rxe.sh: the pmof provider, and sroce committing records
 #         into rxe's device DAX with IBTA FLUSHes only;
 #       - test_rxe_durable.sh: rxe as the durable target through a power
@@ -78,7 +79,7 @@ have_kernel 6.1 || have_kernel 6.12 ||
 if have_kernel 6.1; then
 	if build 6.1 --each --test-module; then
 		sub 6.1 test_rxe_interop.sh
-		sub 6.1 test_rxe_a19.sh SROCE_TEST_RXE_FLUSH_FORM=ibta \
+		sub 6.1 test_rxe_a19.sh SROCE_TEST_RXE_FLUSH_FORM=ibta SROCE_TEST_RXE_NATIVE=1 \
 			SROCE_TEST_RXE_KMOD="$BUILD_DIR/rxe-patches/6.1/test-module/a19_kmod.ko"
 		sub 6.1 test_pmof_rxe.sh SROCE_TEST_RXE_FLUSH_FORM=ibta
 		sub 6.1 test_rxe_durable.sh

@@ -29,6 +29,16 @@
 //   no-flush-access     FLUSH of B                -> IBV_WC_REM_ACCESS_ERR
 //   no-persistent-access  persistent FLUSH of C   -> IBV_WC_REM_ACCESS_ERR
 //   misaligned-atomic-write  ATOMIC WRITE at A+4  -> IBV_WC_REM_INV_REQ_ERR
+//   commit         native write-commits into A (persistent when A is, else
+//                  global visibility): plain, ORDERED, with immediate data,
+//                  one packet and several; each completes
+//                  IBV_WC_RDMA_WRITE_COMMIT with byte_len L and is read
+//                  back.  The server reports the immediate data it received
+//                  ("N immediate completions"), each with byte_len 0.
+//   commit-no-access       write-commit to B        -> IBV_WC_REM_ACCESS_ERR
+//   commit-global-only     persistent write-commit to C -> IBV_WC_REM_ACCESS_ERR
+// The commit cases declare the server native (ibv_qp_set_commit_peer), so
+// they need sroce's libibverbs extension (`sroce exec`) on the client side.
 //
 // Exit status: 0 success, 1 usage or setup error, 2 data mismatch, 3 wrong
 // completion, 77 the local provider cannot post an operation the case needs.
@@ -53,8 +63,10 @@
 #include <infiniband/verbs_ext.h>
 #include <rdma/rdma_cma.h>
 
+#include "perf_common.h" // perf_ext_*: the write-commit verbs, found at run time
+
 enum { EXIT_SETUP = 1, EXIT_MISMATCH = 2, EXIT_WC = 3, EXIT_UNSUPPORTED = 77 };
-enum { REGION_LEN = 64 * 1024, WC_WAIT_MS = 20000 };
+enum { REGION_LEN = 64 * 1024, WC_WAIT_MS = 20000, SERVER_RECVS = 4 };
 
 // What the server gives each client (private data of the ACCEPT, little
 // endian on the wire).
@@ -174,12 +186,20 @@ static void run_server(const char *addr, const char *port, const char *pmem, siz
 
         struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
         if (!cq) die(EXIT_SETUP, "ibv_create_cq: %s", strerror(errno));
-        struct ibv_qp_init_attr qa = {
-            .send_cq = cq,
-            .recv_cq = cq,
-            .qp_type = IBV_QPT_RC,
-            .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
+        struct ibv_qp_init_attr qa = {.send_cq = cq,
+                                      .recv_cq = cq,
+                                      .qp_type = IBV_QPT_RC,
+                                      .cap = {.max_send_wr = 4,
+                                              .max_recv_wr = SERVER_RECVS,
+                                              .max_send_sge = 1,
+                                              .max_recv_sge = 1}};
         if (rdma_create_qp(id, pd, &qa)) die(EXIT_SETUP, "rdma_create_qp: %s", strerror(errno));
+        // For write-commits with immediate data: empty receives.
+        for (int i = 0; i < SERVER_RECVS; i++) {
+            struct ibv_recv_wr rw = {.wr_id = (uint64_t)i}, *bad;
+            if (ibv_post_recv(id->qp, &rw, &bad))
+                die(EXIT_SETUP, "ibv_post_recv: %s", strerror(errno));
+        }
         struct regions r = {.addr_a = htole64((uintptr_t)a),
                             .addr_b = htole64((uintptr_t)mr_b->addr),
                             .addr_c = htole64((uintptr_t)mr_c->addr),
@@ -201,6 +221,20 @@ static void run_server(const char *addr, const char *port, const char *pmem, siz
 
         ev = expect_event(ch, RDMA_CM_EVENT_DISCONNECTED);
         rdma_ack_cm_event(ev);
+        // Immediate data of write-commits; the disconnect flushes the rest.
+        struct ibv_wc wc[SERVER_RECVS];
+        int got = ibv_poll_cq(cq, SERVER_RECVS, wc), imms = 0;
+        for (int i = 0; i < got; i++) {
+            if (wc[i].status != IBV_WC_SUCCESS) continue;
+            if (wc[i].opcode != IBV_WC_RECV_RDMA_WITH_IMM || !(wc[i].wc_flags & IBV_WC_WITH_IMM) ||
+                wc[i].byte_len != 0)
+                die(EXIT_WC, "receive completion: opcode %d, flags %#x, byte_len %u", wc[i].opcode,
+                    wc[i].wc_flags, wc[i].byte_len);
+            printf("%s: immediate data %#x, byte_len 0\n", role, be32toh(wc[i].imm_data));
+            imms++;
+        }
+        if (imms) printf("%s: connection %d: %d immediate completions\n", role, n + 1, imms);
+        fflush(stdout);
         rdma_destroy_qp(id);
         ibv_destroy_cq(cq);
         ibv_dereg_mr(mr_a);
@@ -294,8 +328,9 @@ static void connect_client(struct client *c, const char *host, const char *port)
     if (!c->cq) die(EXIT_SETUP, "ibv_create_cq: %s", strerror(errno));
     // Ask for FLUSH and ATOMIC WRITE; a provider that cannot post one
     // refuses the QP, so ask again without it.
-    static const uint64_t tries[] = {IBV_QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_ATOMIC_WRITE,
-                                     IBV_QP_EX_WITH_ATOMIC_WRITE, 0};
+    static const uint64_t tries[] = {
+        IBV_QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_COMMIT,
+        IBV_QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_ATOMIC_WRITE, IBV_QP_EX_WITH_ATOMIC_WRITE, 0};
     int err = 0;
     for (size_t i = 0; i < sizeof(tries) / sizeof(tries[0]); i++) {
         struct ibv_qp_init_attr_ex qa = {
@@ -408,6 +443,54 @@ static void case_ops(struct client *c) {
     printf("%s: ops: %d FLUSH kinds and ATOMIC WRITE checked\n", role, checks);
 }
 
+// A native write-commit of A's [off, off + len) with `flags`, read back.
+static void commit_one(struct client *c, uint64_t *wr, uint32_t off, uint32_t len, uint32_t flags,
+                       bool imm, const char *what) {
+    const struct ibv_qp_commit_ops *ops = perf_ext_commit_ops(c->qpx);
+    if (!ops) need(false, "write-commit");
+    fill(c->buf + off, len, *wr + 991);
+    struct ibv_wc wc =
+        POST(c, ++*wr,
+             imm ? ops->wr_rdma_write_commit_imm(c->qpx, c->r.rkey_a, c->r.addr_a + off, flags,
+                                                 htobe32(0xC0DE0000u + off))
+                 : ops->wr_rdma_write_commit(c->qpx, c->r.rkey_a, c->r.addr_a + off, flags);
+             ibv_wr_set_sge(c->qpx, c->mr->lkey, (uintptr_t)(c->buf + off), len));
+    expect_wc(&wc, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE_COMMIT, what);
+    if (wc.byte_len != len) die(EXIT_WC, "%s: byte_len %u, expected %u", what, wc.byte_len, len);
+    read_back(c, wr, off, len, what);
+    printf("%s: %s: IBV_WC_RDMA_WRITE_COMMIT, %u bytes read back intact\n", role, what, len);
+}
+
+static void declare_native(struct client *c) {
+    int err = perf_ext_set_commit_peer(c->id->qp, IBV_COMMIT_CAP_NATIVE | IBV_COMMIT_CAP_ORDERED |
+                                                      IBV_COMMIT_CAP_IMMED);
+    if (err == ENOSYS) need(false, "write-commit (no libibverbs extension: run under sroce exec)");
+    if (err) die(EXIT_SETUP, "ibv_qp_set_commit_peer: %s", strerror(err));
+}
+
+static void case_commit(struct client *c) {
+    declare_native(c);
+    uint32_t global = c->r.persistent ? 0 : IBV_WRITE_COMMIT_GLOBAL;
+    uint64_t wr = 0;
+    commit_one(c, &wr, 16384, 200, global, false, "commit, one packet");
+    commit_one(c, &wr, 20480, 5000, global, false, "commit, several packets");
+    commit_one(c, &wr, 28672, 300, global | IBV_WRITE_COMMIT_ORDERED, false, "ordered commit");
+    commit_one(c, &wr, 32768, 100, global, true, "commit with immediate data");
+    commit_one(c, &wr, 36864, 6000, global | IBV_WRITE_COMMIT_ORDERED, true,
+               "ordered commit with immediate data, several packets");
+    printf("%s: commit: 5 write-commits (%s) checked\n", role,
+           global ? "global visibility" : "persistent");
+}
+
+static void case_commit_error(struct client *c, uint32_t rkey, uint64_t addr, const char *what) {
+    declare_native(c);
+    const struct ibv_qp_commit_ops *ops = perf_ext_commit_ops(c->qpx);
+    if (!ops) need(false, "write-commit");
+    struct ibv_wc wc = POST(c, 1, ops->wr_rdma_write_commit(c->qpx, rkey, addr, 0);
+                            ibv_wr_set_sge(c->qpx, c->mr->lkey, (uintptr_t)c->buf, 64));
+    expect_wc(&wc, IBV_WC_REM_ACCESS_ERR, IBV_WC_RDMA_WRITE_COMMIT, what);
+}
+
 static void case_error(struct client *c, const char *name) {
     struct ibv_wc wc;
     if (!strcmp(name, "no-flush-access")) {
@@ -424,6 +507,14 @@ static void case_error(struct client *c, const char *name) {
                                IBV_FLUSH_RANGE));
         expect_wc(&wc, IBV_WC_REM_ACCESS_ERR, IBV_WC_FLUSH,
                   "persistent FLUSH of a region registered for global visibility only");
+    } else if (!strcmp(name, "commit-no-access")) {
+        case_commit_error(c, c->r.rkey_b, c->r.addr_b,
+                          "write-commit to a region without FLUSH access");
+        wc.status = IBV_WC_REM_ACCESS_ERR;
+    } else if (!strcmp(name, "commit-global-only")) {
+        case_commit_error(c, c->r.rkey_c, c->r.addr_c,
+                          "persistent write-commit to a region registered for global visibility");
+        wc.status = IBV_WC_REM_ACCESS_ERR;
     } else if (!strcmp(name, "misaligned-atomic-write")) {
         need(c->can_atomic_write, "ATOMIC WRITE");
         fill(c->buf, 8, 5);
@@ -439,7 +530,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: a19_check --server [-a ADDR] [-p PORT] [--pmem FILE --size BYTES] "
                "[--connections N]\n"
                "       a19_check [-p PORT] [--case ops|no-flush-access|no-persistent-access|"
-               "misaligned-atomic-write] SERVER\n");
+               "misaligned-atomic-write|commit|commit-no-access|commit-global-only] SERVER\n");
 }
 
 int main(int argc, char **argv) {
@@ -504,6 +595,8 @@ int main(int argc, char **argv) {
     connect_client(&c, argv[optind], port);
     if (!strcmp(cname, "ops"))
         case_ops(&c);
+    else if (!strcmp(cname, "commit"))
+        case_commit(&c);
     else
         case_error(&c, cname);
     rdma_disconnect(c.id);
