@@ -67,21 +67,14 @@ kver=$(cat "$VM_GUEST/kernel-version")
 ns=sroce-pmofrxe-$$
 host_ip=10.203.0.1
 guest_ip=10.203.0.2
-conf=$WORK/links.conf
 vm_cleanup_on_exit
 in_ns() { vm_in_ns "$@"; }
 
-vm_tap_ns "$ns" "$host_ip" "$conf" || skip "$VM_ERR"
-export SROCE_CONFIG=$conf FI_PROVIDER_PATH=$BUILD_DIR/libfabric-glue
-in_ns "$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log" ||
-	die "the sroce agent did not start in the namespace"
-
+export FI_PROVIDER_PATH=$BUILD_DIR/libfabric-glue
+vm_sroce_ns "$ns" "$host_ip"
 # The RoCE traffic on the tap, to see what the commits became on the wire.
-pcap=${SROCE_VM_CAPTURE:-$WORK/tap0.pcap}
-if ! command -v tshark >/dev/null || ! vm_capture_start "$pcap"; then
-	log "no capture (${VM_ERR:-tshark missing}): the wire check is skipped"
-	pcap=
-fi
+vm_capture_or_not "${SROCE_VM_CAPTURE:-$WORK/tap0.pcap}"
+pcap=$VM_PCAP
 
 # 4 MiB of the device DAX (two of its 2 MiB pages): rxe's FLUSH of a whole
 # region writes back each of its cache lines.
@@ -250,14 +243,9 @@ fi
 
 # --- 5. manual commits from rxe to a sroce target ---------------------------------
 if vm_wait "WAIT rlog_manual" 120; then
-	in_ns timeout -k 5 "$step_secs" "$SROCE_BIN" exec -- "$rlog" --server --manual -a "$host_ip" \
-		-p "$manual_port" --file "$WORK/manual.log" --size $((1 << 20)) >"$WORK/manual.server.log" 2>&1 &
-	spid=$!
-	for ((i = 0; i < 100; i++)); do
-		grep -q '^fi_remote_log: listening' "$WORK/manual.server.log" && break
-		kill -0 "$spid" 2>/dev/null || break
-		sleep 0.1
-	done
+	vm_host_server "$WORK/manual.server.log" "$step_secs" "$rlog" --server --manual -a "$host_ip" \
+		-p "$manual_port" --file "$WORK/manual.log" --size $((1 << 20))
+	spid=$VM_SERVER_PID
 	vm_send go-rlog_manual || true
 	grc=$(guest_rc rlog_manual)
 	# The target serves one connection and exits when it ends.

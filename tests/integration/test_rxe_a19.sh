@@ -70,18 +70,10 @@ flush_form=${SROCE_TEST_RXE_FLUSH_FORM:-any}
 ns=sroce-a19-$$
 host_ip=10.204.0.1
 guest_ip=10.204.0.2
-conf=$WORK/links.conf
 vm_cleanup_on_exit
-vm_tap_ns "$ns" "$host_ip" "$conf" || skip "$VM_ERR"
-export SROCE_CONFIG=$conf
-vm_in_ns "$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log" ||
-	die "the sroce agent did not start in the namespace"
-
-pcap=${SROCE_VM_CAPTURE:-$WORK/tap0.pcap}
-if ! command -v tshark >/dev/null || ! vm_capture_start "$pcap"; then
-	log "no capture (${VM_ERR:-tshark missing}): the wire check is skipped"
-	pcap=
-fi
+vm_sroce_ns "$ns" "$host_ip"
+vm_capture_or_not "${SROCE_VM_CAPTURE:-$WORK/tap0.pcap}"
+pcap=$VM_PCAP
 
 cases=(ops no-flush-access no-persistent-access misaligned-atomic-write)
 native=${SROCE_TEST_RXE_NATIVE:-}
@@ -190,14 +182,9 @@ for c in "${cases[@]}"; do
 		fail "rxe -> sroce $c: the guest did not reach it"
 		continue
 	fi
-	host_run "$a19" --server -a "$host_ip" -p "$host_port" --pmem "$WORK/target.pm" \
-		--size $((1 << 20)) >"$WORK/s-$c.log" 2>&1 &
-	spid=$!
-	for ((i = 0; i < 100; i++)); do
-		grep -q 'listening' "$WORK/s-$c.log" && break
-		kill -0 "$spid" 2>/dev/null || break
-		sleep 0.1
-	done
+	vm_host_server "$WORK/s-$c.log" "$secs" "$a19" --server -a "$host_ip" -p "$host_port" \
+		--pmem "$WORK/target.pm" --size $((1 << 20))
+	spid=$VM_SERVER_PID
 	vm_send "go-guest_$c" || true
 	vm_wait "DONE guest_$c rc=" "$secs" || true
 	grc=$(vm_marker "DONE guest_$c rc=" | sed -n 's/.*rc=//p')
@@ -230,14 +217,9 @@ done
 # --- 3. a kernel consumer on rxe, sroce target ----------------------------------
 if [[ -n $kmod ]]; then
 	if vm_wait "WAIT kmod" 120; then
-		host_run "$a19" --server -a "$host_ip" -p "$kmod_port" --pmem "$WORK/target.pm" \
-			--size $((1 << 20)) --connections ${#cases[@]} >"$WORK/s-kmod.log" 2>&1 &
-		spid=$!
-		for ((i = 0; i < 100; i++)); do
-			grep -q 'listening' "$WORK/s-kmod.log" && break
-			kill -0 "$spid" 2>/dev/null || break
-			sleep 0.1
-		done
+		vm_host_server "$WORK/s-kmod.log" "$secs" "$a19" --server -a "$host_ip" -p "$kmod_port" \
+			--pmem "$WORK/target.pm" --size $((1 << 20)) --connections ${#cases[@]}
+		spid=$VM_SERVER_PID
 		vm_send "go-kmod" || true
 		vm_wait "DONE kmod_log rc=" "$secs" || true
 		krc=$(vm_marker "DONE kmod rc=" | sed -n 's/.*rc=//p')

@@ -52,17 +52,14 @@ kver=$(cat "$VM_GUEST/kernel-version")
 ns=sroce-durable-$$
 host_ip=10.205.0.1
 guest_ip=10.205.0.2
-conf=$WORK/links.conf
 port=18900
 dax_size=$((4 << 20))
 record=32
 # Commits the initiator may have in flight past the last completed one.
 depth=16
 vm_cleanup_on_exit
-vm_tap_ns "$ns" "$host_ip" "$conf" || skip "$VM_ERR"
-export SROCE_CONFIG=$conf FI_PROVIDER_PATH=$BUILD_DIR/libfabric-glue
-vm_in_ns "$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log" ||
-	die "the sroce agent did not start in the namespace"
+export FI_PROVIDER_PATH=$BUILD_DIR/libfabric-glue
+vm_sroce_ns "$ns" "$host_ip"
 
 # boot NAME SCRIPT: boots the guest on the NVDIMM backing file with SCRIPT
 # as its test, programs and provider included.

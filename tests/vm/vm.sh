@@ -232,6 +232,30 @@ vm_tap_ns() {
 # vm_in_ns CMD...: runs CMD in the namespace of vm_tap_ns.
 vm_in_ns() { ip netns exec "$VM_NS" "$@"; }
 
+# vm_sroce_ns NS HOST-IP: what the sroce side of a guest test needs -
+# vm_tap_ns with the link configuration in WORK/links.conf (exported as
+# SROCE_CONFIG) and a sroce agent in the namespace for the test's lifetime
+# (rdma_cm, QP1).  Skips the test when the namespace cannot be made.
+vm_sroce_ns() {
+	vm_tap_ns "$1" "$2" "$WORK/links.conf" || skip "$VM_ERR"
+	export SROCE_CONFIG=$WORK/links.conf
+	vm_in_ns "$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log" ||
+		die "the sroce agent did not start in the namespace"
+}
+
+# vm_host_server LOG SECONDS CMD...: runs the server CMD on the host's side
+# (in the namespace, under `sroce exec`, killed after SECONDS) with its
+# output in LOG, and returns once it printed "listening" (or exited);
+# VM_SERVER_PID is its process.
+VM_SERVER_PID=
+vm_host_server() {
+	local log=$1 secs=$2
+	shift 2
+	vm_in_ns timeout -k 5 "$secs" "$SROCE_BIN" exec -- "$@" >"$log" 2>&1 &
+	VM_SERVER_PID=$!
+	wait_for "$log" 10 listening "$VM_SERVER_PID" || true
+}
+
 # vm_capture_start FILE: captures the RoCEv2 traffic on the namespace's
 # tap into FILE (dumpcap, from tshark; the tap carries the IPv4 headers
 # exactly as sent, so every ICRC can be recomputed).  Fails, with the
@@ -262,6 +286,19 @@ vm_capture_start() {
 }
 
 # vm_capture_stop: stops the capture (dumpcap writes its last packets then).
+# vm_capture_or_not FILE: vm_capture_start if tshark is there; VM_PCAP
+# becomes FILE, or empty (logged) when there is no capture.
+VM_PCAP=
+vm_capture_or_not() {
+	VM_PCAP=
+	if ! command -v tshark >/dev/null || ! vm_capture_start "$1"; then
+		log "no capture (${VM_ERR:-tshark missing}): the wire check is skipped"
+		return 0
+	fi
+	# shellcheck disable=SC2034 # for the caller
+	VM_PCAP=$1
+}
+
 vm_capture_stop() {
 	[[ -n $VM_CAP_PID ]] || return 0
 	kill "$VM_CAP_PID" 2>/dev/null
