@@ -119,10 +119,7 @@ EOF
 vm_initrd "$overlay"
 
 start_all=$SECONDS
-vm_start --ns "$ns" --append "guest.ip=$guest_ip/24" -- \
-	-machine pc,nvdimm=on -m "$VM_MEM,slots=2,maxmem=4G" \
-	-object "memory-backend-file,id=mem1,share=on,mem-path=$WORK/nvdimm.img,size=256M" \
-	-device nvdimm,memdev=mem1 "${VM_NET[@]}"
+vm_start_nvdimm "$ns" "$guest_ip"
 if ! vm_wait 'GID ' 120; then
 	vm_dump >&2
 	die "the guest did not bring up rxe0"

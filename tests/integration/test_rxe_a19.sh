@@ -112,10 +112,7 @@ kmod_port=18802
 vm_initrd "$overlay"
 
 start_all=$SECONDS
-vm_start --ns "$ns" --append "guest.ip=$guest_ip/24" -- \
-	-machine pc,nvdimm=on -m "$VM_MEM,slots=2,maxmem=4G" \
-	-object "memory-backend-file,id=mem1,share=on,mem-path=$WORK/nvdimm.img,size=256M" \
-	-device nvdimm,memdev=mem1 "${VM_NET[@]}"
+vm_start_nvdimm "$ns" "$guest_ip"
 vm_wait 'GID ' 120 || {
 	vm_dump >&2
 	die "the guest did not bring up rxe0"

@@ -71,10 +71,7 @@ boot() {
 	printf '%s\n' ". /etc/guest-lib.sh" "export FI_PROVIDER_PATH=/usr/lib/pmof FI_PROVIDER=pmof" \
 		"$2" >"$overlay/test/run.sh"
 	vm_initrd "$overlay"
-	vm_start --ns "$ns" --append "guest.ip=$guest_ip/24" -- \
-		-machine pc,nvdimm=on -m "$VM_MEM,slots=2,maxmem=4G" \
-		-object "memory-backend-file,id=mem1,share=on,mem-path=$WORK/nvdimm.img,size=256M" \
-		-device nvdimm,memdev=mem1 "${VM_NET[@]}"
+	vm_start_nvdimm "$ns" "$guest_ip"
 }
 
 # --- boot 1: the target, and the power cut ---------------------------------------

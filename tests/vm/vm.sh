@@ -229,6 +229,16 @@ vm_tap_ns() {
 	VM_NET=(-netdev tap,id=n0,ifname=tap0,script=no,downscript=no -device virtio-net-pci,netdev=n0,romfile=)
 }
 
+# vm_start_nvdimm NS GUEST-IP: vm_start in namespace NS, the guest's eth0 on
+# its tap at GUEST-IP, with an emulated 256 MiB NVDIMM backed by
+# WORK/nvdimm.img (the same file for every boot of one test).
+vm_start_nvdimm() {
+	vm_start --ns "$1" --append "guest.ip=$2/24" -- \
+		-machine pc,nvdimm=on -m "$VM_MEM,slots=2,maxmem=4G" \
+		-object "memory-backend-file,id=mem1,share=on,mem-path=$WORK/nvdimm.img,size=256M" \
+		-device nvdimm,memdev=mem1 "${VM_NET[@]}"
+}
+
 # vm_in_ns CMD...: runs CMD in the namespace of vm_tap_ns.
 vm_in_ns() { ip netns exec "$VM_NS" "$@"; }
 
