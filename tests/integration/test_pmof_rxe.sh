@@ -60,9 +60,7 @@ prov=$BUILD_DIR/libfabric-glue/libpmof-fi.so
 for f in "$fabtest" "$rlog" "$prov"; do [[ -e $f ]] || die "$f is not built"; done
 vm_init "$BUILD_DIR"
 kver=$(cat "$VM_GUEST/kernel-version")
-# rxe executes FLUSH from Linux 6.2 on, or patched (rxe-patches/).
-[[ -n ${SROCE_VM_MODULES:-} || $(printf '%s\n' 6.2 "$kver" | sort -V | head -n 1) == 6.2 ]] ||
-	skip "the guest's kernel $kver has an rxe without FLUSH (install linux-image-6.12-amd64: scripts/setup.sh vm)"
+vm_require_rxe_flush
 
 ns=sroce-pmofrxe-$$
 host_ip=10.203.0.1

@@ -46,8 +46,7 @@ prov=$BUILD_DIR/libfabric-glue/libpmof-fi.so
 for f in "$rlog" "$prov"; do [[ -e $f ]] || die "$f is not built"; done
 vm_init "$BUILD_DIR"
 kver=$(cat "$VM_GUEST/kernel-version")
-[[ -n ${SROCE_VM_MODULES:-} || $(printf '%s\n' 6.2 "$kver" | sort -V | head -n 1) == 6.2 ]] ||
-	skip "the guest's kernel $kver has an rxe without FLUSH"
+vm_require_rxe_flush
 
 ns=sroce-durable-$$
 host_ip=10.205.0.1

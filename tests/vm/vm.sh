@@ -229,6 +229,15 @@ vm_tap_ns() {
 	VM_NET=(-netdev tap,id=n0,ifname=tap0,script=no,downscript=no -device virtio-net-pci,netdev=n0,romfile=)
 }
 
+# vm_require_rxe_flush: skips the test unless the guest's rxe executes FLUSH
+# (Linux >= 6.2, or modules of rxe-patches/ in SROCE_VM_MODULES).
+vm_require_rxe_flush() {
+	local kver
+	kver=$(cat "$VM_GUEST/kernel-version")
+	[[ -n ${SROCE_VM_MODULES:-} || $(printf '%s\n' 6.2 "$kver" | sort -V | head -n 1) == 6.2 ]] ||
+		skip "the guest's kernel $kver has an rxe without FLUSH (install linux-image-6.12-amd64: scripts/setup.sh vm)"
+}
+
 # vm_start_nvdimm NS GUEST-IP: vm_start in namespace NS, the guest's eth0 on
 # its tap at GUEST-IP, with an emulated 256 MiB NVDIMM backed by
 # WORK/nvdimm.img (the same file for every boot of one test).
