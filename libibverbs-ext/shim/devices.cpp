@@ -2,6 +2,7 @@
 //
 // Device discovery, device/context level calls, port and GID queries and
 // asynchronous events.
+#include "kernel_commit.hpp"
 #include "shim.hpp"
 
 #include <cstdlib>
@@ -170,11 +171,16 @@ SROCE_SHIM_EXPORT int ibv_get_device_index(ibv_device *device) {
 
 SROCE_SHIM_EXPORT ibv_context *ibv_open_device(ibv_device *device) {
     if (owns_device(device)) return sroce_open_device(device);
-    SROCE_FORWARD(ibv_open_device, kV1_1, nullptr, device);
+    auto real = SROCE_REAL(ibv_open_device, kV1_1);
+    if (!real) return fail_errno(ENOSYS, static_cast<ibv_context *>(nullptr));
+    ibv_context *context = real(device);
+    kernel::context_opened(context);
+    return context;
 }
 
 SROCE_SHIM_EXPORT int ibv_close_device(ibv_context *context) {
     if (owns_ctx(context)) return sroce_close_device(context);
+    kernel::context_closing(context);
     SROCE_FORWARD(ibv_close_device, kV1_1, -1, context);
 }
 

@@ -3,6 +3,7 @@
 // Verbs on objects: protection domains, memory regions, completion channels
 // and queues, shared receive queues, queue pairs, address handles, multicast
 // and object import.
+#include "kernel_commit.hpp"
 #include "shim.hpp"
 
 #include <cstdint>
@@ -179,7 +180,11 @@ SROCE_SHIM_EXPORT int ibv_modify_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask
 
 SROCE_SHIM_EXPORT int ibv_destroy_qp(ibv_qp *qp) {
     if (owns(qp)) return sroce_destroy_qp(qp);
-    SROCE_FORWARD(ibv_destroy_qp, kV1_1, ENOSYS, qp);
+    auto real = SROCE_REAL(ibv_destroy_qp, kV1_1);
+    if (!real) return ENOSYS;
+    const int err = real(qp);
+    if (!err) kernel::qp_destroyed(qp);
+    return err;
 }
 
 SROCE_SHIM_EXPORT ibv_qp_ex *ibv_qp_to_qp_ex(ibv_qp *qp) {
@@ -208,6 +213,8 @@ SROCE_SHIM_EXPORT int ibv_set_ece(ibv_qp *qp, ibv_ece *ece) {
         int err = sroce_set_ece(qp, ece);
         return err ? fail_ret(err) : 0;
     }
+    if (int err = qp && ece ? kernel::set_ece(qp, ece) : kernel::kNotMine; err != kernel::kNotMine)
+        return err ? fail_ret(err) : 0;
     SROCE_FORWARD(ibv_set_ece, kV1_10, ENOSYS, qp, ece);
 }
 
@@ -216,6 +223,9 @@ SROCE_SHIM_EXPORT int ibv_query_ece(ibv_qp *qp, ibv_ece *ece) {
         int err = sroce_query_ece(qp, ece);
         return err ? fail_ret(err) : 0;
     }
+    if (int err = qp && ece ? kernel::query_ece(qp, ece) : kernel::kNotMine;
+        err != kernel::kNotMine)
+        return err ? fail_ret(err) : 0;
     SROCE_FORWARD(ibv_query_ece, kV1_10, ENOSYS, qp, ece);
 }
 

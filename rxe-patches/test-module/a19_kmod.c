@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * a19_kmod: a kernel consumer of the 6.1 series' FLUSH and ATOMIC WRITE
- * work requests (struct ib_flush_wr, struct ib_atomic_write_wr), for tests:
- * not for upstream.  It is the client of `a19_check --server`
- * (tests/progs/a19_check.c) and runs its cases over kernel rdma_cm, one
- * connection each, when loaded:
+ * a19_kmod: a kernel consumer of the 6.1 series' FLUSH, ATOMIC WRITE and
+ * write-commit work requests (struct ib_flush_wr, struct ib_atomic_write_wr,
+ * struct ib_write_commit_wr), for tests: not for upstream.  It is the
+ * client of `a19_check --server` (tests/progs/a19_check.c) and runs its
+ * cases over kernel rdma_cm, one connection each, when loaded:
  *
  *   insmod a19_kmod.ko server=10.204.0.1 port=18801
  *
@@ -15,6 +15,18 @@
  *   no-flush-access          FLUSH of region B  -> IB_WC_REM_ACCESS_ERR
  *   no-persistent-access     persistent FLUSH of region C -> IB_WC_REM_ACCESS_ERR
  *   misaligned-atomic-write  posting ATOMIC WRITE to A + 4 -> -EINVAL, locally
+ *   commit                   native write-commits into A (persistent when A
+ *                            is, else global visibility): plain, ORDERED,
+ *                            with immediate data, one packet and several,
+ *                            each IB_WC_RDMA_WRITE_COMMIT and read back
+ *   commit-no-access         write-commit to B -> IB_WC_REM_ACCESS_ERR
+ *   commit-global-only       persistent write-commit to C -> IB_WC_REM_ACCESS_ERR
+ *
+ * Every connection offers native write-commits in its ECE exchange (vendor
+ * ID 0xFFFFFF, options tag 0x5C000000 | the commit_caps flags, as
+ * docs/connection-manager.md says); the commit cases require that the
+ * server agreed, since a kernel consumer posts native write-commits only to
+ * a peer that takes them.
  *
  * Every completion status and opcode is checked and every byte read back.
  * The module logs a line per check and fails to load (-EIO) when one fails,
@@ -37,6 +49,10 @@ module_param(port, int, 0444);
 MODULE_PARM_DESC(port, "its rdma_cm port");
 
 #define REGION_LEN	(64 * 1024)
+#define ECE_VENDOR_ID	0xffffff
+#define ECE_TAG		0x5c000000
+#define ECE_TAG_MASK	0xff000000
+#define ECE_NATIVE	0x1	/* and ORDERED 0x2, IMMED 0x4, FLUSH 0x8 */
 #define WC_TIMEOUT_MS	20000
 
 /* What a19_check's server gives each client, little endian. */
@@ -58,6 +74,7 @@ struct a19_conn {
 	int status;
 	struct a19_regions r;
 	bool have_regions;
+	struct rdma_ucm_ece ece;	/* the server's answer */
 	u64 wr_id;
 };
 
@@ -69,6 +86,7 @@ static int a19_cm_handler(struct rdma_cm_id *id, struct rdma_cm_event *ev)
 	    ev->param.conn.private_data_len >= sizeof(c->r)) {
 		memcpy(&c->r, ev->param.conn.private_data, sizeof(c->r));
 		c->have_regions = true;
+		c->ece = ev->ece;
 	}
 	c->event = ev->event;
 	c->status = ev->status;
@@ -116,6 +134,9 @@ static struct a19_conn *a19_connect(void)
 {
 	struct ib_qp_init_attr qa = {};
 	struct rdma_conn_param cp = {};
+	struct rdma_ucm_ece ece = {
+		.vendor_id = ECE_VENDOR_ID, .attr_mod = ECE_TAG | 0xf,
+	};
 	struct sockaddr_in dst = {};
 	struct a19_conn *c;
 	int err;
@@ -188,7 +209,7 @@ static struct a19_conn *a19_connect(void)
 	cp.initiator_depth = 4;
 	cp.retry_count = 7;
 	cp.rnr_retry_count = 7;
-	err = rdma_connect(c->id, &cp);
+	err = rdma_connect_ece(c->id, &cp, &ece);
 	if (!err)
 		err = a19_wait_event(c, RDMA_CM_EVENT_ESTABLISHED);
 	if (err)
@@ -349,6 +370,66 @@ static int a19_case_ops(struct a19_conn *c)
 	return 0;
 }
 
+/* A write-commit of [off, off + len) of the local buffer to rkey at addr. */
+static int a19_commit(struct a19_conn *c, u32 rkey, u64 addr, u32 off, u32 len,
+		      u32 flags, bool imm, enum ib_wc_status status,
+		      const char *what)
+{
+	struct ib_sge sge = {
+		.addr = c->dma + off, .length = len, .lkey = c->pd->local_dma_lkey,
+	};
+	struct ib_write_commit_wr wr = {
+		.wr = {
+			.opcode = imm ? IB_WR_RDMA_WRITE_COMMIT_WITH_IMM :
+					IB_WR_RDMA_WRITE_COMMIT,
+			.sg_list = &sge, .num_sge = 1,
+			.ex.imm_data = cpu_to_be32(0xc0de0000 + off),
+		},
+		.remote_addr = addr, .rkey = rkey, .flags = flags,
+	};
+
+	return a19_post(c, &wr.wr, status, IB_WC_RDMA_WRITE_COMMIT, what);
+}
+
+static int a19_case_commit(struct a19_conn *c)
+{
+	static const struct {
+		u32 off, len, flags;
+		bool imm;
+		const char *what;
+	} commits[] = {
+		{ 16384, 200, 0, false, "commit, one packet" },
+		{ 20480, 5000, 0, false, "commit, several packets" },
+		{ 28672, 300, IB_WRITE_COMMIT_ORDERED, false, "ordered commit" },
+		{ 32768, 100, 0, true, "commit with immediate data" },
+		{ 36864, 6000, IB_WRITE_COMMIT_ORDERED, true,
+		  "ordered commit with immediate data, several packets" },
+	};
+	u32 global = le32_to_cpu(c->r.persistent) ? 0 : IB_WRITE_COMMIT_GLOBAL;
+	int i, err;
+
+	for (i = 0; i < ARRAY_SIZE(commits); i++) {
+		u32 off = commits[i].off, len = commits[i].len;
+
+		get_random_bytes(c->buf + off, len);
+		ib_dma_sync_single_for_device(c->id->device, c->dma,
+					      2 * REGION_LEN, DMA_BIDIRECTIONAL);
+		err = a19_commit(c, le32_to_cpu(c->r.rkey_a),
+				 le64_to_cpu(c->r.addr_a) + off, off, len,
+				 commits[i].flags | global, commits[i].imm,
+				 IB_WC_SUCCESS, commits[i].what);
+		if (!err)
+			err = a19_read_back(c, off, len, commits[i].what);
+		if (err)
+			return err;
+		pr_info("a19_kmod: commit: %s: IB_WC_RDMA_WRITE_COMMIT, %u bytes read back intact\n",
+			commits[i].what, len);
+	}
+	pr_info("a19_kmod: commit: %zu write-commits (%s) checked\n",
+		ARRAY_SIZE(commits), global ? "global visibility" : "persistent");
+	return 0;
+}
+
 static int a19_case(const char *name)
 {
 	struct a19_conn *c = a19_connect();
@@ -359,8 +440,31 @@ static int a19_case(const char *name)
 		       server, port, PTR_ERR(c));
 		return PTR_ERR(c);
 	}
+	if (!strncmp(name, "commit", 6)) {
+		bool native = c->ece.vendor_id == ECE_VENDOR_ID &&
+			      (c->ece.attr_mod & ECE_TAG_MASK) == ECE_TAG &&
+			      (c->ece.attr_mod & ECE_NATIVE);
+
+		pr_info("a19_kmod: %s: ECE: vendor ID %#x, options %#x: %s\n",
+			name, c->ece.vendor_id, c->ece.attr_mod,
+			native ? "native write-commits" : "no native write-commits");
+		if (!native) {
+			a19_close(c);
+			return -EPROTO;
+		}
+	}
 	if (!strcmp(name, "ops")) {
 		err = a19_case_ops(c);
+	} else if (!strcmp(name, "commit")) {
+		err = a19_case_commit(c);
+	} else if (!strcmp(name, "commit-no-access")) {
+		err = a19_commit(c, le32_to_cpu(c->r.rkey_b),
+				 le64_to_cpu(c->r.addr_b), 0, 64, 0, false,
+				 IB_WC_REM_ACCESS_ERR, name);
+	} else if (!strcmp(name, "commit-global-only")) {
+		err = a19_commit(c, le32_to_cpu(c->r.rkey_c),
+				 le64_to_cpu(c->r.addr_c), 0, 64, 0, false,
+				 IB_WC_REM_ACCESS_ERR, name);
 	} else if (!strcmp(name, "no-flush-access")) {
 		err = a19_flush(c, le32_to_cpu(c->r.rkey_b),
 				le64_to_cpu(c->r.addr_b), 64, IB_FLUSH_GLOBAL,
@@ -381,7 +485,7 @@ static int a19_case(const char *name)
 		err = ib_post_send(c->id->qp, &aw.wr, NULL);
 		err = err == -EINVAL ? 0 : -EIO;
 	}
-	if (!err && strcmp(name, "ops"))
+	if (!err && strcmp(name, "ops") && strcmp(name, "commit"))
 		pr_info("a19_kmod: %s: as expected\n", name);
 	a19_close(c);
 	return err;
@@ -391,7 +495,8 @@ static int __init a19_kmod_init(void)
 {
 	static const char * const cases[] = {
 		"ops", "no-flush-access", "no-persistent-access",
-		"misaligned-atomic-write",
+		"misaligned-atomic-write", "commit", "commit-no-access",
+		"commit-global-only",
 	};
 	int i, err, failed = 0;
 
@@ -412,5 +517,5 @@ static void __exit a19_kmod_exit(void)
 
 module_init(a19_kmod_init);
 module_exit(a19_kmod_exit);
-MODULE_DESCRIPTION("FLUSH and ATOMIC WRITE from a kernel consumer (test)");
+MODULE_DESCRIPTION("FLUSH, ATOMIC WRITE and write-commit from a kernel consumer (test)");
 MODULE_LICENSE("GPL");

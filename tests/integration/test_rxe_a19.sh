@@ -17,17 +17,25 @@
 #      cases, as far as the guest's libibverbs can post them - Debian 12's
 #      rdma-core 44 posts ATOMIC WRITE but no FLUSH, and a19_check then says
 #      so (exit 77), which is checked too.
-#   1b. With SROCE_TEST_RXE_NATIVE=1 (a guest rxe with rxe-patches/' write-
-#      commit responder): sroce's native write-commits (opcodes 0xC0-0xC5)
-#      into rxe's device DAX - plain, ORDERED, with immediate data, one
-#      packet and several, each read back, the immediate data checked at
-#      rxe - and the errors (a region without FLUSH access, a persistent
-#      commit to a region registered for global visibility only: remote
-#      access error); the capture must show the native opcodes.
+#   1b. Write-commits from sroce into rxe's device DAX - plain, ORDERED,
+#      with immediate data, one packet and several, each read back, the
+#      immediate data checked at rxe - and the errors (a region without
+#      FLUSH access, a persistent commit to a region registered for global
+#      visibility only: remote access error).  The guest's programs run with
+#      libsroce.so preloaded, which takes part in ECE for a kernel device
+#      that reports write-commits in sysfs.  With SROCE_TEST_RXE_NATIVE=1 (a
+#      guest rxe with rxe-patches/) the connections must agree on native
+#      write-commits and the capture must show sroce's opcodes 0xC0-0xC5;
+#      otherwise (an rxe without them) they must not, and sroce must send
+#      none: its write-commits travel as WRITE + FLUSH.
+#   2b. With SROCE_TEST_RXE_NATIVE=1: the same write-commits from rxe to a
+#      sroce target, posted through <infiniband/verbs_ext.h> on the kernel
+#      QP, natively (the capture must show rxe's 0xC0-0xC5).
 #   3. With SROCE_TEST_RXE_KMOD=FILE (rxe-patches/test-module's a19_kmod.ko,
 #      built for the patched kernel): the same cases from kernel space, the
-#      module posting struct ib_flush_wr and struct ib_atomic_write_wr over
-#      kernel rdma_cm to a sroce target.
+#      module posting struct ib_flush_wr, struct ib_atomic_write_wr and
+#      struct ib_write_commit_wr over kernel rdma_cm (with ECE) to a sroce
+#      target.
 #
 # The RoCE traffic on the tap is captured and checked by
 # tests/vm/roce_peer_check.py --flush-forms: scapy recomputes every FLUSH's
@@ -75,9 +83,12 @@ vm_capture_or_not "${SROCE_VM_CAPTURE:-$WORK/tap0.pcap}"
 pcap=$VM_PCAP
 
 cases=(ops no-flush-access no-persistent-access misaligned-atomic-write)
+commit_cases=(commit commit-no-access commit-global-only)
 native=${SROCE_TEST_RXE_NATIVE:-}
-host_cases=("${cases[@]}")
-[[ -z $native ]] || host_cases+=(commit commit-no-access commit-global-only)
+host_cases=("${cases[@]}" "${commit_cases[@]}")
+guest_cases=("${cases[@]}")
+[[ -z $native ]] || guest_cases+=("${commit_cases[@]}")
+kmod_cases=("${cases[@]}" "${commit_cases[@]}")
 dax_size=$((4 << 20))
 guest_port=18800
 host_port=18801
@@ -86,6 +97,8 @@ secs=120
 overlay=$WORK/overlay
 mkdir -p "$overlay/test"
 vm_add_program "$overlay" "$a19"
+shim=/usr/lib/sroce/libsroce.so.0
+vm_add_program "$overlay" "$BUILD_DIR/libibverbs-ext/shim/libsroce.so.0" "$shim"
 kmod=${SROCE_TEST_RXE_KMOD:-}
 kmod_port=18802
 [[ -z $kmod ]] || cp "$kmod" "$overlay/test/a19_kmod.ko"
@@ -96,10 +109,12 @@ kmod_port=18802
 	echo "GID=\$(roce_gid_index rxe0) || exit 101"
 	echo "mark \"GID \$GID\""
 	echo "step rxe_taint 10 cat /sys/module/rdma_rxe/taint"
+	echo "step commit_caps 10 cat /sys/class/infiniband/rxe0/commit_caps"
 	echo "step dax 60 ndctl create-namespace -f -e namespace0.0 -m devdax || exit 102"
+	echo "export LD_PRELOAD=$shim"
 	echo "attempt guest server $guest_port 300 a19_check --server -a $guest_ip -p $guest_port" \
 		"--pmem /dev/dax0.0 --size $dax_size --connections ${#host_cases[@]} || failed=\$((failed + 1))"
-	for c in "${cases[@]}"; do
+	for c in "${guest_cases[@]}"; do
 		echo "attempt host guest_$c $host_port $secs a19_check -p $host_port --case $c $host_ip"
 	done
 	if [[ -n $kmod ]]; then
@@ -116,8 +131,15 @@ vm_wait 'GID ' 120 || {
 	vm_dump >&2
 	die "the guest did not bring up rxe0"
 }
-vm_wait 'DONE rxe_taint rc=' 30 || true
-echo "guest ($kver) up with rxe0 in $((SECONDS - start_all)) s; rdma_rxe taint: $(vm_step_output rxe_taint)"
+vm_wait 'DONE commit_caps rc=' 30 || true
+echo "guest ($kver) up with rxe0 in $((SECONDS - start_all)) s; rdma_rxe taint: $(vm_step_output rxe_taint); commit_caps: $(vm_step_output commit_caps)"
+if [[ -n $native ]]; then
+	if [[ $(vm_step_output commit_caps) == 0xf ]]; then
+		pass "rxe0 reports write-commits in sysfs: commit_caps 0xf"
+	else
+		fail "rxe0's commit_caps: '$(vm_step_output commit_caps)', expected 0xf"
+	fi
+fi
 if [[ -n ${SROCE_VM_MODULES:-} ]]; then
 	if [[ $(vm_step_output rxe_taint) == *O* ]]; then
 		pass "the guest runs the patched rdma_rxe"
@@ -137,14 +159,24 @@ declare -A expect=(
 	[commit-no-access]='commit-no-access: remote access error as expected'
 	[commit-global-only]='commit-global-only: remote access error as expected'
 )
+# What ECE must have agreed on between sroce and this guest's rxe.
+if [[ -n $native ]]; then
+	want_ece='ECE: native write-commits'
+else
+	want_ece='ECE: IBTA sequences'
+fi
 
 # --- 1. sroce initiator, rxe target ----------------------------------------------
 if vm_wait "(NOT)?READY server" 200 && [[ $(vm_marker "(NOT)?READY server") == "READY server" ]]; then
 	for c in "${host_cases[@]}"; do
 		rc=0
 		SROCE_STATS=1 host_run "$a19" -p "$guest_port" --case "$c" "$guest_ip" >"$WORK/h-$c.log" 2>&1 || rc=$?
-		if [[ $rc == 0 ]] && grep -qF "${expect[$c]}" "$WORK/h-$c.log"; then
-			pass "sroce -> rxe $c: $(grep -F "${expect[$c]}" "$WORK/h-$c.log" | sed 's/^a19_check client: //')"
+		if [[ $c == commit* ]] && ! grep -qF "$want_ece" "$WORK/h-$c.log"; then
+			fail "sroce -> rxe $c: the connection did not agree on '$want_ece'" "$(cat "$WORK/h-$c.log")"
+		elif [[ $rc == 0 ]] && grep -qF "${expect[$c]}" "$WORK/h-$c.log"; then
+			how=''
+			[[ $c != commit* ]] || how=" ($want_ece)"
+			pass "sroce -> rxe $c: $(grep -F "${expect[$c]}" "$WORK/h-$c.log" | sed 's/^a19_check client: //')$how"
 		else
 			fail "sroce -> rxe $c: exit $rc" "$(cat "$WORK/h-$c.log")"
 		fi
@@ -154,13 +186,11 @@ if vm_wait "(NOT)?READY server" 200 && [[ $(vm_marker "(NOT)?READY server") == "
 	done
 	vm_wait 'DONE server rc=' 60 || true
 	vrc=$(vm_marker 'DONE server rc=' | sed -n 's/.*rc=//p')
-	if [[ -n $native ]]; then
-		imms=$(vm_step_output server | sed -n 's/.*: \([0-9]*\) immediate completions$/\1/p')
-		if [[ $imms == 2 ]] && ! vm_step_output server | grep -q 'receive completion'; then
-			pass "rxe target: the 2 immediate data of the write-commits completed as IBV_WC_RECV_RDMA_WITH_IMM, byte_len 0"
-		else
-			fail "rxe target: ${imms:-no} immediate completions of write-commits, expected 2" "$(vm_step_output server)"
-		fi
+	imms=$(vm_step_output server | sed -n 's/.*: \([0-9]*\) immediate completions$/\1/p')
+	if [[ $imms == 2 ]] && ! vm_step_output server | grep -q 'receive completion'; then
+		pass "rxe target: the 2 immediate data of the write-commits completed as IBV_WC_RECV_RDMA_WITH_IMM, byte_len 0"
+	else
+		fail "rxe target: ${imms:-no} immediate completions of write-commits, expected 2" "$(vm_step_output server)"
 	fi
 	if [[ $vrc == 0 ]]; then
 		pass "rxe target served ${#host_cases[@]} connections, region A on device DAX"
@@ -173,7 +203,7 @@ fi
 
 # --- 2. rxe initiator, sroce target ---------------------------------------------
 truncate -s $((1 << 20)) "$WORK/target.pm"
-for c in "${cases[@]}"; do
+for c in "${guest_cases[@]}"; do
 	if ! vm_wait "WAIT guest_$c" 120; then
 		fail "rxe -> sroce $c: the guest did not reach it"
 		continue
@@ -189,7 +219,16 @@ for c in "${cases[@]}"; do
 	# has ATOMIC WRITE (rdma-core >= 44), the error cases their own line.
 	done_line=${expect[$c]%% *}
 	[[ $c == ops ]] && done_line='ATOMIC WRITE: IBV_WC_ATOMIC_WRITE, 8 bytes read back intact'
-	if [[ $grc == 0 ]] && grep -qF "$done_line" <<<"$out"; then
+	if [[ $c == commit* ]] && ! grep -qF "$want_ece" <<<"$out"; then
+		kill "$spid" 2>/dev/null
+		wait "$spid" 2>/dev/null
+		fail "rxe -> sroce $c: the connection did not agree on '$want_ece'" "$out"
+	elif [[ $c == commit ]] && ! grep -q 'connection 1: 2 immediate completions' "$WORK/s-$c.log"; then
+		kill "$spid" 2>/dev/null
+		wait "$spid" 2>/dev/null
+		fail "rxe -> sroce commit: the sroce target did not get the 2 immediate data" "$out
+$(cat "$WORK/s-$c.log")"
+	elif [[ $grc == 0 ]] && grep -qF "$done_line" <<<"$out"; then
 		srv=0
 		wait "$spid" || srv=$?
 		last=$(grep -E 'ops:|as expected' <<<"$out" | tail -n 1 | sed 's/^a19_check client: //')
@@ -218,7 +257,7 @@ done
 if [[ -n $kmod ]]; then
 	if vm_wait "WAIT kmod" 120; then
 		vm_host_server "$WORK/s-kmod.log" "$secs" "$a19" --server -a "$host_ip" -p "$kmod_port" \
-			--pmem "$WORK/target.pm" --size $((1 << 20)) --connections ${#cases[@]}
+			--pmem "$WORK/target.pm" --size $((1 << 20)) --connections ${#kmod_cases[@]}
 		spid=$VM_SERVER_PID
 		vm_send "go-kmod" || true
 		vm_wait "DONE kmod_log rc=" "$secs" || true
@@ -226,8 +265,8 @@ if [[ -n $kmod ]]; then
 		klog=$(vm_step_output kmod_log)
 		srv=0
 		wait "$spid" || srv=$?
-		if [[ $krc == 0 && $srv == 0 ]] && grep -q 'a19_kmod: 4 cases, 0 failed' <<<"$klog"; then
-			pass "kernel consumer on rxe -> sroce: $(grep -c 'as expected\|read back intact' <<<"$klog") checks: $(grep -o 'ops: [0-9]* FLUSH kinds and ATOMIC WRITE checked' <<<"$klog"), and the errors"
+		if [[ $krc == 0 && $srv == 0 ]] && grep -q "a19_kmod: ${#kmod_cases[@]} cases, 0 failed" <<<"$klog"; then
+			pass "kernel consumer on rxe -> sroce: $(grep -c 'as expected\|read back intact' <<<"$klog") checks: $(grep -o 'ops: [0-9]* FLUSH kinds and ATOMIC WRITE checked' <<<"$klog"), $(grep -o 'commit: [0-9]* write-commits ([a-z ]*) checked' <<<"$klog"), and the errors"
 			grep -o 'a19_kmod: .*' <<<"$klog" | while read -r line; do echo "  $line"; done
 		else
 			fail "kernel consumer on rxe -> sroce: insmod exited ${krc:-none}, sroce target $srv" \
@@ -249,14 +288,20 @@ if [[ -n $pcap ]]; then
 		>"$WORK/check.log" 2>&1; then
 		forms="sroce $(sed -n 's/^flush sroce //p' "$WORK/check.log"), rxe $(sed -n 's/^flush rxe //p' "$WORK/check.log")"
 		legacy=$(sed -n 's/^flush .*legacy=\([0-9]*\)$/\1/p' "$WORK/check.log" | paste -sd+ | bc)
-		# Native write-commits from sroce: opcodes 0xc0-0xc5 in the table.
-		commit_ops=$(awk '/^sroce:/ { s = 1 } /^rxe:/ { s = 0 } s && $1 ~ /^0xc[0-5]$/ { n += $NF } END { print n + 0 }' "$WORK/check.log")
+		# Native write-commit packets (opcodes 0xc0-0xc5) each side sent.
+		commit_ops() {
+			awk -v who="$1:" '/^[a-z]+:/ { s = ($1 == who) } s && $1 ~ /^0xc[0-5]$/ { n += $NF } END { print n + 0 }' "$WORK/check.log"
+		}
+		sroce_commits=$(commit_ops sroce)
+		rxe_commits=$(commit_ops rxe)
 		if [[ $flush_form == ibta ]] && ((legacy > 0)); then
 			fail "wire: FLUSHes in the non-IBTA form with a patched rxe ($forms)"
-		elif [[ -n $native ]] && ((commit_ops == 0)); then
-			fail "wire: no native write-commit opcode from sroce" "$(cat "$WORK/check.log")"
+		elif [[ -n $native ]] && ((sroce_commits == 0 || rxe_commits == 0)); then
+			fail "wire: native write-commits: $sroce_commits packets from sroce, $rxe_commits from rxe; expected both" "$(cat "$WORK/check.log")"
+		elif [[ -z $native ]] && ((sroce_commits + rxe_commits > 0)); then
+			fail "wire: native write-commit opcodes with an rxe that has none ($sroce_commits from sroce, $rxe_commits from rxe)" "$(cat "$WORK/check.log")"
 		else
-			[[ -z $native ]] || forms="$forms; $commit_ops native write-commit packets (0xC0-0xC5) from sroce"
+			forms="$forms; native write-commit packets (0xC0-0xC5): $sroce_commits from sroce, $rxe_commits from rxe"
 			pass "wire: every ICRC recomputed by scapy; FLUSH forms: $forms"
 		fi
 	else

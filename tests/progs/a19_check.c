@@ -37,8 +37,15 @@
 //                  ("N immediate completions"), each with byte_len 0.
 //   commit-no-access       write-commit to B        -> IBV_WC_REM_ACCESS_ERR
 //   commit-global-only     persistent write-commit to C -> IBV_WC_REM_ACCESS_ERR
-// The commit cases declare the server native (ibv_qp_set_commit_peer), so
-// they need sroce's libibverbs extension (`sroce exec`) on the client side.
+// The commit cases print whether the connection's ECE exchange agreed on
+// native write-commits ("ECE: native write-commits" or "ECE: IBTA
+// sequences"); --declare-native declares the server native instead
+// (ibv_qp_set_commit_peer), for a server whose side takes no part in ECE.
+// They need sroce's libibverbs extension: `sroce exec` with sroce, or
+// libsroce.so preloaded with a kernel rxe that rxe-patches/ gave
+// write-commits (the commit_caps file of its sysfs directory); a kernel
+// device can post write-commits to a native peer only.  The server needs it
+// too to take part in ECE.
 //
 // Exit status: 0 success, 1 usage or setup error, 2 data mismatch, 3 wrong
 // completion, 77 the local provider cannot post an operation the case needs.
@@ -468,11 +475,25 @@ static void commit_one(struct client *c, uint64_t *wr, uint32_t off, uint32_t le
     printf("%s: %s: IBV_WC_RDMA_WRITE_COMMIT, %u bytes read back intact\n", role, what, len);
 }
 
+static bool declare = false; // --declare-native
+
+// The peer's native write-commits: agreed in ECE, or declared.
 static void declare_native(struct client *c) {
+    if (!perf_ext_present())
+        need(false, "write-commit (no libibverbs extension: run under sroce exec)");
+    if (!declare) {
+        struct ibv_ece ece = {0};
+        int err = ibv_query_ece(c->id->qp, &ece);
+        bool native = !err && ibv_commit_ece_native(&ece);
+        printf("%s: ECE: %s (vendor ID %#x, options %#x)\n", role,
+               native ? "native write-commits" : "IBTA sequences", err ? 0 : ece.vendor_id,
+               err ? 0 : ece.options);
+        return;
+    }
     int err = perf_ext_set_commit_peer(c->id->qp, IBV_COMMIT_CAP_NATIVE | IBV_COMMIT_CAP_ORDERED |
                                                       IBV_COMMIT_CAP_IMMED);
-    if (err == ENOSYS) need(false, "write-commit (no libibverbs extension: run under sroce exec)");
     if (err) die(EXIT_SETUP, "ibv_qp_set_commit_peer: %s", strerror(err));
+    printf("%s: the server declared native\n", role);
 }
 
 static void case_commit(struct client *c) {
@@ -537,19 +558,17 @@ static void usage(FILE *f) {
     fprintf(f, "usage: a19_check --server [-a ADDR] [-p PORT] [--pmem FILE --size BYTES] "
                "[--connections N]\n"
                "       a19_check [-p PORT] [--case ops|no-flush-access|no-persistent-access|"
-               "misaligned-atomic-write|commit|commit-no-access|commit-global-only] SERVER\n");
+               "misaligned-atomic-write|commit|commit-no-access|commit-global-only] "
+               "[--declare-native] SERVER\n");
 }
 
 int main(int argc, char **argv) {
-    static const struct option longopts[] = {{"server", no_argument, NULL, 's'},
-                                             {"port", required_argument, NULL, 'p'},
-                                             {"addr", required_argument, NULL, 'a'},
-                                             {"pmem", required_argument, NULL, 'm'},
-                                             {"size", required_argument, NULL, 'z'},
-                                             {"connections", required_argument, NULL, 'n'},
-                                             {"case", required_argument, NULL, 'c'},
-                                             {"help", no_argument, NULL, 'h'},
-                                             {NULL, 0, NULL, 0}};
+    static const struct option longopts[] = {
+        {"server", no_argument, NULL, 's'},     {"port", required_argument, NULL, 'p'},
+        {"addr", required_argument, NULL, 'a'}, {"pmem", required_argument, NULL, 'm'},
+        {"size", required_argument, NULL, 'z'}, {"connections", required_argument, NULL, 'n'},
+        {"case", required_argument, NULL, 'c'}, {"declare-native", no_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},       {NULL, 0, NULL, 0}};
     bool server = false;
     const char *port = "18515", *addr = NULL, *pmem = NULL, *cname = "ops";
     size_t size = 0;
@@ -576,6 +595,9 @@ int main(int argc, char **argv) {
             break;
         case 'c':
             cname = optarg;
+            break;
+        case 'd':
+            declare = true;
             break;
         case 'h':
             usage(stdout);

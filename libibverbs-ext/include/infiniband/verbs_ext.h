@@ -108,6 +108,11 @@ static inline void ibv_wr_atomic_write(struct ibv_qp_ex *qp, uint32_t rkey, uint
  * the native opcodes; any other peer gets the same semantics as IBTA
  * sequences: WRITE + FLUSH(MR); ordered: FLUSH(MR) + WRITE + FLUSH(MR); with
  * immediate data a final zero-length WRITE WITH IMMEDIATE.
+ *
+ * Kernel devices whose sysfs directory has commit_caps (Linux rxe with
+ * rxe-patches/) get these functions too in a program that uses libsroce.so,
+ * with native peers only: to any other peer ibv_wr_complete() returns
+ * EOPNOTSUPP and posts nothing of the batch.
  */
 
 /* ibv_qp_init_attr_ex.send_ops_flags */
