@@ -231,7 +231,9 @@ $(cat "$WORK/s-$c.log")"
 	elif [[ $grc == 0 ]] && grep -qF "$done_line" <<<"$out"; then
 		srv=0
 		wait "$spid" || srv=$?
-		last=$(grep -E 'ops:|as expected' <<<"$out" | tail -n 1 | sed 's/^a19_check client: //')
+		last=$(grep -E 'ops:|as expected|write-commits .* checked' <<<"$out" | tail -n 1 | sed 's/^a19_check client: //')
+		[[ $c != commit* ]] || last="$last ($want_ece)"
+		[[ $c != commit ]] || last="$last; the sroce target got the 2 immediate data after them"
 		if [[ $c == ops ]] && grep -q 'cannot post FLUSH' <<<"$out"; then
 			last="$last (this libibverbs posts no FLUSH)"
 		fi

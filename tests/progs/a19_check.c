@@ -340,11 +340,14 @@ static void connect_client(struct client *c, const char *host, const char *port)
     c->mr = reg(pd, c->buf, 2 * REGION_LEN, IBV_ACCESS_LOCAL_WRITE, "local");
     c->cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
     if (!c->cq) die(EXIT_SETUP, "ibv_create_cq: %s", strerror(errno));
-    // Ask for FLUSH and ATOMIC WRITE; a provider that cannot post one
-    // refuses the QP, so ask again without it.
-    static const uint64_t tries[] = {
-        IBV_QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_COMMIT,
-        IBV_QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_ATOMIC_WRITE, IBV_QP_EX_WITH_ATOMIC_WRITE, 0};
+    // Ask for FLUSH, ATOMIC WRITE and write-commit; a provider that cannot
+    // post one refuses the QP, so ask again without it (rdma-core 44's rxe:
+    // no FLUSH, but write-commit with rxe-patches/ and libsroce.so).
+    static const uint64_t tries[] = {IBV_QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_ATOMIC_WRITE |
+                                         IBV_QP_EX_WITH_RDMA_WRITE_COMMIT,
+                                     IBV_QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_ATOMIC_WRITE,
+                                     IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_COMMIT,
+                                     IBV_QP_EX_WITH_ATOMIC_WRITE, 0};
     int err = 0;
     for (size_t i = 0; i < sizeof(tries) / sizeof(tries[0]); i++) {
         struct ibv_qp_init_attr_ex qa = {
