@@ -69,7 +69,10 @@ enum pmof_commit_path pmof_device_commit_path(struct ibv_context *verbs,
     memset(caps, 0, sizeof(*caps));
     struct ibv_device_attr_ex attr;
 
-    if (ibv_query_commit_caps(verbs, caps) == 0) {
+    /* The commit verbs carry every commit only where they reach any peer
+     * (sroce); a kernel device that has them natively only (Linux rxe with
+     * rxe-patches/ under libsroce.so) is an RNIC with FLUSH here. */
+    if (ibv_query_commit_caps(verbs, caps) == 0 && (caps->flags & IBV_COMMIT_CAP_ANY_PEER)) {
         if (!pmof_params.commit_flush) return PMOF_COMMIT_VERBS;
         /* sroce posts FLUSH as an RNIC does: the provider's own sequences
          * run against a real FLUSH responder. */
@@ -77,6 +80,7 @@ enum pmof_commit_path pmof_device_commit_path(struct ibv_context *verbs,
         caps->atomicity_unit = 8;
         return PMOF_COMMIT_FLUSH;
     }
+    memset(caps, 0, sizeof(*caps));
     if (ibv_query_device_ex(verbs, NULL, &attr) ||
         !(attr.device_cap_flags_ex & IB_UVERBS_DEVICE_FLUSH_GLOBAL) ||
         !(attr.device_cap_flags_ex & IB_UVERBS_DEVICE_FLUSH_PERSISTENT))
@@ -98,7 +102,7 @@ bool pmof_device_is_sroce(struct ibv_context *verbs) {
     struct ibv_commit_caps caps;
 
     memset(&caps, 0, sizeof(caps));
-    return ibv_query_commit_caps(verbs, &caps) == 0;
+    return ibv_query_commit_caps(verbs, &caps) == 0 && (caps.flags & IBV_COMMIT_CAP_ANY_PEER);
 }
 
 size_t pmof_device_tx_iov_limit(const struct ibv_device_attr_ex *attr, bool sroce) {

@@ -6,9 +6,13 @@
 # here: host sroce0 10.205.0.1, guest rxe0 10.205.0.2) switches its
 # emulated NVDIMM to device DAX and serves the remote log of
 # docs/examples/fi_remote_log.c there: its log is /dev/dax0.0, registered
-# FI_PMEM, so every FI_COMMIT of the sroce initiator on the host travels as
-# WRITE + persistent FLUSH into rxe, which writes the NVDIMM's cache lines
-# back before it answers.  While records stream in, qemu is killed
+# FI_PMEM.  The target runs with libsroce.so preloaded, which takes part in
+# the connection's ECE exchange for an rxe that reports write-commits in
+# sysfs: with rxe-patches/ (SROCE_TEST_RXE_NATIVE=1) every FI_COMMIT of the
+# sroce initiator on the host travels as a native write-commit (opcodes
+# 0xC0-0xC5, which the capture must show), otherwise as WRITE + persistent
+# FLUSH (and the capture must show no native opcode); either way rxe writes
+# the NVDIMM's cache lines back before it answers.  While records stream in, qemu is killed
 # (SIGKILL: the guest's power is cut); the guest boots again on the same
 # NVDIMM backing file and `fi_remote_log --verify` reads the log there: its
 # head must cover every commit the initiator saw complete, and every record
@@ -56,9 +60,13 @@ dax_size=$((4 << 20))
 record=32
 # Commits the initiator may have in flight past the last completed one.
 depth=16
+native=${SROCE_TEST_RXE_NATIVE:-}
+shim=/usr/lib/sroce/libsroce.so.0
 vm_cleanup_on_exit
 export FI_PROVIDER_PATH=$BUILD_DIR/libfabric-glue
 vm_sroce_ns "$ns" "$host_ip"
+vm_capture_or_not "${SROCE_VM_CAPTURE:-$WORK/tap0.pcap}"
+pcap=$VM_PCAP
 
 # boot NAME SCRIPT: boots the guest on the NVDIMM backing file with SCRIPT
 # as its test, programs and provider included.
@@ -67,6 +75,7 @@ boot() {
 	mkdir -p "$overlay/test" "$overlay/usr/lib/pmof"
 	vm_add_program "$overlay" "$prov" /usr/lib/pmof/libpmof-fi.so
 	vm_add_program "$overlay" "$rlog"
+	vm_add_program "$overlay" "$BUILD_DIR/libibverbs-ext/shim/libsroce.so.0" "$shim"
 	printf '%s\n' ". /etc/guest-lib.sh" "export FI_PROVIDER_PATH=/usr/lib/pmof FI_PROVIDER=pmof" \
 		"$2" >"$overlay/test/run.sh"
 	vm_initrd "$overlay"
@@ -78,6 +87,7 @@ boot first "rdma link add rxe0 type rxe netdev eth0 || exit 100
 GID=\$(roce_gid_index rxe0) || exit 101
 mark \"GID \$GID\"
 step dax 60 ndctl create-namespace -f -e namespace0.0 -m devdax || exit 102
+export LD_PRELOAD=$shim
 serve target $port 240 fi_remote_log --server -a $guest_ip -p $port --file /dev/dax0.0 --size $dax_size --record-size $record"
 if ! vm_wait "(NOT)?READY target" 200 || [[ $(vm_marker "(NOT)?READY target") != "READY target" ]]; then
 	vm_dump >&2
@@ -100,12 +110,35 @@ pkill -KILL -P "$VM_PID" qemu-system || die "no qemu to kill"
 killed=$(now)
 vm_cleanup
 bg_wait "$cpid"
+vm_capture_stop
 last=$(awk '/^committed / { n = $2 } END { print n + 0 }' "$out")
 echo "power cut after $last completed commits; the initiator exited $BG_RC after $(elapsed "$killed") s"
 if [[ $BG_RC == 3 ]] && grep -q 'commit failed' "$out"; then
 	pass "the initiator stopped with a completion error ($(grep -m1 'commit failed' "$out" | sed 's/^fi_remote_log: //'))"
 else
 	fail "the initiator exited $BG_RC after the power cut, expected 3" "$(tail -n 5 "$out")"
+fi
+
+# --- the wire: how the commits travelled ------------------------------------------
+if [[ -n $pcap ]]; then
+	python=$(scapy_python) || python=
+	if [[ -z $python ]]; then
+		log "scapy is missing: the opcodes on the wire are not checked"
+	else
+		"$python" "$here/../vm/roce_peer_check.py" "$pcap" "$host_ip" "$guest_ip" >"$WORK/check.log" 2>&1
+		ops() {
+			awk -v who=sroce: -v re="$1" '/^[a-z]+:/ { s = ($1 == who) } s && $1 ~ re { n += $NF } END { print n + 0 }' "$WORK/check.log"
+		}
+		commits=$(ops '^0xc[0-5]$')
+		flushes=$(ops '^0x1c$')
+		if [[ -n $native ]] && ((commits > 0)); then
+			pass "wire: sroce's commits travelled natively: $commits write-commit packets (0xC0-0xC5), $flushes FLUSHes"
+		elif [[ -z $native ]] && ((commits == 0 && flushes > 0)); then
+			pass "wire: sroce's commits travelled as WRITE + FLUSH ($flushes FLUSHes), no native opcode"
+		else
+			fail "wire: $commits native write-commit packets and $flushes FLUSHes from sroce (native: ${native:-no})" "$(cat "$WORK/check.log")"
+		fi
+	fi
 fi
 
 # --- boot 2: the log after the power cut ---------------------------------------

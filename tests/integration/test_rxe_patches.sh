@@ -82,7 +82,7 @@ if have_kernel 6.1; then
 		sub 6.1 test_rxe_a19.sh SROCE_TEST_RXE_FLUSH_FORM=ibta SROCE_TEST_RXE_NATIVE=1 \
 			SROCE_TEST_RXE_KMOD="$BUILD_DIR/rxe-patches/6.1/test-module/a19_kmod.ko"
 		sub 6.1 test_pmof_rxe.sh SROCE_TEST_RXE_FLUSH_FORM=ibta
-		sub 6.1 test_rxe_durable.sh
+		sub 6.1 test_rxe_durable.sh SROCE_TEST_RXE_NATIVE=1
 	fi
 else
 	log "linux-source-6.1 or its headers missing: the 6.1 series is not tested"

@@ -89,6 +89,7 @@ TEST(CommitCaps, DeviceReportsWhatItCanDo) {
                             IBV_COMMIT_CAP_FLUSH),
               uint32_t(IBV_COMMIT_CAP_NATIVE | IBV_COMMIT_CAP_ORDERED | IBV_COMMIT_CAP_IMMED |
                        IBV_COMMIT_CAP_FLUSH));
+    EXPECT_TRUE(caps.flags & IBV_COMMIT_CAP_ANY_PEER);
     EXPECT_EQ(caps.atomicity_unit, 8u);
     EXPECT_TRUE(caps.persistence_methods & IBV_COMMIT_METHOD_MSYNC);
     EXPECT_TRUE(caps.persistence_methods & IBV_COMMIT_METHOD_FENCE);

@@ -134,6 +134,9 @@ enum ibv_commit_cap_flags {
     IBV_COMMIT_CAP_ORDERED = 1 << 1, /* IBV_WRITE_COMMIT_ORDERED */
     IBV_COMMIT_CAP_IMMED = 1 << 2,   /* ibv_wr_rdma_write_commit_imm */
     IBV_COMMIT_CAP_FLUSH = 1 << 3,   /* IBTA FLUSH and ATOMIC WRITE */
+    /* Write-commits reach any peer: those without IBV_COMMIT_CAP_NATIVE as
+     * IBTA sequences (a local property, never offered in ECE). */
+    IBV_COMMIT_CAP_ANY_PEER = 1 << 4,
 };
 
 enum ibv_commit_method {
