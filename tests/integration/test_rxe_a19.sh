@@ -16,7 +16,12 @@
 #   2. rxe initiator, sroce target (a file it maps: persistent): the same
 #      cases, as far as the guest's libibverbs can post them - Debian 12's
 #      rdma-core 44 posts ATOMIC WRITE but no FLUSH, and a19_check then says
-#      so (exit 77), which is checked too.
+#      so (exit 77), which is checked too.  With SROCE_VM_USERSPACE=ROOT (a
+#      Debian 13 root with this project built in ROOT/src/build:
+#      test_trixie.sh) the guest's programs are that root's, rdma-core 56
+#      included, run with chroot: then every case must run, and sroce must
+#      have taken rxe's FLUSHes in the form the kernel sends (IBTA's with a
+#      patched rxe, rxe's own otherwise, counted in rx_flush_legacy_icrc).
 #   1b. Write-commits from sroce into rxe's device DAX - plain, ORDERED,
 #      with immediate data, one packet and several, each read back, the
 #      immediate data checked at rxe - and the errors (a region without
@@ -96,9 +101,24 @@ secs=120
 
 overlay=$WORK/overlay
 mkdir -p "$overlay/test"
-vm_add_program "$overlay" "$a19"
-shim=/usr/lib/sroce/libsroce.so.0
-vm_add_program "$overlay" "$BUILD_DIR/libibverbs-ext/shim/libsroce.so.0" "$shim"
+userspace=${SROCE_VM_USERSPACE:-}
+if [[ -n $userspace ]]; then
+	libdir=/usr/lib/x86_64-linux-gnu
+	shim=/src/build/libibverbs-ext/shim/libsroce.so.0
+	[[ -x $userspace/src/build/tests/progs/a19_check && -e $userspace$shim ]] ||
+		die "no a19_check or libsroce.so.0 built in $userspace/src/build"
+	vm_add_root_userspace "$overlay" "$userspace" userspace /src/build/tests/progs/a19_check "$shim" \
+		"$libdir/libibverbs/librxe-rdmav34.so"
+	mkdir -p "$overlay/userspace/etc/libibverbs.d"
+	cp "$userspace/etc/libibverbs.d/rxe.driver" "$overlay/userspace/etc/libibverbs.d/"
+	ga19="chroot /userspace /src/build/tests/progs/a19_check"
+	log "guest user space: $(cat "$userspace/etc/debian_version" 2>/dev/null) from $userspace, $(chroot "$userspace" dpkg-query -W libibverbs1 2>/dev/null)"
+else
+	vm_add_program "$overlay" "$a19"
+	shim=/usr/lib/sroce/libsroce.so.0
+	vm_add_program "$overlay" "$BUILD_DIR/libibverbs-ext/shim/libsroce.so.0" "$shim"
+	ga19=a19_check
+fi
 kmod=${SROCE_TEST_RXE_KMOD:-}
 kmod_port=18802
 [[ -z $kmod ]] || cp "$kmod" "$overlay/test/a19_kmod.ko"
@@ -111,11 +131,12 @@ kmod_port=18802
 	echo "step rxe_taint 10 cat /sys/module/rdma_rxe/taint"
 	echo "step commit_caps 10 cat /sys/class/infiniband/rxe0/commit_caps"
 	echo "step dax 60 ndctl create-namespace -f -e namespace0.0 -m devdax || exit 102"
+	[[ -z $userspace ]] || vm_chroot_setup userspace
 	echo "export LD_PRELOAD=$shim"
-	echo "attempt guest server $guest_port 300 a19_check --server -a $guest_ip -p $guest_port" \
+	echo "attempt guest server $guest_port 300 $ga19 --server -a $guest_ip -p $guest_port" \
 		"--pmem /dev/dax0.0 --size $dax_size --connections ${#host_cases[@]} || failed=\$((failed + 1))"
 	for c in "${guest_cases[@]}"; do
-		echo "attempt host guest_$c $host_port $secs a19_check -p $host_port --case $c $host_ip"
+		echo "attempt host guest_$c $host_port $secs $ga19 -p $host_port --case $c $host_ip"
 	done
 	if [[ -n $kmod ]]; then
 		echo "attempt host kmod $kmod_port $secs insmod /test/a19_kmod.ko server=$host_ip port=$kmod_port"
@@ -208,8 +229,8 @@ for c in "${guest_cases[@]}"; do
 		fail "rxe -> sroce $c: the guest did not reach it"
 		continue
 	fi
-	vm_host_server "$WORK/s-$c.log" "$secs" "$a19" --server -a "$host_ip" -p "$host_port" \
-		--pmem "$WORK/target.pm" --size $((1 << 20))
+	SROCE_STATS=1 vm_host_server "$WORK/s-$c.log" "$secs" "$a19" --server -a "$host_ip" \
+		-p "$host_port" --pmem "$WORK/target.pm" --size $((1 << 20))
 	spid=$VM_SERVER_PID
 	vm_send "go-guest_$c" || true
 	vm_wait "DONE guest_$c rc=" "$secs" || true
@@ -218,7 +239,8 @@ for c in "${guest_cases[@]}"; do
 	# What the guest's libibverbs can post must have been done: ops always
 	# has ATOMIC WRITE (rdma-core >= 44), the error cases their own line.
 	done_line=${expect[$c]%% *}
-	[[ $c == ops ]] && done_line='ATOMIC WRITE: IBV_WC_ATOMIC_WRITE, 8 bytes read back intact'
+	[[ $c == ops && -z $userspace ]] && done_line='ATOMIC WRITE: IBV_WC_ATOMIC_WRITE, 8 bytes read back intact'
+	[[ $c == ops && -n $userspace ]] && done_line=${expect[ops]}
 	if [[ $c == commit* ]] && ! grep -qF "$want_ece" <<<"$out"; then
 		kill "$spid" 2>/dev/null
 		wait "$spid" 2>/dev/null
@@ -237,12 +259,24 @@ $(cat "$WORK/s-$c.log")"
 		if [[ $c == ops ]] && grep -q 'cannot post FLUSH' <<<"$out"; then
 			last="$last (this libibverbs posts no FLUSH)"
 		fi
+		# Which form of rxe's FLUSHes sroce took: the kernel's own
+		# (before the fix) or IBTA's.
+		legacy_rx=$(sed -n 's/.*rx_flush_legacy_icrc \([0-9]*\).*/\1/p' "$WORK/s-$c.log" | head -n 1)
+		if [[ -n $userspace && $c == ops ]]; then
+			if [[ -n ${SROCE_VM_MODULES:-} ]] && [[ ${legacy_rx:-x} != 0 ]]; then
+				fail "rxe -> sroce ops: sroce took ${legacy_rx:-no count of} FLUSHes in rxe's legacy form from a fixed rxe" "$(cat "$WORK/s-$c.log")"
+			elif [[ -z ${SROCE_VM_MODULES:-} ]] && ! ((${legacy_rx:-0} > 0)); then
+				fail "rxe -> sroce ops: sroce took no FLUSH in rxe's legacy form (rx_flush_legacy_icrc ${legacy_rx:-missing})" "$(cat "$WORK/s-$c.log")"
+			else
+				last="$last; sroce took $legacy_rx FLUSHes in rxe's legacy ICRC form"
+			fi
+		fi
 		if ((srv == 0)); then
 			pass "rxe -> sroce $c: $last"
 		else
 			fail "rxe -> sroce $c: the sroce target exited $srv" "$(cat "$WORK/s-$c.log")"
 		fi
-	elif [[ $grc == 77 ]] && grep -q 'cannot post FLUSH' <<<"$out"; then
+	elif [[ $grc == 77 && -z $userspace ]] && grep -q 'cannot post FLUSH' <<<"$out"; then
 		# Nothing connected: the server still waits.
 		kill "$spid" 2>/dev/null
 		wait "$spid" 2>/dev/null

@@ -70,6 +70,32 @@ vm_add_program() {
 	done < <(ldd "$file" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 }')
 }
 
+# vm_add_root_userspace DIR ROOT NAME FILE...: copies FILEs (paths inside
+# the Debian root ROOT) with the shared libraries they need there to
+# DIR/NAME, for programs the guest runs with `chroot /NAME` (vm_chroot_setup):
+# another Debian release's user space on the guest's kernel.
+vm_add_root_userspace() {
+	local dir=$1/$3 root=$2 f lib
+	shift 3
+	for f in "$@"; do
+		mkdir -p "$dir${f%/*}"
+		cp -L "$root$f" "$dir$f"
+		while IFS= read -r lib; do
+			[[ -e $dir$lib ]] && continue
+			mkdir -p "$dir${lib%/*}"
+			cp -L "$root$lib" "$dir$lib"
+		done < <(chroot "$root" ldd "$f" 2>/dev/null |
+			awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }')
+	done
+}
+
+# vm_chroot_setup NAME: the guest's commands that give /NAME the guest's
+# /dev, /sys, /proc and a /tmp.
+vm_chroot_setup() {
+	printf '%s\n' "mkdir -p /$1/dev /$1/sys /$1/proc /$1/tmp" "mount -o bind /dev /$1/dev" \
+		"mount -o bind /sys /$1/sys" "mount -t proc proc /$1/proc"
+}
+
 # vm_initrd DIR: VM_INITRD becomes the guest's initramfs followed by an
 # archive of DIR (the kernel unpacks both; DIR's files land in /).
 vm_initrd() {
