@@ -15,6 +15,11 @@
 #     and rdm, pmof_fabtest msg and rdm, over the same two devices;
 #   - rdma-core 56's own pyverbs suite over a sroce device on 127.0.17.3
 #     (test_rdma_core_suite.sh, with the root's python3 and python3-pyverbs).
+# Then, outside the root, the kernel's rxe in the qemu guest with the root's
+# user space (rdma-core 56 posts FLUSH, Debian 12's rdma-core 44 cannot):
+# test_rxe_a19.sh with SROCE_VM_USERSPACE, against Debian's 6.12 (rxe's own
+# FLUSH ICRC form) and against rxe-patches/' 6.1 series (IBTA's form, native
+# write-commits from user space on both sides).  Skipped parts say why.
 #
 # The root shares the host's network stack, so the devices are on the host's
 # lo; /proc, /sys and /dev are mounted only in a private mount namespace.
@@ -26,7 +31,7 @@
 # debootstrap, no mount namespace or no Debian mirror in the apt sources.
 #
 # Usage: test_trixie.sh BUILD-DIR   (BUILD-DIR only holds this run's logs)
-# ctest: TIMEOUT=3600 LABELS=slow RESOURCE_LOCK=lo-127.0.17.1,lo-127.0.17.2,lo-127.0.17.3 PROCESSORS=2
+# ctest: TIMEOUT=3600 LABELS=slow,vm RESOURCE_LOCK=lo-127.0.17.1,lo-127.0.17.2,lo-127.0.17.3,vm-10.204 PROCESSORS=2
 set -euo pipefail
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -86,3 +91,30 @@ cp "$ROOT/src/build/rdma-core-suite.md" "$BUILD_DIR/rdma-core-suite-$SUITE.md" 2
 log "build and tests in the $SUITE root: $(elapsed "$start") s"
 ((rc == 0)) || die "the project fails on $SUITE (exit $rc)"
 echo "the project builds and works on Debian $SUITE"
+
+# --- the kernel's rxe with this root's user space ---------------------------------
+# guest_a19 NAME [VAR=VALUE...]: test_rxe_a19.sh with the guest's programs
+# taken from the root.
+guest_a19() {
+	local name=$1 rc=0 log=$BUILD_DIR/$SUITE-rxe-a19-$1.log
+	shift
+	env SROCE_VM_USERSPACE="$ROOT" "$@" bash "$SRC_DIR/tests/integration/test_rxe_a19.sh" \
+		"$BUILD_DIR" >"$log" 2>&1 || rc=$?
+	sed "s/^/  rxe $name| /" "$log"
+	case $rc in
+	0) echo "Linux rxe ($name) with Debian $SUITE's user space: test_rxe_a19 passed" ;;
+	77) log "Linux rxe ($name) with Debian $SUITE's user space: skipped ($(grep -m1 SKIP "$log"))" ;;
+	*) die "Linux rxe ($name) with Debian $SUITE's user space: test_rxe_a19 failed ($rc)" ;;
+	esac
+}
+guest_a19 6.12
+series=$BUILD_DIR/$SUITE-rxe-patches-6.1
+if [[ ! -r /usr/src/linux-source-6.1.tar.xz ]]; then
+	log "no linux-source-6.1 (scripts/setup.sh kernel): the 6.1 series is not run with Debian $SUITE's user space"
+elif ! bash "$SRC_DIR/rxe-patches/build.sh" --series 6.1 --out "$series" >"$series.log" 2>&1; then
+	tail -n 20 "$series.log" >&2
+	die "rxe-patches/build.sh --series 6.1 failed"
+else
+	guest_a19 6.1-patched SROCE_VM_KERNEL="$(modinfo -F vermagic "$series/modules/rdma_rxe.ko" | cut -d' ' -f1)" \
+		SROCE_VM_MODULES="$series/modules" SROCE_TEST_RXE_FLUSH_FORM=ibta SROCE_TEST_RXE_NATIVE=1
+fi
