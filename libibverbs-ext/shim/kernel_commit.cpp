@@ -18,8 +18,9 @@
 //   with ibv_qp_set_commit_peer).  To any other peer a write-commit cannot
 //   be posted (the IBTA sequence would need a FLUSH between the user's
 //   ibv_wr_set_sge() and the next request): ibv_wr_complete() then returns
-//   EOPNOTSUPP and posts nothing of the batch (EINVAL for undefined flags,
-//   as sroce's).
+//   EOPNOTSUPP and posts nothing of the batch (also when the peer did not
+//   agree on ORDERED or immediate data a write-commit asks for; EINVAL for
+//   undefined flags, as sroce's).
 #include "kernel_commit.hpp"
 
 #include <fcntl.h>
@@ -28,7 +29,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <mutex>
+#include <new>
 #include <string>
 #include <unordered_map>
 
@@ -42,11 +45,13 @@ constexpr unsigned kSendCommitOrdered = 1u << 27;
 constexpr unsigned kSendCommitGlobal = 1u << 28;
 
 struct QpState {
-    bool commit_ops = false;  // created with IBV_QP_EX_WITH_RDMA_WRITE_COMMIT
-    bool peer_native = false; // agreed in ECE or declared
+    const ibv_context *context = nullptr;
+    bool commit_ops = false; // created with IBV_QP_EX_WITH_RDMA_WRITE_COMMIT
+    uint32_t peer_caps = 0;  // agreed in ECE or declared
     bool ece_set = false;
     uint32_t ece_options = 0;
     int batch_error = 0; // a write-commit that cannot be posted
+    void (*wr_start)(ibv_qp_ex *) = nullptr;
     int (*wr_complete)(ibv_qp_ex *) = nullptr;
 };
 
@@ -82,16 +87,40 @@ QpState *find_qp(const ibv_qp *qp) {
     return it == qps.end() ? nullptr : &it->second;
 }
 
-int commit_wr_complete(ibv_qp_ex *qpx) {
-    int (*complete)(ibv_qp_ex *) = nullptr;
-    int error = 0;
+// The state of `qp`, made on first use; nullptr when out of memory.
+QpState *qp_state(ibv_qp *qp) noexcept {
+    try {
+        QpState &st = qps[qp];
+        st.context = qp->context;
+        return &st;
+    } catch (const std::bad_alloc &) {
+        return nullptr;
+    }
+}
+
+// A batch starts without the error of one that was aborted.
+void commit_wr_start(ibv_qp_ex *qpx) {
+    void (*start)(ibv_qp_ex *) = nullptr;
     {
         std::lock_guard<std::mutex> g(mu);
-        QpState *st = find_qp(&qpx->qp_base);
-        if (!st) return EINVAL; // destroyed under us
-        complete = st->wr_complete;
-        error = st->batch_error;
-        st->batch_error = 0;
+        if (QpState *st = find_qp(&qpx->qp_base)) {
+            start = st->wr_start;
+            st->batch_error = 0;
+        }
+    }
+    if (start) start(qpx);
+}
+
+int commit_wr_complete(ibv_qp_ex *qpx) {
+    int (*complete)(ibv_qp_ex *) = nullptr;
+    int error = EINVAL; // no state: nothing is known of this QP
+    {
+        std::lock_guard<std::mutex> g(mu);
+        if (QpState *st = find_qp(&qpx->qp_base)) {
+            complete = st->wr_complete;
+            error = st->batch_error;
+            st->batch_error = 0;
+        }
     }
     if (!error) return complete(qpx);
     qpx->wr_abort(qpx);
@@ -107,10 +136,15 @@ void post_commit(ibv_qp_ex *qpx, uint32_t rkey, uint64_t remote_addr, uint32_t f
     {
         std::lock_guard<std::mutex> g(mu);
         QpState *st = find_qp(&qpx->qp_base);
+        // What the peer must take: the native opcodes, and ORDERED or
+        // immediate data when asked for.
+        uint32_t need = IBV_COMMIT_CAP_NATIVE;
+        if (flags & IBV_WRITE_COMMIT_ORDERED) need |= IBV_COMMIT_CAP_ORDERED;
+        if (imm) need |= IBV_COMMIT_CAP_IMMED;
         int error = 0;
         if (flags & ~(IBV_WRITE_COMMIT_ORDERED | IBV_WRITE_COMMIT_GLOBAL))
             error = EINVAL;
-        else if (!st || !st->peer_native)
+        else if (!st || (st->peer_caps & need) != need)
             error = EOPNOTSUPP;
         if (st && error && !st->batch_error) st->batch_error = error;
         native = !error;
@@ -165,11 +199,23 @@ ibv_qp *create_qp_ex(ibv_context *context, ibv_qp_init_attr_ex *attr) {
     if (!qp) return nullptr;
     attr->cap = own.cap;
     ibv_qp_ex *qpx = ibv_qp_to_qp_ex(qp);
-    std::lock_guard<std::mutex> g(mu);
-    QpState &st = qps[qp];
-    st.commit_ops = true;
-    st.wr_complete = qpx->wr_complete;
-    qpx->wr_complete = commit_wr_complete;
+    QpState *st = nullptr;
+    if (qpx) {
+        std::lock_guard<std::mutex> g(mu);
+        st = qp_state(qp);
+        if (st) {
+            st->commit_ops = true;
+            st->wr_start = qpx->wr_start;
+            st->wr_complete = qpx->wr_complete;
+            qpx->wr_start = commit_wr_start;
+            qpx->wr_complete = commit_wr_complete;
+        }
+    }
+    if (!st) {
+        ibv_destroy_qp(qp);
+        errno = qpx ? ENOMEM : EOPNOTSUPP;
+        return nullptr;
+    }
     return qp;
 }
 
@@ -211,6 +257,9 @@ void context_closing(ibv_context *context) {
     if (verbs_context *vctx = verbs_get_ctx(context); vctx && it->second.create_qp_ex)
         vctx->create_qp_ex = it->second.create_qp_ex;
     contexts.erase(it);
+    // QPs a program leaves behind go with their context.
+    for (auto q = qps.begin(); q != qps.end();)
+        q = q->second.context == context ? qps.erase(q) : std::next(q);
 }
 
 void qp_destroyed(ibv_qp *qp) {
@@ -222,14 +271,16 @@ int qp_set_commit_peer(ibv_qp *qp, uint32_t peer_commit_caps) {
     std::lock_guard<std::mutex> g(mu);
     auto it = contexts.find(qp->context);
     if (it == contexts.end()) return EOPNOTSUPP;
-    qps[qp].peer_native = peer_commit_caps & IBV_COMMIT_CAP_NATIVE;
+    QpState *st = qp_state(qp);
+    if (!st) return ENOMEM;
+    st->peer_caps = peer_commit_caps & IBV_COMMIT_ECE_CAPS_MASK;
     return 0;
 }
 
 const ibv_qp_commit_ops *qp_to_commit_ops(ibv_qp_ex *qpx) {
     std::lock_guard<std::mutex> g(mu);
     QpState *st = find_qp(&qpx->qp_base);
-    if (!st || !st->commit_ops) {
+    if (!st || !st->commit_ops || qpx->wr_complete != commit_wr_complete) {
         errno = EOPNOTSUPP;
         return nullptr;
     }
@@ -257,10 +308,11 @@ int set_ece(ibv_qp *qp, ibv_ece *ece) {
         agreed = ece->options & offer;
     if (!(agreed & IBV_COMMIT_ECE_CAPS_MASK)) agreed = 0;
     std::lock_guard<std::mutex> g(mu);
-    QpState &st = qps[qp];
-    st.ece_set = true;
-    st.ece_options = agreed;
-    st.peer_native = agreed & IBV_COMMIT_CAP_NATIVE;
+    QpState *st = qp_state(qp);
+    if (!st) return ENOMEM;
+    st->ece_set = true;
+    st->ece_options = agreed;
+    st->peer_caps = agreed & IBV_COMMIT_ECE_CAPS_MASK;
     return 0;
 }
 
