@@ -22,11 +22,12 @@
  *   commit-no-access         write-commit to B -> IB_WC_REM_ACCESS_ERR
  *   commit-global-only       persistent write-commit to C -> IB_WC_REM_ACCESS_ERR
  *
- * Every connection offers native write-commits in its ECE exchange (vendor
- * ID 0xFFFFFF, options tag 0x5C000000 | the commit_caps flags, as
- * docs/connection-manager.md says); the commit cases require that the
- * server agreed, since a kernel consumer posts native write-commits only to
- * a peer that takes them.
+ * The commit cases need IBK_WRITE_COMMIT in the local device's
+ * kernel_cap_flags.  Every connection offers native write-commits in its
+ * ECE exchange (vendor ID 0xFFFFFF, options tag 0x5C000000 | the
+ * commit_caps flags, as docs/connection-manager.md says); the commit cases
+ * require that the server agreed, since a kernel consumer posts native
+ * write-commits only to a peer that takes them.
  *
  * Every completion status and opcode is checked and every byte read back.
  * The module logs a line per check and fails to load (-EIO) when one fails,
@@ -439,6 +440,13 @@ static int a19_case(const char *name)
 		pr_err("a19_kmod: %s: cannot connect to %s:%d: %ld\n", name,
 		       server, port, PTR_ERR(c));
 		return PTR_ERR(c);
+	}
+	if (!strncmp(name, "commit", 6) &&
+	    !(c->id->device->attrs.kernel_cap_flags & IBK_WRITE_COMMIT)) {
+		pr_err("a19_kmod: %s: %s has no IBK_WRITE_COMMIT\n", name,
+		       dev_name(&c->id->device->dev));
+		a19_close(c);
+		return -EOPNOTSUPP;
 	}
 	if (!strncmp(name, "commit", 6)) {
 		bool native = c->ece.vendor_id == ECE_VENDOR_ID &&
