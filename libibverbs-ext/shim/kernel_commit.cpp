@@ -22,6 +22,7 @@
 //   agree on ORDERED or immediate data a write-commit asks for; EINVAL for
 //   undefined flags, as sroce's).
 #include "kernel_commit.hpp"
+#include "provider.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -46,11 +47,12 @@ constexpr unsigned kSendCommitGlobal = 1u << 28;
 
 struct QpState {
     const ibv_context *context = nullptr;
-    bool commit_ops = false; // created with IBV_QP_EX_WITH_RDMA_WRITE_COMMIT
-    uint32_t peer_caps = 0;  // agreed in ECE or declared
+    uint32_t peer_caps = 0; // agreed in ECE or declared
     bool ece_set = false;
     uint32_t ece_options = 0;
     int batch_error = 0; // a write-commit that cannot be posted
+    // The provider's, set when the QP was created with
+    // IBV_QP_EX_WITH_RDMA_WRITE_COMMIT (then hooked).
     void (*wr_start)(ibv_qp_ex *) = nullptr;
     int (*wr_complete)(ibv_qp_ex *) = nullptr;
 };
@@ -204,7 +206,6 @@ ibv_qp *create_qp_ex(ibv_context *context, ibv_qp_init_attr_ex *attr) {
         std::lock_guard<std::mutex> g(mu);
         st = qp_state(qp);
         if (st) {
-            st->commit_ops = true;
             st->wr_start = qpx->wr_start;
             st->wr_complete = qpx->wr_complete;
             qpx->wr_start = commit_wr_start;
@@ -280,7 +281,7 @@ int qp_set_commit_peer(ibv_qp *qp, uint32_t peer_commit_caps) {
 const ibv_qp_commit_ops *qp_to_commit_ops(ibv_qp_ex *qpx) {
     std::lock_guard<std::mutex> g(mu);
     QpState *st = find_qp(&qpx->qp_base);
-    if (!st || !st->commit_ops || qpx->wr_complete != commit_wr_complete) {
+    if (!st || !st->wr_complete || qpx->wr_complete != commit_wr_complete) {
         errno = EOPNOTSUPP;
         return nullptr;
     }
@@ -303,10 +304,7 @@ int set_ece(ibv_qp *qp, ibv_ece *ece) {
     if (!offer) return kNotMine;
     if (!ece->vendor_id) return EOPNOTSUPP;
     if (ece->comp_mask || ece->vendor_id != IBV_COMMIT_ECE_VENDOR_ID) return EINVAL;
-    uint32_t agreed = 0;
-    if ((ece->options & IBV_COMMIT_ECE_TAG_MASK) == IBV_COMMIT_ECE_TAG)
-        agreed = ece->options & offer;
-    if (!(agreed & IBV_COMMIT_ECE_CAPS_MASK)) agreed = 0;
+    const uint32_t agreed = sroce_ece_agree(offer, ece->options);
     std::lock_guard<std::mutex> g(mu);
     QpState *st = qp_state(qp);
     if (!st) return ENOMEM;

@@ -104,6 +104,15 @@ const struct ibv_qp_commit_ops *sroce_qp_to_commit_ops(struct ibv_qp_ex *qp);
 /* ECE: how connection managers agree on native commits (docs/connection-manager.md). */
 int sroce_query_ece(struct ibv_qp *qp, struct ibv_ece *ece);
 int sroce_set_ece(struct ibv_qp *qp, struct ibv_ece *ece);
+/* What a QP offering `offer` and a peer answering `peer_options` agree on:
+ * the common flags under the tag, or 0 (IBTA sequences only).  Shared with
+ * the kernel devices libsroce.so serves. */
+static inline uint32_t sroce_ece_agree(uint32_t offer, uint32_t peer_options) {
+    uint32_t agreed = 0;
+    if ((peer_options & IBV_COMMIT_ECE_TAG_MASK) == IBV_COMMIT_ECE_TAG)
+        agreed = peer_options & offer;
+    return (agreed & IBV_COMMIT_ECE_CAPS_MASK) ? agreed : 0;
+}
 
 /* Test persistence domain: every range the engine makes durable (FLUSH,
  * commits) is also reported to `hook` before the operation is acknowledged,

@@ -986,10 +986,7 @@ int sroce_set_ece(struct ibv_qp *ibqp, struct ibv_ece *ece) {
     // libibverbs answers vendor ID 0 itself, before any provider.
     if (!ece->vendor_id) return EOPNOTSUPP;
     if (ece->comp_mask || ece->vendor_id != IBV_COMMIT_ECE_VENDOR_ID) return EINVAL;
-    uint32_t agreed = 0;
-    if ((ece->options & IBV_COMMIT_ECE_TAG_MASK) == IBV_COMMIT_ECE_TAG)
-        agreed = ece->options & ece_offer(qp);
-    if (!(agreed & IBV_COMMIT_ECE_CAPS_MASK)) agreed = 0;
+    const uint32_t agreed = sroce_ece_agree(ece_offer(qp), ece->options);
     std::lock_guard<std::mutex> g(qp->mu);
     qp->commit.ece_set = true;
     qp->commit.ece_options = agreed;

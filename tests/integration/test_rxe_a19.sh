@@ -88,12 +88,12 @@ vm_capture_or_not "${SROCE_VM_CAPTURE:-$WORK/tap0.pcap}"
 pcap=$VM_PCAP
 
 cases=(ops no-flush-access no-persistent-access misaligned-atomic-write)
-commit_cases=(commit commit-no-access commit-global-only)
+commit_cases=(commit commit-no-access commit-global-only commit-refused)
 native=${SROCE_TEST_RXE_NATIVE:-}
 host_cases=("${cases[@]}" "${commit_cases[@]}")
 guest_cases=("${cases[@]}")
 [[ -z $native ]] || guest_cases+=("${commit_cases[@]}")
-kmod_cases=("${cases[@]}" "${commit_cases[@]}")
+kmod_cases=("${cases[@]}" commit commit-no-access commit-global-only)
 dax_size=$((4 << 20))
 guest_port=18800
 host_port=18801
@@ -179,7 +179,11 @@ declare -A expect=(
 	[commit]='commit: 5 write-commits (persistent) checked'
 	[commit-no-access]='commit-no-access: remote access error as expected'
 	[commit-global-only]='commit-global-only: remote access error as expected'
+	# sroce (commits reach any peer) sends the IBTA sequence; a kernel rxe
+	# with native write-commits only refuses to post (refused_rxe).
+	[commit-refused]='commit-refused: IBTA sequences'
 )
+refused_rxe='commit-refused: ibv_wr_complete EOPNOTSUPP, nothing posted, the QP goes on'
 # What ECE must have agreed on between sroce and this guest's rxe.
 if [[ -n $native ]]; then
 	want_ece='ECE: native write-commits'
@@ -245,6 +249,10 @@ for c in "${guest_cases[@]}"; do
 		kill "$spid" 2>/dev/null
 		wait "$spid" 2>/dev/null
 		fail "rxe -> sroce $c: the connection did not agree on '$want_ece'" "$out"
+	elif [[ $c == commit-refused ]] && ! grep -qF "$refused_rxe" <<<"$out"; then
+		kill "$spid" 2>/dev/null
+		wait "$spid" 2>/dev/null
+		fail "rxe -> sroce $c: the kernel device did not refuse a write-commit to a peer without native ones" "$out"
 	elif [[ $c == commit ]] && ! grep -q 'connection 1: 2 immediate completions' "$WORK/s-$c.log"; then
 		kill "$spid" 2>/dev/null
 		wait "$spid" 2>/dev/null
@@ -253,7 +261,7 @@ $(cat "$WORK/s-$c.log")"
 	elif [[ $grc == 0 ]] && grep -qF "$done_line" <<<"$out"; then
 		srv=0
 		wait "$spid" || srv=$?
-		last=$(grep -E 'ops:|as expected|write-commits .* checked' <<<"$out" | tail -n 1 | sed 's/^a19_check client: //')
+		last=$(grep -E 'ops:|as expected|write-commits .* checked|commit-refused:' <<<"$out" | tail -n 1 | sed 's/^a19_check client: //')
 		[[ $c != commit* ]] || last="$last ($want_ece)"
 		[[ $c != commit ]] || last="$last; the sroce target got the 2 immediate data after them"
 		if [[ $c == ops ]] && grep -q 'cannot post FLUSH' <<<"$out"; then

@@ -37,6 +37,13 @@
 //                  ("N immediate completions"), each with byte_len 0.
 //   commit-no-access       write-commit to B        -> IBV_WC_REM_ACCESS_ERR
 //   commit-global-only     persistent write-commit to C -> IBV_WC_REM_ACCESS_ERR
+//   commit-refused  the QP forgets what ECE agreed (ibv_set_ece with no
+//                  options), then write-commits a pattern over one a plain
+//                  WRITE put there: a device whose commits reach any peer
+//                  (sroce) sends the IBTA sequence, read back; a kernel
+//                  device with native write-commits only must refuse it -
+//                  ibv_wr_complete() EOPNOTSUPP, nothing of the batch sent
+//                  (the first pattern reads back), the QP still usable.
 // The commit cases print whether the connection's ECE exchange agreed on
 // native write-commits ("ECE: native write-commits" or "ECE: IBTA
 // sequences"); --declare-native declares the server native instead
@@ -522,6 +529,43 @@ static void case_commit_error(struct client *c, uint32_t rkey, uint64_t addr, co
     expect_wc(&wc, IBV_WC_REM_ACCESS_ERR, IBV_WC_RDMA_WRITE_COMMIT, what);
 }
 
+static void case_commit_refused(struct client *c) {
+    struct ibv_commit_caps caps = {0};
+    const struct ibv_qp_commit_ops *ops = perf_ext_commit_ops(c->qpx);
+    if (!ops || perf_ext_query_commit_caps(c->id->verbs, &caps)) need(false, "write-commit");
+    declare_native(c); // what ECE agreed, before it is forgotten
+    struct ibv_ece none = {.vendor_id = IBV_COMMIT_ECE_VENDOR_ID};
+    if (ibv_set_ece(c->id->qp, &none)) die(EXIT_SETUP, "ibv_set_ece: %s", strerror(errno));
+    const uint32_t off = 40960, len = 3000;
+    uint64_t wr = 0;
+    uint32_t global = c->r.persistent ? 0 : IBV_WRITE_COMMIT_GLOBAL;
+    fill(c->buf + off, len, 77);
+    struct ibv_wc wc = POST(c, ++wr, ibv_wr_rdma_write(c->qpx, c->r.rkey_a, c->r.addr_a + off);
+                            ibv_wr_set_sge(c->qpx, c->mr->lkey, (uintptr_t)(c->buf + off), len));
+    expect_wc(&wc, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, "plain WRITE");
+    if (caps.flags & IBV_COMMIT_CAP_ANY_PEER) {
+        commit_one(c, &wr, off, len, global, false, "commit-refused");
+        printf("%s: commit-refused: IBTA sequences, %u bytes read back intact\n", role, len);
+        return;
+    }
+    uint8_t first[3000];
+    memcpy(first, c->buf + off, len);
+    fill(c->buf + off, len, 78);
+    ibv_wr_start(c->qpx);
+    c->qpx->wr_id = ++wr;
+    c->qpx->wr_flags = IBV_SEND_SIGNALED;
+    ops->wr_rdma_write_commit(c->qpx, c->r.rkey_a, c->r.addr_a + off, global);
+    ibv_wr_set_sge(c->qpx, c->mr->lkey, (uintptr_t)(c->buf + off), len);
+    int err = ibv_wr_complete(c->qpx);
+    if (err != EOPNOTSUPP)
+        die(EXIT_WC, "commit-refused: ibv_wr_complete returned %d (%s), expected EOPNOTSUPP", err,
+            strerror(err));
+    memcpy(c->buf + off, first, len);
+    read_back(c, &wr, off, len, "commit-refused");
+    printf("%s: commit-refused: ibv_wr_complete EOPNOTSUPP, nothing posted, the QP goes on\n",
+           role);
+}
+
 static void case_error(struct client *c, const char *name) {
     struct ibv_wc wc;
     if (!strcmp(name, "no-flush-access")) {
@@ -561,7 +605,8 @@ static void usage(FILE *f) {
     fprintf(f, "usage: a19_check --server [-a ADDR] [-p PORT] [--pmem FILE --size BYTES] "
                "[--connections N]\n"
                "       a19_check [-p PORT] [--case ops|no-flush-access|no-persistent-access|"
-               "misaligned-atomic-write|commit|commit-no-access|commit-global-only] "
+               "misaligned-atomic-write|commit|commit-no-access|commit-global-only|"
+               "commit-refused] "
                "[--declare-native] SERVER\n");
 }
 
@@ -629,6 +674,8 @@ int main(int argc, char **argv) {
         case_ops(&c);
     else if (!strcmp(cname, "commit"))
         case_commit(&c);
+    else if (!strcmp(cname, "commit-refused"))
+        case_commit_refused(&c);
     else
         case_error(&c, cname);
     rdma_disconnect(c.id);
