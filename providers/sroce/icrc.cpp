@@ -3,7 +3,9 @@
 
 #include "wire.hpp"
 
+#include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <isa-l/crc.h>
 
@@ -37,62 +39,103 @@ void build_pseudo(uint8_t *p, const Ipv4Header &ip, size_t udp_payload_len, cons
     b[4] = 0xFF; // resv8a (FECN/BECN)
 }
 
-// Byte-wise reflected CRC-32 tables for the slow path that solves for an
-// unknown IP ID.  The top bytes of the 256 table entries are all distinct,
-// which is what makes one step of the CRC invertible.
+// CRC-32 is linear: two datagrams of the same length whose covered bytes
+// differ by a pattern e have ICRCs that differ by the CRC of e alone (zero
+// initial register, no final XOR).  A pattern confined to the IPv4 ID and DF
+// bit is a linear function of those 17 bits, so the receiver solves for the
+// ID it could not see with one CRC pass plus a constant: no second pass.
+constexpr uint32_t kPoly = 0xEDB88320u; // reflected: bit 31 is x^0
+constexpr uint32_t kX0 = 1u << 31, kX1 = 1u << 30, kX8 = 1u << 23;
+
+// a(x) * b(x) mod P(x), both reflected as a CRC register is.
+constexpr uint32_t mul_mod(uint32_t a, uint32_t b) {
+    uint32_t p = 0;
+    for (uint32_t m = kX0; m; m >>= 1) {
+        if (a & m) p ^= b;
+        b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
+    }
+    return p;
+}
+
 struct Tables {
-    std::array<uint32_t, 256> fwd{};
-    std::array<uint8_t, 256> by_top{};
+    std::array<uint32_t, 256> fwd{};   // byte-wise register step
+    std::array<uint32_t, 40> x2k{};    // x^(2^k) mod P
+    std::array<uint32_t, 16> id_bit{}; // register after the ID bytes with one bit set
+    uint32_t df_bit = 0;               // register after the flags byte 0x40 (DF)
     constexpr Tables() {
         for (uint32_t i = 0; i < 256; i++) {
             uint32_t c = i;
             for (int k = 0; k < 8; k++)
-                c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+                c = (c & 1) ? (c >> 1) ^ kPoly : c >> 1;
             fwd[i] = c;
         }
-        for (uint32_t i = 0; i < 256; i++)
-            by_top[fwd[i] >> 24] = uint8_t(i);
+        x2k[0] = kX1;
+        for (size_t k = 1; k < x2k.size(); k++)
+            x2k[k] = mul_mod(x2k[k - 1], x2k[k - 1]);
+        for (int j = 0; j < 16; j++) {
+            uint8_t hi = uint8_t((1u << j) >> 8), lo = uint8_t(1u << j);
+            uint32_t s = fwd[hi];
+            id_bit[size_t(j)] = (s >> 8) ^ fwd[(s ^ lo) & 0xFF];
+        }
+        df_bit = fwd[0x40];
     }
 };
 constexpr Tables kT;
 
-inline uint32_t step_fwd(uint32_t s, uint8_t b) {
-    return (s >> 8) ^ kT.fwd[(s ^ b) & 0xFF];
-}
-inline uint32_t step_back(uint32_t s, uint8_t b) {
-    uint8_t idx = kT.by_top[s >> 24];
-    return ((s ^ kT.fwd[idx]) << 8) | uint8_t(idx ^ b);
+// x^(8n) mod P: what n zero bytes do to a register.
+uint32_t zero_bytes(size_t n) {
+    uint32_t r = kX0;
+    uint64_t e = uint64_t(n) << 3;
+    for (size_t k = 0; e; k++, e >>= 1)
+        if (e & 1) r = mul_mod(r, kT.x2k[k]);
+    return r;
 }
 
-// Finds the IP ID that makes the CRC over the pseudo header + rest equal
-// `icrc`, with `pseudo` holding the masked headers (ID bytes ignored).
-bool solve_ip_id(const uint8_t *pseudo, const uint8_t *rest, size_t rest_len, uint32_t icrc,
-                 uint16_t *id) {
-    // Forward to just before the ID (raw register, init all ones).
-    uint32_t s12 = 0xFFFFFFFFu;
-    for (size_t i = 0; i < kIpIdOffset; i++)
-        s12 = step_fwd(s12, pseudo[i]);
-    // Backward from the final register over every byte after the ID.
-    uint32_t s = ~icrc;
-    for (size_t i = rest_len; i-- > 0;)
-        s = step_back(s, rest[i]);
-    for (size_t i = kPseudoLen; i-- > kIpIdOffset + 2;)
-        s = step_back(s, pseudo[i]);
-    // s is the register after both ID bytes; undo them symbolically.
-    uint32_t s14 = s;
-    uint8_t idx13 = kT.by_top[s14 >> 24];
-    uint32_t s13_hi = (s14 ^ kT.fwd[idx13]) << 8; // low byte unknown
-    uint8_t idx12 = kT.by_top[s13_hi >> 24];
-    uint32_t t = s13_hi ^ kT.fwd[idx12];
-    if (((t ^ (s12 >> 8)) & 0x00FFFF00u) != 0) return false;
-    uint8_t s13_lo = uint8_t((s12 >> 8) ^ kT.fwd[idx12]);
-    uint8_t b12 = uint8_t(idx12 ^ (s12 & 0xFF));
-    uint8_t b13 = uint8_t(idx13 ^ s13_lo);
-    // Confirm by running forward.
-    if (step_fwd(step_fwd(s12, b12), b13) != s14) return false;
-    *id = uint16_t(b12 << 8 | b13);
-    return true;
-}
+// The ICRC change each unknown bit causes (ID bits 0-15, then DF), reduced
+// to an echelon form so that any change decomposes in at most 17 steps.
+// It depends only on how many covered bytes follow the ID: kept per thread
+// for the last length seen, as consecutive packets mostly share it.
+struct IdSolver {
+    size_t covered = 0;
+    int nbits = 0;
+    uint32_t vec[32] = {};  // pivot vectors by their highest bit (0: none)
+    uint32_t mask[32] = {}; // the unknown bits each one combines
+
+    void build(size_t covered_len, int bits) {
+        covered = covered_len;
+        nbits = bits;
+        std::fill(std::begin(vec), std::end(vec), 0u);
+        uint32_t after_df = zero_bytes(covered_len - kIpIdOffset - 3);
+        uint32_t after_id = mul_mod(after_df, kX8);
+        for (int j = 0; j < bits; j++) {
+            uint32_t v =
+                j < 16 ? mul_mod(kT.id_bit[size_t(j)], after_id) : mul_mod(kT.df_bit, after_df);
+            uint32_t m = 1u << j;
+            while (v) {
+                int hb = 31 - __builtin_clz(v);
+                if (!vec[hb]) {
+                    vec[hb] = v;
+                    mask[hb] = m;
+                    break;
+                }
+                v ^= vec[hb];
+                m ^= mask[hb];
+            }
+        }
+    }
+    // The unknown bits that turn the ICRC by `delta`, if any do.
+    bool solve(uint32_t delta, uint32_t *bits) const {
+        uint32_t m = 0;
+        while (delta) {
+            int hb = 31 - __builtin_clz(delta);
+            if (!vec[hb]) return false;
+            delta ^= vec[hb];
+            m ^= mask[hb];
+        }
+        *bits = m;
+        return true;
+    }
+};
 
 // The ICRC over `covered` (whose last 4 bytes are the ICRC field) for a
 // datagram whose UDP payload is udp_len bytes: the two differ only for the
@@ -106,28 +149,30 @@ uint32_t compute(const Ipv4Header &ip, size_t udp_len, const uint8_t *covered, s
 
 bool verify(Ipv4Header ip, size_t udp_len, const uint8_t *covered, size_t len, uint16_t *ip_id) {
     uint32_t want = icrc_load(covered + len - wire::kIcrcLen);
-    ip.ip_id = 0;
+    const uint16_t expected = ip.ip_id;
     ip.df = true;
-    if (compute(ip, udp_len, covered, len) == want) {
-        if (ip_id) *ip_id = 0;
+    uint32_t got = compute(ip, udp_len, covered, len);
+    if (got == want) {
+        if (ip_id) *ip_id = expected;
         return true;
     }
-    // sroce sends from port 4791 with ID 0 and DF; giving its packets 17 free
-    // bits to solve for would let corrupted ones through, so only peers that
-    // pick other source ports (Linux rxe hashes the QPN into it) get solved.
-    if (ip.sport == wire::kRoceV2Port) return false;
-    for (bool df : {true, false}) {
-        ip.df = df;
-        uint8_t pseudo[kPseudoLen];
-        build_pseudo(pseudo, ip, udp_len, covered);
-        uint16_t id;
-        if (solve_ip_id(pseudo, covered + wire::kBthLen, len - wire::kBthLen - wire::kIcrcLen, want,
-                        &id)) {
-            if (ip_id) *ip_id = id;
-            return true;
-        }
-    }
-    return false;
+    // sroce peers (source port 4791) send DF, and an ID that is the
+    // datagram's position in its segmentation-offload send, below
+    // kMaxSegments (wire-protocol.md §4.3): 6 free bits, not 17, so corrupted
+    // packets do not pass.  Others (Linux rxe hashes the QPN into its source
+    // port) may send any ID, with DF set or clear.
+    bool sroce = ip.sport == wire::kRoceV2Port;
+    constexpr int kSegmentBits = std::countr_zero(unsigned(wire::kMaxSegments));
+    int bits = !sroce ? 17 : expected < wire::kMaxSegments ? kSegmentBits : 16;
+    thread_local IdSolver solver;
+    size_t n = kPseudoLen + len - wire::kBthLen - wire::kIcrcLen;
+    if (solver.covered != n || solver.nbits != bits) solver.build(n, bits);
+    uint32_t m;
+    if (!solver.solve(got ^ want, &m)) return false;
+    uint16_t id = uint16_t(expected ^ m);
+    if (sroce && id >= wire::kMaxSegments) return false;
+    if (ip_id) *ip_id = id;
+    return true;
 }
 
 // A FLUSH carries no payload; anything longer is not one rxe sent.

@@ -19,7 +19,9 @@ struct Ipv4Header {
     in_addr_t dst;
     uint16_t sport; // host order
     uint16_t dport;
-    uint16_t ip_id = 0; // Linux writes 0 for DF datagrams sent from an unconnected socket
+    // Linux writes 0 for a DF datagram sent from an unconnected socket, and
+    // 0, 1, 2, ... for the datagrams it cuts one UDP_SEGMENT send into.
+    uint16_t ip_id = 0;
     bool df = true;
 };
 
@@ -46,13 +48,15 @@ inline void icrc_store(uint8_t *p, uint32_t v) {
 }
 
 // Verifies a received datagram.  A receiver behind a UDP socket cannot see
-// the sender's IP ID or DF bit: sroce peers (UDP source port 4791) send ID 0
-// with DF and are held to exactly that.  For other peers the 16-bit ID is
-// solved for (CRC-32 is invertible, so the two unknown bytes are determined
-// by the CRC state on either side of them) and the packet is accepted only if
-// a consistent ID exists, with DF set or clear; this leaves such peers about
-// 2^-15 of undetected corruption instead of 2^-32.  Returns true when the
-// ICRC is valid; *ip_id gets the ID used.
+// the sender's IP ID or DF bit, so `ip.ip_id` is the ID expected: a
+// datagram's position in a coalesced receive (UDP_GRO), which is its position
+// in the sender's segmentation-offload send, else 0.  A mismatch is solved
+// for in constant time (CRC-32 is linear in the unknown bits): sroce peers
+// (UDP source port 4791) send DF and an ID below wire::kMaxSegments, so they
+// get 6 free bits and about 2^-26 of undetected corruption on that path;
+// other peers any ID with DF set or clear (2^-15).  The expected ID alone
+// keeps the full 2^-32.  Returns true when the ICRC is valid; *ip_id gets
+// the ID used.
 bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id = nullptr);
 
 // Linux rxe from 6.2 on gives FLUSH no payload offset in its opcode table, so

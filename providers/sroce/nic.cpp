@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -173,10 +175,12 @@ void Nic::print_stats() {
     fprintf(stderr,
             "sroce: %s: rx_pkts %llu tx_pkts %llu rx_bad_icrc %llu rx_bad_hdr %llu "
             "rx_no_qp %llu rx_dropped_fault %llu retransmits %llu timeouts %llu "
-            "rx_flush_legacy_icrc %llu tx_flush_legacy_icrc %llu\n",
+            "rx_flush_legacy_icrc %llu tx_flush_legacy_icrc %llu tx_segmented %llu "
+            "rx_coalesced %llu rx_ip_id_solved %llu\n",
             dev_->ibdev.name, v(stats.rx_pkts), v(stats.tx_pkts), v(stats.rx_bad_icrc),
             v(stats.rx_bad_hdr), v(stats.rx_no_qp), v(stats.rx_dropped_fault), v(stats.retransmits),
-            v(stats.timeouts), v(stats.rx_flush_legacy_icrc), v(stats.tx_flush_legacy_icrc));
+            v(stats.timeouts), v(stats.rx_flush_legacy_icrc), v(stats.tx_flush_legacy_icrc),
+            v(stats.tx_segmented), v(stats.rx_coalesced), v(stats.rx_ip_id_solved));
 }
 
 void Nic::release() {
@@ -188,29 +192,46 @@ void Nic::release() {
 
 struct Nic::RxState {
     static constexpr int kBatch = 64;
-    static constexpr size_t kBufLen = 4096 + 256;
-    std::vector<uint8_t> bufs = std::vector<uint8_t>(size_t(kBatch) * kBufLen);
+    // A coalesced receive (UDP_GRO) holds up to one IPv4 datagram's worth.
+    static constexpr size_t kBufLen = 65536;
+    // Not value-initialised: only the pages traffic reaches become resident.
+    std::unique_ptr<uint8_t[]> bufs{new uint8_t[size_t(kBatch) * kBufLen]};
     mmsghdr msgs[kBatch];
     iovec iovs[kBatch];
     sockaddr_in froms[kBatch];
-    // Reorder injection holds one datagram back and delivers it after the next.
-    std::vector<uint8_t> held = std::vector<uint8_t>(kBufLen);
+    static constexpr size_t kCtlLen = CMSG_SPACE(sizeof(int));
+    alignas(cmsghdr) uint8_t ctls[kBatch][kCtlLen];
+    // Reorder injection holds one packet back and delivers it after the next.
+    std::unique_ptr<uint8_t[]> held{new uint8_t[kBufLen]};
     size_t held_len = 0;
     sockaddr_in held_from{};
     in_addr_t held_dst = 0;
+    uint16_t held_pos = 0;
     int used = 0;    // entries the last recvmmsg() filled
     int vlen = 1;    // entries the next recvmmsg() asks for
     int singles = 0; // back-to-back receives of one datagram with vlen 1
 
     RxState() {
         for (int i = 0; i < kBatch; i++) {
-            iovs[i] = {bufs.data() + size_t(i) * kBufLen, kBufLen};
+            iovs[i] = {bufs.get() + size_t(i) * kBufLen, kBufLen};
             msgs[i].msg_hdr = {};
             msgs[i].msg_hdr.msg_name = &froms[i];
             msgs[i].msg_hdr.msg_namelen = sizeof froms[i];
             msgs[i].msg_hdr.msg_iov = &iovs[i];
             msgs[i].msg_hdr.msg_iovlen = 1;
+            msgs[i].msg_hdr.msg_control = ctls[i];
+            msgs[i].msg_hdr.msg_controllen = kCtlLen;
         }
+    }
+    // The segment size of a coalesced receive, or 0.
+    static size_t segment_size(const msghdr &m) {
+        for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(const_cast<msghdr *>(&m), c))
+            if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+                int v;
+                std::memcpy(&v, CMSG_DATA(c), sizeof v);
+                return v > 0 ? size_t(v) : 0;
+            }
+        return 0;
     }
 };
 
@@ -231,6 +252,8 @@ Nic::Nic(Device *dev)
     if (const char *a = getenv("SROCE_APP_PROGRESS"); a && *a == '0') app_progress_ = false;
     if (const char *s = getenv("SROCE_SPIN_US"); s && *s)
         spin_ns_ = strtoull(s, nullptr, 10) * 1000;
+    if (const char *g = getenv("SROCE_GSO"); g && *g == '0') gso_ = false;
+    if (const char *g = getenv("SROCE_GRO"); g && *g == '0') gro_ = false;
 }
 
 Nic::~Nic() {
@@ -269,6 +292,10 @@ int Nic::open_socket() {
         fd_ = lease_.udp;
         slot = lease_.slot;
     }
+    // Every socket of the address's group has its own setting: this
+    // process's coalesced receives are its own choice.
+    int gro = gro_ ? 1 : 0;
+    if (setsockopt(fd_, IPPROTO_UDP, UDP_GRO, &gro, sizeof gro) < 0) gro_ = false;
     qpn_base_ = slot << agent::kSlotShift | kQpnBase;
     srqn_base_ = slot << agent::kSlotShift | kSrqnBase;
     // Start numbering where this process's previous lease of the slot is
@@ -381,7 +408,7 @@ void Nic::publish_qp(const Qp *qp) {
 
 void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
                 int iovcnt, uint32_t payload_len, bool legacy_flush) {
-    if (b.n == TxBatch::kSlots) {
+    if (b.n == TxBatch::kSlots || b.niov + iovcnt + 2 > TxBatch::kIovs) {
         std::unique_lock<std::mutex> t;
         if (b.order) t = std::unique_lock<std::mutex>(*b.order);
         flush(b);
@@ -390,17 +417,51 @@ void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, c
     std::memcpy(s.hdr, hdr, hdr_len);
     uint32_t pad = (4 - (payload_len & 3)) & 3;
     s.hdr[1] = uint8_t((s.hdr[1] & ~0x30) | pad << 4);
-    size_t udp_len = hdr_len + payload_len + pad + wire::kIcrcLen;
+    uint32_t udp_len = uint32_t(hdr_len + payload_len + pad + wire::kIcrcLen);
+    uint32_t dqpn = wire::bth::qpn(s.hdr);
 
-    Ipv4Header ip{dev_->addr, dst, wire::kRoceV2Port, wire::kRoceV2Port};
+    // Join the run before, as its next segment, when the kernel can cut it
+    // there: same destination QP (the receiving group steers a whole send by
+    // its first packet), no larger than the run's packets, room left.  The
+    // ICRC then covers the IP ID the segment will carry: its position.
+    TxBatch::Run *run = b.nruns ? &b.runs[b.nruns - 1] : nullptr;
+    msghdr *m = run ? &b.msgs[b.nruns - 1].msg_hdr : nullptr;
+    bool join = run && gso_.load(std::memory_order_relaxed) && !run->closed &&
+                run->dst.sin_addr.s_addr == dst && run->dqpn == dqpn && udp_len <= run->seg &&
+                run->count < wire::kMaxSegments && run->bytes + udp_len <= wire::kMaxUdpPayload &&
+                m->msg_iovlen + size_t(iovcnt) + 2 <= size_t(IOV_MAX);
+    if (!join) {
+        run = &b.runs[b.nruns];
+        run->dst = {};
+        run->dst.sin_family = AF_INET;
+        run->dst.sin_port = htons(wire::kRoceV2Port);
+        run->dst.sin_addr.s_addr = dst;
+        run->dqpn = dqpn;
+        run->seg = udp_len;
+        run->bytes = 0;
+        run->count = 0;
+        run->closed = false;
+        m = &b.msgs[b.nruns].msg_hdr;
+        *m = {};
+        m->msg_name = &run->dst;
+        m->msg_namelen = sizeof run->dst;
+        m->msg_iov = b.iov + b.niov;
+        b.nruns++;
+    }
+    uint16_t pos = run->count++;
+    run->bytes += udp_len;
+    if (udp_len < run->seg) run->closed = true;
+
+    Ipv4Header ip{dev_->addr, dst, wire::kRoceV2Port, wire::kRoceV2Port, pos};
     uint32_t crc = icrc_begin(ip, udp_len, s.hdr);
     crc = icrc_update(crc, s.hdr + wire::kBthLen, hdr_len - wire::kBthLen);
+    iovec *out = b.iov + b.niov;
     int k = 0;
-    s.iov[k++] = {s.hdr, hdr_len};
+    out[k++] = {s.hdr, hdr_len};
     for (int i = 0; i < iovcnt; i++) {
         if (!iov[i].iov_len) continue;
         crc = icrc_update(crc, iov[i].iov_base, iov[i].iov_len);
-        s.iov[k++] = iov[i];
+        out[k++] = iov[i];
     }
     std::memset(s.tail, 0, pad);
     if (pad) crc = icrc_update(crc, s.tail, pad);
@@ -409,47 +470,69 @@ void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, c
         stats.tx_flush_legacy_icrc.fetch_add(1, std::memory_order_relaxed);
     }
     icrc_store(s.tail + pad, crc);
-    s.iov[k++] = {s.tail, pad + wire::kIcrcLen};
-
-    s.dst = {};
-    s.dst.sin_family = AF_INET;
-    s.dst.sin_port = htons(wire::kRoceV2Port);
-    s.dst.sin_addr.s_addr = dst;
-    msghdr &m = b.msgs[b.n].msg_hdr;
-    m = {};
-    m.msg_name = &s.dst;
-    m.msg_namelen = sizeof s.dst;
-    m.msg_iov = s.iov;
-    m.msg_iovlen = size_t(k);
+    out[k++] = {s.tail, pad + wire::kIcrcLen};
+    b.niov += k;
+    m->msg_iovlen += size_t(k);
     b.n++;
 }
 
 void Nic::flush(TxBatch &b) {
+    uint64_t segmented = 0;
+    for (int i = 0; i < b.nruns; i++) {
+        TxBatch::Run &r = b.runs[i];
+        msghdr &m = b.msgs[i].msg_hdr;
+        if (r.count < 2) continue;
+        segmented += r.count;
+        m.msg_control = r.ctl;
+        m.msg_controllen = sizeof r.ctl;
+        cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_UDP;
+        c->cmsg_type = UDP_SEGMENT;
+        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        uint16_t seg = uint16_t(r.seg);
+        std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
+    }
     int off = 0;
-    while (off < b.n) {
+    while (off < b.nruns) {
         wire_release();
-        int r = sendmmsg(fd_, b.msgs + off, unsigned(b.n - off), 0);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            // A full socket buffer or an unreachable peer is packet loss to
-            // the transport: retransmission recovers, so drop the rest.
-            break;
+        int r = sendmmsg(fd_, b.msgs + off, unsigned(b.nruns - off), 0);
+        if (r >= 0) {
+            off += r;
+            continue;
         }
-        off += r;
+        if (errno == EINTR) continue;
+        // A route whose device cannot take segmentation offload: its
+        // packets are lost this once (retransmission sends them singly).
+        if (b.runs[off].count > 1 && (errno == EIO || errno == EINVAL || errno == EOPNOTSUPP)) {
+            if (gso_.exchange(false))
+                fprintf(stderr,
+                        "sroce: %s: the kernel refused UDP segmentation offload (%s); "
+                        "sending every packet as a datagram of its own\n",
+                        dev_->ibdev.name, strerror(errno));
+            off++;
+            continue;
+        }
+        // A full socket buffer or an unreachable peer is packet loss to
+        // the transport: retransmission recovers, so drop the rest.
+        break;
     }
     stats.tx_pkts.fetch_add(uint64_t(b.n), std::memory_order_relaxed);
-    b.n = 0;
+    if (segmented) stats.tx_segmented.fetch_add(segmented, std::memory_order_relaxed);
+    b.n = b.nruns = b.niov = 0;
 }
 
 void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_addr_t dst,
-                   TxBatch &tx) {
+                   uint16_t pos, TxBatch &tx) {
     wire::Packet pkt;
     if (wire::parse(data, len, pkt) != wire::ParseError::kOk) {
         stats.rx_bad_hdr.fetch_add(1, std::memory_order_relaxed);
         return;
     }
-    Ipv4Header ip{from.sin_addr.s_addr, dst, ntohs(from.sin_port), wire::kRoceV2Port};
-    if (!icrc_verify(ip, data, len)) {
+    Ipv4Header ip{from.sin_addr.s_addr, dst, ntohs(from.sin_port), wire::kRoceV2Port, pos};
+    uint16_t id = pos;
+    if (icrc_verify(ip, data, len, &id)) {
+        if (id != pos) stats.rx_ip_id_solved.fetch_add(1, std::memory_order_relaxed);
+    } else {
         if (pkt.opcode != wire::kFlush || !icrc_verify_flush_legacy(ip, data, len)) {
             stats.rx_bad_icrc.fetch_add(1, std::memory_order_relaxed);
             return;
@@ -545,6 +628,8 @@ int Nic::attach_mcast(Qp *qp, in_addr_t group) {
     ip_mreq mreq{};
     mreq.imr_multiaddr.s_addr = group;
     mreq.imr_interface.s_addr = dev_->addr;
+    int gro = gro_ ? 1 : 0;
+    setsockopt(fd, IPPROTO_UDP, UDP_GRO, &gro, sizeof gro);
     if (bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0 ||
         setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mreq, sizeof mreq) < 0) {
         int err = errno;
@@ -614,6 +699,32 @@ void Nic::fire_timers(TxBatch &tx) {
     }
 }
 
+void Nic::receive_one(const uint8_t *d, size_t len, const sockaddr_in &from, in_addr_t dst,
+                      uint16_t pos, TxBatch &tx) {
+    RxState &rx = *rx_;
+    stats.rx_pkts.fetch_add(1, std::memory_order_relaxed);
+    if (fault_.enabled()) {
+        if (next_uniform(rng_) < fault_.drop) {
+            stats.rx_dropped_fault.fetch_add(1, std::memory_order_relaxed);
+            return;
+        }
+        if (next_uniform(rng_) < fault_.dup) dispatch(d, len, from, dst, pos, tx);
+        if (!rx.held_len && next_uniform(rng_) < fault_.reorder) {
+            std::memcpy(rx.held.get(), d, len);
+            rx.held_len = len;
+            rx.held_from = from;
+            rx.held_dst = dst;
+            rx.held_pos = pos;
+            return;
+        }
+    }
+    dispatch(d, len, from, dst, pos, tx);
+    if (rx.held_len) {
+        dispatch(rx.held.get(), rx.held_len, rx.held_from, rx.held_dst, rx.held_pos, tx);
+        rx.held_len = 0;
+    }
+}
+
 int Nic::rx_pass() {
     int n = rx_from(fd_, dev_->addr, true);
     if (mc_count_.load(std::memory_order_relaxed)) {
@@ -632,6 +743,7 @@ int Nic::rx_from(int fd, in_addr_t dst, bool adaptive) {
     // filled: restore those, so that an empty poll costs no set-up.
     for (int i = 0; i < rx.used; i++) {
         rx.msgs[i].msg_hdr.msg_namelen = sizeof rx.froms[i];
+        rx.msgs[i].msg_hdr.msg_controllen = RxState::kCtlLen;
         rx.msgs[i].msg_hdr.msg_flags = 0;
     }
     rx.used = 0;
@@ -656,29 +768,26 @@ int Nic::rx_from(int fd, in_addr_t dst, bool adaptive) {
     rx.used = n;
     std::lock_guard<std::mutex> g(objects_mu);
     for (int i = 0; i < n; i++) {
-        stats.rx_pkts.fetch_add(1, std::memory_order_relaxed);
-        const uint8_t *d = rx.bufs.data() + size_t(i) * RxState::kBufLen;
+        const msghdr &mh = rx.msgs[i].msg_hdr;
+        if (mh.msg_flags & MSG_TRUNC) continue;
+        const uint8_t *d = rx.bufs.get() + size_t(i) * RxState::kBufLen;
         size_t len = rx.msgs[i].msg_len;
-        if (rx.msgs[i].msg_hdr.msg_flags & MSG_TRUNC) continue;
-        if (fault_.enabled()) {
-            if (next_uniform(rng_) < fault_.drop) {
-                stats.rx_dropped_fault.fetch_add(1, std::memory_order_relaxed);
-                continue;
-            }
-            if (next_uniform(rng_) < fault_.dup) dispatch(d, len, rx.froms[i], dst, tx);
-            if (!rx.held_len && next_uniform(rng_) < fault_.reorder) {
-                std::memcpy(rx.held.data(), d, len);
-                rx.held_len = len;
-                rx.held_from = rx.froms[i];
-                rx.held_dst = dst;
-                continue;
-            }
-        }
-        dispatch(d, len, rx.froms[i], dst, tx);
-        if (rx.held_len) {
-            dispatch(rx.held.data(), rx.held_len, rx.held_from, rx.held_dst, tx);
-            rx.held_len = 0;
-        }
+        // A coalesced buffer holds packets of one segment size, the last
+        // possibly shorter, each with its place in the send as its IP ID.
+        size_t seg = RxState::segment_size(mh);
+        if (!seg || seg >= len)
+            seg = len;
+        else
+            stats.rx_coalesced.fetch_add((len + seg - 1) / seg, std::memory_order_relaxed);
+        size_t off = 0;
+        uint16_t pos = 0;
+        do {
+            // Past kMaxSegments the ID cannot be the position: unknown.
+            uint16_t id = pos < wire::kMaxSegments ? pos : 0;
+            receive_one(d + off, std::min(seg, len - off), rx.froms[i], dst, id, tx);
+            off += seg;
+            pos++;
+        } while (off < len);
     }
     // ACKs are coalesced over a receive batch and sent here.
     if (!acks_.empty()) flush_acks(tx);

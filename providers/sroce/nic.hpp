@@ -14,18 +14,33 @@
 namespace sroce {
 
 // Packets queued for one sendmmsg().  Headers are copied into the slot; the
-// payload is referenced in place (user memory), never copied.
+// payload is referenced in place (user memory), never copied.  Consecutive
+// packets of equal size for one destination QP form a run, handed to the
+// kernel as one UDP_SEGMENT send (wire-protocol.md §1.1).
 struct TxBatch {
     static constexpr int kSlots = 64;
+    static constexpr int kIovs = kSlots * (kMaxSge + 2);
     struct Slot {
         uint8_t hdr[wire::kMaxHdrLen + 8];
         uint8_t tail[8]; // pad + ICRC
-        iovec iov[kMaxSge + 2];
+    };
+    // One datagram, or a run of packets sent as one segmentation-offload send.
+    struct Run {
         sockaddr_in dst;
+        uint32_t dqpn = 0;
+        uint32_t seg = 0;   // UDP payload of each packet but a shorter last
+        uint32_t bytes = 0; // UDP payload of the whole run
+        uint16_t count = 0;
+        bool closed = false; // ends with a shorter packet: nothing more joins
+        alignas(cmsghdr) uint8_t ctl[CMSG_SPACE(sizeof(uint16_t))];
     };
     Slot slots[kSlots];
-    mmsghdr msgs[kSlots];
-    int n = 0;
+    Run runs[kSlots];
+    mmsghdr msgs[kSlots]; // one per run
+    iovec iov[kIovs];     // the runs' iovecs, each run's contiguous
+    int n = 0;            // packets
+    int nruns = 0;
+    int niov = 0;
     // The QP whose packets are being built, when their order matters: a
     // batch that fills up mid-build is sent under its tx_mu.
     std::mutex *order = nullptr;
@@ -44,7 +59,11 @@ struct NicStats {
     std::atomic<uint64_t> rx_pkts{0}, tx_pkts{0}, rx_bad_icrc{0}, rx_bad_hdr{0}, rx_no_qp{0},
         rx_dropped_fault{0}, retransmits{0}, timeouts{0},
         // FLUSH packets in Linux rxe's ICRC form (icrc.hpp), received / sent
-        rx_flush_legacy_icrc{0}, tx_flush_legacy_icrc{0};
+        rx_flush_legacy_icrc{0}, tx_flush_legacy_icrc{0},
+        // Packets sent in multi-packet segmentation-offload sends, received
+        // in coalesced buffers, and received with an IP ID other than the
+        // one expected (solved for, icrc.hpp).
+        tx_segmented{0}, rx_coalesced{0}, rx_ip_id_solved{0};
 };
 
 class Nic {
@@ -139,8 +158,12 @@ class Nic {
     // One recvmmsg() on `fd` (the device socket, or a multicast group's
     // whose address is `dst`) and the dispatch of what it returned.
     int rx_from(int fd, in_addr_t dst, bool adaptive);
+    // One packet through the fault injector (SROCE_FAULT) to dispatch().
+    void receive_one(const uint8_t *d, size_t len, const sockaddr_in &from, in_addr_t dst,
+                     uint16_t pos, TxBatch &tx);
+    // One packet; `pos` is its place in a coalesced receive buffer (its IP ID).
     void dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_addr_t dst,
-                  TxBatch &tx);
+                  uint16_t pos, TxBatch &tx);
     void deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx);
     void fire_timers(TxBatch &tx);
     void flush_acks(TxBatch &tx);
@@ -181,6 +204,11 @@ class Nic {
     FaultConfig fault_;
     uint64_t rng_ = 0;
     bool busy_poll_ = false;
+    // Segmentation offload on send (UDP_SEGMENT) and coalesced receives
+    // (UDP_GRO); SROCE_GSO=0 / SROCE_GRO=0 turn them off.  Send offload also
+    // goes off for good the first time the kernel refuses it.
+    std::atomic<bool> gso_{true};
+    bool gro_ = true;
     bool app_progress_ = true;
     uint64_t spin_ns_ = 50000; // how long the progress thread polls after traffic
     // An application thread counts as spinning on its CQ (app_progress)

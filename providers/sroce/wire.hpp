@@ -17,6 +17,11 @@ constexpr uint16_t kRoceV2Port = 4791;
 constexpr uint32_t kPsnMask = 0xFFFFFF;
 constexpr uint32_t kQpnMask = 0xFFFFFF;
 constexpr uint16_t kDefaultPkey = 0xFFFF;
+// Packets one segmentation-offload send may carry (Linux's UDP_MAX_SEGMENTS);
+// a sroce datagram's IP ID is its position in such a send, below this.
+constexpr uint16_t kMaxSegments = 64;
+// The largest UDP payload of one IPv4 datagram (and so of one such send).
+constexpr size_t kMaxUdpPayload = 65535 - 20 - 8;
 
 constexpr size_t kBthLen = 12;
 constexpr size_t kRethLen = 16;

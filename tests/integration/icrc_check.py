@@ -7,12 +7,19 @@ the IP and UDP headers as captured, independently of sroce's implementation.
 On lo the capture holds the IPv4 header exactly as sent, so the check is
 complete: no field the receiver cannot see is guessed.
 
-Also checks what sroce's receivers rely on (IP ID 0 with DF on every packet),
-prints a count per opcode, and requires that SEND, RDMA WRITE, RDMA READ
-requests and responses, ATOMIC, ATOMIC ACKNOWLEDGE and ACKNOWLEDGE were all
-seen.
+Also checks what sroce's receivers rely on (wire-protocol.md §1.1): DF on
+every packet, and an IP ID that is the packet's place in its segmentation-
+offload send - 0, or one more than the ID of the flow's packet before it
+(same addresses and destination QP), below 64.  Prints a count per opcode and
+requires that SEND, RDMA WRITE, RDMA READ requests and responses, ATOMIC,
+ATOMIC ACKNOWLEDGE and ACKNOWLEDGE were all seen.
 
-Usage: icrc_check.py CAPTURE.pcap[ng]
+The capture must show datagrams as a wire carries them: on a lo whose UDP
+segmentation offload is off (ethtool -K lo tx-udp-segmentation off), since
+on an offloading lo a capture sees each send whole.
+
+Usage: icrc_check.py [--require-segmented] CAPTURE.pcap[ng]
+  --require-segmented  fail unless some packets came from multi-packet sends
 Exit status: 0 all good, 1 a check failed, 77 scapy is missing.
 """
 import collections
@@ -27,6 +34,9 @@ except ImportError as e:
 
 ROCE_PORT = 4791
 
+# Packets one segmentation-offload send may carry (Linux's UDP_MAX_SEGMENTS).
+MAX_SEGMENTS = 64
+
 # Opcode groups the traffic must contain, and the RC opcodes of each.
 REQUIRED = {
     "SEND": range(0x00, 0x06),
@@ -40,13 +50,18 @@ REQUIRED = {
 
 
 def main():
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    require_segmented = "--require-segmented" in args
+    args = [a for a in args if a != "--require-segmented"]
+    if len(args) != 1:
         sys.exit(__doc__)
     counts = collections.Counter()
+    last_id = {}  # flow -> IP ID of its latest packet
+    segmented = 0
     mismatches = []
     bad_ip = []
     total = 0
-    with PcapReader(sys.argv[1]) as reader:
+    with PcapReader(args[0]) as reader:
         for n, pkt in enumerate(reader, 1):
             if IP not in pkt or UDP not in pkt or pkt[UDP].dport != ROCE_PORT:
                 continue
@@ -64,10 +79,17 @@ def main():
             if want != got:
                 mismatches.append((n, _bth_opcodes.get(opcode, hex(opcode)),
                                    f"ICRC {got.hex()} expected {want.hex()}"))
-            if ip.id != 0 or not (ip.flags & 0x2):
-                bad_ip.append((n, f"IP ID {ip.id:#06x} flags {ip.flags}"))
+            flow = (ip.src, ip.dst, int.from_bytes(payload[5:8], "big"))
+            in_run = ip.id == last_id.get(flow, -2) + 1
+            if ip.id >= MAX_SEGMENTS or (ip.id != 0 and not in_run) or not (ip.flags & 0x2):
+                bad_ip.append((n, f"IP ID {ip.id:#06x} flags {ip.flags} "
+                                  f"(the flow's previous ID: {last_id.get(flow)})"))
+            if ip.id:
+                segmented += 1
+            last_id[flow] = ip.id
 
-    print(f"{total} RoCEv2 packets")
+    print(f"{total} RoCEv2 packets, {segmented} of them after the first of a "
+          f"segmentation-offload send (IP ID > 0)")
     for op in sorted(counts):
         print(f"  {op:#04x} {_bth_opcodes.get(op, '?'):<36} {counts[op]}")
     ok = True
@@ -81,9 +103,13 @@ def main():
             print("  frame %d %s: %s" % m, file=sys.stderr)
     if bad_ip:
         ok = False
-        print(f"FAIL: {len(bad_ip)} packet(s) not sent with IP ID 0 and DF:", file=sys.stderr)
+        print(f"FAIL: {len(bad_ip)} packet(s) without DF or with an IP ID that is not "
+              f"their place in a send:", file=sys.stderr)
         for m in bad_ip[:20]:
             print("  frame %d: %s" % m, file=sys.stderr)
+    if require_segmented and not segmented:
+        ok = False
+        print("FAIL: no packet from a multi-packet segmentation-offload send", file=sys.stderr)
     for group, ops in REQUIRED.items():
         if not any(counts[o] for o in ops):
             ok = False

@@ -121,6 +121,20 @@ capture_stop() {
 	bg_wait "$CAPTURE_PID"
 }
 
+# in_segmenting_netns "$0" "$@": runs the calling script again, once, in a
+# network namespace of its own whose lo cuts every segmentation-offload send
+# into datagrams in software (tx-udp-segmentation off), so that a capture on
+# lo holds what a wire would carry, each with the IP ID the kernel gave it.
+# Skips without root, unshare(1) or ethtool(8).
+in_segmenting_netns() {
+	[[ -z ${SROCE_TEST_NETNS:-} ]] || return 0
+	((EUID == 0)) || skip "needs root for a network namespace"
+	require_cmds unshare ethtool
+	exec env SROCE_TEST_NETNS=1 unshare --net -- bash -c \
+		'ip link set lo up && ethtool -K lo tx-udp-segmentation off >/dev/null && exec bash "$@"' \
+		bash "$@"
+}
+
 require_loopback() {
 	ip -o -4 addr show dev lo 2>/dev/null | grep -q 'inet 127\.' ||
 		skip "loopback interface is down or has no 127.0.0.0/8 address"

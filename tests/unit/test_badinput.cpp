@@ -340,7 +340,9 @@ std::optional<Rx> receive(int fd, int ms, bool legacy_ok = false) {
                   ntohs(self.sin_port)};
     uint16_t id = 0xFFFF;
     if (icrc_verify(ip, rx.raw.data(), rx.raw.size(), &id)) {
-        EXPECT_EQ(id, 0) << "ICRC computed for a non-zero IP ID";
+        // A packet's place in a segmentation-offload send, which the kernel
+        // cut up for this socket (no UDP_GRO here).
+        EXPECT_LT(id, kMaxSegments) << "ICRC computed for an IP ID sroce never sends";
     } else if (pkt.opcode == kFlush && icrc_verify_flush_legacy(ip, rx.raw.data(), rx.raw.size())) {
         rx.legacy_icrc = true;
         EXPECT_TRUE(legacy_ok) << "FLUSH in Linux rxe's ICRC form";

@@ -12,8 +12,10 @@ below are read from every packet.
 Checks:
   * the sampled ICRCs all match scapy's;
   * both senders sent RoCEv2 packets;
-  * sroce sent every packet with DF and IP ID 0 (what its peers' ICRC
-    checks of its packets assume nothing about, but what sroce documents);
+  * sroce sent every packet with DF and an IP ID that is its place in its
+    segmentation-offload send: 0, or one more than the ID of the packet
+    before it to the same destination QP, below 64 (wire-protocol.md 1.1;
+    a peer that sees the IP header, as rxe does, needs nothing more);
   * the rxe peer sent packets with a non-zero IP ID from a UDP source port
     other than 4791 -- the packets sroce can only verify by solving for the
     unseen IP ID -- so the capture proves that path was exercised.
@@ -45,8 +47,11 @@ ROCE_PORT = 4791
 RC_FLUSH = 0x1C
 
 
+MAX_SEGMENTS = 64
+
+
 def parse(frame):
-    """(src, dst, ip_id, df, sport, opcode) of an IPv4 RoCEv2 frame, else None."""
+    """(src, dst, ip_id, df, sport, opcode, dqpn) of an IPv4 RoCEv2 frame, else None."""
     if len(frame) < 14 + 20 + 8 + 12 or frame[12:14] != b"\x08\x00":
         return None
     ip = frame[14:]
@@ -57,8 +62,9 @@ def parse(frame):
     sport, dport = struct.unpack("!HH", ip[ihl:ihl + 4])
     if dport != ROCE_PORT:
         return None
+    bth = ip[ihl + 8:]
     return (socket.inet_ntoa(ip[12:16]), socket.inet_ntoa(ip[16:20]), ip_id,
-            bool(frag & 0x4000), sport, ip[ihl + 8])
+            bool(frag & 0x4000), sport, bth[0], int.from_bytes(bth[5:8], "big"))
 
 
 def main():
@@ -78,24 +84,37 @@ def main():
     no_df = collections.Counter()
     other_sport = collections.Counter()
     sports = collections.defaultdict(set)
+    bad_id = []  # sroce packets whose ID is not their place in a send
+    last_id = {}  # sroce flow (dst, dqpn) -> IP ID of its latest packet
+    sampled = collections.Counter()
     flush_forms = collections.defaultdict(collections.Counter)
     mismatches = []
     for n, (frame, _meta) in enumerate(RawPcapReader(a.pcap), 1):
         h = parse(frame)
         if h is None:
             continue
-        src, dst, ip_id, df, sport, opcode = h
+        src, dst, ip_id, df, sport, opcode, dqpn = h
         who = names.get(src)
         if who is None or names.get(dst) is None:
             continue
         total[who] += 1
         ops[who][opcode] += 1
         nonzero_id[who] += ip_id != 0
+        if who == "sroce":
+            in_run = ip_id == last_id.get((dst, dqpn), -2) + 1
+            if ip_id >= MAX_SEGMENTS or (ip_id and not in_run):
+                bad_id.append(f"frame {n}: IP ID {ip_id:#06x}, the flow's previous "
+                              f"{last_id.get((dst, dqpn))}")
+            last_id[(dst, dqpn)] = ip_id
         no_df[who] += not df
         other_sport[who] += sport != ROCE_PORT
         sports[who].add(sport)
         flush = a.flush_forms and opcode == RC_FLUSH
-        if ops[who][opcode] <= a.sample or flush:
+        # Sampled per opcode, and apart for packets with an ID > 0: those
+        # prove the ICRC covers the ID a segment really carries.
+        key = (who, opcode, ip_id != 0)
+        sampled[key] += 1
+        if sampled[key] <= a.sample or flush:
             pkt = Ether(frame)
             want = pkt[BTH].compute_icrc(b"")
             got = frame[-4:]
@@ -137,9 +156,11 @@ def main():
         print(f"  {m}", file=sys.stderr)
     if mismatches:
         bad(f"{len(mismatches)} packet(s) with an ICRC scapy does not compute")
-    if nonzero_id["sroce"] or no_df["sroce"]:
-        bad(f"sroce sent {nonzero_id['sroce']} packet(s) with a non-zero IP ID and "
-            f"{no_df['sroce']} without DF")
+    for m in bad_id[:10]:
+        print(f"  {m}", file=sys.stderr)
+    if bad_id or no_df["sroce"]:
+        bad(f"sroce sent {len(bad_id)} packet(s) with an IP ID that is not their place in a "
+            f"segmentation-offload send and {no_df['sroce']} without DF")
     if total["rxe"] and not (nonzero_id["rxe"] and other_sport["rxe"]):
         bad("the rxe peer sent no packet with a non-zero IP ID from a port other than "
             f"{ROCE_PORT}: the IP ID solving path was not exercised")
