@@ -149,6 +149,9 @@ uint32_t compute(const Ipv4Header &ip, size_t udp_len, const uint8_t *covered, s
 
 bool verify(Ipv4Header ip, size_t udp_len, const uint8_t *covered, size_t len, uint16_t *ip_id) {
     uint32_t want = icrc_load(covered + len - wire::kIcrcLen);
+    bool sroce = ip.sport == wire::kRoceV2Port;
+    // A position past what one send holds cannot be a sroce packet's ID.
+    if (sroce && ip.ip_id >= wire::kMaxSegments) ip.ip_id = 0;
     const uint16_t expected = ip.ip_id;
     ip.df = true;
     uint32_t got = compute(ip, udp_len, covered, len);
@@ -161,17 +164,14 @@ bool verify(Ipv4Header ip, size_t udp_len, const uint8_t *covered, size_t len, u
     // kMaxSegments (wire-protocol.md §4.3): 6 free bits, not 17, so corrupted
     // packets do not pass.  Others (Linux rxe hashes the QPN into its source
     // port) may send any ID, with DF set or clear.
-    bool sroce = ip.sport == wire::kRoceV2Port;
     constexpr int kSegmentBits = std::countr_zero(unsigned(wire::kMaxSegments));
-    int bits = !sroce ? 17 : expected < wire::kMaxSegments ? kSegmentBits : 16;
+    int bits = sroce ? kSegmentBits : 17;
     thread_local IdSolver solver;
     size_t n = kPseudoLen + len - wire::kBthLen - wire::kIcrcLen;
     if (solver.covered != n || solver.nbits != bits) solver.build(n, bits);
     uint32_t m;
     if (!solver.solve(got ^ want, &m)) return false;
-    uint16_t id = uint16_t(expected ^ m);
-    if (sroce && id >= wire::kMaxSegments) return false;
-    if (ip_id) *ip_id = id;
+    if (ip_id) *ip_id = uint16_t(expected ^ m);
     return true;
 }
 

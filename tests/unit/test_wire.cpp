@@ -838,15 +838,66 @@ TEST(IcrcVerify, AcceptsDfClear) {
     EXPECT_EQ(id, 0);
 }
 
-// sroce peers (source port 4791) always send ID 0 with DF: anything else from
-// that port is corruption, not a different sender.
-TEST(IcrcVerify, HoldsSrocePeersToIdZeroWithDf) {
-    Bytes p = build(kWriteOnly, 0x11, 0x22, 64);
-    seal(p, hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, 0x1234, true));
-    EXPECT_FALSE(icrc_verify(hdr("127.0.0.1", "127.0.0.2"), p.data(), p.size()));
+// sroce peers (source port 4791) send DF and an IP ID that is the packet's
+// place in its segmentation-offload send, below kMaxSegments: anything else
+// from that port is corruption, not a different sender.
+TEST(IcrcVerify, HoldsSrocePeersToSegmentIdsWithDf) {
+    for (uint16_t id : {uint16_t(kMaxSegments), uint16_t(0x1234), uint16_t(0xFFFF)}) {
+        Bytes p = build(kWriteOnly, 0x11, 0x22, 64);
+        seal(p, hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, id, true));
+        for (uint16_t expected : {uint16_t(0), uint16_t(7), id})
+            EXPECT_FALSE(icrc_verify(hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, expected), p.data(),
+                                     p.size()))
+                << "ID " << id << " expected " << expected;
+    }
     Bytes q = build(kWriteOnly, 0x11, 0x22, 64);
     seal(q, hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, 0, false));
     EXPECT_FALSE(icrc_verify(hdr("127.0.0.1", "127.0.0.2"), q.data(), q.size()));
+}
+
+// A coalesced receive tells the receiver each packet's place in its send,
+// which is the ID; a packet that arrives alone (a path that cut the send up)
+// is solved for, and only among the IDs a send can give.
+TEST(IcrcVerify, SegmentIdsExactWhenKnownSolvedWhenNot) {
+    for (uint16_t id = 0; id < kMaxSegments; id++) {
+        Bytes p = build(kWriteMiddle, 0x11, 0x22 + id, 4096);
+        seal(p, hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, id, true));
+        uint16_t got = 0xFFFF;
+        ASSERT_TRUE(
+            icrc_verify(hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, id), p.data(), p.size(), &got));
+        EXPECT_EQ(got, id);
+        for (uint16_t expected : {uint16_t(0), uint16_t(kMaxSegments - 1), uint16_t(0x4000)}) {
+            got = 0xFFFF;
+            ASSERT_TRUE(icrc_verify(hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, expected), p.data(),
+                                    p.size(), &got))
+                << "ID " << id << " expected " << expected;
+            EXPECT_EQ(got, id);
+        }
+    }
+}
+
+// The solver works from the CRC's linearity, with no pass over the payload:
+// compared here with the ID each packet was sealed with, over lengths from
+// an empty ACK to a full 4 KiB segment and beyond.
+TEST(IcrcVerify, SolvesEveryIdAtEveryLength) {
+    std::mt19937 rng(7);
+    for (uint32_t plen : {0u, 4u, 60u, 1024u, 4096u, 8192u, 65000u}) {
+        for (int i = 0; i < 40; i++) {
+            uint8_t op = plen ? kWriteMiddle : kAcknowledge;
+            Bytes p = build(op, rng() & kQpnMask, rng() & kPsnMask, plen);
+            Ipv4Header ip{in_addr_t(rng()), in_addr_t(rng()), uint16_t(0xC000 | rng()),
+                          kRoceV2Port};
+            ip.ip_id = uint16_t(rng());
+            ip.df = rng() & 1;
+            seal(p, ip);
+            Ipv4Header seen = ip;
+            seen.ip_id = uint16_t(rng());
+            seen.df = true;
+            uint16_t got = 0;
+            ASSERT_TRUE(icrc_verify(seen, p.data(), p.size(), &got)) << plen << " " << i;
+            EXPECT_EQ(got, ip.ip_id);
+        }
+    }
 }
 
 TEST(IcrcVerify, RejectsWrongAddressesOrPorts) {
@@ -905,15 +956,27 @@ TEST(IcrcVerify, RejectsABitFlipInHeaderPayloadOrIcrc) {
 }
 
 // CRC-32 alone detects every error confined to 32 consecutive bits, so no
-// single corrupted byte may pass.  Solving for the unknown IP ID gives the
-// verifier 17 free bits (ID and DF) to absorb an error with, which must not
-// turn a corrupted datagram from a peer that sent ID 0 into an accepted one.
-TEST(IcrcVerify, RejectsEveryCorruptionOfOneByte) {
-    for (uint32_t plen : {64u, 1024u}) {
-        SCOPED_TRACE(plen);
-        Bytes p = build(kWriteOnly, 0x123, 0x456, plen);
-        Ipv4Header ip = hdr("127.0.0.9", "127.0.0.8");
+// single corrupted byte may pass while the ID is known.  Solving for an
+// unknown ID gives the verifier free bits to absorb an error with: sroce's
+// segment IDs 6, and every single-byte corruption must still fail; foreign
+// peers 17 (ID and DF), which lets about 2^-15 of random corruptions
+// through but more of these: a byte error at some distances from the ID
+// field has ID patterns it combines with into a multiple of the polynomial
+// (15 of 24 225 here, all in byte 93, whatever the packet's length), which
+// is why sroce's own peers are never given 17 bits (wire-protocol.md §4.3).
+TEST(IcrcVerify, RejectsCorruptionsOfOneByte) {
+    struct Case {
+        uint32_t plen;
+        uint16_t sport, sent_id, expected_id;
+    };
+    for (const Case &c : {Case{1024, kRoceV2Port, 0, 0}, Case{4096, kRoceV2Port, 3, 0},
+                          Case{64, 0xC0DE, 0x1234, 0}, Case{1024, 0xC0DE, 0x1234, 0}}) {
+        SCOPED_TRACE(testing::Message() << c.plen << " bytes, port " << c.sport << ", ID "
+                                        << c.sent_id << " expected " << c.expected_id);
+        Bytes p = build(kWriteOnly, 0x123, 0x456, c.plen);
+        Ipv4Header ip = hdr("127.0.0.9", "127.0.0.8", c.sport, c.sent_id);
         seal(p, ip);
+        ip.ip_id = c.expected_id;
         size_t accepted = 0, tried = 0;
         std::string examples;
         for (size_t i = 0; i < p.size(); i++) {
@@ -929,8 +992,9 @@ TEST(IcrcVerify, RejectsEveryCorruptionOfOneByte) {
                                 " accepted as IP ID " + std::to_string(id) + "]";
             }
         }
-        EXPECT_EQ(accepted, 0u) << accepted << " of " << tried
-                                << " single-byte corruptions accepted, e.g." << examples;
+        size_t allowed = c.sport == kRoceV2Port ? 0 : tried >> 10;
+        EXPECT_LE(accepted, allowed)
+            << accepted << " of " << tried << " single-byte corruptions accepted, e.g." << examples;
     }
 }
 
