@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -133,7 +134,7 @@ class Matrix:
         return self.median_of_rounds(
             lambda i: self.run_pair_once(server, client, env_extra, label, i == 0))
 
-    def run_pair_once(self, server, client, env_extra, label, record):
+    def run_pair_once(self, server, client, env_extra, label, record, parse=None):
         env = dict(self.env)
         env.update(env_extra or {})
         port = self.next_port()
@@ -164,6 +165,8 @@ class Matrix:
                 srv.kill()
                 srv.wait()
             slog.close()
+        if parse:
+            return parse(cp.stdout)
         with open(out) as f:
             return json.load(f)
 
@@ -207,6 +210,31 @@ class Matrix:
                   ["--out_json", "--out_json_file=@JSON@", "127.0.0.1"])
         label = "%s %s" % (tool, " ".join(args))
         return lambda record: self.run_pair_once(server, client, env, label, record)
+
+    def perftest_lat(self, size, record):
+        """One run of Debian's ib_write_lat; its report table's figures."""
+        iters = str(self.args.lat_iters)
+        common = ["-d", "@DEV@", "-x", "1", "-p", "@PORT@", "-s", str(size), "-n", iters]
+        ex = [self.sroce, "exec", "--", "ib_write_lat"]
+        server = ex + [a.replace("@DEV@", "pm0") for a in common]
+        client = ex + [a.replace("@DEV@", "pm1") for a in common] + ["127.0.0.1"]
+        out = self.run_pair_once(server, client, None, "perftest ib_write_lat", record,
+                                 parse=self.perftest_table)
+        return {"results": [out]}
+
+    @staticmethod
+    def perftest_table(text):
+        """perftest's latency table row as {column: value} (its --out_json
+        file is not JSON)."""
+        head = None
+        for line in text.splitlines():
+            cols = line.split()
+            if "t_typical[usec]" in cols:
+                head = [c.replace("[usec]", "") for c in cols]
+            elif head and cols and cols[0].isdigit() and len(cols) >= len(head) - 2:
+                row = dict(zip(head, cols))
+                return {k: float(row[k]) for k in ("t_min", "t_max", "t_typical", "t_avg")}
+        raise RuntimeError("no latency table in perftest's output:\n" + text)
 
     def verbs_pair(self, tool, size, args=(), server_only=(), env=None):
         """The median of --rounds runs of verbs_job."""
@@ -256,6 +284,14 @@ class Matrix:
             r = self.verbs_pair("ib_write_commit_lat", 64, ["--method", "write"], env=env)
             self.results["lat"].setdefault(name, {})[64] = r
             self.progress("lat", name, 64, r)
+        # The program users run first: Debian's perftest, both sides spinning
+        # on memory rather than on a CQ.
+        if shutil.which("ib_write_lat"):
+            r = self.median_of_rounds(lambda i: self.perftest_lat(2, i == 0))["results"][0]
+            self.results["lat"].setdefault("perftest ib_write_lat", {})[2] = r
+            self.progress("lat", "perftest ib_write_lat", 2, r)
+        else:
+            print("perftest's ib_write_lat not installed: skipped")
         for size in (64, 65536) if not self.args.short else (64,):
             r = self.verbs_pair("ib_write_commit_bw", size, ["--method", "native"],
                                 ["--target-mem", "file:" + os.path.join(self.work, "target")])
@@ -386,6 +422,28 @@ class Matrix:
             get(lat, "write (busy poll)", 64, "t_typical"),
             get(peers, "udp lat busy", small, "t_typical"), 1.5, "<=",
             "t_typical, RTT; every progress thread spinning too")
+        add("native commit 64 B latency / UDP ping-pong (%d B, busy-polling receives)" % small,
+            get(lat, "native", 64, "t_typical"), get(peers, "udp lat busy", small, "t_typical"),
+            1.2, "<=", "t_typical, RTT; sroce default mode")
+        add("perftest ib_write_lat -s 2 / UDP ping-pong (%d B, busy-polling receives)" % small,
+            get(lat, "perftest ib_write_lat", 2, "t_typical"),
+            get(peers, "udp lat busy", small, "t_typical"), 1.5, "<=",
+            "t_typical, RTT; Debian's perftest, both sides spinning on memory")
+        add("perftest ib_write_lat -s 2: t_avg / t_typical",
+            get(lat, "perftest ib_write_lat", 2, "t_avg"),
+            get(lat, "perftest ib_write_lat", 2, "t_typical"), 2.0, "<=",
+            "how far the average strays from the typical round trip")
+        for size, name in ((65536, "64 KiB"), (1048576, "1 MiB")):
+            add("native commit %s bandwidth / libfabric tcp FI_COMMIT_COMPLETE" % name,
+                get(bw, "native", size, "bw_avg_MBps"),
+                get(peers, "libfabric tcp commit bw", size, "bw_avg_MBps"), 1.0, ">=",
+                "BW average")
+        add("native commit bandwidth, 1 MiB / 64 KiB", get(bw, "native", 1048576, "bw_avg_MBps"),
+            get(bw, "native", 65536, "bw_avg_MBps"), 1.0, ">=", "BW average")
+        add("native commit 1 MiB latency / libfabric tcp FI_COMMIT_COMPLETE",
+            get(lat, "native", 1048576, "t_typical"),
+            get(peers, "libfabric tcp commit lat", 1048576, "t_typical"), 1.0, "<=",
+            "t_typical, RTT")
         add("native commit 64 B latency / libfabric tcp FI_COMMIT_COMPLETE",
             get(lat, "native", 64, "t_typical"),
             get(peers, "libfabric tcp commit lat", 64, "t_typical"), 1.0, "<=", "t_typical, RTT")
