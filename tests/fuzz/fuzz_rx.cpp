@@ -33,6 +33,7 @@
 #include <fstream>
 #include <mutex>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <sched.h>
 #include <string>
 #include <sys/socket.h>
@@ -66,6 +67,10 @@ enum Control : uint8_t {
 enum Target : uint8_t {
     kTargetMask = 7,     // 0 RC, 1 UC, 2 UD, 3 RC on an SRQ, 4 XRC target; others RC
     kAimWindow = 1 << 3, // a memory window's rkey instead of the MR's
+    // Sent as a run (wire-protocol.md §1.1): 2 + bits 5-6 copies, PSN + i
+    // and IP ID i, as one UDP_SEGMENT send that reaches sroce coalesced.
+    kRun = 1 << 4,
+    kRunShortLast = 1 << 7, // the run's last copy 4 bytes shorter
 };
 enum Kind { kRc, kUc, kUd, kRcSrq, kXrc, kKinds };
 constexpr uint32_t kQkey = 0x1234567;
@@ -279,15 +284,30 @@ void bind_windows() {
     }
 }
 
-// Sends the datagram to the device and returns once the progress thread
-// has dispatched it.
-void inject(const uint8_t *p, size_t n) {
+// Sends the datagram(s) to the device - `seg` > 0: one segmentation-offload
+// send of `count` packets of that size - and returns once the progress
+// thread has dispatched them.
+void inject(const uint8_t *p, size_t n, uint16_t seg = 0, unsigned count = 1) {
     uint64_t before = h.nic->stats.rx_pkts.load();
-    if (sendto(h.peer, p, n, 0, reinterpret_cast<const sockaddr *>(&h.dev_sa), sizeof h.dev_sa) !=
-        ssize_t(n))
-        die("sendto");
+    iovec iov{const_cast<uint8_t *>(p), n};
+    msghdr m{};
+    m.msg_name = &h.dev_sa;
+    m.msg_namelen = sizeof h.dev_sa;
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    alignas(cmsghdr) uint8_t ctl[CMSG_SPACE(sizeof seg)] = {};
+    if (seg) {
+        m.msg_control = ctl;
+        m.msg_controllen = sizeof ctl;
+        cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_UDP;
+        c->cmsg_type = UDP_SEGMENT;
+        c->cmsg_len = CMSG_LEN(sizeof seg);
+        std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
+    }
+    if (sendmsg(h.peer, &m, 0) != ssize_t(n)) die("sendmsg");
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (h.nic->stats.rx_pkts.load() == before) {
+    while (h.nic->stats.rx_pkts.load() < before + count) {
         if (std::chrono::steady_clock::now() > deadline) {
             fprintf(stderr, "fuzz_rx: datagram not received within 5 s\n");
             abort();
@@ -511,7 +531,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             icrc_store(p + n - wire::kIcrcLen, icrc_compute(ip, p, n));
         }
     }
-    inject(p, n);
+    if ((target & kRun) && n >= wire::kBthLen + wire::kIcrcLen + 4) {
+        unsigned count = 2 + ((target >> 5) & 3);
+        std::vector<uint8_t> run;
+        for (unsigned i = 0; i < count; i++) {
+            size_t len = (i + 1 == count && (target & kRunShortLast)) ? n - 4 : n;
+            size_t at = run.size();
+            run.insert(run.end(), p, p + len);
+            uint8_t *q = run.data() + at;
+            wire::put24(q + 9, (wire::get24(p + 9) + i) & wire::kPsnMask);
+            if (!(ctl & kKeepIcrc)) {
+                Ipv4Header ip{h.peer_addr, h.dev_addr, wire::kRoceV2Port, wire::kRoceV2Port,
+                              uint16_t(i)};
+                icrc_store(q + len - wire::kIcrcLen, icrc_compute(ip, q, len));
+            }
+        }
+        inject(run.data(), run.size(), uint16_t(n), count);
+    } else {
+        inject(p, n);
+    }
     check_replies();
     drain_completions();
     return 0;

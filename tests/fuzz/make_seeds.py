@@ -27,6 +27,13 @@ POST_WRITE, POST_READ, POST_ATOMIC, POST_SEND_OP = (POST_SEND | k << 5 for k in 
 AIMED = OWN_QP | EXPECTED_PSN
 RC, UC, UD, RC_SRQ, XRC = range(5)
 WINDOW = 1 << 3
+# A run of 2 + k copies (PSN + i, IP ID i) in one segmentation-offload send.
+RUN = 1 << 4
+RUN_SHORT_LAST = 1 << 7
+
+
+def run(copies):
+    return RUN | (copies - 2) << 5
 
 
 def bth(op, psn=0, pad=0, ackreq=True, qpn=0x11, pkey=0xFFFF, tver=0):
@@ -147,6 +154,13 @@ def transport_seeds():
     yield "mw_send_inv", RC | WINDOW, POST_RECV | AIMED, packet(0x17, b"\0\0\0\0", data(8))
     yield "mw1_write_uc", UC | WINDOW, AIMED, packet(0x2A, reth(0x100, 0, 64), data(64))
     yield "mw_beyond_window", RC | WINDOW, AIMED, packet(0x0A, reth(0x8000, 0, 0x10000), data(8))
+    # Coalesced receives: runs of middles (the PSNs follow on), of SENDs
+    # with the last shorter, of UD datagrams, and of ACKs.
+    yield "run_write_middles", RC | run(5), AIMED, packet(0x07, payload=data(mtu))
+    yield "run_sends_short_last", RC | run(3) | RUN_SHORT_LAST, POST_RECV | AIMED, \
+        packet(0x04, payload=data(64))
+    yield "run_ud_sends", UD | run(4), POST_RECV | AIMED, packet(0x64, deth(), data(100))
+    yield "run_acks", RC | run(2), POST_WRITE | AIMED, packet(0x11, aeth(0x1F))
 
 
 def main():
