@@ -458,15 +458,15 @@ err:
 
 static int push_cm_entry(struct pmof_eq *eq, uint32_t event, fid_t fid, struct fi_info *info,
                          const uint8_t *data, size_t len) {
-    struct {
-        struct fi_eq_cm_entry e;
-        uint8_t data[PMOF_CM_DATA_MAX];
-    } buf;
+    // The entry's flexible data[] member gets room behind it: a byte buffer,
+    // not a struct that puts a member after a flexible array.
+    _Alignas(struct fi_eq_cm_entry) uint8_t buf[sizeof(struct fi_eq_cm_entry) + PMOF_CM_DATA_MAX];
+    struct fi_eq_cm_entry *e = (struct fi_eq_cm_entry *)buf;
 
-    buf.e.fid = fid;
-    buf.e.info = info;
-    if (len) memcpy(buf.data, data, len);
-    return pmof_eq_push(eq, event, &buf, sizeof(buf.e) + len, false);
+    e->fid = fid;
+    e->info = info;
+    if (len) memcpy(e->data, data, len);
+    return pmof_eq_push(eq, event, buf, sizeof(*e) + len, false);
 }
 
 static int on_connect_request(struct pmof_eq *eq, struct pmof_pep *pep, struct rdma_cm_event *ev) {

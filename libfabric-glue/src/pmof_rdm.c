@@ -317,12 +317,11 @@ static void set_conn_state(struct pmof_rdm *rdm, fid_t fid, enum pmof_conn_state
 
 /* One CM event of the hidden endpoints; false once the EQ is empty. */
 static bool rdm_cm_step(struct pmof_rdm *rdm) {
-    struct {
-        struct fi_eq_cm_entry e;
-        uint8_t data[PMOF_CM_DATA_MAX];
-    } buf;
+    // Room for the entry's flexible data[] member behind it.
+    _Alignas(struct fi_eq_cm_entry) uint8_t buf[sizeof(struct fi_eq_cm_entry) + PMOF_CM_DATA_MAX];
+    struct fi_eq_cm_entry *e = (struct fi_eq_cm_entry *)buf;
     uint32_t event;
-    ssize_t n = fi_eq_read(&rdm->cm_eq->eq_fid, &event, &buf, sizeof(buf), 0);
+    ssize_t n = fi_eq_read(&rdm->cm_eq->eq_fid, &event, buf, sizeof(buf), 0);
 
     if (n == -FI_EAVAIL) {
         struct fi_eq_err_entry err = {0};
@@ -335,13 +334,13 @@ static bool rdm_cm_step(struct pmof_rdm *rdm) {
     if (n < 0) return false;
     switch (event) {
     case FI_CONNREQ:
-        on_connreq(rdm, &buf.e, (size_t)n);
+        on_connreq(rdm, e, (size_t)n);
         break;
     case FI_CONNECTED:
-        set_conn_state(rdm, buf.e.fid, PMOF_CONN_UP);
+        set_conn_state(rdm, e->fid, PMOF_CONN_UP);
         break;
     case FI_SHUTDOWN:
-        set_conn_state(rdm, buf.e.fid, PMOF_CONN_DOWN);
+        set_conn_state(rdm, e->fid, PMOF_CONN_DOWN);
         break;
     default:
         break;
