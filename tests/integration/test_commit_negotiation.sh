@@ -16,6 +16,10 @@
 # Every program checks its data (cm_commit reads back and compares on both
 # sides) and must exit 0.
 #
+# It runs in a network namespace of its own whose lo segments in software:
+# a capture on an offloading lo shows each segmentation-offload send whole
+# (a FLUSH travels behind its WRITE in one), not the packets a wire carries.
+#
 # Usage: test_commit_negotiation.sh BUILD-DIR
 # Skips (77) without tshark or python3-scapy, or without capture on lo.
 #
@@ -24,6 +28,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib.sh
 . "$here/lib.sh"
+in_segmenting_netns "$0" "$@"
 sroce_init "${1:?usage: $0 BUILD-DIR}"
 require_cmds tshark ss
 require_loopback
