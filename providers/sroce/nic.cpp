@@ -782,9 +782,7 @@ int Nic::rx_from(int fd, in_addr_t dst, bool adaptive) {
         size_t off = 0;
         uint16_t pos = 0;
         do {
-            // Past kMaxSegments the ID cannot be the position: unknown.
-            uint16_t id = pos < wire::kMaxSegments ? pos : 0;
-            receive_one(d + off, std::min(seg, len - off), rx.froms[i], dst, id, tx);
+            receive_one(d + off, std::min(seg, len - off), rx.froms[i], dst, pos, tx);
             off += seg;
             pos++;
         } while (off < len);

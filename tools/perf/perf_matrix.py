@@ -232,6 +232,8 @@ class Matrix:
             if "t_typical[usec]" in cols:
                 head = [c.replace("[usec]", "") for c in cols]
             elif head and cols and cols[0].isdigit() and len(cols) >= len(head) - 2:
+                # The two percentile headings are two words each, so only the
+                # leading columns line up: those are the ones read.
                 row = dict(zip(head, cols))
                 return {k: float(row[k]) for k in ("t_min", "t_max", "t_typical", "t_avg")}
         raise RuntimeError("no latency table in perftest's output:\n" + text)
