@@ -63,6 +63,8 @@ void progress(Qp *qp, uint32_t una) {
         qp->comp.retries_left = qp->attr.retry_cnt;
         qp->comp.rnr_left = qp->attr.rnr_retry;
         req_arm_timer(qp);
+        qp->comp.sr_backoff = 0;
+        req_arm_recovery(qp);
     }
 }
 
@@ -95,15 +97,27 @@ void fail_at(Qp *qp, uint32_t psn, ibv_wc_status status) {
     qp_enter_error(qp);
 }
 
+// Asks again for the responses from `psn` on.  Go-back-N resends everything
+// after it too; with selective repeat the later requests were received, so
+// only this one goes again (the responder answers it as a duplicate).
+void rerequest(Qp *qp, uint32_t psn, TxBatch &tx) {
+    if (qp->selective_repeat) {
+        if (qp->req.resent) qp->req.resent[psn % kSendWindow].psn = UINT32_MAX;
+        req_resend(qp, psn, psn, tx);
+    } else {
+        req_rewind(qp, psn);
+    }
+}
+
 // Something for a later PSN arrived while `w` still waits for a response, so
 // that response was lost: rewind to re-request it from the first one
 // missing (the caller's req_run sends).  Once per PSN; if the re-request is
 // lost too, the retransmit timer (held at w by clamp_una) covers it.
-void resend_missing(Qp *qp, const SendWqe &w) {
+void resend_missing(Qp *qp, const SendWqe &w, TxBatch &tx) {
     uint32_t psn = wire::psn_add(w.first_psn, w.read_next);
     if (qp->comp.last_nak_rewind == psn) return;
     qp->comp.last_nak_rewind = psn;
-    req_rewind(qp, psn);
+    rerequest(qp, psn, tx);
 }
 
 ibv_wc_status nak_status(uint8_t code) {
@@ -119,6 +133,21 @@ ibv_wc_status nak_status(uint8_t code) {
     }
 }
 
+// Everything up to `psn` (inclusive) has been received and carried out.
+void acknowledged(Qp *qp, uint32_t psn, TxBatch &tx) {
+    uint32_t next = wire::psn_add(psn, 1);
+    if (wire::psn_diff(next, qp->comp.una_psn) < 0) return; // stale
+    uint32_t i = ack_below(qp, next);
+    retire(qp);
+    progress(qp, next);
+    // An ACK past an outstanding READ/ATOMIC means its response was lost.
+    if (i != qp->req.head) {
+        SendWqe &w = qp->req.wqe[i % qp->req.max_wr];
+        if (needs_response(w) && !w.done && wire::psn_diff(last_psn(w), psn) <= 0)
+            resend_missing(qp, w, tx);
+    }
+}
+
 void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     uint8_t syn = pkt.syndrome();
     uint8_t kind = syn & wire::aeth::kKindMask;
@@ -127,17 +156,7 @@ void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     if (wire::psn_diff(pkt.psn, qp->req.next_psn) >= 0) return;
     if (kind != wire::aeth::kAck && wire::psn_diff(pkt.psn, qp->comp.una_psn) < 0) return;
     if (kind == wire::aeth::kAck) {
-        uint32_t next = wire::psn_add(pkt.psn, 1);
-        if (wire::psn_diff(next, qp->comp.una_psn) < 0) return; // stale
-        uint32_t i = ack_below(qp, next);
-        retire(qp);
-        progress(qp, next);
-        // An ACK past an outstanding READ/ATOMIC means its response was lost.
-        if (i != qp->req.head) {
-            SendWqe &w = qp->req.wqe[i % qp->req.max_wr];
-            if (needs_response(w) && !w.done && wire::psn_diff(last_psn(w), pkt.psn) <= 0)
-                resend_missing(qp, w);
-        }
+        acknowledged(qp, pkt.psn, tx);
         req_run(qp, tx);
         return;
     }
@@ -189,6 +208,42 @@ void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     }
 }
 
+void resend_gaps(Qp *qp, const wire::Packet &pkt, uint32_t cum, uint32_t high, TxBatch &tx) {
+    uint32_t n = pkt.payload_len / 4;
+    bool sent = false;
+    for (uint32_t r = 1; r < n; r++) {
+        const uint8_t *g = pkt.payload + 4 * r;
+        uint32_t first = wire::psn_add(cum, 1 + ((uint32_t(g[0]) << 8) | g[1]));
+        uint32_t count = (uint32_t(g[2]) << 8) | g[3];
+        for (uint32_t k = 0; k < count; k++) {
+            uint32_t psn = wire::psn_add(first, k);
+            if (wire::psn_diff(psn, high) >= 0) break;
+            if (wire::psn_diff(psn, qp->comp.una_psn) < 0) continue;
+            sent |= req_resend(qp, psn, high, tx);
+        }
+    }
+    if (sent && !qp->comp.timer_deadline_ns) req_arm_timer(qp);
+}
+
+// Selective repeat (wire-protocol.md §5.6): a cumulative ACK, then the
+// gaps the responder holds requests beyond; each missing PSN is resent once,
+// and again only when something sent after its resend has arrived.
+void on_sack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
+    if ((pkt.syndrome() & wire::aeth::kKindMask) != wire::aeth::kAck) return;
+    uint32_t n = pkt.payload_len / 4;
+    if (n < 2 || n > 1 + wire::kSackMaxRanges || pkt.payload_len % 4) return;
+    const uint32_t cum = pkt.psn;
+    const uint32_t high = wire::get24(pkt.payload + 1);
+    if (wire::psn_diff(cum, qp->req.next_psn) >= 0) return; // never sent: forged
+    acknowledged(qp, cum, tx);
+    // The gaps are filled first, then the window's new room.
+    int32_t span = wire::psn_diff(high, cum);
+    if (!qp->comp.rnr_deadline_ns && span > 0 && span <= int32_t(kSendWindow) &&
+        wire::psn_diff(high, qp->req.next_psn) < 0)
+        resend_gaps(qp, pkt, cum, high, tx);
+    req_run(qp, tx);
+}
+
 SendWqe *find_wqe(Qp *qp, uint32_t psn, uint32_t *index) {
     uint32_t cap = qp->req.max_wr;
     for (uint32_t i = qp->req.tail; i != qp->req.head; i++) {
@@ -221,7 +276,7 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
         // A response went missing: ask again from the first one not received.
         if (qp->comp.last_nak_rewind != expect) {
             qp->comp.last_nak_rewind = expect;
-            req_rewind(qp, expect);
+            rerequest(qp, expect, tx);
             req_run(qp, tx);
         }
         return;
@@ -247,7 +302,7 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     if (last) w->done = true;
     retire(qp);
     progress(qp, wire::psn_add(pkt.psn, 1));
-    if (first_open != idx) resend_missing(qp, qp->req.wqe[first_open % qp->req.max_wr]);
+    if (first_open != idx) resend_missing(qp, qp->req.wqe[first_open % qp->req.max_wr], tx);
     req_run(qp, tx);
 }
 
@@ -288,7 +343,7 @@ void on_single_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx, bool atomi
     w->done = true;
     retire(qp);
     progress(qp, wire::psn_add(pkt.psn, 1));
-    if (first_open != idx) resend_missing(qp, qp->req.wqe[first_open % qp->req.max_wr]);
+    if (first_open != idx) resend_missing(qp, qp->req.wqe[first_open % qp->req.max_wr], tx);
     req_run(qp, tx);
 }
 
@@ -307,8 +362,9 @@ uint64_t rnr_timer_ns(uint8_t code) {
     return uint64_t(us[code & 31]) * 1000;
 }
 
-void comp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
-    if (qp->attr.state != IBV_QPS_RTS && qp->attr.state != IBV_QPS_SQD) return;
+namespace {
+
+void receive_ibta(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     // Only RC and XRC requesters are answered, each on its own transport.
     uint8_t t = wire::transport_of(pkt.opcode);
     if (t != (qp->type == IBV_QPT_XRC_SEND ? wire::kTransportXrc : wire::kTransportRc)) return;
@@ -329,7 +385,19 @@ void comp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     default:
         break;
     }
-    if (qp->req.tail == qp->req.head) qp->comp.timer_deadline_ns = 0;
+}
+
+} // namespace
+
+void comp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
+    if (qp->attr.state != IBV_QPS_RTS && qp->attr.state != IBV_QPS_SQD) return;
+    if (pkt.opcode == wire::kSelectiveAck) {
+        // Only from a peer that agreed to selective repeat.
+        if (qp->selective_repeat) on_sack(qp, pkt, tx);
+    } else {
+        receive_ibta(qp, pkt, tx);
+    }
+    if (qp->req.tail == qp->req.head) qp->comp.timer_deadline_ns = qp->comp.sr_deadline_ns = 0;
 }
 
 } // namespace sroce

@@ -176,11 +176,12 @@ void Nic::print_stats() {
             "sroce: %s: rx_pkts %llu tx_pkts %llu rx_bad_icrc %llu rx_bad_hdr %llu "
             "rx_no_qp %llu rx_dropped_fault %llu retransmits %llu timeouts %llu "
             "rx_flush_legacy_icrc %llu tx_flush_legacy_icrc %llu tx_segmented %llu "
-            "rx_coalesced %llu rx_ip_id_solved %llu\n",
+            "rx_coalesced %llu rx_ip_id_solved %llu rx_held %llu tx_resent_selective %llu\n",
             dev_->ibdev.name, v(stats.rx_pkts), v(stats.tx_pkts), v(stats.rx_bad_icrc),
             v(stats.rx_bad_hdr), v(stats.rx_no_qp), v(stats.rx_dropped_fault), v(stats.retransmits),
             v(stats.timeouts), v(stats.rx_flush_legacy_icrc), v(stats.tx_flush_legacy_icrc),
-            v(stats.tx_segmented), v(stats.rx_coalesced), v(stats.rx_ip_id_solved));
+            v(stats.tx_segmented), v(stats.rx_coalesced), v(stats.rx_ip_id_solved),
+            v(stats.rx_held), v(stats.tx_resent_selective));
 }
 
 void Nic::release() {
@@ -254,6 +255,7 @@ Nic::Nic(Device *dev)
         spin_ns_ = strtoull(s, nullptr, 10) * 1000;
     if (const char *g = getenv("SROCE_GSO"); g && *g == '0') gso_ = false;
     if (const char *g = getenv("SROCE_GRO"); g && *g == '0') gro_ = false;
+    if (const char *r = getenv("SROCE_SELECTIVE_REPEAT"); r && *r == '0') selective_repeat_ = false;
 }
 
 Nic::~Nic() {
@@ -693,7 +695,8 @@ void Nic::fire_timers(TxBatch &tx) {
         if (!qp) continue;
         std::unique_lock<std::mutex> g(qp->mu);
         tx.order = &qp->tx_mu;
-        if (qp->comp.timer_deadline_ns || qp->comp.rnr_deadline_ns) req_timers(qp, tx, now);
+        if (qp->comp.timer_deadline_ns || qp->comp.rnr_deadline_ns || qp->comp.sr_deadline_ns)
+            req_timers(qp, tx, now);
         tx.order = nullptr;
         send_and_unlock(qp, tx, g);
     }

@@ -63,7 +63,10 @@ struct NicStats {
         // Packets sent in multi-packet segmentation-offload sends, received
         // in coalesced buffers, and received with an IP ID other than the
         // one expected (solved for, icrc.hpp).
-        tx_segmented{0}, rx_coalesced{0}, rx_ip_id_solved{0};
+        tx_segmented{0}, rx_coalesced{0}, rx_ip_id_solved{0},
+        // Selective repeat: requests held past a gap, and packets resent
+        // one by one (SACKs and the recovery timer).
+        rx_held{0}, tx_resent_selective{0};
 };
 
 class Nic {
@@ -129,6 +132,8 @@ class Nic {
     // The agent that leased this process its slot is gone: every QP is in
     // error, the socket is closed, and no new object can be made (EIO).
     bool lost() const { return lost_.load(std::memory_order_relaxed); }
+    // Whether QPs offer selective repeat to their peers (SROCE_SELECTIVE_REPEAT).
+    bool selective_repeat() const { return selective_repeat_; }
 
     MrTable mrs;
     // Held by whoever dispatches packets (the progress thread or an
@@ -209,6 +214,7 @@ class Nic {
     // goes off for good the first time the kernel refuses it.
     std::atomic<bool> gso_{true};
     bool gro_ = true;
+    bool selective_repeat_ = true;
     bool app_progress_ = true;
     uint64_t spin_ns_ = 50000; // how long the progress thread polls after traffic
     // An application thread counts as spinning on its CQ (app_progress)

@@ -106,6 +106,7 @@ constexpr std::array<OpInfo, 256> build_table() {
     t[kCommitWriteOnly] = make("COMMIT_WRITE_ONLY", P | kHasReth | kHasCeth, CW | F | L | C);
     t[kCommitWriteOnlyImm] = make("COMMIT_WRITE_ONLY_WITH_IMMEDIATE",
                                   P | kHasReth | kHasCeth | kHasImmDt, CW | F | L | C);
+    t[kSelectiveAck] = make("SELECTIVE_ACKNOWLEDGE", P | kHasAeth, RS | kOpAck | F | L);
     // UC carries SEND and RDMA WRITE only (IBTA 9.2.2, table 38).
     constexpr const char *kUcNames[12] = {
         "UC_SEND_FIRST",       "UC_SEND_MIDDLE",

@@ -189,6 +189,8 @@ void reset_state(Qp *qp) {
     r.recv_srq = nullptr;
     for (RdResource &res : r.rd_res)
         res.valid = false;
+    r.reorder = Reorder{};
+    q.resent.reset();
     qp->commit.dirty.clear();
     qp->commit.in_msg = false;
 }
@@ -337,7 +339,10 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
     }
     if (mask & IBV_QP_DEST_QPN) a.dest_qpn = attr->dest_qp_num & wire::kQpnMask;
     if (mask & IBV_QP_RQ_PSN) qp->resp.epsn = attr->rq_psn & wire::kPsnMask;
-    if (mask & IBV_QP_SQ_PSN) qp->req.next_psn = qp->comp.una_psn = attr->sq_psn & wire::kPsnMask;
+    if (mask & IBV_QP_SQ_PSN) {
+        qp->req.next_psn = qp->comp.una_psn = attr->sq_psn & wire::kPsnMask;
+        qp->req.max_sent_psn = wire::psn_add(qp->req.next_psn, wire::kPsnMask);
+    }
     if (mask & IBV_QP_TIMEOUT) a.timeout = attr->timeout;
     if (mask & IBV_QP_RETRY_CNT) a.retry_cnt = qp->comp.retries_left = attr->retry_cnt;
     if (mask & IBV_QP_RNR_RETRY) a.rnr_retry = qp->comp.rnr_left = attr->rnr_retry;
@@ -953,6 +958,8 @@ int sroce_qp_set_commit_peer(struct ibv_qp *ibqp, uint32_t peer_commit_caps) {
     Qp *qp = to_qp(ibqp);
     std::lock_guard<std::mutex> g(qp->mu);
     qp->commit.peer_native = peer_commit_caps & IBV_COMMIT_CAP_NATIVE;
+    qp->selective_repeat = qp->type == IBV_QPT_RC && qp->nic->selective_repeat() &&
+                           (peer_commit_caps & IBV_COMMIT_CAP_SELECTIVE_REPEAT);
     return 0;
 }
 
@@ -965,7 +972,9 @@ static uint32_t ece_offer(const Qp *qp) {
     if (!qp->reliable()) return 0;
     ibv_commit_caps caps{};
     sroce_query_commit_caps(qp->qpx.qp_base.context, &caps);
-    return IBV_COMMIT_ECE_TAG | (caps.flags & IBV_COMMIT_ECE_CAPS_MASK);
+    uint32_t mask = IBV_COMMIT_ECE_CAPS_MASK;
+    if (qp->type != IBV_QPT_RC) mask &= ~uint32_t(IBV_COMMIT_CAP_SELECTIVE_REPEAT);
+    return IBV_COMMIT_ECE_TAG | (caps.flags & mask);
 }
 
 // librdmacm asks before it sends REQ or REP what to put in them, and hands
@@ -991,6 +1000,7 @@ int sroce_set_ece(struct ibv_qp *ibqp, struct ibv_ece *ece) {
     qp->commit.ece_set = true;
     qp->commit.ece_options = agreed;
     qp->commit.peer_native = agreed & IBV_COMMIT_CAP_NATIVE;
+    qp->selective_repeat = qp->type == IBV_QPT_RC && (agreed & IBV_COMMIT_CAP_SELECTIVE_REPEAT);
     return 0;
 }
 

@@ -12,8 +12,11 @@
 namespace sroce {
 namespace {
 
-// Packets in flight beyond the oldest unacknowledged PSN.
-constexpr int32_t kWindow = 1024;
+constexpr int32_t kWindow = int32_t(kSendWindow);
+// Selective repeat: the oldest unacknowledged packet is resent once the
+// responder has said nothing about it for this long, then twice as long...
+constexpr uint64_t kRecoveryNs = 1000000;
+constexpr uint32_t kRecoveryMaxDoublings = 6;
 // Ask for an ACK at least this often inside long messages.
 constexpr uint32_t kAckReqEvery = 32;
 
@@ -119,6 +122,7 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx) {
     const OpInfo &info = op_info(op);
     uint8_t hdr[kMaxHdrLen];
     uint32_t psn = psn_add(w.first_psn, i);
+    if (psn_diff(psn, qp->req.max_sent_psn) > 0) qp->req.max_sent_psn = psn;
     bool ud = qp->type == IBV_QPT_UD;
     uint32_t dqpn = ud ? w.ud_qpn : qp->attr.dest_qpn;
     in_addr_t daddr = ud ? w.ud_addr : qp->attr.dest_addr;
@@ -337,6 +341,7 @@ void req_run(Qp *qp, TxBatch &tx) {
     }
 out:
     if (reliable && sent && !qp->comp.timer_deadline_ns) req_arm_timer(qp);
+    if (reliable && sent && !qp->comp.sr_deadline_ns) req_arm_recovery(qp);
     // Nothing acknowledges a local operation: complete it here once it has
     // reached the tail (unacknowledged transports retire after sending).
     if (reliable && local_done) comp_retire(qp);
@@ -369,6 +374,53 @@ void req_rewind(Qp *qp, uint32_t psn) {
     }
 }
 
+void req_arm_recovery(Qp *qp) {
+    Completer &c = qp->comp;
+    if (!qp->selective_repeat || wire::psn_diff(qp->req.next_psn, c.una_psn) <= 0) {
+        c.sr_deadline_ns = 0;
+        return;
+    }
+    uint64_t period = kRecoveryNs << std::min(c.sr_backoff, kRecoveryMaxDoublings);
+    // Never later than the retransmit timer, which would rewind everything.
+    if (qp->attr.timeout) period = std::min(period, timeout_ns(qp->attr.timeout));
+    c.sr_deadline_ns = now_ns() + period;
+}
+
+bool req_resend(Qp *qp, uint32_t psn, uint32_t reported, TxBatch &tx) {
+    Requester &q = qp->req;
+    if (!q.resent) {
+        q.resent.reset(new (std::nothrow) ResendMark[kSendWindow]);
+        if (!q.resent) return false;
+    }
+    ResendMark &m = q.resent[psn % kSendWindow];
+    // A resend still on its way: the responder has not yet received anything
+    // sent after it.
+    if (m.psn == psn && wire::psn_diff(reported, m.mark) <= 0) return false;
+    for (uint32_t i = q.tail; i != q.head; i++) {
+        SendWqe &w = q.at(i);
+        if (!w.started) return false;
+        int32_t d = wire::psn_diff(psn, w.first_psn);
+        if (d < 0) return false;
+        if (uint32_t(d) >= w.npkts) continue;
+        if (w.done) return false;
+        uint32_t k = uint32_t(d);
+        if (needs_credit(w)) {
+            // A request for what has not been answered yet; a READ's other
+            // PSNs name responses, not packets of this side.
+            if (k != w.read_next || w.sent_pkts == 0) return false;
+            send_packet(qp, w, k, tx);
+        } else if (k >= w.sent_pkts) {
+            return false; // not sent yet: req_run will
+        } else {
+            send_packet(qp, w, k, tx);
+        }
+        m = {psn, q.max_sent_psn};
+        qp->nic->stats.tx_resent_selective.fetch_add(1, std::memory_order_relaxed);
+        return true;
+    }
+    return false;
+}
+
 void req_timers(Qp *qp, TxBatch &tx, uint64_t now) {
     Completer &c = qp->comp;
     if (qp->attr.state != IBV_QPS_RTS && qp->attr.state != IBV_QPS_SQD) return;
@@ -378,6 +430,13 @@ void req_timers(Qp *qp, TxBatch &tx, uint64_t now) {
         req_run(qp, tx);
         req_arm_timer(qp);
         return;
+    }
+    if (c.sr_deadline_ns && now >= c.sr_deadline_ns && !c.rnr_deadline_ns) {
+        // Whatever the mark says: nothing reported it lost, nothing came.
+        if (qp->req.resent) qp->req.resent[c.una_psn % kSendWindow].psn = UINT32_MAX;
+        req_resend(qp, c.una_psn, c.una_psn, tx);
+        c.sr_backoff++;
+        req_arm_recovery(qp);
     }
     if (c.timer_deadline_ns && now >= c.timer_deadline_ns) {
         qp->nic->stats.timeouts.fetch_add(1, std::memory_order_relaxed);

@@ -872,6 +872,111 @@ void fail(Rx &rx, Outcome o) {
     post_async_event(qp, a.event);
 }
 
+// ---------------------------------------------------------------------------
+// Selective repeat (wire-protocol.md §5.6)
+
+// One request through the checks, execution and acknowledgement.
+void process(Qp *qp, const Packet &pkt, TxBatch &tx);
+
+// Keeps a request that arrived past a gap until the gap is filled.  False
+// when it cannot (beyond the window, or no memory for the buffer): the
+// caller answers with go-back-N instead.
+bool hold(Rx &rx) {
+    Qp *qp = rx.qp;
+    Responder &r = R(rx);
+    Reorder &b = r.reorder;
+    const Packet &pkt = rx.pkt;
+    if (uint32_t(psn_diff(pkt.psn, r.epsn)) >= kSendWindow) return false;
+    if (!b.mem) {
+        // Allocated at the first gap only: most connections never see one.
+        uint32_t size = qp->attr.mtu + uint32_t(kMaxHdrLen + 3 + kIcrcLen);
+        b.mem.reset(new (std::nothrow) uint8_t[size_t(size) * kSendWindow]);
+        b.slots.reset(new (std::nothrow) HeldSlot[kSendWindow]);
+        if (!b.mem || !b.slots) {
+            b = Reorder{};
+            return false;
+        }
+        b.slot_size = size;
+    }
+    if (pkt.len > b.slot_size) return false;
+    HeldSlot &s = b.slot(pkt.psn);
+    if (!s.len || s.psn != pkt.psn) {
+        if (!s.len) b.held++;
+        s = {pkt.psn, uint16_t(pkt.len), pkt.legacy_icrc};
+        std::memcpy(b.data(pkt.psn), pkt.hdr, pkt.len);
+        qp->nic->stats.rx_held.fetch_add(1, std::memory_order_relaxed);
+    }
+    // Everything before the gap is carried out: the SACK acknowledges it.
+    r.ack_pending = true;
+    r.ack_psn = psn_add(r.epsn, kPsnMask);
+    return true;
+}
+
+// Sends the SELECTIVE ACKNOWLEDGE for the requests held past the gap at the
+// expected PSN; false (and nothing held any more) when none is.
+bool send_sack(Qp *qp, TxBatch &tx) {
+    Responder &r = qp->resp;
+    Reorder &b = r.reorder;
+    uint8_t pkt[kBthLen + kAethLen + 4 * (1 + kSackMaxRanges)];
+    static_assert(sizeof pkt <= kMaxHdrLen, "Nic::queue copies it as a header");
+    uint8_t *ranges = pkt + kBthLen + kAethLen + 4;
+    uint32_t held = 0, nranges = 0, high = 0, gap_start = 0;
+    bool in_gap = false;
+    for (uint32_t i = 0; i < kSendWindow; i++) {
+        uint32_t psn = psn_add(r.epsn, i);
+        HeldSlot &s = b.slot(psn);
+        if (s.len && s.psn != psn) {
+            s.len = 0; // left behind by a PSN the expected one jumped past
+        }
+        if (!s.len) {
+            if (!in_gap) gap_start = i;
+            in_gap = true;
+            continue;
+        }
+        held++;
+        high = psn;
+        if (in_gap && nranges < kSackMaxRanges) {
+            uint8_t *g = ranges + 4 * nranges++;
+            put16(g, uint16_t(gap_start));
+            put16(g + 2, uint16_t(i - gap_start));
+        }
+        in_gap = false;
+    }
+    b.held = held;
+    if (!held) return false;
+    bth::build(pkt, kSelectiveAck, false, 0, kDefaultPkey, qp->attr.dest_qpn, false,
+               psn_add(r.epsn, kPsnMask));
+    aeth::build(pkt + kBthLen, aeth::kAck | aeth::kNoCredits, r.msn);
+    uint8_t *h = pkt + kBthLen + kAethLen;
+    h[0] = 0;
+    put24(h + 1, high);
+    qp->nic->queue(tx, qp->attr.dest_addr, pkt, kBthLen + kAethLen + 4 * (1 + nranges), nullptr, 0,
+                   0);
+    return true;
+}
+
+// Carries out the requests held right after the expected PSN, in order.
+void drain_held(Qp *qp, TxBatch &tx) {
+    Responder &r = qp->resp;
+    Reorder &b = r.reorder;
+    while (b.held && qp->attr.state != IBV_QPS_ERR) {
+        HeldSlot &s = b.slot(r.epsn);
+        if (!s.len || s.psn != r.epsn) return;
+        Packet pkt;
+        bool ok = parse(b.data(s.psn), s.len, pkt) == ParseError::kOk;
+        pkt.legacy_icrc = s.legacy_icrc;
+        s.len = 0;
+        b.held--;
+        if (!ok) return;
+        pkt.src_addr = qp->attr.dest_addr;
+        pkt.src_port = kRoceV2Port;
+        pkt.dst_addr = qp->nic->device()->addr;
+        // No new data reaches the slot while it is read: only packets past
+        // a gap are held, and this one's PSN is the expected one.
+        process(qp, pkt, tx);
+    }
+}
+
 void conclude(Rx &rx, Outcome o) {
     switch (o) {
     case Outcome::kNext:
@@ -882,6 +987,7 @@ void conclude(Rx &rx, Outcome o) {
         duplicate(rx);
         return;
     case Outcome::kPsnGap:
+        if (rx.qp->selective_repeat && hold(rx)) return;
         // Go-back-N: one NAK per gap, then drop until the expected PSN returns.
         if (!R(rx).nak_sent) {
             R(rx).nak_sent = true;
@@ -911,11 +1017,22 @@ Outcome run_stages(Rx &rx) {
     return execute(rx);
 }
 
+void process(Qp *qp, const Packet &pkt, TxBatch &tx) {
+    Rx rx{qp, pkt, tx, pkt.rc_opcode(), pkt.info->flags, qp->pd, qp->srq};
+    Outcome o = run_stages(rx);
+    if (o != Outcome::kNext) {
+        conclude(rx, o);
+        return;
+    }
+    acknowledge(rx);
+}
+
 } // namespace
 
 void resp_flush_ack(Qp *qp, TxBatch &tx) {
     if (!qp->resp.ack_pending) return;
     qp->resp.ack_pending = false;
+    if (qp->resp.reorder.held && send_sack(qp, tx)) return;
     send_aeth(qp, tx, aeth::kAck | aeth::kNoCredits, qp->resp.ack_psn);
 }
 
@@ -965,14 +1082,8 @@ int resp_post_recv(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
 }
 
 void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
-    uint8_t op = pkt.rc_opcode();
-    Rx rx{qp, pkt, tx, op, pkt.info->flags, qp->pd, qp->srq};
-    Outcome o = run_stages(rx);
-    if (o != Outcome::kNext) {
-        conclude(rx, o);
-        return;
-    }
-    acknowledge(rx);
+    process(qp, pkt, tx);
+    if (qp->resp.reorder.held) drain_held(qp, tx);
 }
 
 } // namespace sroce

@@ -21,6 +21,7 @@
 #include <infiniband/tm_types.h>
 #include <infiniband/verbs.h>
 #include <infiniband/verbs_ext.h>
+#include <memory>
 #include <mutex>
 #include <netinet/in.h>
 #include <string>
@@ -447,6 +448,17 @@ struct QpAttr {
 };
 
 // Requester: the send queue and the PSNs it hands out (req.cpp).
+// Request packets in flight beyond the oldest unacknowledged PSN; also how
+// far past a gap a selective-repeat responder holds requests.
+constexpr uint32_t kSendWindow = 1024;
+
+// A selectively resent PSN and the highest PSN sent when it left: once the
+// responder reports a packet beyond that mark, the resend was lost too.
+struct ResendMark {
+    uint32_t psn = UINT32_MAX;
+    uint32_t mark = 0;
+};
+
 struct Requester {
     std::vector<SendWqe> wqe;
     std::vector<ibv_sge> sge;
@@ -468,6 +480,10 @@ struct Requester {
     uint8_t tm_fin[16] = {};
     // Which ICRC form of FLUSH the peer takes (wire-protocol.md §4.4).
     uint8_t flush_icrc = kFlushIcrcUnknown;
+    // Selective repeat: the highest PSN sent, and per PSN of the window the
+    // last selective resend (allocated at the first one).
+    uint32_t max_sent_psn = 0;
+    std::unique_ptr<ResendMark[]> resent;
     SendWqe &at(uint32_t i) { return wqe[i % max_wr]; }
 };
 
@@ -478,6 +494,27 @@ struct Completer {
     uint64_t timer_deadline_ns = 0; // retransmit timer, 0 = off
     uint64_t rnr_deadline_ns = 0;   // RNR back-off, 0 = off
     uint32_t last_nak_rewind = UINT32_MAX;
+    // Selective repeat: resends the oldest unacknowledged packet when the
+    // responder has gone quiet about it (its SACKs or the resend were lost).
+    uint64_t sr_deadline_ns = 0;
+    uint32_t sr_backoff = 0; // doublings since the oldest PSN last advanced
+};
+
+// Selective repeat at the responder: requests received past a gap, held
+// (not dropped) until the gap is filled and then executed in PSN order.
+struct HeldSlot {
+    uint32_t psn = 0;
+    uint16_t len = 0; // 0: empty
+    bool legacy_icrc = false;
+};
+struct Reorder {
+    std::unique_ptr<uint8_t[]> mem; // kSendWindow slots of slot_size bytes, at the first gap
+    std::unique_ptr<HeldSlot[]> slots;
+    uint32_t slot_size = 0;
+    uint32_t held = 0;
+    bool sack_due = false; // something arrived past the gap since the last SACK
+    HeldSlot &slot(uint32_t psn) { return slots[psn % kSendWindow]; }
+    uint8_t *data(uint32_t psn) { return mem.get() + size_t(psn % kSendWindow) * slot_size; }
 };
 
 // Responder: the receive side of the transport (resp.cpp).
@@ -512,6 +549,7 @@ struct Responder {
     bool write_uncached = false; // its MR asked for non-temporal placement
     std::vector<RdResource> rd_res;
     uint32_t rd_res_next = 0;
+    Reorder reorder;
 };
 
 // Write-commit state of a QP (both roles).
@@ -563,6 +601,9 @@ struct Qp {
     Completer comp;
     Responder resp;
     CommitState commit;
+    // Both peers resend selectively (IBV_COMMIT_CAP_SELECTIVE_REPEAT, agreed
+    // in ECE or declared with ibv_qp_set_commit_peer): RC only.
+    bool selective_repeat = false;
 
     ibv_qp_state state() const { return attr.state; }
     bool in_error() const { return attr.state == IBV_QPS_ERR; }

@@ -14,6 +14,13 @@ void req_run(Qp *qp, TxBatch &tx);
 void req_rewind(Qp *qp, uint32_t psn);
 void req_timers(Qp *qp, TxBatch &tx, uint64_t now);
 void req_arm_timer(Qp *qp);
+// Selective repeat: resends the one packet at `psn` unless a resend of it may
+// still be on its way (the responder's highest held PSN, `reported`, is not
+// past what had been sent when it left).  True when it sent.
+bool req_resend(Qp *qp, uint32_t psn, uint32_t reported, TxBatch &tx);
+// (Re)starts the selective-repeat recovery timer, or stops it when nothing
+// is outstanding.
+void req_arm_recovery(Qp *qp);
 // Completes the WQE at the tail with the local error found when it was
 // posted, and puts the QP in the error state.
 void req_fail_at_tail(Qp *qp);

@@ -565,10 +565,11 @@ int sroce_query_device(struct ibv_context *ctx, struct ibv_device_attr *a) {
     return 0;
 }
 
-int sroce_query_commit_caps(struct ibv_context *, struct ibv_commit_caps *caps) {
+int sroce_query_commit_caps(struct ibv_context *ctx, struct ibv_commit_caps *caps) {
     if (caps->comp_mask) return EINVAL;
     caps->flags = IBV_COMMIT_CAP_NATIVE | IBV_COMMIT_CAP_ORDERED | IBV_COMMIT_CAP_IMMED |
                   IBV_COMMIT_CAP_FLUSH | IBV_COMMIT_CAP_ANY_PEER;
+    if (to_ctx(ctx)->nic->selective_repeat()) caps->flags |= IBV_COMMIT_CAP_SELECTIVE_REPEAT;
     caps->atomicity_unit = 8;
     caps->persistence_methods = IBV_COMMIT_METHOD_CACHE_FLUSH | IBV_COMMIT_METHOD_MSYNC |
                                 IBV_COMMIT_METHOD_FENCE | IBV_COMMIT_METHOD_NONTEMPORAL;

@@ -191,7 +191,7 @@ enum Transport : uint8_t {
     kTransportUc = 1,
     kTransportUd = 3,
     kTransportXrc = 5,
-    kTransportVendor = 6, // manufacturer-specific space 0xC0-0xDF: RC commits
+    kTransportVendor = 6, // manufacturer-specific space 0xC0-0xDF: RC commits, SACK
 };
 inline uint8_t transport_of(uint8_t opcode) {
     return opcode >> 5;
@@ -239,7 +239,15 @@ enum Opcode : uint8_t {
     kCommitWriteLastImm = 0xC3,
     kCommitWriteOnly = 0xC4,
     kCommitWriteOnlyImm = 0xC5,
+    // Selective repeat (wire-protocol.md §5.6): a cumulative ACK whose
+    // payload is a bitmap of the requests held past the gap.
+    kSelectiveAck = 0xC6,
 };
+
+// SELECTIVE ACKNOWLEDGE payload: the highest PSN held (24 bits after a
+// reserved byte), then up to this many gaps, each a 16-bit offset of its first
+// missing PSN past the acknowledged one and a 16-bit count.
+constexpr uint32_t kSackMaxRanges = 4;
 
 // CETH byte 0.
 namespace ceth {

@@ -6,7 +6,7 @@ peers agreed on, and that the wire carries exactly those.
 Usage: ece_check.py PCAP native|ibta
 
 The REQ must offer sroce's ECE (vendor ID 0xFFFFFF in its VendorID bytes,
-options 0x5C00000F in the MAD's attribute modifier, as the kernel's CM puts
+options 0x5C00002F in the MAD's attribute modifier, as the kernel's CM puts
 them).  For "native", the REP must answer with the same and the commits must
 travel as sroce's write-commit opcodes 0xC0-0xC5, with no IBTA FLUSH; for
 "ibta", the REP answers options 0 and the commits are WRITE + FLUSH (0x1C)
@@ -22,7 +22,7 @@ BTH_LEN, DETH_LEN, MAD_HDR = 12, 8, 24
 CM_CLASS = 0x07
 REQ, REP = 0x0010, 0x0013
 VENDOR = 0xFFFFFF
-OFFER = 0x5C00000F
+OFFER = 0x5C00002F
 NATIVE = range(0xC0, 0xC6)
 FLUSH = 0x1C
 

@@ -459,6 +459,25 @@ static enum ibv_mtu local_mtu(const struct rdma *r) {
     return m;
 }
 
+// Enhanced connection establishment over the side channel, as rdma_cm does
+// it in REQ and REP: each side offers its QP's ECE options and sets the
+// peer's before the QP is connected (a device without ECE offers nothing).
+static void offer_ece(struct rdma *r, uint64_t w[2]) {
+    struct ibv_ece ece = {0};
+    if (ibv_query_ece(r->qp, &ece)) ece.vendor_id = ece.options = 0;
+    w[0] = ece.vendor_id;
+    w[1] = ece.options;
+}
+
+static void accept_ece(struct rdma *r, const uint64_t w[2]) {
+    struct ibv_ece ece = {.vendor_id = (uint32_t)w[0], .options = (uint32_t)w[1]};
+    if (!ece.vendor_id) return;
+    int err = ibv_set_ece(r->qp, &ece);
+    // Another vendor's options are not this device's business.
+    if (err && err != EINVAL && err != EOPNOTSUPP)
+        die(EXIT_SETUP, "ibv_set_ece: %s", strerror(err));
+}
+
 static void connect_qp(struct rdma *r, uint32_t dqpn, uint32_t dpsn, const uint8_t *dgid,
                        enum ibv_mtu mtu) {
     struct ibv_qp_attr a = {
@@ -661,8 +680,10 @@ static void run_client(void) {
                              0,           (uint64_t)local_mtu(&r),
                              opt.ops};
     gid_to_words(&r.gid, &w[7]);
+    offer_ece(&r, &w[11]);
     send_words(fd, w);
     if (!recv_words(fd, w) || w[0] != MAGIC_REPLY) die(EXIT_SETUP, "bad reply from server");
+    accept_ece(&r, &w[8]);
     uint32_t dqpn = (uint32_t)w[1], dpsn = (uint32_t)w[2];
     uint8_t dgid[16];
     words_to_gid(&w[3], dgid);
@@ -967,6 +988,8 @@ static void run_server(void) {
     uint64_t *atomic_words = (uint64_t *)(r.buf + L.d);
     for (uint32_t i = 0; i < nrecv; i++)
         post_recv(&r, i, rbuf + slot * i, opt.max_size);
+    uint64_t client_ece[2] = {w[11], w[12]};
+    accept_ece(&r, client_ece);
     connect_qp(&r, dqpn, dpsn, dgid, mtu);
 
     memset(w, 0, sizeof w);
@@ -977,6 +1000,7 @@ static void run_server(void) {
     w[5] = r.mr->rkey;
     w[6] = (uintptr_t)r.buf;
     w[7] = (uint64_t)mtu;
+    offer_ece(&r, &w[8]); // what both agreed on, after accept_ece
     send_words(fd, w);
     printf("%s: connected, QP %u to QP %u, MTU %d\n", role, r.qp->qp_num, dqpn, 128 << mtu);
 

@@ -129,7 +129,8 @@ TEST(Ece, OffersTheCommitCapabilitiesOfReliableQps) {
     ASSERT_EQ(ibv_query_ece(q.a.qp, &ece), 0);
     EXPECT_EQ(ece.vendor_id, 0xFFFFFFu);
     EXPECT_EQ(ece.options, 0x5C000000u | IBV_COMMIT_CAP_NATIVE | IBV_COMMIT_CAP_ORDERED |
-                               IBV_COMMIT_CAP_IMMED | IBV_COMMIT_CAP_FLUSH);
+                               IBV_COMMIT_CAP_IMMED | IBV_COMMIT_CAP_FLUSH |
+                               IBV_COMMIT_CAP_SELECTIVE_REPEAT);
     EXPECT_EQ(ece.comp_mask, 0u);
 
     ibv_cq *cq = ibv_create_cq(g_ctx[0], 4, nullptr, nullptr, 0);
@@ -164,13 +165,14 @@ TEST(Ece, KeepsWhatBothSidesShareAndRefusesOtherVendors) {
     EXPECT_EQ(ibv_set_ece(q.a.qp, &ece), EINVAL);
     // ...nothing agreed yet, so the QP still offers everything.
     ASSERT_EQ(ibv_query_ece(q.a.qp, &ece), 0);
-    EXPECT_EQ(ece.options, 0x5C00000Fu);
+    EXPECT_EQ(ece.options, 0x5C00002Fu);
 
     struct Case {
         uint32_t peer, agreed;
     } cases[] = {
         {0x5C000001, 0x5C000001}, // native only
-        {0x5C0000FF, 0x5C00000F}, // bits sroce does not know are dropped
+        {0x5C0000FF, 0x5C00002F}, // bits sroce does not know are dropped
+        {0x5C000020, 0x5C000020}, // selective repeat only: IBTA sequences for commits
         {0x0000000F, 0},          // untagged: another implementation's options
         {0x5D00000F, 0},          // another tag
         {0x5C000000, 0},          // tagged but nothing in common

@@ -25,6 +25,9 @@ struct FaultCase {
     const char *name;
     const char *spec; // SROCE_FAULT without the seed
     uint64_t seed;    // of the injector and of the workload
+    // Both QPs agree on selective repeat (wire-protocol.md §5.6) rather than
+    // IBTA's go-back-N.
+    bool selective = false;
 };
 
 // SROCE_TEST_SEED=N shifts every seed, for soak runs over many schedules.
@@ -264,6 +267,10 @@ TEST_P(Faults, MixedTrafficCompletesExactly) {
     o.retry_cnt = 7;
     o.rnr_retry = 7;
     ASSERT_NO_FATAL_FAILURE(p.setup(ca.ctx, cb.ctx, o));
+    if (fc.selective) {
+        ASSERT_EQ(ibv_qp_set_commit_peer(p.a.qp, IBV_COMMIT_CAP_SELECTIVE_REPEAT), 0);
+        ASSERT_EQ(ibv_qp_set_commit_peer(p.b.qp, IBV_COMMIT_CAP_SELECTIVE_REPEAT), 0);
+    }
     Workload w(p, seed);
     w.run();
 }
@@ -272,7 +279,10 @@ INSTANTIATE_TEST_SUITE_P(
     Injector, Faults,
     ::testing::Values(FaultCase{"none", "", 1}, FaultCase{"drop", "drop=0.05", 2},
                       FaultCase{"dup", "dup=0.05", 3}, FaultCase{"reorder", "reorder=0.05", 4},
-                      FaultCase{"all", "drop=0.05,dup=0.05,reorder=0.05", 5}),
+                      FaultCase{"all", "drop=0.05,dup=0.05,reorder=0.05", 5},
+                      FaultCase{"drop_selective", "drop=0.05", 6, true},
+                      FaultCase{"all_selective", "drop=0.05,dup=0.05,reorder=0.05", 7, true},
+                      FaultCase{"drop30_selective", "drop=0.3", 8, true}),
     [](const ::testing::TestParamInfo<FaultCase> &i) { return std::string(i.param.name); });
 
 } // namespace

@@ -77,6 +77,8 @@ const Layout kLayouts[] = {
     {0xC3, "COMMIT_WRITE_LAST_WITH_IMMEDIATE", 16, 0, 0, 0, 0, 12, 0, 0, true},
     {0xC4, "COMMIT_WRITE_ONLY", 32, 12, 0, 0, 0, 0, 0, 0, true},
     {0xC5, "COMMIT_WRITE_ONLY_WITH_IMMEDIATE", 36, 12, 0, 0, 0, 32, 0, 0, true},
+    // Selective repeat: an ACK whose payload names the gaps.
+    {0xC6, "SELECTIVE_ACKNOWLEDGE", 16, 0, 12, 0, 0, 0, 0, 0, true},
 };
 
 const Layout *layout(uint8_t op) {
@@ -422,7 +424,7 @@ TEST(Parse, RejectsUnknownOpcodes) {
     // Reserved RC codes, UC codes past WRITE, RD, UD codes but SEND, CNP,
     // XRC codes past SEND WITH INVALIDATE, unused vendor codes, and 0xFF.
     for (int op : {0x15, 0x18, 0x19, 0x1A, 0x1B, 0x1E, 0x1F, 0x2C, 0x2D, 0x40, 0x4C, 0x60, 0x66,
-                   0x81, 0xB5, 0xBC, 0xC6, 0xE0, 0xFF}) {
+                   0x81, 0xB5, 0xBC, 0xC7, 0xE0, 0xFF}) {
         Bytes p = build(uint8_t(op), 1, 2, 64);
         EXPECT_EQ(parse(p.data(), p.size(), pkt), ParseError::kBadOpcode) << op;
     }

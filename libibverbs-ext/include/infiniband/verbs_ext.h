@@ -137,6 +137,9 @@ enum ibv_commit_cap_flags {
     /* Write-commits reach any peer: those without IBV_COMMIT_CAP_NATIVE as
      * IBTA sequences (a local property, never offered in ECE). */
     IBV_COMMIT_CAP_ANY_PEER = 1 << 4,
+    /* The transport resends only the packets a loss took, holding those
+     * received past a gap, when both peers have it (sroce). */
+    IBV_COMMIT_CAP_SELECTIVE_REPEAT = 1 << 5,
 };
 
 enum ibv_commit_method {
@@ -181,7 +184,7 @@ int ibv_qp_set_commit_peer(struct ibv_qp *qp, uint32_t peer_commit_caps);
 #define IBV_COMMIT_ECE_VENDOR_ID 0xFFFFFFu
 #define IBV_COMMIT_ECE_TAG 0x5C000000u
 #define IBV_COMMIT_ECE_TAG_MASK 0xFF000000u
-#define IBV_COMMIT_ECE_CAPS_MASK 0x0000000Fu
+#define IBV_COMMIT_ECE_CAPS_MASK 0x0000002Fu
 
 /* Whether ECE options (from ibv_query_ece() once the connection is set up)
  * select native write-commit opcodes. */
