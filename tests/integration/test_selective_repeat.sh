@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# Selective repeat between sroce peers (wire-protocol.md §5.6), every byte
+# checked: sroce_xfer's seeded mix of RC operations (WRITE read back with
+# READ, SEND, WRITE WITH IMMEDIATE, atomics; up to 256 KiB) between two links
+# on lo, both sides dropping what they receive (SROCE_FAULT), with each
+# side's counters (SROCE_STATS) held to what the recovery must show:
+#
+#   agreed      sroce_xfer exchanges ECE over its side channel: the server
+#               holds requests past each gap (rx_held), the client resends
+#               only what is missing (tx_resent_selective).
+#   one side    the server does not offer it (SROCE_SELECTIVE_REPEAT=0):
+#               nothing is agreed, so IBTA go-back-N recovers — nothing held,
+#               nothing resent selectively, the client rewinds (retransmits).
+#   30 % loss   agreed, with 30 % of every side's datagrams dropped: the run
+#               finishes, slowly, with every byte right.
+#   rdma_cm     Debian's ib_write_bw -R at 1 % loss finishes: librdmacm
+#               carries the ECE offer in REQ and REP (that the options include
+#               selective repeat is ece_check.py's, in test_commit_negotiation),
+#               so perftest gets it unmodified.
+#
+# Usage: test_selective_repeat.sh BUILD-DIR
+#
+# ctest: TIMEOUT=300 RESOURCE_LOCK=lo-127.0.26.1,lo-127.0.26.2
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+sroce_init "${1:?usage: $0 BUILD-DIR}"
+require_cmds ss timeout ib_write_bw
+require_loopback
+xfer=$BUILD_DIR/tests/progs/sroce_xfer
+[[ -x $xfer ]] || die "$xfer not built"
+sroce_config sroce_sr0 127.0.26.1 sroce_sr1 127.0.26.2
+private_agent
+export RP_TIMEOUT=120
+
+# stat LOG NAME: the counter NAME of the device line SROCE_STATS printed.
+stat() {
+	sed -n "s/^sroce: sroce_sr[01]: .* $2 \([0-9]*\).*/\1/p" "$1" | head -n 1
+}
+
+# check NAME SERVER-LOG CLIENT-LOG EXPR...: each EXPR is "SIDE COUNTER OP
+# VALUE" (SIDE server or client, OP one of == > ).
+check() {
+	local name=$1 slog=$2 clog=$3 side counter op want log got bad=
+	shift 3
+	for expr in "$@"; do
+		read -r side counter op want <<<"$expr"
+		log=$slog
+		[[ $side == client ]] && log=$clog
+		got=$(stat "$log" "$counter")
+		if [[ -z $got ]]; then
+			bad+=" $side's $counter missing;"
+		elif ! case $op in
+			'==') ((got == want)) ;;
+			'>') ((got > want)) ;;
+			*) die "check: unknown operator $op" ;;
+			esac then
+			bad+=" $side $counter $got (want $op $want);"
+		fi
+	done
+	if [[ -z $bad ]]; then
+		pass "$name: $(grep -h '^xfer:.*OK' "$clog" | head -n 1)"
+	else
+		fail "$name:$bad" "$(grep -h '^sroce: sroce_sr' "$slog" "$clog")"
+	fi
+}
+
+# xfer NAME SERVER-ENV CLIENT-ENV XFER-ARGS EXPR...: one verified run, then
+# its checks.
+xfer() {
+	local name=$1 senv=$2 cenv=$3 args=$4
+	shift 4
+	# shellcheck disable=SC2086 # the environments and arguments are lists
+	if run_pair env SROCE_STATS=1 $senv "$xfer" -d sroce_sr0 -p @PORT@ -- \
+		env SROCE_STATS=1 $cenv "$xfer" -d sroce_sr1 -p @PORT@ $args 127.0.26.1; then
+		check "$name" "$RP_SERVER_LOG" "$RP_CLIENT_LOG" "$@" \
+			"server rx_bad_icrc == 0" "client rx_bad_icrc == 0"
+	else
+		fail "$name: sroce_xfer (server $RP_SERVER_RC, client ${RP_CLIENT_RC:-not run})"
+	fi
+}
+
+mix="-n 600 --seed 17 --max-size 262144"
+xfer "agreed, 1 % loss" "SROCE_FAULT=drop=0.01,seed=3" "SROCE_FAULT=drop=0.01,seed=4" "$mix" \
+	"server rx_dropped_fault > 0" "server rx_held > 0" "client tx_resent_selective > 0"
+xfer "one side without it, 1 % loss" "SROCE_SELECTIVE_REPEAT=0 SROCE_FAULT=drop=0.01,seed=3" \
+	"SROCE_FAULT=drop=0.01,seed=4" "$mix" \
+	"server rx_held == 0" "client rx_held == 0" "client tx_resent_selective == 0" \
+	"server tx_resent_selective == 0" "client retransmits > 0"
+# READs too: their lost responses are asked for again alone.
+xfer "agreed, 30 % loss" "SROCE_FAULT=drop=0.3,seed=5" "SROCE_FAULT=drop=0.3,seed=6" \
+	"-n 200 --seed 23 --max-size 65536" \
+	"server rx_held > 0" "client tx_resent_selective > 0"
+
+port=7491
+if cm_pair perftest_r "$port" env SROCE_FAULT=drop=0.01,seed=7 \
+	ib_write_bw -d sroce_sr0 -x 1 -R -s 65536 -n 2000 -p "$port" -- \
+	env SROCE_FAULT=drop=0.01,seed=8 \
+	ib_write_bw -d sroce_sr1 -x 1 -R -s 65536 -n 2000 -p "$port" 127.0.26.1; then
+	bw=$(perftest_result "$WORK/perftest_r.client")
+	if [[ -n $bw ]]; then
+		pass "ib_write_bw -R, 1 % loss: $bw MB/s"
+	else
+		fail "ib_write_bw -R, 1 % loss: no result" "$(cat "$WORK/perftest_r.client")"
+	fi
+else
+	fail "ib_write_bw -R at 1 % loss did not finish"
+fi
+finish
