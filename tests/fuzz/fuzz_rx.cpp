@@ -65,7 +65,8 @@ enum Control : uint8_t {
 // Second byte: which QP the packet is for, and what RETH / AtomicETH / IETH
 // name when aimed.
 enum Target : uint8_t {
-    kTargetMask = 7,     // 0 RC, 1 UC, 2 UD, 3 RC on an SRQ, 4 XRC target; others RC
+    kTargetMask = 7,     // 0 RC, 1 UC, 2 UD, 3 RC on an SRQ, 4 XRC target, 5 RC with
+                         // selective repeat agreed; others RC
     kAimWindow = 1 << 3, // a memory window's rkey instead of the MR's
     // Sent as a run (wire-protocol.md §1.1): 2 + bits 5-6 copies, PSN + i
     // and IP ID i, as one UDP_SEGMENT send that reaches sroce coalesced.
@@ -73,6 +74,7 @@ enum Target : uint8_t {
     kRunShortLast = 1 << 7, // the run's last copy 4 bytes shorter
 };
 enum Kind { kRc, kUc, kUd, kRcSrq, kXrc, kKinds };
+constexpr uint8_t kTargetRcSelective = 5;
 constexpr uint32_t kQkey = 0x1234567;
 
 struct Harness {
@@ -511,6 +513,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             reset || qp->attr.state != IBV_QPS_RTS || qp->req.head - qp->req.tail >= kQueueDepth;
     }
     if (reset) connect_qp();
+    {
+        // Held requests and SELECTIVE ACKNOWLEDGEs (wire-protocol.md §5.6.1).
+        std::lock_guard<std::mutex> g(qp->mu);
+        qp->selective_repeat = (target & kTargetMask) == kTargetRcSelective;
+    }
     if (target & kAimWindow) bind_windows();
     if (ctl & kPostRecv) post_recv();
     if (ctl & kPostSend) post_send(uint8_t(ctl >> 5));

@@ -25,7 +25,7 @@ POST_SEND = 1 << 4
 POST_RECV = 1 << 7
 POST_WRITE, POST_READ, POST_ATOMIC, POST_SEND_OP = (POST_SEND | k << 5 for k in range(4))
 AIMED = OWN_QP | EXPECTED_PSN
-RC, UC, UD, RC_SRQ, XRC = range(5)
+RC, UC, UD, RC_SRQ, XRC, RC_SELECTIVE = range(6)
 WINDOW = 1 << 3
 # A run of 2 + k copies (PSN + i, IP ID i) in one segmentation-offload send.
 RUN = 1 << 4
@@ -161,6 +161,19 @@ def transport_seeds():
         packet(0x04, payload=data(64))
     yield "run_ud_sends", UD | run(4), POST_RECV | AIMED, packet(0x64, deth(), data(100))
     yield "run_acks", RC | run(2), POST_WRITE | AIMED, packet(0x11, aeth(0x1F))
+    # Selective repeat: requests past a gap are held (the QP expects
+    # 0xFFFFF0 after a reset), then filled; SACKs naming gaps, well formed
+    # and not.
+    yield "sr_held_write", RC_SELECTIVE, RESET_QP | OWN_QP, \
+        packet(0x0A, reth(0x100, 0, 64), data(64), psn=0xFFFFF2)
+    yield "sr_held_run", RC_SELECTIVE | run(4), OWN_QP, \
+        packet(0x0A, reth(0x100, 0, 64), data(64), psn=0xFFFFF3)
+    yield "sr_fill", RC_SELECTIVE, AIMED, packet(0x0A, reth(0x100, 0, 64), data(64))
+    sack = b"\0\0\0\5" + struct.pack(">HH", 0, 2) + struct.pack(">HH", 3, 1)
+    yield "sr_sack", RC_SELECTIVE, POST_WRITE | AIMED, packet(0xC6, aeth(0x1F), sack, ackreq=False)
+    yield "sr_sack_short", RC_SELECTIVE, POST_WRITE | AIMED, \
+        packet(0xC6, aeth(0x1F), b"\0\0\0\5", ackreq=False)
+    yield "sr_sack_nak", RC_SELECTIVE, POST_WRITE | AIMED, packet(0xC6, aeth(0x60), sack, ackreq=False)
 
 
 def main():
