@@ -47,12 +47,21 @@ struct TxBatch {
 };
 
 struct FaultConfig {
+    static constexpr int kMaxDropAt = 8;
     double drop = 0, dup = 0, reorder = 0;
     uint64_t seed = 1;
-    bool enabled() const { return drop > 0 || dup > 0 || reorder > 0; }
+    // Deterministic losses for tests: the Nth datagrams received (1-based),
+    // and every datagram with one BTH opcode.
+    uint64_t drop_at[kMaxDropAt] = {};
+    int n_drop_at = 0;
+    int drop_opcode = -1;
+    bool enabled() const {
+        return drop > 0 || dup > 0 || reorder > 0 || n_drop_at || drop_opcode >= 0;
+    }
 };
 
-// Parses "drop=0.05,dup=0.01,reorder=0.01,seed=7" (SROCE_FAULT); throws on junk.
+// Parses "drop=0.05,dup=0.01,reorder=0.01,seed=7" (SROCE_FAULT), also
+// "drop_at=N" (repeatable) and "drop_opcode=N"; throws on junk.
 FaultConfig parse_fault_config(const std::string &spec);
 
 struct NicStats {
@@ -208,6 +217,7 @@ class Nic {
     std::vector<Qp *> acks_;            // QPs with a coalesced ACK to send
     FaultConfig fault_;
     uint64_t rng_ = 0;
+    uint64_t fault_seq_ = 0; // datagrams seen by the fault injector
     bool busy_poll_ = false;
     // Segmentation offload on send (UDP_SEGMENT) and coalesced receives
     // (UDP_GRO); SROCE_GSO=0 / SROCE_GRO=0 turn them off.  Send offload also

@@ -115,7 +115,9 @@ bool flush_legacy_form(Qp *qp, SendWqe &w) {
     return legacy;
 }
 
-void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx) {
+// `ackreq`: ask for an acknowledgement whatever the position (a selective
+// resend, whose answer tells the requester where the responder stands).
+void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx, bool ackreq_always = false) {
     using namespace wire;
     const uint32_t mtu = qp->attr.mtu;
     uint8_t op = wire_opcode(qp, rc_opcode(w, i));
@@ -129,7 +131,7 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx) {
     bool last = info.flags & kOpLast;
     bool ackreq =
         qp->reliable() && ((info.flags & (kOpRead | kOpAtomic | kOpFlush | kOpAtomicWrite)) ||
-                           last || ++qp->req.pkts_since_ackreq >= kAckReqEvery);
+                           last || ackreq_always || ++qp->req.pkts_since_ackreq >= kAckReqEvery);
     if (ackreq) qp->req.pkts_since_ackreq = 0;
     bool se = last && (w.flags & IBV_SEND_SOLICITED);
     bth::build(hdr, op, se, 0, kDefaultPkey, dqpn, ackreq, psn);
@@ -408,11 +410,11 @@ bool req_resend(Qp *qp, uint32_t psn, uint32_t reported, TxBatch &tx) {
             // A request for what has not been answered yet; a READ's other
             // PSNs name responses, not packets of this side.
             if (k != w.read_next || w.sent_pkts == 0) return false;
-            send_packet(qp, w, k, tx);
+            send_packet(qp, w, k, tx, true);
         } else if (k >= w.sent_pkts) {
             return false; // not sent yet: req_run will
         } else {
-            send_packet(qp, w, k, tx);
+            send_packet(qp, w, k, tx, true);
         }
         m = {psn, q.max_sent_psn};
         qp->nic->stats.tx_resent_selective.fetch_add(1, std::memory_order_relaxed);

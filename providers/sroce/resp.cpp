@@ -1082,8 +1082,21 @@ int resp_post_recv(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
 }
 
 void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
+    Responder &r = qp->resp;
+    if (!r.reorder.held) {
+        process(qp, pkt, tx);
+        return;
+    }
+    const uint32_t before = r.epsn;
     process(qp, pkt, tx);
-    if (qp->resp.reorder.held) drain_held(qp, tx);
+    drain_held(qp, tx);
+    // A gap filled: the requester learns where the next one starts (or that
+    // none is left) now, whether or not the filling packet asked for an ACK,
+    // rather than when its recovery timer fires.
+    if (qp->attr.state != IBV_QPS_ERR && psn_diff(r.epsn, before) > 0) {
+        r.ack_pending = true;
+        r.ack_psn = psn_add(r.epsn, kPsnMask);
+    }
 }
 
 } // namespace sroce

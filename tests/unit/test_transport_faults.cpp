@@ -275,6 +275,45 @@ TEST_P(Faults, MixedTrafficCompletesExactly) {
     w.run();
 }
 
+// Selective repeat when the SACKs naming the gaps are lost: the responder
+// loses packets 3 and 10 of one 64-packet WRITE, the requester the first two
+// datagrams it receives (the SACKs the burst caused), so it knows of neither
+// gap until its recovery timer resends the oldest packet.  Filling that gap
+// reveals the second: the fill must be acknowledged (and a resend asks for
+// an acknowledgement), or the requester keeps resending a packet already
+// received and only the retransmit timer - with no retry left, an error -
+// would move it on.
+TEST(SelectiveRepeat, AcknowledgesEveryFilledGap) {
+    ASSERT_EQ(devices(), "");
+    setenv("SROCE_FAULT", "drop_at=1,drop_at=2", 1);
+    ContextCloser ca{open_device(g_dev[0])};
+    setenv("SROCE_FAULT", "drop_at=3,drop_at=10", 1);
+    ContextCloser cb{open_device(g_dev[1])};
+    unsetenv("SROCE_FAULT");
+    ASSERT_NE(ca.ctx, nullptr) << std::strerror(errno);
+    ASSERT_NE(cb.ctx, nullptr) << std::strerror(errno);
+
+    Pair p;
+    PairOpts o;
+    o.mtu = IBV_MTU_1024;
+    o.timeout = 18; // 1.07 s: far beyond the recovery timer's few milliseconds
+    o.retry_cnt = 0;
+    ASSERT_NO_FATAL_FAILURE(p.setup(ca.ctx, cb.ctx, o));
+    ASSERT_EQ(ibv_qp_set_commit_peer(p.a.qp, IBV_COMMIT_CAP_SELECTIVE_REPEAT), 0);
+    ASSERT_EQ(ibv_qp_set_commit_peer(p.b.qp, IBV_COMMIT_CAP_SELECTIVE_REPEAT), 0);
+    constexpr size_t kLen = 64 * 1024;
+    Buf src(p.a.pd, kLen), dst(p.b.pd, kLen);
+    ASSERT_TRUE(src.ok() && dst.ok());
+    src.fill(41);
+    dst.set(0);
+    ASSERT_EQ(post_rdma(p.a.qp, 7, IBV_WR_RDMA_WRITE, {src.sge(0, kLen)}, dst.addr(), dst.rkey()),
+              0);
+    expect_one(p.a.scq, {7, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, p.a.qpn()});
+    Pair::sync_with(p.b);
+    EXPECT_TRUE(same_bytes(dst.data(), src.data(), kLen));
+    EXPECT_TRUE(dst.guards_intact());
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Injector, Faults,
     ::testing::Values(FaultCase{"none", "", 1}, FaultCase{"drop", "drop=0.05", 2},
