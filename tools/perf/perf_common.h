@@ -266,6 +266,11 @@ int perf_ext_query_commit_caps(struct ibv_context *ctx, struct ibv_commit_caps *
 int perf_ext_set_commit_peer(struct ibv_qp *qp, uint32_t caps);
 const struct ibv_qp_commit_ops *perf_ext_commit_ops(struct ibv_qp_ex *qpx);
 bool perf_ext_present(void);
+/* Declares what the peer's device can do (exchanged over the side channel):
+ * its native write-commit opcodes only when `native` (the other methods
+ * measure the IBTA operations they name), its selective repeat always.
+ * 0 or an errno, which only a native declaration reports. */
+int perf_declare_peer(struct perf_conn *c, bool native);
 
 void perf_open_device(struct perf_conn *c);
 void perf_create_cq(struct perf_conn *c, unsigned cqe);

@@ -294,6 +294,7 @@ class Matrix:
             self.progress("lat", "perftest ib_write_lat", 2, r)
         else:
             print("perftest's ib_write_lat not installed: skipped")
+        self.loss_matrix()
         for size in (64, 65536) if not self.args.short else (64,):
             r = self.verbs_pair("ib_write_commit_bw", size, ["--method", "native"],
                                 ["--target-mem", "file:" + os.path.join(self.work, "target")])
@@ -370,6 +371,32 @@ class Matrix:
         else:
             print("  bw  %-28s %8d B  %10.2f MB/s  %8.4f Mpps" %
                   (name, size, r["bw_avg_MBps"], r["msg_rate_Mpps"]), flush=True)
+
+    # The loss rates of the issue's targets; go-back-N is measured only where
+    # a run finishes in seconds.
+    LOSSES = (("0.1 %", "0.001", True), ("1 %", "0.01", False))
+
+    def loss_matrix(self):
+        """64 KiB RDMA WRITE streams while both sides drop a share of what
+        they receive (SROCE_FAULT): with selective repeat, which the tool's
+        capability exchange agrees on, and with IBTA's go-back-N
+        (SROCE_SELECTIVE_REPEAT=0), interleaved with the loss-free run."""
+        size = 65536
+        jobs = [("write", self.verbs_job("ib_write_commit_bw", size, ["--method", "write"]))]
+        for label, p, gbn in self.LOSSES:
+            jobs.append(("write, %s loss" % label,
+                         self.verbs_job("ib_write_commit_bw", size, ["--method", "write"],
+                                        env={"SROCE_FAULT": "drop=" + p})))
+            if gbn:
+                jobs.append(("write, %s loss, go-back-N" % label,
+                             self.verbs_job("ib_write_commit_bw", size, ["--method", "write"],
+                                            env={"SROCE_FAULT": "drop=" + p,
+                                                 "SROCE_SELECTIVE_REPEAT": "0"})))
+        for name, run in self.interleaved(jobs).items():
+            r = run["results"][0]
+            self.results["bw"].setdefault(name if name != "write" else "write (loss series)",
+                                          {})[size] = r
+            self.progress("bw", name, size, r)
 
     # ------------------------------------------------------------- report
     def ratios(self):
@@ -449,6 +476,16 @@ class Matrix:
         add("native commit 64 B latency / libfabric tcp FI_COMMIT_COMPLETE",
             get(lat, "native", 64, "t_typical"),
             get(peers, "libfabric tcp commit lat", 64, "t_typical"), 1.0, "<=", "t_typical, RTT")
+        for (label, _, gbn), target in zip(self.LOSSES, (0.8, 0.5)):
+            add("64 KiB RDMA WRITE bandwidth, %s loss / loss-free" % label,
+                get(bw, "write, %s loss" % label, 65536, "bw_avg_MBps"),
+                get(bw, "write (loss series)", 65536, "bw_avg_MBps"), target, ">=",
+                "BW average; both sides drop at random (SROCE_FAULT), selective repeat")
+            if gbn:
+                add("64 KiB RDMA WRITE bandwidth, %s loss, go-back-N / loss-free" % label,
+                    get(bw, "write, %s loss, go-back-N" % label, 65536, "bw_avg_MBps"),
+                    get(bw, "write (loss series)", 65536, "bw_avg_MBps"), 0.0, ">=",
+                    "BW average; SROCE_SELECTIVE_REPEAT=0: what IBTA peers get (no target)")
         add("libfabric pmof FI_COMMIT_COMPLETE 64 B latency / libfabric tcp",
             get(peers, "libfabric pmof commit lat", 64, "t_typical"),
             get(peers, "libfabric tcp commit lat", 64, "t_typical"), 0.85, "<=",

@@ -443,12 +443,8 @@ static int run_client(const struct perf_opts *o) {
                      "write-commit (the server's device does not offer it in ECE); use an "
                      "IBTA method (write-flush, write-read, write-send)");
     } else {
-        if (o->method == M_NATIVE) {
-            /* Declaring the peer's capabilities is what selects the native
-             * opcodes; without it the verb would fall back to IBTA FLUSH. */
-            err = perf_ext_set_commit_peer(c.qp, c.peer.commit_caps);
-            if (err) perf_die("ibv_qp_set_commit_peer: %s", strerror(err));
-        }
+        err = perf_declare_peer(&c, o->method == M_NATIVE);
+        if (err) perf_die("ibv_qp_set_commit_peer: %s", strerror(err));
         perf_connect_qp(&c, 0);
     }
     for (unsigned i = 0; i < c.n_recv; i++)
@@ -739,8 +735,8 @@ static int run_server(const struct perf_opts *o) {
     }
     perf_create_qp(&c, o->method == M_WRITE_SEND ? IBV_QP_EX_WITH_SEND : 0,
                    c.n_req ? c.n_req + 1 : 1, c.n_recv ? c.n_recv : 1, 0);
-    if (o->method == M_NATIVE && !o->rdma_cm) {
-        err = perf_ext_set_commit_peer(c.qp, c.peer.commit_caps);
+    if (!o->rdma_cm) {
+        err = perf_declare_peer(&c, o->method == M_NATIVE);
         if (err) perf_die("ibv_qp_set_commit_peer: %s", strerror(err));
     }
     access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | c.target.mr_flush_access;

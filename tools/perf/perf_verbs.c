@@ -69,6 +69,16 @@ int perf_ext_set_commit_peer(struct ibv_qp *qp, uint32_t caps) {
     return ext.set_peer(qp, caps);
 }
 
+int perf_declare_peer(struct perf_conn *c, bool native) {
+    uint32_t caps = c->peer.commit_caps;
+    if (native) return perf_ext_set_commit_peer(c->qp, caps);
+    caps &= IBV_COMMIT_CAP_SELECTIVE_REPEAT;
+    /* A loss-recovery preference: a device that cannot take it goes on with
+     * IBTA's go-back-N. */
+    if (caps) (void)perf_ext_set_commit_peer(c->qp, caps);
+    return 0;
+}
+
 const struct ibv_qp_commit_ops *perf_ext_commit_ops(struct ibv_qp_ex *qpx) {
     if (!perf_ext_present()) return NULL;
     return ext.commit_ops(qpx);
