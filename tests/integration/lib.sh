@@ -397,6 +397,41 @@ cm_pair() {
 	return 1
 }
 
+# stat_counter LOG DEV NAME: the counter NAME of the line SROCE_STATS printed
+# for DEV (a sed pattern: "sroce_x[01]" matches either of two devices).
+stat_counter() {
+	sed -n "s/^sroce: $2: .* $3 \([0-9]*\).*/\1/p" "$1" | head -n 1
+}
+
+# check_counters NAME DEV SERVER-LOG CLIENT-LOG EXPR...: each EXPR is "SIDE
+# COUNTER OP VALUE" (SIDE server or client, OP == or >), held against that
+# side's SROCE_STATS line for DEV.  One check: passed with the client's
+# "xfer: ... OK" line, or failed naming every counter that missed.
+check_counters() {
+	local name=$1 dev=$2 slog=$3 clog=$4 side counter op want log got bad=
+	shift 4
+	for expr in "$@"; do
+		read -r side counter op want <<<"$expr"
+		log=$slog
+		[[ $side == client ]] && log=$clog
+		got=$(stat_counter "$log" "$dev" "$counter")
+		if [[ -z $got ]]; then
+			bad+=" $side's $counter missing;"
+		elif ! case $op in
+			'==') ((got == want)) ;;
+			'>') ((got > want)) ;;
+			*) die "check_counters: unknown operator $op" ;;
+			esac then
+			bad+=" $side $counter $got (want $op $want);"
+		fi
+	done
+	if [[ -z $bad ]]; then
+		pass "$name: $(grep -h '^xfer:.*OK' "$clog" | head -n 1)"
+	else
+		fail "$name:$bad" "$(grep -h "^sroce: $dev:" "$slog" "$clog")"
+	fi
+}
+
 # perftest_result LOG: prints the main figure of a perftest report: the
 # "BW average" column of a bandwidth test or "t_avg" of a latency test.
 # Prints nothing when LOG has no result line.

@@ -36,38 +36,6 @@ sroce_config sroce_gso0 127.0.25.1 sroce_gso1 127.0.25.2
 private_agent
 export RP_TIMEOUT=120
 
-# stat LOG NAME: the counter NAME of the device line SROCE_STATS printed.
-stat() {
-	sed -n "s/^sroce: sroce_gso[01]: .* $2 \([0-9]*\).*/\1/p" "$1" | head -n 1
-}
-
-# check NAME EXPR...: each EXPR is "SIDE COUNTER OP VALUE" (SIDE server or
-# client, OP one of == > ), checked against that side's counters.
-check() {
-	local name=$1 side counter op want log got bad=
-	shift
-	for expr in "$@"; do
-		read -r side counter op want <<<"$expr"
-		log=$RP_SERVER_LOG
-		[[ $side == client ]] && log=$RP_CLIENT_LOG
-		got=$(stat "$log" "$counter")
-		if [[ -z $got ]]; then
-			bad+=" $side's $counter missing;"
-		elif ! case $op in
-			'==') ((got == want)) ;;
-			'>') ((got > want)) ;;
-			*) die "check: unknown operator $op" ;;
-			esac then
-			bad+=" $side $counter $got (want $op $want);"
-		fi
-	done
-	if [[ -z $bad ]]; then
-		pass "$name: $(grep -h '^xfer:.*OK' "$RP_CLIENT_LOG" | head -n 1)"
-	else
-		fail "$name:$bad" "$(grep -h '^sroce: sroce_gso' "$RP_SERVER_LOG" "$RP_CLIENT_LOG")"
-	fi
-}
-
 # xfer NAME SERVER-ENV CLIENT-ENV EXPR...: one verified run, then its checks.
 xfer() {
 	local name=$1 senv=$2 cenv=$3
@@ -76,7 +44,8 @@ xfer() {
 	if run_pair env SROCE_STATS=1 $senv "$xfer" -d sroce_gso0 -p @PORT@ -- \
 		env SROCE_STATS=1 $cenv "$xfer" -d sroce_gso1 -p @PORT@ -n 600 --seed 11 \
 		--max-size 262144 127.0.25.1; then
-		check "$name" "$@" "server rx_bad_icrc == 0" "client rx_bad_icrc == 0"
+		check_counters "$name" "sroce_gso[01]" "$RP_SERVER_LOG" "$RP_CLIENT_LOG" "$@" \
+			"server rx_bad_icrc == 0" "client rx_bad_icrc == 0"
 	else
 		fail "$name: sroce_xfer (server $RP_SERVER_RC, client ${RP_CLIENT_RC:-not run})"
 	fi

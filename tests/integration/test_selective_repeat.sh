@@ -36,38 +36,6 @@ sroce_config sroce_sr0 127.0.26.1 sroce_sr1 127.0.26.2
 private_agent
 export RP_TIMEOUT=120
 
-# stat LOG NAME: the counter NAME of the device line SROCE_STATS printed.
-stat() {
-	sed -n "s/^sroce: sroce_sr[01]: .* $2 \([0-9]*\).*/\1/p" "$1" | head -n 1
-}
-
-# check NAME SERVER-LOG CLIENT-LOG EXPR...: each EXPR is "SIDE COUNTER OP
-# VALUE" (SIDE server or client, OP one of == > ).
-check() {
-	local name=$1 slog=$2 clog=$3 side counter op want log got bad=
-	shift 3
-	for expr in "$@"; do
-		read -r side counter op want <<<"$expr"
-		log=$slog
-		[[ $side == client ]] && log=$clog
-		got=$(stat "$log" "$counter")
-		if [[ -z $got ]]; then
-			bad+=" $side's $counter missing;"
-		elif ! case $op in
-			'==') ((got == want)) ;;
-			'>') ((got > want)) ;;
-			*) die "check: unknown operator $op" ;;
-			esac then
-			bad+=" $side $counter $got (want $op $want);"
-		fi
-	done
-	if [[ -z $bad ]]; then
-		pass "$name: $(grep -h '^xfer:.*OK' "$clog" | head -n 1)"
-	else
-		fail "$name:$bad" "$(grep -h '^sroce: sroce_sr' "$slog" "$clog")"
-	fi
-}
-
 # xfer NAME SERVER-ENV CLIENT-ENV XFER-ARGS EXPR...: one verified run, then
 # its checks.
 xfer() {
@@ -76,7 +44,7 @@ xfer() {
 	# shellcheck disable=SC2086 # the environments and arguments are lists
 	if run_pair env SROCE_STATS=1 $senv "$xfer" -d sroce_sr0 -p @PORT@ -- \
 		env SROCE_STATS=1 $cenv "$xfer" -d sroce_sr1 -p @PORT@ $args 127.0.26.1; then
-		check "$name" "$RP_SERVER_LOG" "$RP_CLIENT_LOG" "$@" \
+		check_counters "$name" "sroce_sr[01]" "$RP_SERVER_LOG" "$RP_CLIENT_LOG" "$@" \
 			"server rx_bad_icrc == 0" "client rx_bad_icrc == 0"
 	else
 		fail "$name: sroce_xfer (server $RP_SERVER_RC, client ${RP_CLIENT_RC:-not run})"

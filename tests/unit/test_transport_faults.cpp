@@ -52,6 +52,22 @@ struct ContextCloser {
     }
 };
 
+// Opens device i with SROCE_FAULT set to `spec` ("" for none): a NIC reads
+// it when it is created, i.e. on the first open of its device.
+ibv_context *open_with_faults(int i, const std::string &spec) {
+    setenv("SROCE_FAULT", spec.c_str(), 1);
+    ibv_context *ctx = open_device(g_dev[i]);
+    unsetenv("SROCE_FAULT");
+    return ctx;
+}
+
+// Both QPs of a pair agree on selective repeat (wire-protocol.md §5.6.1)
+// rather than IBTA's go-back-N.
+void agree_selective_repeat(Pair &p) {
+    ASSERT_EQ(ibv_qp_set_commit_peer(p.a.qp, IBV_COMMIT_CAP_SELECTIVE_REPEAT), 0);
+    ASSERT_EQ(ibv_qp_set_commit_peer(p.b.qp, IBV_COMMIT_CAP_SELECTIVE_REPEAT), 0);
+}
+
 enum Kind { kWrite, kRead, kSend, kFetchAdd, kCmpSwap };
 
 struct Op {
@@ -243,14 +259,11 @@ class Workload {
 TEST_P(Faults, MixedTrafficCompletesExactly) {
     ASSERT_EQ(devices(), "");
     const FaultCase &fc = GetParam();
-    // Each NIC reads SROCE_FAULT when it is created, i.e. on the first open
-    // of its device; the previous case closed both.
+    // The previous case closed both devices, so these opens create NICs.
     const uint64_t seed = fc.seed + seed_offset();
     std::string spec = fc.spec;
     if (!spec.empty()) spec += ",seed=" + std::to_string(seed);
-    setenv("SROCE_FAULT", spec.c_str(), 1);
-    ContextCloser ca{open_device(g_dev[0])}, cb{open_device(g_dev[1])};
-    unsetenv("SROCE_FAULT");
+    ContextCloser ca{open_with_faults(0, spec)}, cb{open_with_faults(1, spec)};
     ASSERT_NE(ca.ctx, nullptr) << std::strerror(errno);
     ASSERT_NE(cb.ctx, nullptr) << std::strerror(errno);
 
@@ -268,8 +281,7 @@ TEST_P(Faults, MixedTrafficCompletesExactly) {
     o.rnr_retry = 7;
     ASSERT_NO_FATAL_FAILURE(p.setup(ca.ctx, cb.ctx, o));
     if (fc.selective) {
-        ASSERT_EQ(ibv_qp_set_commit_peer(p.a.qp, IBV_COMMIT_CAP_SELECTIVE_REPEAT), 0);
-        ASSERT_EQ(ibv_qp_set_commit_peer(p.b.qp, IBV_COMMIT_CAP_SELECTIVE_REPEAT), 0);
+        ASSERT_NO_FATAL_FAILURE(agree_selective_repeat(p));
     }
     Workload w(p, seed);
     w.run();
@@ -285,11 +297,8 @@ TEST_P(Faults, MixedTrafficCompletesExactly) {
 // would move it on.
 TEST(SelectiveRepeat, AcknowledgesEveryFilledGap) {
     ASSERT_EQ(devices(), "");
-    setenv("SROCE_FAULT", "drop_at=1,drop_at=2", 1);
-    ContextCloser ca{open_device(g_dev[0])};
-    setenv("SROCE_FAULT", "drop_at=3,drop_at=10", 1);
-    ContextCloser cb{open_device(g_dev[1])};
-    unsetenv("SROCE_FAULT");
+    ContextCloser ca{open_with_faults(0, "drop_at=1,drop_at=2")};
+    ContextCloser cb{open_with_faults(1, "drop_at=3,drop_at=10")};
     ASSERT_NE(ca.ctx, nullptr) << std::strerror(errno);
     ASSERT_NE(cb.ctx, nullptr) << std::strerror(errno);
 
@@ -299,8 +308,7 @@ TEST(SelectiveRepeat, AcknowledgesEveryFilledGap) {
     o.timeout = 18; // 1.07 s: far beyond the recovery timer's few milliseconds
     o.retry_cnt = 0;
     ASSERT_NO_FATAL_FAILURE(p.setup(ca.ctx, cb.ctx, o));
-    ASSERT_EQ(ibv_qp_set_commit_peer(p.a.qp, IBV_COMMIT_CAP_SELECTIVE_REPEAT), 0);
-    ASSERT_EQ(ibv_qp_set_commit_peer(p.b.qp, IBV_COMMIT_CAP_SELECTIVE_REPEAT), 0);
+    ASSERT_NO_FATAL_FAILURE(agree_selective_repeat(p));
     constexpr size_t kLen = 64 * 1024;
     Buf src(p.a.pd, kLen), dst(p.b.pd, kLen);
     ASSERT_TRUE(src.ok() && dst.ok());
