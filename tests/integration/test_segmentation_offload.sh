@@ -15,7 +15,8 @@
 #              server verifies by solving for the ID (rx_ip_id_solved > 0).
 #   single     neither side sends runs (SROCE_GSO=0): tx_segmented 0.
 #   lossy      both sides drop 1 % of what they receive (SROCE_FAULT), inside
-#              runs too: retransmission recovers, bytes still checked.
+#              runs too: the lost packets are resent (selectively: sroce_xfer
+#              agrees on it in ECE), bytes still checked.
 #
 # No corrupted packet anywhere (rx_bad_icrc 0).  The capture of runs cut up
 # on a wire is test_wire_capture.sh's.
@@ -62,5 +63,5 @@ xfer "single datagrams (SROCE_GSO=0)" "SROCE_GSO=0" "SROCE_GSO=0" \
 	"server rx_coalesced == 0" "server rx_ip_id_solved == 0"
 xfer "1 % loss inside runs" "SROCE_FAULT=drop=0.01,seed=3" "SROCE_FAULT=drop=0.01,seed=4" \
 	"client tx_segmented > 0" "server rx_coalesced > 0" "server rx_dropped_fault > 0" \
-	"client retransmits > 0"
+	"client tx_resent_selective > 0"
 finish
