@@ -340,7 +340,12 @@ void check_replies() {
         // The ID is the packet's place in its segmentation-offload send,
         // which icrc_verify holds sroce's port to.
         if (!icrc_verify(ip, b, size_t(n))) {
-            fprintf(stderr, "fuzz_rx: sroce sent a packet with a bad ICRC\n");
+            // What it was, for a failure that the saved input alone (the
+            // state before it matters) may not reproduce.
+            fprintf(stderr,
+                    "fuzz_rx: sroce sent a packet with a bad ICRC: %s, PSN %#x, %zd bytes, "
+                    "payload %u\n",
+                    pkt.info->name, pkt.psn, n, pkt.payload_len);
             abort();
         }
         if (pkt.qpn != kPeerQpn) {
