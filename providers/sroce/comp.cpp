@@ -102,8 +102,7 @@ void fail_at(Qp *qp, uint32_t psn, ibv_wc_status status) {
 // only this one goes again (the responder answers it as a duplicate).
 void rerequest(Qp *qp, uint32_t psn, TxBatch &tx) {
     if (qp->selective_repeat) {
-        if (qp->req.resent) qp->req.resent[psn % kSendWindow].psn = UINT32_MAX;
-        req_resend(qp, psn, psn, tx);
+        req_resend_now(qp, psn, tx);
     } else {
         req_rewind(qp, psn);
     }
@@ -211,6 +210,7 @@ void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
 void resend_gaps(Qp *qp, const wire::Packet &pkt, uint32_t cum, uint32_t high, TxBatch &tx) {
     uint32_t n = pkt.payload_len / 4;
     bool sent = false;
+    uint32_t cursor = qp->req.tail; // gaps and their PSNs ascend: so do their WQEs
     for (uint32_t r = 1; r < n; r++) {
         const uint8_t *g = pkt.payload + 4 * r;
         uint32_t first = wire::psn_add(cum, 1 + ((uint32_t(g[0]) << 8) | g[1]));
@@ -219,7 +219,7 @@ void resend_gaps(Qp *qp, const wire::Packet &pkt, uint32_t cum, uint32_t high, T
             uint32_t psn = wire::psn_add(first, k);
             if (wire::psn_diff(psn, high) >= 0) break;
             if (wire::psn_diff(psn, qp->comp.una_psn) < 0) continue;
-            sent |= req_resend(qp, psn, high, tx);
+            sent |= req_resend(qp, psn, high, tx, &cursor);
         }
     }
     if (sent && !qp->comp.timer_deadline_ns) req_arm_timer(qp);

@@ -56,12 +56,6 @@ FaultConfig parse_fault_config(const std::string &spec) {
             f.drop_at[f.n_drop_at++] = uint64_t(d);
             continue;
         }
-        if (k == "drop_opcode") {
-            if (d < 0 || d > 255 || d != double(int(d)))
-                throw std::invalid_argument("drop_opcode wants an opcode 0-255: " + item);
-            f.drop_opcode = int(d);
-            continue;
-        }
         if (d < 0 || d > 1) throw std::invalid_argument("probability out of [0,1]: " + item);
         if (k == "drop")
             f.drop = d;
@@ -722,7 +716,7 @@ void Nic::receive_one(const uint8_t *d, size_t len, const sockaddr_in &from, in_
     stats.rx_pkts.fetch_add(1, std::memory_order_relaxed);
     if (fault_.enabled()) {
         uint64_t seq = ++fault_seq_;
-        bool chosen = fault_.drop_opcode >= 0 && len && d[0] == fault_.drop_opcode;
+        bool chosen = false;
         for (int i = 0; i < fault_.n_drop_at; i++)
             chosen |= fault_.drop_at[i] == seq;
         if (chosen) {

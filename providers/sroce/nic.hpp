@@ -50,18 +50,14 @@ struct FaultConfig {
     static constexpr int kMaxDropAt = 8;
     double drop = 0, dup = 0, reorder = 0;
     uint64_t seed = 1;
-    // Deterministic losses for tests: the Nth datagrams received (1-based),
-    // and every datagram with one BTH opcode.
+    // Deterministic losses for tests: the Nth datagrams received (1-based).
     uint64_t drop_at[kMaxDropAt] = {};
     int n_drop_at = 0;
-    int drop_opcode = -1;
-    bool enabled() const {
-        return drop > 0 || dup > 0 || reorder > 0 || n_drop_at || drop_opcode >= 0;
-    }
+    bool enabled() const { return drop > 0 || dup > 0 || reorder > 0 || n_drop_at; }
 };
 
 // Parses "drop=0.05,dup=0.01,reorder=0.01,seed=7" (SROCE_FAULT), also
-// "drop_at=N" (repeatable) and "drop_opcode=N"; throws on junk.
+// and "drop_at=N" (repeatable); throws on junk.
 FaultConfig parse_fault_config(const std::string &spec);
 
 struct NicStats {

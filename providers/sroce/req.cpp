@@ -388,7 +388,7 @@ void req_arm_recovery(Qp *qp) {
     c.sr_deadline_ns = now_ns() + period;
 }
 
-bool req_resend(Qp *qp, uint32_t psn, uint32_t reported, TxBatch &tx) {
+bool req_resend(Qp *qp, uint32_t psn, uint32_t reported, TxBatch &tx, uint32_t *cursor) {
     Requester &q = qp->req;
     if (!q.resent) {
         q.resent.reset(new (std::nothrow) ResendMark[kSendWindow]);
@@ -398,12 +398,14 @@ bool req_resend(Qp *qp, uint32_t psn, uint32_t reported, TxBatch &tx) {
     // A resend still on its way: the responder has not yet received anything
     // sent after it.
     if (m.psn == psn && wire::psn_diff(reported, m.mark) <= 0) return false;
-    for (uint32_t i = q.tail; i != q.head; i++) {
+    uint32_t from = cursor && int32_t(*cursor - q.tail) > 0 ? *cursor : q.tail;
+    for (uint32_t i = from; i != q.head; i++) {
         SendWqe &w = q.at(i);
         if (!w.started) return false;
         int32_t d = wire::psn_diff(psn, w.first_psn);
         if (d < 0) return false;
         if (uint32_t(d) >= w.npkts) continue;
+        if (cursor) *cursor = i;
         if (w.done) return false;
         uint32_t k = uint32_t(d);
         if (needs_credit(w)) {
@@ -423,6 +425,11 @@ bool req_resend(Qp *qp, uint32_t psn, uint32_t reported, TxBatch &tx) {
     return false;
 }
 
+bool req_resend_now(Qp *qp, uint32_t psn, TxBatch &tx) {
+    if (qp->req.resent) qp->req.resent[psn % kSendWindow].psn = UINT32_MAX;
+    return req_resend(qp, psn, psn, tx);
+}
+
 void req_timers(Qp *qp, TxBatch &tx, uint64_t now) {
     Completer &c = qp->comp;
     if (qp->attr.state != IBV_QPS_RTS && qp->attr.state != IBV_QPS_SQD) return;
@@ -435,8 +442,7 @@ void req_timers(Qp *qp, TxBatch &tx, uint64_t now) {
     }
     if (c.sr_deadline_ns && now >= c.sr_deadline_ns && !c.rnr_deadline_ns) {
         // Whatever the mark says: nothing reported it lost, nothing came.
-        if (qp->req.resent) qp->req.resent[c.una_psn % kSendWindow].psn = UINT32_MAX;
-        req_resend(qp, c.una_psn, c.una_psn, tx);
+        req_resend_now(qp, c.una_psn, tx);
         c.sr_backoff++;
         req_arm_recovery(qp);
     }

@@ -16,8 +16,12 @@ void req_timers(Qp *qp, TxBatch &tx, uint64_t now);
 void req_arm_timer(Qp *qp);
 // Selective repeat: resends the one packet at `psn` unless a resend of it may
 // still be on its way (the responder's highest held PSN, `reported`, is not
-// past what had been sent when it left).  True when it sent.
-bool req_resend(Qp *qp, uint32_t psn, uint32_t reported, TxBatch &tx);
+// past what had been sent when it left).  True when it sent.  `cursor`, for
+// callers resending PSNs in ascending order, is the send queue index where
+// the search for the PSN's WQE starts, and is left at the WQE found.
+bool req_resend(Qp *qp, uint32_t psn, uint32_t reported, TxBatch &tx, uint32_t *cursor = nullptr);
+// The same whatever the last resend of `psn`: nothing has been heard of it.
+bool req_resend_now(Qp *qp, uint32_t psn, TxBatch &tx);
 // (Re)starts the selective-repeat recovery timer, or stops it when nothing
 // is outstanding.
 void req_arm_recovery(Qp *qp);
