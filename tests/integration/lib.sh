@@ -432,6 +432,29 @@ check_counters() {
 	fi
 }
 
+# perftest's -R makes two rdma_cm connections, the second to a listener the
+# server creates only after the first: a client that is quicker is refused
+# on any stack (REJ 8, no listener; for a UD id the SIDR_REP's status 1).
+# perftest_cm NAME PORT REFUSAL LABEL SERVER... -- CLIENT...: cm_pair, tried
+# again (up to five times: a busy host loses the race often) while the
+# client's log shows REFUSAL; one check named LABEL, passed with the
+# client's bandwidth.
+perftest_cm() {
+	local name=$1 port=$2 refusal=$3 label=$4 tries=0
+	shift 4
+	while :; do
+		tries=$((tries + 1))
+		if cm_pair "$name" "$port" "$@" 2>"$WORK/$name.why"; then
+			pass "$label: $(perftest_result "$WORK/$name.client") MB/s (attempt $tries)"
+			return
+		fi
+		((tries < 5)) && grep -qF "$refusal" "$WORK/$name.client" && continue
+		cat "$WORK/$name.why" >&2
+		fail "$label"
+		return
+	done
+}
+
 # perftest_result LOG: prints the main figure of a perftest report: the
 # "BW average" column of a bandwidth test or "t_avg" of a latency test.
 # Prints nothing when LOG has no result line.

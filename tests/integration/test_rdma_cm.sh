@@ -120,32 +120,9 @@ else
 fi
 kill "$cmtime_srv" 2>/dev/null || true
 bg_wait "$cmtime_srv"
-# perftest's -R makes two rdma_cm connections, the second to a listener the
-# server creates only after the first: a client that is quicker is refused
-# on any stack (REJ 8, no listener; for a UD id the SIDR_REP's status 1).
-# perftest_cm NAME PORT REFUSAL SERVER... -- CLIENT...: cm_pair, tried again
-# (up to five times: a busy host loses the race often) while the client's
-# log shows REFUSAL.
-perftest_cm() {
-	local name=$1 port=$2 refusal=$3 tries=0 label
-	shift 3
-	label="$1 -R"
-	[[ " $* " != *" -c UD "* ]] || label="$1 -c UD -R"
-	while :; do
-		tries=$((tries + 1))
-		if cm_pair "$name" "$port" "$@" 2>"$WORK/$name.why"; then
-			pass "$label: $(perftest_result "$WORK/$name.client") MB/s (attempt $tries)"
-			return
-		fi
-		((tries < 5)) && grep -qF "$refusal" "$WORK/$name.client" && continue
-		cat "$WORK/$name.why" >&2
-		fail "$label"
-		return
-	done
-}
-perftest_cm write_bw 7479 'RDMA_CM_EVENT_REJECTED; error: 8' \
+perftest_cm write_bw 7479 'RDMA_CM_EVENT_REJECTED; error: 8' "ib_write_bw -R" \
 	ib_write_bw -d sroce0 -x 1 -R -n 2000 -p 7479 -- ib_write_bw -d sroce1 -x 1 -R -n 2000 -p 7479 $S
-perftest_cm send_bw_ud 7480 'RDMA_CM_EVENT_UNREACHABLE; error: 1.' \
+perftest_cm send_bw_ud 7480 'RDMA_CM_EVENT_UNREACHABLE; error: 1.' "ib_send_bw -c UD -R" \
 	ib_send_bw -d sroce0 -x 1 -c UD -R -n 2000 -p 7480 -- \
 	ib_send_bw -d sroce1 -x 1 -c UD -R -n 2000 -p 7480 $S
 
