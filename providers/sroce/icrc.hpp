@@ -30,6 +30,9 @@ struct Ipv4Header {
 // icrc_final().  udp_payload_len includes the ICRC itself.
 uint32_t icrc_begin(const Ipv4Header &ip, size_t udp_payload_len, const uint8_t *bth);
 uint32_t icrc_update(uint32_t state, const void *data, size_t len);
+// Copies len bytes to dst and continues the CRC over them, in one pass over
+// the source (the CRC reads the copy while it is still in cache).
+uint32_t icrc_copy(uint32_t state, void *dst, const void *src, size_t len);
 inline uint32_t icrc_final(uint32_t state) {
     return state;
 }

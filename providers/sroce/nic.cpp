@@ -417,8 +417,10 @@ void Nic::publish_qp(const Qp *qp) {
 }
 
 void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
-                int iovcnt, uint32_t payload_len, bool legacy_flush) {
-    if (b.n == TxBatch::kSlots || b.niov + iovcnt + 2 > TxBatch::kIovs) {
+                int iovcnt, uint32_t payload_len, unsigned flags) {
+    bool copy = flags & kQueueCopy;
+    if (b.n == TxBatch::kSlots || b.niov + iovcnt + 2 > TxBatch::kIovs ||
+        (copy && b.copied + payload_len > TxBatch::kCopyBytes)) {
         std::unique_lock<std::mutex> t;
         if (b.order) t = std::unique_lock<std::mutex>(*b.order);
         flush(b);
@@ -468,14 +470,25 @@ void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, c
     iovec *out = b.iov + b.niov;
     int k = 0;
     out[k++] = {s.hdr, hdr_len};
-    for (int i = 0; i < iovcnt; i++) {
-        if (!iov[i].iov_len) continue;
-        crc = icrc_update(crc, iov[i].iov_base, iov[i].iov_len);
-        out[k++] = iov[i];
+    if (copy && payload_len) {
+        if (!b.copy) b.copy.reset(new uint8_t[TxBatch::kCopyBytes]);
+        uint8_t *dst = b.copy.get() + b.copied;
+        out[k++] = {dst, payload_len};
+        b.copied += payload_len;
+        for (int i = 0; i < iovcnt; i++) {
+            crc = icrc_copy(crc, dst, iov[i].iov_base, iov[i].iov_len);
+            dst += iov[i].iov_len;
+        }
+    } else {
+        for (int i = 0; i < iovcnt; i++) {
+            if (!iov[i].iov_len) continue;
+            crc = icrc_update(crc, iov[i].iov_base, iov[i].iov_len);
+            out[k++] = iov[i];
+        }
     }
     std::memset(s.tail, 0, pad);
     if (pad) crc = icrc_update(crc, s.tail, pad);
-    if (legacy_flush) {
+    if (flags & kQueueLegacyFlush) {
         crc = icrc_update(crc, s.hdr, hdr_len);
         stats.tx_flush_legacy_icrc.fetch_add(1, std::memory_order_relaxed);
     }
@@ -529,6 +542,7 @@ void Nic::flush(TxBatch &b) {
     stats.tx_pkts.fetch_add(uint64_t(b.n), std::memory_order_relaxed);
     if (segmented) stats.tx_segmented.fetch_add(segmented, std::memory_order_relaxed);
     b.n = b.nruns = b.niov = 0;
+    b.copied = 0;
 }
 
 void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_addr_t dst,

@@ -14,7 +14,8 @@
 namespace sroce {
 
 // Packets queued for one sendmmsg().  Headers are copied into the slot; the
-// payload is referenced in place (user memory), never copied.  Consecutive
+// payload is referenced in place (user memory) unless it is memory the peer
+// does not own (kQueueCopy: READ responses), copied here.  Consecutive
 // packets of equal size for one destination QP form a run, handed to the
 // kernel as one UDP_SEGMENT send (wire-protocol.md §1.1).
 struct TxBatch {
@@ -41,6 +42,11 @@ struct TxBatch {
     int n = 0;            // packets
     int nruns = 0;
     int niov = 0;
+    // Payload copied at queue time, so the ICRC covers exactly the bytes sent
+    // even if the memory changes before sendmmsg (allocated on first use).
+    static constexpr size_t kCopyBytes = size_t(kSlots) * 4096;
+    std::unique_ptr<uint8_t[]> copy;
+    size_t copied = 0;
     // The QP whose packets are being built, when their order matters: a
     // batch that fills up mid-build is sent under its tx_mu.
     std::mutex *order = nullptr;
@@ -87,10 +93,16 @@ class Nic {
     void print_stats();
 
     // Queues one packet: hdr holds BTH and extended headers (hdr_len bytes),
-    // payload is gathered from `iov`; pad and ICRC are added here.  A
-    // legacy_flush packet (no payload) gets Linux rxe's FLUSH ICRC form.
+    // payload is gathered from `iov`; pad and ICRC are added here.
+    // kQueueLegacyFlush: a FLUSH (no payload) in Linux rxe's ICRC form.
+    // kQueueCopy: the payload is copied now, not referenced until sent —
+    // for memory others may write meanwhile (a READ response's source: the
+    // target application, or another QP's WRITE, can change it before the
+    // batch is sent, and a payload that no longer matches its ICRC is a
+    // packet the requester drops, again on every retry).
+    static constexpr unsigned kQueueLegacyFlush = 1, kQueueCopy = 2;
     void queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
-               int iovcnt, uint32_t payload_len, bool legacy_flush = false);
+               int iovcnt, uint32_t payload_len, unsigned flags = 0);
     void flush(TxBatch &b);
 
     // QP table: QPN = qpn_base_ + index, where qpn_base_ carries the

@@ -166,7 +166,8 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx, bool ackreq_always
     if (info.ieth) std::memcpy(hdr + info.ieth, &w.imm, 4);   // the rkey, likewise
     if (!(info.hdrs & kHasPayload)) {
         bool legacy = op == kFlush && flush_legacy_form(qp, w);
-        qp->nic->queue(tx, daddr, hdr, info.hdr_len, nullptr, 0, 0, legacy);
+        qp->nic->queue(tx, daddr, hdr, info.hdr_len, nullptr, 0, 0,
+                       legacy ? Nic::kQueueLegacyFlush : 0);
         return;
     }
     if (w.opcode == IBV_WR_ATOMIC_WRITE) {

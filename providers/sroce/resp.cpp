@@ -104,7 +104,8 @@ void send_read_responses(Qp *qp, TxBatch &tx, uint32_t psn, const uint8_t *src, 
         uint32_t off = i * mtu;
         uint32_t plen = std::min(mtu, len - off);
         iovec iov{const_cast<uint8_t *>(src) + off, plen};
-        qp->nic->queue(tx, qp->attr.dest_addr, hdr, info.hdr_len, &iov, plen ? 1 : 0, plen);
+        qp->nic->queue(tx, qp->attr.dest_addr, hdr, info.hdr_len, &iov, plen ? 1 : 0, plen,
+                       Nic::kQueueCopy);
     }
 }
 

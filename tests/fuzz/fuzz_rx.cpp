@@ -90,6 +90,11 @@ struct Harness {
     ibv_mw *mw1 = nullptr, *mw2 = nullptr;
     ibv_mr *mr = nullptr;
     uint8_t *buf = nullptr;
+    // What our own WRITEs and SENDs carry: memory no input can write, as the
+    // verbs contract asks of a source until its WR completes (an input that
+    // changed it mid-send would be a bad ICRC of the harness's making).
+    ibv_mr *src_mr = nullptr;
+    uint8_t src[4096] = {};
     Nic *nic = nullptr;
     int peer = -1;
     in_addr_t dev_addr = 0, peer_addr = 0;
@@ -208,8 +213,10 @@ void setup() {
     h.mr = sroce_reg_mr(h.pd, h.buf, kBufLen, uint64_t(uintptr_t(h.buf)),
                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                             IBV_ACCESS_REMOTE_ATOMIC);
+    std::memset(h.src, 0xC3, sizeof h.src);
+    h.src_mr = sroce_reg_mr(h.pd, h.src, sizeof h.src, uint64_t(uintptr_t(h.src)), 0);
     h.cq = sroce_create_cq(h.ctx, 4096, nullptr, nullptr, 0);
-    if (!h.mr || !h.cq) die("reg_mr / create_cq");
+    if (!h.mr || !h.src_mr || !h.cq) die("reg_mr / create_cq");
     ibv_srq_init_attr srq_attr{};
     srq_attr.attr = {kQueueDepth, 2, 0};
     h.srq = sroce_create_srq(h.pd, &srq_attr);
@@ -371,7 +378,8 @@ void post_send(uint8_t kind) {
         std::lock_guard<std::mutex> g(qp->mu);
         if (qp->req.head - qp->req.tail >= kQueueDepth) return;
     }
-    ibv_sge sge{uint64_t(uintptr_t(h.buf)), 0, h.mr->lkey};
+    const ibv_sge from_src{uint64_t(uintptr_t(h.src)), 0, h.src_mr->lkey};
+    ibv_sge sge = from_src;
     ibv_send_wr wr{};
     wr.sg_list = &sge;
     wr.num_sge = 1;
@@ -384,12 +392,12 @@ void post_send(uint8_t kind) {
         break;
     case 1:
         wr.opcode = IBV_WR_RDMA_READ;
-        sge.addr += 8192;
+        sge = {uint64_t(uintptr_t(h.buf + 8192)), 0, h.mr->lkey};
         sge.length = 2500;
         break;
     case 2:
         wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-        sge.addr += 16384;
+        sge = {uint64_t(uintptr_t(h.buf + 16384)), 0, h.mr->lkey};
         sge.length = 8;
         wr.wr.atomic.remote_addr = remote;
         wr.wr.atomic.rkey = 1;
@@ -407,10 +415,12 @@ void post_send(uint8_t kind) {
     // What the transport carries: UC has no READ or atomics, UD sends only.
     if (h.kind == kUc && wr.opcode != IBV_WR_RDMA_WRITE) {
         wr.opcode = IBV_WR_SEND;
+        sge = from_src;
         sge.length = 100;
     }
     if (h.kind == kUd) {
         wr.opcode = IBV_WR_SEND;
+        sge = from_src;
         sge.length = 100;
         wr.wr.ud.ah = h.peer_ah;
         wr.wr.ud.remote_qpn = kPeerQpn;
@@ -475,6 +485,7 @@ void teardown() {
     ibv_close_xrcd(h.xrcd);
     sroce_destroy_cq(h.cq);
     sroce_dereg_mr(h.mr);
+    sroce_dereg_mr(h.src_mr);
     sroce_dealloc_pd(h.pd);
     sroce_close_device(h.ctx);
     free(h.buf);

@@ -12,6 +12,7 @@
 #include <infiniband/verbs_ext.h>
 
 #include <algorithm>
+#include <atomic>
 #include <arpa/inet.h>
 #include <cerrno>
 #include <chrono>

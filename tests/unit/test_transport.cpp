@@ -162,6 +162,47 @@ TEST_P(RcMtu, RdmaReadIntoScatterList) {
     }
 }
 
+// A target application that keeps writing memory its peer READs (a status
+// word, a ring being refilled) gets torn data, as from any RNIC — but every
+// READ completes: each response must carry an ICRC over the bytes it carries,
+// not over what the memory held a moment before it was sent.
+TEST_F(Rc, ReadOfMemoryTheTargetKeepsWriting) {
+#if defined(__SANITIZE_THREAD__)
+    GTEST_SKIP() << "the application racing the NIC's reads is the point of this test";
+#endif
+    PairOpts o;
+    o.mtu = IBV_MTU_4096;
+    o.retry_cnt = 1;
+    o.timeout = 10; // 4 ms: a response that never verifies fails in ~10 ms
+    make(o);
+    constexpr size_t kLen = 64 << 10;
+    Buf remote(p.b.pd, kLen), local(p.a.pd, kLen);
+    ASSERT_TRUE(remote.ok() && local.ok());
+    remote.set(0);
+    Pair::sync_with(p.b);
+    std::atomic<bool> stop{false}, started{false};
+    std::thread writer([&] {
+        for (uint8_t v = 1; !stop.load(std::memory_order_relaxed); v = uint8_t(v % 255 + 1)) {
+            std::memset(remote.data(), v, kLen);
+            started.store(true, std::memory_order_release);
+        }
+    });
+    while (!started.load(std::memory_order_acquire))
+        std::this_thread::yield();
+    for (uint64_t id = 0; id < 200; id++) {
+        ASSERT_EQ(post_rdma(p.a.qp, id, IBV_WR_RDMA_READ, one(local, 0, kLen), remote.addr(),
+                            remote.rkey()),
+                  0);
+        expect_one(p.a.scq, {id, IBV_WC_SUCCESS, IBV_WC_RDMA_READ, p.a.qpn(), int64_t(kLen)});
+        if (HasFailure()) break;
+    }
+    stop = true;
+    writer.join();
+    // The writer had covered the buffer before the first READ: no 0 left.
+    EXPECT_EQ(std::count(local.data(), local.data() + kLen, 0), 0);
+    EXPECT_TRUE(local.guards_intact());
+}
+
 INSTANTIATE_TEST_SUITE_P(PathMtu, RcMtu, ::testing::Values(IBV_MTU_256, IBV_MTU_1024, IBV_MTU_4096),
                          [](const ::testing::TestParamInfo<ibv_mtu> &i) {
                              return "mtu" + std::to_string(mtu_bytes(i.param));
