@@ -48,6 +48,9 @@ assert len(ratios) >= 9, ratios
 assert all(x["ratio"] is not None and x["ratio"] > 0 for x in ratios
            if "1 MiB" not in x["what"]), ratios
 assert "perftest ib_write_lat" in r["lat"], r["lat"].keys()
+# Two streams on shared devices: their sum, with a count of its own.
+assert r["bw"]["native, 2 processes per device"]["65536"]["bw_avg_MBps"] > 0, r["bw"].keys()
+assert r["lat"]["native, idle process per device"]["64"]["t_typical"] > 0, r["lat"].keys()
 print("results.json: %d ratios, every method and peer present" % len(ratios))
 PY
 # The table lists every target ratio and every method.

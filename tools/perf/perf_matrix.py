@@ -135,40 +135,69 @@ class Matrix:
             lambda i: self.run_pair_once(server, client, env_extra, label, i == 0))
 
     def run_pair_once(self, server, client, env_extra, label, record, parse=None):
+        return self.run_pairs_once([(server, client)], env_extra, label, record, parse)[0]
+
+    def run_pairs_once(self, pairs, env_extra, label, record, parse=None, idle=()):
+        """Starts every server of `pairs` ([(server, client)]) and the
+        `idle` servers (which no client visits: processes holding a device),
+        waits for their TCP ports, runs the clients at the same time; the
+        clients' JSON results (or parse(stdout)), in order."""
         env = dict(self.env)
         env.update(env_extra or {})
-        port = self.next_port()
-        out = os.path.join(self.work, "result-%d.json" % port)
-        server = [a.replace("@PORT@", str(port)) for a in server]
-        client = [a.replace("@PORT@", str(port)).replace("@JSON@", out) for a in client]
-        if record:
-            self.commands.append((label, env_extra or {}, server, client))
-        slog = open(os.path.join(self.work, "server-%d.log" % port), "w")
-        srv = subprocess.Popen(server, env=env, stdout=slog, stderr=subprocess.STDOUT)
+        started, clients = [], []
         try:
-            if not self.wait_listen(port, srv):
-                raise RuntimeError("%s: server did not listen: %s\n%s" %
-                                   (label, shlex.join(server), self.tail(slog.name)))
-            cp = subprocess.run(client, env=env, capture_output=True, text=True,
-                                timeout=self.args.timeout)
-            if cp.returncode != 0:
-                raise RuntimeError("%s: client failed (%d): %s\n%s%s\nserver:\n%s" %
-                                   (label, cp.returncode, shlex.join(client), cp.stdout,
-                                    cp.stderr, self.tail(slog.name)))
-            srv.wait(timeout=self.args.timeout)
-            if srv.returncode != 0:
-                raise RuntimeError("%s: server failed (%d): %s\n%s" %
-                                   (label, srv.returncode, shlex.join(server),
-                                    self.tail(slog.name)))
+            for server, client in list(pairs) + [(i, None) for i in idle]:
+                port = self.next_port()
+                out = os.path.join(self.work, "result-%d.json" % port)
+                server = [a.replace("@PORT@", str(port)) for a in server]
+                if record:
+                    self.commands.append((label, env_extra or {}, server,
+                                          client and [a.replace("@PORT@", str(port))
+                                                      .replace("@JSON@", out)
+                                                      for a in client]))
+                slog = open(os.path.join(self.work, "server-%d.log" % port), "w")
+                srv = subprocess.Popen(server, env=env, stdout=slog, stderr=subprocess.STDOUT)
+                started.append((srv, slog, server))
+                if not self.wait_listen(port, srv):
+                    raise RuntimeError("%s: server did not listen: %s\n%s" %
+                                       (label, shlex.join(server), self.tail(slog.name)))
+                if client:
+                    client = [a.replace("@PORT@", str(port)).replace("@JSON@", out)
+                              for a in client]
+                    clients.append((client, out))
+            running = [(subprocess.Popen(c, env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True), c, out)
+                       for c, out in clients]
+            results = []
+            for proc, client, out in running:
+                try:
+                    stdout, stderr = proc.communicate(timeout=self.args.timeout)
+                except subprocess.TimeoutExpired:
+                    for p, _, _ in running:
+                        p.kill()
+                    raise
+                if proc.returncode != 0:
+                    raise RuntimeError("%s: client failed (%d): %s\n%s%s" %
+                                       (label, proc.returncode, shlex.join(client), stdout,
+                                        stderr))
+                if parse:
+                    results.append(parse(stdout))
+                else:
+                    with open(out) as f:
+                        results.append(json.load(f))
+            for srv, slog, server in started[:len(clients)]:
+                srv.wait(timeout=self.args.timeout)
+                if srv.returncode != 0:
+                    raise RuntimeError("%s: server failed (%d): %s\n%s" %
+                                       (label, srv.returncode, shlex.join(server),
+                                        self.tail(slog.name)))
+            return results
         finally:
-            if srv.poll() is None:
-                srv.kill()
-                srv.wait()
-            slog.close()
-        if parse:
-            return parse(cp.stdout)
-        with open(out) as f:
-            return json.load(f)
+            for srv, slog, _ in started:
+                if srv.poll() is None:
+                    srv.kill()
+                    srv.wait()
+                slog.close()
 
     def run_one(self, cmd, label=""):
         return self.median_of_rounds(lambda i: self.run_one_once(cmd, label, i == 0))
@@ -194,22 +223,52 @@ class Matrix:
         except OSError:
             return ""
 
-    def verbs_job(self, tool, size, args=(), server_only=(), env=None):
-        """One run of one size of one tool, as fn(record) -> JSON; `args` go
-        to both sides (the server checks that they match), `server_only` to
-        the server alone."""
+    def verbs_cmds(self, tool, size, args=(), server_only=(), seconds=None):
+        """Server and client command lines of one size of one tool; `args`
+        go to both sides (the server checks that they match), `server_only`
+        to the server alone; `seconds`: a run of that length instead of a
+        count."""
         iters = self.args.lat_iters if tool.endswith("_lat") else self.args.bw_iters
         if tool.endswith("_bw") and not self.args.short:
             # At least ~1.5 GB per run at large sizes, or a run lasts a
             # fraction of a second and one scheduler hiccup decides it.
             iters = max(iters, min(50000, int(1.5e9) // size))
         exe = os.path.join(self.perf, tool)
-        common = ["-x", "1", "-p", "@PORT@", "-s", str(size), "-n", str(iters)] + list(args)
+        count = ["-D", str(seconds)] if seconds else ["-n", str(iters)]
+        common = ["-x", "1", "-p", "@PORT@", "-s", str(size)] + count + list(args)
         server = [self.sroce, "exec", "--", exe, "-d", "pm0"] + common + list(server_only)
         client = ([self.sroce, "exec", "--", exe, "-d", "pm1"] + common +
                   ["--out_json", "--out_json_file=@JSON@", "127.0.0.1"])
+        return server, client
+
+    def verbs_job(self, tool, size, args=(), server_only=(), env=None):
+        """One run of one size of one tool, as fn(record) -> JSON."""
+        server, client = self.verbs_cmds(tool, size, args, server_only)
         label = "%s %s" % (tool, " ".join(args))
         return lambda record: self.run_pair_once(server, client, env, label, record)
+
+    def shared_job(self, tool, size, args, pairs, idle=False):
+        """`pairs` runs of one tool at the same time, each process on a
+        device the others use too (the agent's slots), and with `idle` one
+        more process on each device that holds it open and does nothing;
+        as fn(record) -> JSON whose bandwidth is the pairs' sum."""
+        seconds = self.args.peer_seconds if tool.endswith("_bw") else None
+        server, client = self.verbs_cmds(tool, size, args, (), seconds)
+        # A server no client visits holds its device; one on each.
+        holders = [server, [a if a != "pm0" else "pm1" for a in server]] if idle else []
+        label = "%s %s, %d at once%s" % (tool, " ".join(args), pairs,
+                                         ", one idle process per device" if idle else "")
+
+        def run(record):
+            res = [r["results"][0] for r in
+                   self.run_pairs_once([(server, client)] * pairs, None, label, record,
+                                       idle=holders)]
+            out = dict(res[0])
+            for key in ("bw_avg_MBps", "bw_peak_MBps", "msg_rate_Mpps"):
+                if key in out:
+                    out[key] = sum(r[key] for r in res)
+            return {"results": [out]}
+        return run
 
     def perftest_lat(self, size, record):
         """One run of Debian's ib_write_lat; its report table's figures."""
@@ -295,6 +354,7 @@ class Matrix:
         else:
             print("perftest's ib_write_lat not installed: skipped")
         self.loss_matrix()
+        self.shared_matrix()
         for size in (64, 65536) if not self.args.short else (64,):
             r = self.verbs_pair("ib_write_commit_bw", size, ["--method", "native"],
                                 ["--target-mem", "file:" + os.path.join(self.work, "target")])
@@ -371,6 +431,24 @@ class Matrix:
         else:
             print("  bw  %-28s %8d B  %10.2f MB/s  %8.4f Mpps" %
                   (name, size, r["bw_avg_MBps"], r["msg_rate_Mpps"]), flush=True)
+
+    def shared_matrix(self):
+        """Several processes on one device: two native-commit streams at
+        once against one, and the 64 B round trip with one more process on
+        each device, interleaved with the same runs alone."""
+        for kind, size, name, pairs, idle in (("bw", 65536, "native, 2 processes per device", 2,
+                                               False),
+                                              ("lat", 64, "native, idle process per device", 1,
+                                               True)):
+            tool = "ib_write_commit_" + kind
+            alone = "native (shared series)"
+            runs = self.interleaved([
+                (alone, self.shared_job(tool, size, ["--method", "native"], 1)),
+                (name, self.shared_job(tool, size, ["--method", "native"], pairs, idle))])
+            for n, run in runs.items():
+                r = run["results"][0]
+                self.results[kind].setdefault(n, {})[size] = r
+                self.progress(kind, n, size, r)
 
     # (label, drop probability, whether go-back-N is measured too: only
     # where a run finishes in seconds, bandwidth kept against loss-free).
@@ -482,6 +560,13 @@ class Matrix:
                 get(bw, "write, %s loss" % label, 65536, "bw_avg_MBps"),
                 get(bw, "write (loss series)", 65536, "bw_avg_MBps"), target, ">=",
                 "BW average; both sides drop at random (SROCE_FAULT), selective repeat")
+        add("native commit 64 KiB bandwidth, 2 processes per device at once / 1",
+            get(bw, "native, 2 processes per device", 65536, "bw_avg_MBps"),
+            get(bw, "native (shared series)", 65536, "bw_avg_MBps"), 0.9, ">=",
+            "BW average, the two streams' sum; both share the 2 CPUs")
+        add("native commit 64 B latency, one more process on each device / alone",
+            get(lat, "native, idle process per device", 64, "t_typical"),
+            get(lat, "native (shared series)", 64, "t_typical"), 1.1, "<=", "t_typical, RTT")
         add("libfabric pmof FI_COMMIT_COMPLETE 64 B latency / libfabric tcp",
             get(peers, "libfabric pmof commit lat", 64, "t_typical"),
             get(peers, "libfabric tcp commit lat", 64, "t_typical"), 0.85, "<=",
@@ -556,7 +641,8 @@ class Matrix:
             envs = "".join("%s=%s " % kv for kv in env.items())
             if server:
                 md.append(envs + shlex.join(self.short_paths(server)) + " &")
-            md.append(envs + shlex.join(self.short_paths(client)))
+            if client:
+                md.append(envs + shlex.join(self.short_paths(client)))
         md.append("```")
         with open(os.path.join(out, "results.md"), "w") as f:
             f.write("\n".join(md) + "\n")
