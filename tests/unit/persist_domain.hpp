@@ -950,7 +950,14 @@ void drive_plan(Domain &dom, Initiator &ini, const uint8_t *target, const Plan &
         }
         uint64_t ids[16];
         int k = ini.poll(ids, 16, failure);
-        if (k < 0) break;
+        if (k < 0) {
+            // What was outstanding tells a transport failure's cause.
+            failure += strf("; %.3f s into the run, %zu ops posted, from op %zu on:", seconds(),
+                            next, retired);
+            for (size_t i = retired; i < next; i++)
+                failure += strf(" %s", info(plan.ops[i].kind).name);
+            break;
+        }
         for (int i = 0; i < k && failure.empty(); i++) {
             const Op *op = ids[i] < end ? &plan.ops[ids[i]] : nullptr;
             if (!op || op->point != last + 1)
