@@ -839,7 +839,18 @@ bool Nic::app_progress() {
             : 1;
     app_polls_.store(streak, std::memory_order_relaxed);
     app_poll_ns_.store(now, std::memory_order_relaxed);
-    if (rx_pass() == 0) return false;
+    if (rx_pass() == 0) {
+        // A thread spinning on an empty CQ while others wait for a CPU (more
+        // busy pollers than cores: its peer among them) would hold its core
+        // for a whole time slice: step aside now and then.  With nobody
+        // waiting, sched_yield() returns at once.
+        if (++app_empty_ % kYieldEvery == 0) {
+            l.unlock();
+            sched_yield();
+        }
+        return false;
+    }
+    app_empty_ = 0;
     // A pass that dispatched something (and sent the ACKs it owed) can
     // outlast kSpinningGapNs: the gap to the next poll counts from its end,
     // or every packet would end the streak and hand the socket back to the

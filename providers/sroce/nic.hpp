@@ -249,6 +249,10 @@ class Nic {
     // the progress thread does not spin after traffic (SROCE_SPIN_US).
     static constexpr uint64_t kAppActiveNs = 1000000;
     std::atomic<uint32_t> app_polls_{0};
+    // Empty receive passes in a row by application threads (under rx_mu_),
+    // and how often such a thread yields the CPU.
+    uint32_t app_empty_ = 0;
+    static constexpr uint32_t kYieldEvery = 32;
     std::atomic<uint64_t> app_poll_ns_{0};
     bool app_is_spinning(uint64_t now) const;
 };

@@ -34,6 +34,14 @@ SHORT_SIZES = [64, 65536]
 # Bytes of BTH + RETH + ICRC around a 4096-byte WRITE MIDDLE payload: the
 # datagram size a 64 KiB WRITE travels in, which the UDP ceiling must match.
 ROCE_MIDDLE_OVERHEAD = 12 + 4
+# fi_commit_bench's writes in flight, and the sroce series measured at it.
+FI_DEPTH = 16
+NATIVE_FI_DEPTH = "native (%d in flight)" % FI_DEPTH
+# The shared-device series.
+SHARED_ALONE = "native (shared series: alone)"
+SHARED_APART = "native, 2 streams on 2 device pairs"
+SHARED_BW = "native, 2 streams on 1 device pair"
+SHARED_LAT = "native, idle process per device"
 ROCE_ONLY_OVERHEAD = 12 + 16 + 4
 
 
@@ -53,7 +61,10 @@ class Matrix:
                   "SROCE_SPIN_US"):
             self.env.pop(k, None)
         self.env["SROCE_CONFIG"] = os.path.join(self.work, "links.conf")
-        for name, addr in (("pm0", args.addr[0]), ("pm1", args.addr[1])):
+        # pm2, pm3: a second pair of devices, two addresses further on, for
+        # streams that share no device (the control of the shared ones).
+        self.addrs = list(args.addr) + [bump(a, 2) for a in args.addr]
+        for name, addr in zip(("pm0", "pm1", "pm2", "pm3"), self.addrs):
             subprocess.run([self.sroce, "link", "add", name, "netdev", "lo", "addr", addr],
                            env=self.env, check=True, stdout=subprocess.DEVNULL)
         # pmof connects through rdma_cm, which needs an agent: a private one.
@@ -223,7 +234,7 @@ class Matrix:
         except OSError:
             return ""
 
-    def verbs_cmds(self, tool, size, args=(), server_only=(), seconds=None):
+    def verbs_cmds(self, tool, size, args=(), server_only=(), seconds=None, devs=("pm0", "pm1")):
         """Server and client command lines of one size of one tool; `args`
         go to both sides (the server checks that they match), `server_only`
         to the server alone; `seconds`: a run of that length instead of a
@@ -236,8 +247,8 @@ class Matrix:
         exe = os.path.join(self.perf, tool)
         count = ["-D", str(seconds)] if seconds else ["-n", str(iters)]
         common = ["-x", "1", "-p", "@PORT@", "-s", str(size)] + count + list(args)
-        server = [self.sroce, "exec", "--", exe, "-d", "pm0"] + common + list(server_only)
-        client = ([self.sroce, "exec", "--", exe, "-d", "pm1"] + common +
+        server = [self.sroce, "exec", "--", exe, "-d", devs[0]] + common + list(server_only)
+        client = ([self.sroce, "exec", "--", exe, "-d", devs[1]] + common +
                   ["--out_json", "--out_json_file=@JSON@", "127.0.0.1"])
         return server, client
 
@@ -247,22 +258,24 @@ class Matrix:
         label = "%s %s" % (tool, " ".join(args))
         return lambda record: self.run_pair_once(server, client, env, label, record)
 
-    def shared_job(self, tool, size, args, pairs, idle=False):
-        """`pairs` runs of one tool at the same time, each process on a
-        device the others use too (the agent's slots), and with `idle` one
-        more process on each device that holds it open and does nothing;
-        as fn(record) -> JSON whose bandwidth is the pairs' sum."""
+    def shared_job(self, tool, size, args, devs, idle=False):
+        """Runs of one tool at the same time, one per (server device,
+        client device) of `devs` — several on one device pair share it
+        through the agent's slots — and with `idle` one more process on
+        each of pm0 and pm1 that holds it open and does nothing; as
+        fn(record) -> JSON whose bandwidth is the runs' sum."""
         seconds = self.args.peer_seconds if tool.endswith("_bw") else None
-        server, client = self.verbs_cmds(tool, size, args, (), seconds)
+        pairs = [self.verbs_cmds(tool, size, args, (), seconds, d) for d in devs]
         # A server no client visits holds its device; one on each.
+        server = pairs[0][0]
         holders = [server, [a if a != "pm0" else "pm1" for a in server]] if idle else []
-        label = "%s %s, %d at once%s" % (tool, " ".join(args), pairs,
-                                         ", one idle process per device" if idle else "")
+        label = "%s %s, on %s%s" % (tool, " ".join(args),
+                                    " and ".join("%s/%s" % d for d in devs),
+                                    ", one idle process per device" if idle else "")
 
         def run(record):
             res = [r["results"][0] for r in
-                   self.run_pairs_once([(server, client)] * pairs, None, label, record,
-                                       idle=holders)]
+                   self.run_pairs_once(pairs, None, label, record, idle=holders)]
             out = dict(res[0])
             for key in ("bw_avg_MBps", "bw_peak_MBps", "msg_rate_Mpps"):
                 if key in out:
@@ -405,12 +418,24 @@ class Matrix:
                 iters = self.args.lat_iters if kind == "lat" else self.args.bw_iters
                 common = ["-m", kind, "-s", str(size), "-n", str(iters), "-P", "@PORT@"]
                 jobs = [("tcp", self.fi_job([fi], ["-p", "tcp"] + common, "127.0.0.1", []))]
+                if kind == "bw":
+                    # The same depth as fi_commit_bench's (16): at 128 in
+                    # flight, ib_write_commit_bw's 256 slots (up to 64 MiB a
+                    # side) no longer fit in cache, while fi_commit_bench
+                    # writes one buffer over and over.
+                    jobs.append(("sroce", self.verbs_job("ib_write_commit_bw", size,
+                                                         ["--method", "native", "-t",
+                                                          str(FI_DEPTH)])))
                 if pmof:
                     ex = [self.sroce, "exec", "--"]
                     jobs.append(("pmof", self.fi_job(ex + [fi], ["-p", "pmof"] + common,
                                                      self.args.addr[0],
                                                      ["-a", self.args.addr[0]])))
                 for prov, r in self.interleaved(jobs).items():
+                    if prov == "sroce":
+                        self.results["bw"].setdefault(NATIVE_FI_DEPTH, {})[size] = r["results"][0]
+                        self.progress("bw", NATIVE_FI_DEPTH, size, r["results"][0])
+                        continue
                     name = "libfabric %s commit %s" % (prov, kind)
                     peers.setdefault(name, {})[size] = r["results"][0]
                     self.progress(kind, "libfabric %s commit" % prov, size, r["results"][0])
@@ -433,19 +458,26 @@ class Matrix:
                   (name, size, r["bw_avg_MBps"], r["msg_rate_Mpps"]), flush=True)
 
     def shared_matrix(self):
-        """Several processes on one device: two native-commit streams at
-        once against one, and the 64 B round trip with one more process on
-        each device, interleaved with the same runs alone."""
-        for kind, size, name, pairs, idle in (("bw", 65536, "native, 2 processes per device", 2,
-                                               False),
-                                              ("lat", 64, "native, idle process per device", 1,
-                                               True)):
-            tool = "ib_write_commit_" + kind
-            alone = "native (shared series)"
-            runs = self.interleaved([
-                (alone, self.shared_job(tool, size, ["--method", "native"], 1)),
-                (name, self.shared_job(tool, size, ["--method", "native"], pairs, idle))])
-            for n, run in runs.items():
+        """Several processes on one device: two native-commit streams on one
+        device pair against two on two pairs (the same processes competing
+        for the same CPUs, only the device shared or not), and the 64 B
+        round trip with one more process on each device against none;
+        interleaved.  The streams keep FI_DEPTH writes in flight."""
+        one, two = ("pm0", "pm1"), ("pm2", "pm3")
+        bw_args = ["--method", "native", "-t", str(FI_DEPTH)]
+        lat_args = ["--method", "native"]
+        for kind, size, jobs in (
+                ("bw", 65536, [(SHARED_ALONE, self.shared_job("ib_write_commit_bw", 65536,
+                                                              bw_args, [one])),
+                               (SHARED_APART, self.shared_job("ib_write_commit_bw", 65536,
+                                                              bw_args, [one, two])),
+                               (SHARED_BW, self.shared_job("ib_write_commit_bw", 65536,
+                                                           bw_args, [one, one]))]),
+                ("lat", 64, [(SHARED_ALONE, self.shared_job("ib_write_commit_lat", 64,
+                                                            lat_args, [one])),
+                             (SHARED_LAT, self.shared_job("ib_write_commit_lat", 64, lat_args,
+                                                          [one], idle=True))])):
+            for n, run in self.interleaved(jobs).items():
                 r = run["results"][0]
                 self.results[kind].setdefault(n, {})[size] = r
                 self.progress(kind, n, size, r)
@@ -542,9 +574,9 @@ class Matrix:
             "how far the average strays from the typical round trip")
         for size, name in ((65536, "64 KiB"), (1048576, "1 MiB")):
             add("native commit %s bandwidth / libfabric tcp FI_COMMIT_COMPLETE" % name,
-                get(bw, "native", size, "bw_avg_MBps"),
+                get(bw, NATIVE_FI_DEPTH, size, "bw_avg_MBps"),
                 get(peers, "libfabric tcp commit bw", size, "bw_avg_MBps"), 1.0, ">=",
-                "BW average")
+                "BW average; %d writes in flight on both (fi_commit_bench's default)" % FI_DEPTH)
         add("native commit bandwidth, 1 MiB / 64 KiB", get(bw, "native", 1048576, "bw_avg_MBps"),
             get(bw, "native", 65536, "bw_avg_MBps"), 1.0, ">=", "BW average")
         add("native commit 1 MiB latency / libfabric tcp FI_COMMIT_COMPLETE",
@@ -560,13 +592,12 @@ class Matrix:
                 get(bw, "write, %s loss" % label, 65536, "bw_avg_MBps"),
                 get(bw, "write (loss series)", 65536, "bw_avg_MBps"), target, ">=",
                 "BW average; both sides drop at random (SROCE_FAULT), selective repeat")
-        add("native commit 64 KiB bandwidth, 2 processes per device at once / 1",
-            get(bw, "native, 2 processes per device", 65536, "bw_avg_MBps"),
-            get(bw, "native (shared series)", 65536, "bw_avg_MBps"), 0.9, ">=",
-            "BW average, the two streams' sum; both share the 2 CPUs")
+        add("native commit 64 KiB bandwidth, 2 streams on one device pair / on two",
+            get(bw, SHARED_BW, 65536, "bw_avg_MBps"), get(bw, SHARED_APART, 65536, "bw_avg_MBps"),
+            0.9, ">=", "BW average, the two streams' sum, %d writes in flight each" % FI_DEPTH)
         add("native commit 64 B latency, one more process on each device / alone",
-            get(lat, "native, idle process per device", 64, "t_typical"),
-            get(lat, "native (shared series)", 64, "t_typical"), 1.1, "<=", "t_typical, RTT")
+            get(lat, SHARED_LAT, 64, "t_typical"), get(lat, SHARED_ALONE, 64, "t_typical"), 1.1,
+            "<=", "t_typical, RTT")
         add("libfabric pmof FI_COMMIT_COMPLETE 64 B latency / libfabric tcp",
             get(peers, "libfabric pmof commit lat", 64, "t_typical"),
             get(peers, "libfabric tcp commit lat", 64, "t_typical"), 0.85, "<=",
@@ -591,13 +622,17 @@ class Matrix:
         md.append("# Remote persistence on sroce: the benchmark matrix\n")
         md.append("Produced by `tools/perf/perf_matrix.py` (%s mode) on %s.\n" %
                   ("short" if self.args.short else "full", self.host_info()))
-        md.append("Two sroce links on `lo` (%s, %s); every figure below comes from the same run, "
-                  "each the median of %d runs of its benchmark (the methods of one size "
-                  "measured round-robin). " % (self.args.addr[0], self.args.addr[1], self.args.rounds) +
+        md.append("Two sroce links on `lo` (%s, %s; the shared-device series also %s, %s); "
+                  "every figure below comes from the same run, each the median of %d runs of "
+                  "its benchmark (the methods of one size measured round-robin). " %
+                  (tuple(self.addrs) + (self.args.rounds,)) +
                   "Latency is the round trip of one durable write (post to completion at the "
                   "initiator), `t_typical` (median) in microseconds; bandwidth is perftest's "
                   "BW average in MB/s (2^20 bytes) with the tools' default 128 operations in "
-                  "flight, posted one at a time.\n")
+                  "flight, posted one at a time, except where a series names its depth: "
+                  "libfabric's fi_commit_bench keeps %d in flight, on one buffer, and its "
+                  "sroce counterpart (`native (%d in flight)`) keeps as many, so that the "
+                  "two are compared at the same depth and both in cache.\n" % (FI_DEPTH, FI_DEPTH))
         md.append("## Target ratios\n")
         md.append("| ratio | measured | target | met | figure |")
         md.append("|---|---|---|---|---|")
@@ -686,6 +721,12 @@ class Matrix:
                                               datetime.date.today().isoformat())
 
 
+def bump(addr, n):
+    """An IPv4 address n further on (last octet)."""
+    a = addr.split(".")
+    return ".".join(a[:3] + [str(int(a[3]) + n)])
+
+
 def human(n):
     for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= div and n % div == 0:
@@ -699,7 +740,8 @@ def main():
     p.add_argument("--out", default="docs/performance", help="output directory")
     p.add_argument("--short", action="store_true", help="reduced matrix for the test suite")
     p.add_argument("--addr", nargs=2, default=["127.0.12.1", "127.0.12.2"],
-                   help="loopback addresses of the two sroce links")
+                   help="loopback addresses of the two sroce links (the shared-device "
+                   "series also uses the two addresses after them, +2)")
     p.add_argument("--port", type=int, default=19400, help="first TCP port - 1")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per program")
     p.add_argument("--rounds", type=int, help="runs of each measurement, the median kept "
