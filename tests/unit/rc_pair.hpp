@@ -12,8 +12,8 @@
 #include <infiniband/verbs_ext.h>
 
 #include <algorithm>
-#include <atomic>
 #include <arpa/inet.h>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
