@@ -14,8 +14,9 @@
 namespace sroce {
 
 // Packets queued for one sendmmsg().  Headers are copied into the slot; the
-// payload is referenced in place (user memory) unless it is memory the peer
-// does not own (kQueueCopy: READ responses), copied here.  Consecutive
+// payload is referenced in place (user memory) unless others may write it
+// before the batch is sent (kQueueCopy: READ responses); that is copied here.
+// Consecutive
 // packets of equal size for one destination QP form a run, handed to the
 // kernel as one UDP_SEGMENT send (wire-protocol.md §1.1).
 struct TxBatch {
@@ -62,8 +63,8 @@ struct FaultConfig {
     bool enabled() const { return drop > 0 || dup > 0 || reorder > 0 || n_drop_at; }
 };
 
-// Parses "drop=0.05,dup=0.01,reorder=0.01,seed=7" (SROCE_FAULT), also
-// and "drop_at=N" (repeatable); throws on junk.
+// Parses "drop=0.05,dup=0.01,reorder=0.01,seed=7" (SROCE_FAULT) and
+// "drop_at=N" (repeatable); throws on junk.
 FaultConfig parse_fault_config(const std::string &spec);
 
 struct NicStats {

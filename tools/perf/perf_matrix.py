@@ -161,11 +161,11 @@ class Matrix:
                 port = self.next_port()
                 out = os.path.join(self.work, "result-%d.json" % port)
                 server = [a.replace("@PORT@", str(port)) for a in server]
+                if client:
+                    client = [a.replace("@PORT@", str(port)).replace("@JSON@", out)
+                              for a in client]
                 if record:
-                    self.commands.append((label, env_extra or {}, server,
-                                          client and [a.replace("@PORT@", str(port))
-                                                      .replace("@JSON@", out)
-                                                      for a in client]))
+                    self.commands.append((label, env_extra or {}, server, client))
                 slog = open(os.path.join(self.work, "server-%d.log" % port), "w")
                 srv = subprocess.Popen(server, env=env, stdout=slog, stderr=subprocess.STDOUT)
                 started.append((srv, slog, server))
@@ -173,20 +173,14 @@ class Matrix:
                     raise RuntimeError("%s: server did not listen: %s\n%s" %
                                        (label, shlex.join(server), self.tail(slog.name)))
                 if client:
-                    client = [a.replace("@PORT@", str(port)).replace("@JSON@", out)
-                              for a in client]
                     clients.append((client, out))
             running = [(subprocess.Popen(c, env=env, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, text=True), c, out)
                        for c, out in clients]
+            started += [(p, None, c) for p, c, _ in running]
             results = []
             for proc, client, out in running:
-                try:
-                    stdout, stderr = proc.communicate(timeout=self.args.timeout)
-                except subprocess.TimeoutExpired:
-                    for p, _, _ in running:
-                        p.kill()
-                    raise
+                stdout, stderr = proc.communicate(timeout=self.args.timeout)
                 if proc.returncode != 0:
                     raise RuntimeError("%s: client failed (%d): %s\n%s%s" %
                                        (label, proc.returncode, shlex.join(client), stdout,
@@ -196,7 +190,7 @@ class Matrix:
                 else:
                     with open(out) as f:
                         results.append(json.load(f))
-            for srv, slog, server in started[:len(clients)]:
+            for srv, slog, server in started[:len(clients)]:  # the visited servers
                 srv.wait(timeout=self.args.timeout)
                 if srv.returncode != 0:
                     raise RuntimeError("%s: server failed (%d): %s\n%s" %
@@ -204,11 +198,13 @@ class Matrix:
                                         self.tail(slog.name)))
             return results
         finally:
-            for srv, slog, _ in started:
-                if srv.poll() is None:
-                    srv.kill()
-                    srv.wait()
-                slog.close()
+            # Whatever failed or timed out, no server or client outlives the run.
+            for proc, slog, _ in started:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                if slog:
+                    slog.close()
 
     def run_one(self, cmd, label=""):
         return self.median_of_rounds(lambda i: self.run_one_once(cmd, label, i == 0))
