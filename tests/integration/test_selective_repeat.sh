@@ -64,7 +64,7 @@ xfer "agreed, 30 % loss" "SROCE_FAULT=drop=0.3,seed=5" "SROCE_FAULT=drop=0.3,see
 	"-n 200 --seed 23 --max-size 65536" \
 	"server rx_held > 0" "client tx_resent_selective > 0"
 
-perftest_cm perftest_r 7491 'RDMA_CM_EVENT_REJECTED; error: 8' "ib_write_bw -R, 1 % loss" \
+LOSSY_CLOSE=1 perftest_cm perftest_r 7491 'RDMA_CM_EVENT_REJECTED; error: 8' "ib_write_bw -R, 1 % loss" \
 	env SROCE_FAULT=drop=0.01,seed=7 ib_write_bw -d sroce_sr0 -x 1 -R -s 65536 -n 2000 -p 7491 -- \
 	env SROCE_FAULT=drop=0.01,seed=8 ib_write_bw -d sroce_sr1 -x 1 -R -s 65536 -n 2000 -p 7491 \
 	127.0.26.1
