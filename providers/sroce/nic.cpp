@@ -156,6 +156,9 @@ Nic *Nic::acquire(Device *dev) {
                 return nullptr;
             }
             n->thread_ = std::thread([n] { n->run(); });
+            // "sroce-<device>" in top -H, perf and /proc (15 characters).
+            std::string name = std::string("sroce-") + dev->ibdev.name;
+            pthread_setname_np(n->thread_.native_handle(), name.substr(0, 15).c_str());
         } catch (const std::bad_alloc &) {
             delete n;
             return out_of_memory<Nic *>(nullptr);
@@ -376,6 +379,13 @@ uint32_t Nic::add_qp(Qp *qp) {
             qp_next_ = i + 1;
             if (i + 1 > qp_top_.load(std::memory_order_relaxed))
                 qp_top_.store(i + 1, std::memory_order_release);
+            // The progress thread of a device without QPs sleeps long
+            // (wait_for_work): this one's timers need it back.
+            if (live_qps_.fetch_add(1, std::memory_order_relaxed) == 0) {
+                uint64_t one = 1;
+                if (write(wake_fd_, &one, sizeof one) < 0) { /* already woken */
+                }
+            }
             return qpn_base_ + i;
         }
     }
@@ -403,6 +413,7 @@ void Nic::remove_qp(Qp *qp) {
     if (i >= kMaxQps) return;
     qps_[i].store(nullptr, std::memory_order_release);
     table_[i].id.store(0, std::memory_order_relaxed);
+    live_qps_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void Nic::publish_qp(const Qp *qp) {
@@ -881,7 +892,13 @@ void Nic::wait_for_work(uint64_t spin_until) {
             for (McGroup &m : mc_)
                 if (int fd = m.fd.load(std::memory_order_relaxed); fd >= 0)
                     p[n++] = {fd, POLLIN, 0};
-        if (poll(p, n, 1) > 0 && (p[0].revents & POLLIN)) {
+        // A device without QPs has no timers and drops every datagram: its
+        // thread only watches for the agent's exit.  librdmacm opens every
+        // device, so an rdma_cm application has one such thread for each
+        // device it does not use, and each wake-up takes a CPU from one
+        // that works.
+        int timeout = live_qps_.load(std::memory_order_relaxed) ? 1 : kIdleSleepMs;
+        if (poll(p, n, timeout) > 0 && (p[0].revents & POLLIN)) {
             uint64_t v;
             if (read(wake_fd_, &v, sizeof v) < 0) { /* spurious wake */
             }

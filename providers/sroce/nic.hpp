@@ -216,6 +216,10 @@ class Nic {
     std::mutex qp_alloc_mu_;
     uint32_t qp_next_ = 0;
     std::atomic<uint32_t> qp_top_{0}; // one past the highest slot ever used
+    std::atomic<uint32_t> live_qps_{0};
+    // How long the progress thread of a device without QPs sleeps: as often
+    // as run() looks for the agent's exit.
+    static constexpr int kIdleSleepMs = 20;
     // Receive state shared by the progress thread and app_progress():
     // everything below rx_mu_ is used only by its holder.
     struct RxState;

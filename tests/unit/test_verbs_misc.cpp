@@ -4,12 +4,14 @@
 // device attributes and GID table programs probe, ibv_rereg_mr,
 // on-demand paging (explicit, implicit, ibv_advise_mr), completion
 // timestamps and ibv_query_rt_values_ex, ibv_create_cq_ex's checks, the
-// context's command FD and devices in a child of fork().  Two sroce devices on 127.0.13.3 /
+// context's command FD, devices in a child of fork() and the progress
+// thread of a device without QPs.  Two sroce devices on 127.0.13.3 /
 // 127.0.13.4.
 #include "rc_pair.hpp"
 
 #include <climits>
 #include <ctime>
+#include <dirent.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 
@@ -71,6 +73,62 @@ TEST(Device, GidTableHasEmptyEntries) {
     // The table lists the populated entries only.
     ibv_gid_entry t[4];
     EXPECT_EQ(ibv_query_gid_table(g_ctx[0], t, 4, 0), 2);
+}
+
+// Context switches so far of the thread of this process named `comm`; -1
+// when there is none.
+long switches_of(const std::string &comm) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    long n = -1;
+    while (dirent *e = readdir(d)) {
+        if (e->d_name[0] == '.') continue;
+        std::string dir = std::string("/proc/self/task/") + e->d_name;
+        std::ifstream c(dir + "/comm");
+        std::string name;
+        if (!std::getline(c, name) || name != comm) continue;
+        std::ifstream st(dir + "/status");
+        n = 0;
+        for (std::string line; std::getline(st, line);)
+            if (line.rfind("voluntary_ctxt_switches:", 0) == 0 ||
+                line.rfind("nonvoluntary_ctxt_switches:", 0) == 0)
+                n += std::stol(line.substr(line.find(':') + 1));
+    }
+    closedir(d);
+    return n;
+}
+
+// librdmacm opens every device: the progress thread of one without QPs must
+// not wake every millisecond, taking a CPU from the threads that work.
+TEST(Device, ProgressThreadOfADeviceWithoutQpsSleeps) {
+    const std::string comm = "sroce-vm0";
+    long before = switches_of(comm);
+    ASSERT_GE(before, 0) << "no thread named " << comm;
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    long idle = switches_of(comm) - before;
+    // One wake-up per 20 ms is 20; a thread on the 1 ms timer of a device
+    // with QPs makes about 400.
+    EXPECT_LT(idle, 100) << "context switches in 400 ms without a QP";
+
+    // A QP brings the timer back at once (its retransmissions need it).
+    ibv_pd *pd = ibv_alloc_pd(g_ctx[0]);
+    ASSERT_NE(pd, nullptr);
+    ibv_cq *cq = ibv_create_cq(g_ctx[0], 4, nullptr, nullptr, 0);
+    ASSERT_NE(cq, nullptr);
+    ibv_qp_init_attr ia{};
+    ia.send_cq = ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = ia.cap.max_recv_wr = 1;
+    ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+    ibv_qp *qp = ibv_create_qp(pd, &ia);
+    ASSERT_NE(qp, nullptr);
+    before = switches_of(comm);
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    long busy = switches_of(comm) - before;
+    EXPECT_GT(busy, 100) << "context switches in 400 ms with a QP";
+    EXPECT_EQ(ibv_destroy_qp(qp), 0);
+    EXPECT_EQ(ibv_destroy_cq(cq), 0);
+    EXPECT_EQ(ibv_dealloc_pd(pd), 0);
 }
 
 TEST(Device, RtValuesCountMonotonicNanoseconds) {
