@@ -39,7 +39,7 @@ for kind in ("lat", "bw"):
             assert row["bytes"] == int(size), (kind, m, size, row)
             key = "t_typical" if kind == "lat" else "bw_avg_MBps"
             assert row[key] > 0, (kind, m, size, row)
-for peer in ("udp lat", "tcp lat", "udp bw", "tcp bw", "libfabric tcp commit lat",
+for peer in ("udp lat", "udp lat busy", "tcp lat", "udp bw", "tcp bw", "libfabric tcp commit lat",
              "libfabric tcp commit bw"):
     assert peer in r["peers"], peer
 ratios = d["ratios"]
@@ -53,6 +53,10 @@ for name in ("native, 2 streams on 1 device pair", "native, 2 streams on 2 devic
              "native (16 in flight)"):
     assert r["bw"][name]["65536"]["bw_avg_MBps"] > 0, (name, r["bw"].keys())
 assert r["lat"]["native, idle process per device"]["64"]["t_typical"] > 0, r["lat"].keys()
+# The 64 B round trips held to the busy UDP ping-pong are measured next to it.
+assert r["peers"]["udp lat busy"]["96"]["t_typical"] > 0, r["peers"].keys()
+for name in ("native (next to udp busy)", "write (next to udp busy)", "write (busy poll)"):
+    assert r["lat"][name]["64"]["t_typical"] > 0, (name, r["lat"].keys())
 print("results.json: %d ratios, every method and peer present" % len(ratios))
 PY
 # The table lists every target ratio and every method.

@@ -43,6 +43,10 @@ SHARED_APART = "native, 2 streams on 2 device pairs"
 SHARED_BW = "native, 2 streams on 1 device pair"
 SHARED_LAT = "native, idle process per device"
 ROCE_ONLY_OVERHEAD = 12 + 16 + 4
+# The UDP ping-pong's datagram: a 64-byte WRITE ONLY's UDP payload.
+UDP_SMALL = 64 + ROCE_ONLY_OVERHEAD
+# The 64 B series measured round-robin with the busy UDP ping-pong.
+NEXT_TO_UDP = "%s (next to udp busy)"
 
 
 class Matrix:
@@ -348,20 +352,7 @@ class Matrix:
         for name, r in res.items():
             self.results["bw"].setdefault(name, {})[64] = r
             self.progress("bw", name, 64, r)
-        # Modes of the small-message figure: the default, and every thread
-        # busy-polling.
-        for name, env in (("write (busy poll)", {"SROCE_BUSY_POLL": "1"}),):
-            r = self.verbs_pair("ib_write_commit_lat", 64, ["--method", "write"], env=env)
-            self.results["lat"].setdefault(name, {})[64] = r
-            self.progress("lat", name, 64, r)
-        # The program users run first: Debian's perftest, both sides spinning
-        # on memory rather than on a CQ.
-        if shutil.which("ib_write_lat"):
-            r = self.median_of_rounds(lambda i: self.perftest_lat(2, i == 0))["results"][0]
-            self.results["lat"].setdefault("perftest ib_write_lat", {})[2] = r
-            self.progress("lat", "perftest ib_write_lat", 2, r)
-        else:
-            print("perftest's ib_write_lat not installed: skipped")
+        self.small_latency_matrix()
         self.loss_matrix()
         self.shared_matrix()
         for size in (64, 65536) if not self.args.short else (64,):
@@ -369,6 +360,35 @@ class Matrix:
                                 ["--target-mem", "file:" + os.path.join(self.work, "target")])
             self.results["bw"].setdefault("native (file target)", {})[size] = r
             self.progress("bw", "native (file target)", size, r)
+
+    def small_latency_matrix(self):
+        """The small-message round trips held to the busy-polling UDP
+        ping-pong, measured round-robin with it: the same figures minutes
+        apart differed by a fifth on this shared host.  The default mode,
+        every thread busy-polling, and the program users run first (Debian's
+        perftest, both sides spinning on memory rather than on a CQ)."""
+        sl = os.path.join(self.bench, "socket_loopback")
+        udp = [sl, "-P", "udp", "-m", "lat", "-s", str(UDP_SMALL), "-n",
+               str(self.args.peer_iters), "--busy", "--out_json_file", "@JSON@"]
+        lat = "ib_write_commit_lat"
+        jobs = [("udp lat busy", lambda record: self.run_one_once(udp, "udp lat busy", record)),
+                (NEXT_TO_UDP % "write", self.verbs_job(lat, 64, ["--method", "write"])),
+                (NEXT_TO_UDP % "native", self.verbs_job(lat, 64, ["--method", "native"])),
+                ("write (busy poll)", self.verbs_job(lat, 64, ["--method", "write"],
+                                                     env={"SROCE_BUSY_POLL": "1"}))]
+        if shutil.which("ib_write_lat"):
+            jobs.append(("perftest ib_write_lat", lambda record: self.perftest_lat(2, record)))
+        else:
+            print("perftest's ib_write_lat not installed: skipped")
+        for name, run in self.interleaved(jobs).items():
+            r = run["results"][0]
+            if name == "udp lat busy":
+                self.results["peers"].setdefault(name, {})[UDP_SMALL] = r
+                self.progress("lat", name, UDP_SMALL, r)
+            else:
+                size = 2 if name.startswith("perftest") else 64
+                self.results["lat"].setdefault(name, {})[size] = r
+                self.progress("lat", name, size, r)
 
     def peer_matrix(self):
         sl = os.path.join(self.bench, "socket_loopback")
@@ -390,14 +410,11 @@ class Matrix:
             peers.setdefault(proto + " bw", {})[size] = r["results"][0]
             self.progress("bw", proto, size, r["results"][0])
         # Small-message ping-pong at the size of a 64-byte WRITE ONLY datagram,
-        # blocking and busy.
-        for mode in ([], ["--busy"]):
-            size = 64 + ROCE_ONLY_OVERHEAD
-            r = self.run_one([sl, "-P", "udp", "-m", "lat", "-s", str(size), "-n", iters] + mode +
-                             ["--out_json_file", "@JSON@"], "udp lat")
-            name = "udp lat" + (" busy" if mode else "")
-            peers.setdefault(name, {})[size] = r["results"][0]
-            self.progress("lat", name, size, r["results"][0])
+        # blocking (busy: small_latency_matrix).
+        r = self.run_one([sl, "-P", "udp", "-m", "lat", "-s", str(UDP_SMALL), "-n", iters,
+                          "--out_json_file", "@JSON@"], "udp lat")
+        peers.setdefault("udp lat", {})[UDP_SMALL] = r["results"][0]
+        self.progress("lat", "udp lat", UDP_SMALL, r["results"][0])
         fi = os.path.join(self.bench, "fi_commit_bench")
         if not os.path.exists(fi):
             print("fi_commit_bench not built (libfabric-dev missing): libfabric peer skipped")
@@ -514,7 +531,7 @@ class Matrix:
             except KeyError:
                 return None
 
-        small = 64 + ROCE_ONLY_OVERHEAD
+        small = UDP_SMALL
         rows = []
 
         def add(what, num, den, target, sense, how):
@@ -550,7 +567,8 @@ class Matrix:
             get(lat, "write", 64, "t_typical"), get(peers, "udp lat", small, "t_typical"), 1.5,
             "<=", "t_typical, RTT; sroce default mode")
         add("64 B RDMA WRITE latency / UDP ping-pong (%d B, busy-polling receives)" % small,
-            get(lat, "write", 64, "t_typical"), get(peers, "udp lat busy", small, "t_typical"),
+            get(lat, NEXT_TO_UDP % "write", 64, "t_typical"),
+            get(peers, "udp lat busy", small, "t_typical"),
             1.5, "<=", "t_typical, RTT; sroce default mode: the client spins on its CQ and "
             "receives in its own thread, the target's progress thread polls after traffic")
         add("64 B RDMA WRITE latency, SROCE_BUSY_POLL=1 / UDP ping-pong (%d B, busy)" % small,
@@ -558,7 +576,8 @@ class Matrix:
             get(peers, "udp lat busy", small, "t_typical"), 1.5, "<=",
             "t_typical, RTT; every progress thread spinning too")
         add("native commit 64 B latency / UDP ping-pong (%d B, busy-polling receives)" % small,
-            get(lat, "native", 64, "t_typical"), get(peers, "udp lat busy", small, "t_typical"),
+            get(lat, NEXT_TO_UDP % "native", 64, "t_typical"),
+            get(peers, "udp lat busy", small, "t_typical"),
             1.2, "<=", "t_typical, RTT; sroce default mode")
         add("perftest ib_write_lat -s 2 / UDP ping-pong (%d B, busy-polling receives)" % small,
             get(lat, "perftest ib_write_lat", 2, "t_typical"),
@@ -620,7 +639,9 @@ class Matrix:
                   ("short" if self.args.short else "full", self.host_info()))
         md.append("Two sroce links on `lo` (%s, %s; the shared-device series also %s, %s); "
                   "every figure below comes from the same run, each the median of %d runs of "
-                  "its benchmark (the methods of one size measured round-robin). " %
+                  "its benchmark (the methods of one size measured round-robin, and the 64 B "
+                  "round trips held to the busy-polling UDP ping-pong round-robin with it: "
+                  "the series `... (next to udp busy)`). " %
                   (tuple(self.addrs) + (self.args.rounds,)) +
                   "Latency is the round trip of one durable write (post to completion at the "
                   "initiator), `t_typical` (median) in microseconds; bandwidth is perftest's "
