@@ -16,9 +16,8 @@ namespace sroce {
 // Packets queued for one sendmmsg().  Headers are copied into the slot; the
 // payload is referenced in place (user memory) unless others may write it
 // before the batch is sent (kQueueCopy: READ responses); that is copied here.
-// Consecutive
-// packets of equal size for one destination QP form a run, handed to the
-// kernel as one UDP_SEGMENT send (wire-protocol.md §1.1).
+// Consecutive packets of equal size for one destination QP form a run,
+// handed to the kernel as one UDP_SEGMENT send (wire-protocol.md §1.1).
 struct TxBatch {
     static constexpr int kSlots = 64;
     static constexpr int kIovs = kSlots * (kMaxSge + 2);
@@ -216,9 +215,10 @@ class Nic {
     std::mutex qp_alloc_mu_;
     uint32_t qp_next_ = 0;
     std::atomic<uint32_t> qp_top_{0}; // one past the highest slot ever used
+    // QPs in qps_ now.  With none, the progress thread has no timers to run
+    // and sleeps kIdleSleepMs at a time: as often as run() looks for the
+    // agent's exit.
     std::atomic<uint32_t> live_qps_{0};
-    // How long the progress thread of a device without QPs sleeps: as often
-    // as run() looks for the agent's exit.
     static constexpr int kIdleSleepMs = 20;
     // Receive state shared by the progress thread and app_progress():
     // everything below rx_mu_ is used only by its holder.

@@ -5,7 +5,9 @@
 # method of ib_write_commit_lat/bw and every peer benchmark runs once at two
 # sizes, and the Markdown table, the JSON and the PNG plot are produced.  The
 # numbers of a short run mean nothing; this keeps the tools and the script
-# from rotting.
+# from rotting.  It also checks that both the short run and the committed
+# full run (docs/performance/) measure every performance target, the latter
+# each with a figure and the commands that produced them.
 #
 # ctest: TIMEOUT=600 LABELS=perf RESOURCE_LOCK=lo-127.0.10.1,lo-127.0.10.2,lo-127.0.10.3,lo-127.0.10.4
 set -euo pipefail
@@ -27,9 +29,45 @@ done
 # A real PNG, not an empty canvas written by mistake.
 [[ $(head -c 8 "$out/results.png" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]] ||
 	die "results.png is not a PNG"
-"$python" - "$out/results.json" <<'PY' || die "results.json is incomplete"
+"$python" - "$out/results.json" "$src/docs/performance/results.json" <<'PY' ||
+	die "results.json is incomplete"
 import json, sys
+# The performance targets the matrix must measure in one run, each named by
+# the start of its ratio's description.
+TARGETS = (
+    "native commit 64 KiB bandwidth / libfabric tcp",
+    "native commit 1 MiB bandwidth / libfabric tcp",
+    "native commit bandwidth, 1 MiB / 64 KiB",
+    "native commit 1 MiB latency / libfabric tcp",
+    "native commit 64 B latency / UDP ping-pong (96 B, busy-polling receives)",
+    "perftest ib_write_lat -s 2 / UDP ping-pong (96 B, busy-polling receives)",
+    "perftest ib_write_lat -s 2: t_avg / t_typical",
+    "64 KiB RDMA WRITE bandwidth, 0.1 % loss / loss-free",
+    "64 KiB RDMA WRITE bandwidth, 1 % loss / loss-free",
+    "native commit 64 KiB bandwidth, 2 streams on one device pair / on two",
+    "native commit 64 B latency, one more process on each device / alone",
+    "libfabric pmof FI_COMMIT_COMPLETE 64 B latency / libfabric tcp",
+    "libfabric pmof FI_COMMIT_COMPLETE 64 B latency / native commit",
+)
+
+
+def ratios_with_targets(d, full):
+    ratios = {x["what"]: x for x in d["ratios"]}
+    for t in TARGETS:
+        found = [x for w, x in ratios.items() if w.startswith(t)]
+        assert found, ("no ratio", t, sorted(ratios))
+        for x in found:
+            # The short matrix has no 1 MiB runs.
+            if full or "1 MiB" not in t:
+                assert x["ratio"] is not None and x["ratio"] > 0, x
+                assert x["met"] in (True, False), x
+    return d["ratios"]
+
+
+# The committed full run: every target with a figure, 1 MiB included.
+ratios_with_targets(json.load(open(sys.argv[2])), True)
 d = json.load(open(sys.argv[1]))
+ratios_with_targets(d, False)
 r = d["results"]
 methods = ["write", "native", "write-flush", "write-read", "write-send"]
 for kind in ("lat", "bw"):
@@ -59,8 +97,11 @@ for name in ("native (next to udp busy)", "write (next to udp busy)", "write (bu
     assert r["lat"][name]["64"]["t_typical"] > 0, (name, r["lat"].keys())
 print("results.json: %d ratios, every method and peer present" % len(ratios))
 PY
-# The table lists every target ratio and every method.
+# The table lists every target ratio and every method, and the committed
+# full run the commands that produced it.
 grep -q '^## Target ratios' "$out/results.md" || die "no ratio table"
+grep -q '^## Commands' "$src/docs/performance/results.md" ||
+	die "docs/performance/results.md lists no commands"
 for m in native write-flush write-read write-send "libfabric tcp commit"; do
 	grep -q -- "$m" "$out/results.md" || die "results.md does not mention $m"
 done

@@ -105,12 +105,14 @@ TEST(Device, ProgressThreadOfADeviceWithoutQpsSleeps) {
     long before = switches_of(comm);
     ASSERT_GE(before, 0) << "no thread named " << comm;
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
-    long idle = switches_of(comm) - before;
+    long after = switches_of(comm);
+    ASSERT_GE(after, before) << "the thread named " << comm << " went away";
+    long idle = after - before;
     // One wake-up per 20 ms is 20; a thread on the 1 ms timer of a device
     // with QPs makes about 400.
     EXPECT_LT(idle, 100) << "context switches in 400 ms without a QP";
 
-    // A QP brings the timer back at once (its retransmissions need it).
+    // A QP brings the 1 ms timer back (its retransmissions need it).
     ibv_pd *pd = ibv_alloc_pd(g_ctx[0]);
     ASSERT_NE(pd, nullptr);
     ibv_cq *cq = ibv_create_cq(g_ctx[0], 4, nullptr, nullptr, 0);
@@ -123,6 +125,7 @@ TEST(Device, ProgressThreadOfADeviceWithoutQpsSleeps) {
     ibv_qp *qp = ibv_create_qp(pd, &ia);
     ASSERT_NE(qp, nullptr);
     before = switches_of(comm);
+    ASSERT_GE(before, 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
     long busy = switches_of(comm) - before;
     EXPECT_GT(busy, 100) << "context switches in 400 ms with a QP";

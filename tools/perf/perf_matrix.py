@@ -371,24 +371,25 @@ class Matrix:
         udp = [sl, "-P", "udp", "-m", "lat", "-s", str(UDP_SMALL), "-n",
                str(self.args.peer_iters), "--busy", "--out_json_file", "@JSON@"]
         lat = "ib_write_commit_lat"
-        jobs = [("udp lat busy", lambda record: self.run_one_once(udp, "udp lat busy", record)),
-                (NEXT_TO_UDP % "write", self.verbs_job(lat, 64, ["--method", "write"])),
-                (NEXT_TO_UDP % "native", self.verbs_job(lat, 64, ["--method", "native"])),
-                ("write (busy poll)", self.verbs_job(lat, 64, ["--method", "write"],
-                                                     env={"SROCE_BUSY_POLL": "1"}))]
+        # (series, its table, its size, fn(record) -> JSON)
+        jobs = [("udp lat busy", "peers", UDP_SMALL,
+                 lambda record: self.run_one_once(udp, "udp lat busy", record)),
+                (NEXT_TO_UDP % "write", "lat", 64,
+                 self.verbs_job(lat, 64, ["--method", "write"])),
+                (NEXT_TO_UDP % "native", "lat", 64,
+                 self.verbs_job(lat, 64, ["--method", "native"])),
+                ("write (busy poll)", "lat", 64,
+                 self.verbs_job(lat, 64, ["--method", "write"], env={"SROCE_BUSY_POLL": "1"}))]
         if shutil.which("ib_write_lat"):
-            jobs.append(("perftest ib_write_lat", lambda record: self.perftest_lat(2, record)))
+            jobs.append(("perftest ib_write_lat", "lat", 2,
+                         lambda record: self.perftest_lat(2, record)))
         else:
             print("perftest's ib_write_lat not installed: skipped")
-        for name, run in self.interleaved(jobs).items():
-            r = run["results"][0]
-            if name == "udp lat busy":
-                self.results["peers"].setdefault(name, {})[UDP_SMALL] = r
-                self.progress("lat", name, UDP_SMALL, r)
-            else:
-                size = 2 if name.startswith("perftest") else 64
-                self.results["lat"].setdefault(name, {})[size] = r
-                self.progress("lat", name, size, r)
+        runs = self.interleaved([(name, fn) for name, _, _, fn in jobs])
+        for name, table, size, _ in jobs:
+            r = runs[name]["results"][0]
+            self.results[table].setdefault(name, {})[size] = r
+            self.progress("lat", name, size, r)
 
     def peer_matrix(self):
         sl = os.path.join(self.bench, "socket_loopback")
