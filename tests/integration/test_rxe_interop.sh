@@ -26,8 +26,10 @@
 # Exits 77 without root, /dev/net/tun, qemu or the Debian kernel packages
 # (scripts/setup.sh installs them).  The RoCEv2 traffic on the tap is
 # captured (dumpcap, from tshark) and checked by tests/vm/roce_peer_check.py:
-# scapy recomputes ICRCs from both sides, and rxe must have sent packets with
-# hashed IP IDs.  SROCE_VM_CAPTURE=FILE keeps that capture in FILE.
+# scapy recomputes ICRCs from both sides, rxe must have sent packets with
+# hashed IP IDs, and sroce segments of multi-packet sends (IP ID > 0: the
+# segmentation-offload convention, wire-protocol.md §1.1, reaching rxe).
+# SROCE_VM_CAPTURE=FILE keeps that capture in FILE.
 #
 # ctest: TIMEOUT=420 LABELS=vm,netns PROCESSORS=2 RESOURCE_LOCK=vm-10.201
 set -uo pipefail
@@ -413,7 +415,8 @@ fi
 vm_finish 60
 if [[ -n $pcap ]]; then
 	vm_capture_stop
-	if "$python" "$here/../vm/roce_peer_check.py" "$pcap" "$host_ip" "$guest_ip" >"$WORK/check.log" 2>&1; then
+	if "$python" "$here/../vm/roce_peer_check.py" --require-segmented "$pcap" "$host_ip" \
+		"$guest_ip" >"$WORK/check.log" 2>&1; then
 		pass "wire check: rxe and sroce ICRCs recomputed by scapy"
 	else
 		fail "wire check (roce_peer_check.py)"

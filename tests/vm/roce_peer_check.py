@@ -20,6 +20,10 @@ Checks:
     other than 4791 -- the packets sroce can only verify by solving for the
     unseen IP ID -- so the capture proves that path was exercised.
 
+With --require-segmented, sroce must also have sent packets with a non-zero IP ID (a
+segment of a multi-packet send) whose ICRCs scapy recomputed: the segmentation-offload
+convention itself reached the peer, not only single datagrams.
+
 With --flush-forms every FLUSH (RC opcode 0x1C) is checked, and one whose
 ICRC is Linux rxe's form (the standard CRC continued over the transport
 packet's bytes before the ICRC once more: wire-protocol.md 4.4) is counted
@@ -27,6 +31,7 @@ as such instead of as a mismatch; the counts per sender and form are printed
 as "flush SENDER ibta=N legacy=M".
 
 Usage: roce_peer_check.py CAPTURE.pcap SROCE-IP PEER-IP [--sample N] [--flush-forms]
+                          [--require-segmented]
 Exit status: 0 all good, 1 a check failed, 77 scapy is missing.
 """
 import argparse
@@ -74,6 +79,7 @@ def main():
     ap.add_argument("peer_ip")
     ap.add_argument("--sample", type=int, default=200)
     ap.add_argument("--flush-forms", action="store_true")
+    ap.add_argument("--require-segmented", action="store_true")
     a = ap.parse_args()
 
     names = {a.sroce_ip: "sroce", a.peer_ip: "rxe"}
@@ -161,6 +167,11 @@ def main():
     if bad_id or no_df["sroce"]:
         bad(f"sroce sent {len(bad_id)} packet(s) with an IP ID that is not their place in a "
             f"segmentation-offload send and {no_df['sroce']} without DF")
+    # Every key's first packets had their ICRC recomputed above.
+    if a.require_segmented and not any(
+            n for (who, _op, segment), n in sampled.items() if who == "sroce" and segment):
+        bad("sroce sent no packet with a non-zero IP ID: no segmentation-offload send "
+            "reached the peer")
     if total["rxe"] and not (nonzero_id["rxe"] and other_sport["rxe"]):
         bad("the rxe peer sent no packet with a non-zero IP ID from a port other than "
             f"{ROCE_PORT}: the IP ID solving path was not exercised")
