@@ -91,6 +91,21 @@ uint32_t zero_bytes(size_t n) {
     return r;
 }
 
+// x^(8n) mod P for the lengths a packet has: a table, since the sender
+// corrects and the receiver checks an ID on every packet of a connected
+// socket (icrc_id_delta).
+constexpr size_t kZeroTable = 4096 + 512;
+const std::array<uint32_t, kZeroTable> &zero_table() {
+    static const auto t = [] {
+        std::array<uint32_t, kZeroTable> z{};
+        z[0] = kX0;
+        for (size_t i = 1; i < kZeroTable; i++)
+            z[i] = mul_mod(z[i - 1], kX8);
+        return z;
+    }();
+    return t;
+}
+
 // The ICRC change each unknown bit causes (ID bits 0-15, then DF), reduced
 // to an echelon form so that any change decomposes in at most 17 steps.
 // It depends only on how many covered bytes follow the ID: kept per thread
@@ -147,7 +162,8 @@ uint32_t compute(const Ipv4Header &ip, size_t udp_len, const uint8_t *covered, s
     return crc32_gzip_refl(s, covered + wire::kBthLen, len - wire::kBthLen - wire::kIcrcLen);
 }
 
-bool verify(Ipv4Header ip, size_t udp_len, const uint8_t *covered, size_t len, uint16_t *ip_id) {
+bool verify(Ipv4Header ip, size_t udp_len, const uint8_t *covered, size_t len, uint16_t *ip_id,
+            int32_t likely_id) {
     uint32_t want = icrc_load(covered + len - wire::kIcrcLen);
     bool sroce = ip.sport == wire::kRoceV2Port;
     // A position past what one send holds cannot be a sroce packet's ID.
@@ -159,6 +175,12 @@ bool verify(Ipv4Header ip, size_t udp_len, const uint8_t *covered, size_t len, u
         if (ip_id) *ip_id = expected;
         return true;
     }
+    size_t n = kPseudoLen + len - wire::kBthLen - wire::kIcrcLen;
+    if (likely_id >= 0 &&
+        (got ^ want) == icrc_id_delta(n - kIpIdOffset - 2, uint16_t(expected ^ likely_id))) {
+        if (ip_id) *ip_id = uint16_t(likely_id);
+        return true;
+    }
     // sroce peers (source port 4791) send DF, and an ID that is the
     // datagram's position in its segmentation-offload send, below
     // kMaxSegments (wire-protocol.md §4.3): 6 free bits, not 17, so corrupted
@@ -167,7 +189,6 @@ bool verify(Ipv4Header ip, size_t udp_len, const uint8_t *covered, size_t len, u
     constexpr int kSegmentBits = std::countr_zero(unsigned(wire::kMaxSegments));
     int bits = sroce ? kSegmentBits : 17;
     thread_local IdSolver solver;
-    size_t n = kPseudoLen + len - wire::kBthLen - wire::kIcrcLen;
     if (solver.covered != n || solver.nbits != bits) solver.build(n, bits);
     uint32_t m;
     if (!solver.solve(got ^ want, &m)) return false;
@@ -179,6 +200,15 @@ bool verify(Ipv4Header ip, size_t udp_len, const uint8_t *covered, size_t len, u
 constexpr size_t kMaxLegacyLen = 64;
 
 } // namespace
+
+uint32_t icrc_id_delta(size_t tail, uint16_t id_xor) {
+    if (!id_xor) return 0;
+    // The register the two ID bytes leave from a zero one, carried through
+    // the bytes after them.
+    uint32_t r = kT.fwd[id_xor >> 8];
+    r = (r >> 8) ^ kT.fwd[(r ^ id_xor) & 0xFF];
+    return mul_mod(r, tail < kZeroTable ? zero_table()[tail] : zero_bytes(tail));
+}
 
 uint32_t icrc_begin(const Ipv4Header &ip, size_t udp_payload_len, const uint8_t *bth) {
     uint8_t pseudo[kPseudoLen];
@@ -207,18 +237,19 @@ uint32_t icrc_compute(const Ipv4Header &ip, const uint8_t *pkt, size_t len) {
     return compute(ip, len, pkt, len);
 }
 
-bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id) {
+bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id,
+                 int32_t likely_id) {
     if (len < wire::kBthLen + wire::kIcrcLen) return false;
-    return verify(ip, len, pkt, len, ip_id);
+    return verify(ip, len, pkt, len, ip_id, likely_id);
 }
 
-bool icrc_verify_flush_legacy(Ipv4Header ip, const uint8_t *pkt, size_t len) {
+bool icrc_verify_flush_legacy(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id) {
     if (len < wire::kBthLen + wire::kIcrcLen || len > kMaxLegacyLen) return false;
     size_t body = len - wire::kIcrcLen;
     uint8_t covered[2 * kMaxLegacyLen];
     std::memcpy(covered, pkt, body);
     std::memcpy(covered + body, pkt, len);
-    return verify(ip, len, covered, body + len, nullptr);
+    return verify(ip, len, covered, body + len, ip_id, -1);
 }
 
 } // namespace sroce

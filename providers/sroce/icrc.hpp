@@ -37,6 +37,17 @@ inline uint32_t icrc_final(uint32_t state) {
     return state;
 }
 
+// How the ICRC of a datagram changes when its IP ID changes by `id_xor` (the
+// old ID XOR the new one): CRC-32 is linear, so the change depends only on
+// that and on `tail`, the covered bytes after the ID (icrc_id_tail).  A
+// table lookup and one carry-less product, no pass over the packet.
+uint32_t icrc_id_delta(size_t tail, uint16_t id_xor);
+// `tail` for a datagram of udp_payload_len bytes (ICRC included): the
+// pseudo header's 34 bytes after the ID, the rest of the payload but the ICRC.
+constexpr size_t icrc_id_tail(size_t udp_payload_len) {
+    return udp_payload_len + 18;
+}
+
 // ICRC of a whole datagram whose last 4 bytes are the ICRC field.
 uint32_t icrc_compute(const Ipv4Header &ip, const uint8_t *pkt, size_t len);
 
@@ -59,14 +70,18 @@ inline void icrc_store(uint8_t *p, uint32_t v) {
 // get 6 free bits and about 2^-26 of undetected corruption on that path;
 // other peers any ID with DF set or clear (2^-15).  The expected ID alone
 // keeps the full 2^-32.  Returns true when the ICRC is valid; *ip_id gets
-// the ID used.
-bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id = nullptr);
+// the ID used.  `likely_id`, when not negative, is an ID the caller expects
+// too (the next of a connected socket's counter, §4.3): checked in constant
+// time, at full strength, before solving.
+bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id = nullptr,
+                 int32_t likely_id = -1);
 
 // Linux rxe from 6.2 on gives FLUSH no payload offset in its opcode table, so
 // the ICRC it sends and expects for a FLUSH continues, after the standard
 // coverage, over the packet's bytes before the ICRC a second time (BTH
 // unmasked).  Verifies a FLUSH datagram in that form, with the same IP ID
 // rules as icrc_verify (wire-protocol.md §4.4).
-bool icrc_verify_flush_legacy(Ipv4Header ip, const uint8_t *pkt, size_t len);
+bool icrc_verify_flush_legacy(Ipv4Header ip, const uint8_t *pkt, size_t len,
+                              uint16_t *ip_id = nullptr);
 
 } // namespace sroce

@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <linux/net_tstamp.h>
 #include <netinet/udp.h>
 #include <poll.h>
 #include <pthread.h>
@@ -187,12 +188,14 @@ void Nic::print_stats() {
             "sroce: %s: rx_pkts %llu tx_pkts %llu rx_bad_icrc %llu rx_bad_hdr %llu "
             "rx_no_qp %llu rx_dropped_fault %llu retransmits %llu timeouts %llu "
             "rx_flush_legacy_icrc %llu tx_flush_legacy_icrc %llu tx_segmented %llu "
-            "rx_coalesced %llu rx_ip_id_solved %llu rx_held %llu tx_resent_selective %llu\n",
+            "rx_coalesced %llu rx_ip_id_solved %llu rx_held %llu tx_resent_selective %llu "
+            "tx_connected %llu tx_ip_id_learned %llu\n",
             dev_->ibdev.name, v(stats.rx_pkts), v(stats.tx_pkts), v(stats.rx_bad_icrc),
             v(stats.rx_bad_hdr), v(stats.rx_no_qp), v(stats.rx_dropped_fault), v(stats.retransmits),
             v(stats.timeouts), v(stats.rx_flush_legacy_icrc), v(stats.tx_flush_legacy_icrc),
             v(stats.tx_segmented), v(stats.rx_coalesced), v(stats.rx_ip_id_solved),
-            v(stats.rx_held), v(stats.tx_resent_selective));
+            v(stats.rx_held), v(stats.tx_resent_selective), v(stats.tx_connected),
+            v(stats.tx_ip_id_learned));
 }
 
 void Nic::release() {
@@ -267,6 +270,7 @@ Nic::Nic(Device *dev)
     if (const char *g = getenv("SROCE_GSO"); g && *g == '0') gso_ = false;
     if (const char *g = getenv("SROCE_GRO"); g && *g == '0') gro_ = false;
     if (const char *r = getenv("SROCE_SELECTIVE_REPEAT"); r && *r == '0') selective_repeat_ = false;
+    if (const char *c = getenv("SROCE_CONNECTED"); c && *c == '0') connected_ = false;
 }
 
 Nic::~Nic() {
@@ -279,6 +283,8 @@ Nic::~Nic() {
         thread_.join();
     }
     if (fd_ >= 0) close(fd_);
+    for (PeerSocket &p : peers_)
+        if (p.fd >= 0) close(p.fd);
     if (wake_fd_ >= 0) close(wake_fd_);
     if (lease_.conn >= 0) close(lease_.conn);
     if (table_) munmap(table_, kMaxQps * sizeof(agent::QpEntry));
@@ -427,6 +433,104 @@ void Nic::publish_qp(const Qp *qp) {
                        std::memory_order_relaxed);
 }
 
+Nic::PeerSocket *Nic::peer_socket(in_addr_t dst) {
+    if (!connected_ || IN_MULTICAST(ntohl(dst))) return nullptr;
+    // Filled in order and never emptied: a lock-free look first.
+    for (PeerSocket &p : peers_) {
+        in_addr_t a = p.addr.load(std::memory_order_acquire);
+        if (a == dst) return p.fd >= 0 ? &p : nullptr;
+        if (!a) break;
+    }
+    std::lock_guard<std::mutex> g(peers_mu_);
+    for (PeerSocket &p : peers_) {
+        in_addr_t a = p.addr.load(std::memory_order_relaxed);
+        if (a == dst) return p.fd >= 0 ? &p : nullptr;
+        if (a) continue;
+        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_addr.s_addr = dev_->addr;
+        socklen_t len = sizeof sa;
+        bool ok = fd >= 0;
+        if (ok) agent::roce_socket_options(fd, dev_->addr);
+        ok = ok && bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0 &&
+             getsockname(fd, reinterpret_cast<sockaddr *>(&sa), &len) == 0;
+        p.port = ntohs(sa.sin_port);
+        sa.sin_port = htons(wire::kRoceV2Port);
+        sa.sin_addr.s_addr = dst;
+        ok = ok && connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0;
+        if (ok) {
+            p.fd = fd;
+            std::lock_guard<std::mutex> l(p.mu);
+            ok = learn_ip_id(p);
+        }
+        if (!ok) {
+            // The device socket serves this peer from now on.
+            if (fd >= 0) close(fd);
+            p.fd = -1;
+        }
+        p.addr.store(dst, std::memory_order_release);
+        return ok ? &p : nullptr;
+    }
+    return nullptr;
+}
+
+bool Nic::learn_ip_id(PeerSocket &p) {
+    p.synced = false;
+    int rx = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (rx < 0) return false;
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_addr.s_addr = dev_->addr;
+    socklen_t len = sizeof to;
+    bool ok = bind(rx, reinterpret_cast<sockaddr *>(&to), sizeof to) == 0 &&
+              getsockname(rx, reinterpret_cast<sockaddr *>(&to), &len) == 0;
+    // An error a peer's ICMP left on the socket would fail the probe.
+    int err;
+    len = sizeof err;
+    getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    int on = SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_TX_SOFTWARE, off = 0;
+    ok = ok && setsockopt(p.fd, SOL_SOCKET, SO_TIMESTAMPING, &on, sizeof on) == 0;
+    uint8_t probe = 0;
+    // A destination other than the connected one still takes the socket's
+    // next ID; our own address always leaves through loopback.
+    ok = ok && sendto(p.fd, &probe, 1, 0, reinterpret_cast<sockaddr *>(&to), sizeof to) == 1;
+    uint8_t data[256];
+    ssize_t n = -1;
+    if (ok) {
+        pollfd pf = {p.fd, 0, 0}; // the error queue shows as POLLERR
+        for (int i = 0; i < 2 && n < 0; i++) {
+            iovec iov = {data, sizeof data};
+            alignas(cmsghdr) uint8_t ctl[256];
+            msghdr m{};
+            m.msg_iov = &iov;
+            m.msg_iovlen = 1;
+            m.msg_control = ctl;
+            m.msg_controllen = sizeof ctl;
+            n = recvmsg(p.fd, &m, MSG_ERRQUEUE | MSG_DONTWAIT);
+            if (n < 0 && i == 0) poll(&pf, 1, 100);
+        }
+    }
+    setsockopt(p.fd, SOL_SOCKET, SO_TIMESTAMPING, &off, sizeof off);
+    close(rx);
+    // The looped-back datagram, from its link-layer header on: find our
+    // probe's IPv4 header (addresses, UDP, the port it went to).
+    for (ssize_t at = 0; at + 28 <= n && at <= 32; at++) {
+        const uint8_t *h = data + at;
+        in_addr_t src, dst;
+        std::memcpy(&src, h + 12, 4);
+        std::memcpy(&dst, h + 16, 4);
+        if (h[0] != 0x45 || h[9] != IPPROTO_UDP || src != dev_->addr || dst != dev_->addr ||
+            wire::get16(h + 20) != p.port || wire::get16(h + 22) != ntohs(to.sin_port))
+            continue;
+        p.last_id = wire::get16(h + 4);
+        p.synced = true;
+        stats.tx_ip_id_learned.fetch_add(1, std::memory_order_relaxed);
+        return true;
+    }
+    return false;
+}
+
 void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
                 int iovcnt, uint32_t payload_len, unsigned flags) {
     bool copy = flags & kQueueCopy;
@@ -459,6 +563,8 @@ void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, c
         run->dst.sin_family = AF_INET;
         run->dst.sin_port = htons(wire::kRoceV2Port);
         run->dst.sin_addr.s_addr = dst;
+        run->peer = peer_socket(dst);
+        run->first = uint16_t(b.n);
         run->dqpn = dqpn;
         run->seg = udp_len;
         run->bytes = 0;
@@ -466,8 +572,10 @@ void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, c
         run->closed = false;
         m = &b.msgs[b.nruns].msg_hdr;
         *m = {};
-        m->msg_name = &run->dst;
-        m->msg_namelen = sizeof run->dst;
+        if (!run->peer) {
+            m->msg_name = &run->dst;
+            m->msg_namelen = sizeof run->dst;
+        }
         m->msg_iov = b.iov + b.niov;
         b.nruns++;
     }
@@ -475,7 +583,10 @@ void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, c
     run->bytes += udp_len;
     if (udp_len < run->seg) run->closed = true;
 
-    Ipv4Header ip{dev_->addr, dst, wire::kRoceV2Port, wire::kRoceV2Port, pos};
+    // The ICRC is computed for ID `pos`, what the device socket gives; a
+    // connected socket's packets are corrected when they are sent.
+    Ipv4Header ip{dev_->addr, dst, run->peer ? run->peer->port : wire::kRoceV2Port,
+                  wire::kRoceV2Port, pos};
     uint32_t crc = icrc_begin(ip, udp_len, s.hdr);
     crc = icrc_update(crc, s.hdr + wire::kBthLen, hdr_len - wire::kBthLen);
     iovec *out = b.iov + b.niov;
@@ -499,8 +610,11 @@ void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, c
     }
     std::memset(s.tail, 0, pad);
     if (pad) crc = icrc_update(crc, s.tail, pad);
+    s.pad = uint8_t(pad);
+    s.id_tail = uint32_t(icrc_id_tail(udp_len));
     if (flags & kQueueLegacyFlush) {
         crc = icrc_update(crc, s.hdr, hdr_len);
+        s.id_tail += uint32_t(hdr_len);
         stats.tx_flush_legacy_icrc.fetch_add(1, std::memory_order_relaxed);
     }
     icrc_store(s.tail + pad, crc);
@@ -526,34 +640,73 @@ void Nic::flush(TxBatch &b) {
         uint16_t seg = uint16_t(r.seg);
         std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
     }
-    int off = 0;
-    while (off < b.nruns) {
-        wire_release();
-        int r = sendmmsg(fd_, b.msgs + off, unsigned(b.nruns - off), 0);
-        if (r >= 0) {
-            off += r;
-            continue;
-        }
-        if (errno == EINTR) continue;
-        // A route whose device cannot take segmentation offload: its
-        // packets are lost this once (retransmission sends them singly).
-        if (b.runs[off].count > 1 && (errno == EIO || errno == EINVAL || errno == EOPNOTSUPP)) {
-            if (gso_.exchange(false))
-                fprintf(stderr,
-                        "sroce: %s: the kernel refused UDP segmentation offload (%s); "
-                        "sending every packet as a datagram of its own\n",
-                        dev_->ibdev.name, strerror(errno));
-            off++;
-            continue;
-        }
-        // A full socket buffer or an unreachable peer is packet loss to
-        // the transport: retransmission recovers, so drop the rest.
-        break;
+    // Consecutive runs for one peer socket leave in one sendmmsg().  A
+    // failure loses the rest of the batch: the transport recovers it.
+    for (int off = 0, end; off < b.nruns; off = end) {
+        end = off + 1;
+        while (end < b.nruns && b.runs[end].peer == b.runs[off].peer)
+            end++;
+        if (!send_runs(b, off, end, b.runs[off].peer)) break;
     }
     stats.tx_pkts.fetch_add(uint64_t(b.n), std::memory_order_relaxed);
     if (segmented) stats.tx_segmented.fetch_add(segmented, std::memory_order_relaxed);
     b.n = b.nruns = b.niov = 0;
     b.copied = 0;
+}
+
+bool Nic::send_runs(TxBatch &b, int off, int end, PeerSocket *p) {
+    std::unique_lock<std::mutex> l;
+    int fd = fd_;
+    if (p) {
+        l = std::unique_lock<std::mutex>(p->mu);
+        if (!p->synced && !learn_ip_id(*p)) return false;
+        fd = p->fd;
+        // Each datagram takes the counter's next value, the segments of a
+        // run that value, +1, …; the ICRCs were computed for 0, 1, ….
+        uint64_t n = 0;
+        for (int i = off; i < end; i++) {
+            const TxBatch::Run &r = b.runs[i];
+            uint16_t id = uint16_t(p->last_id + 1 + (i - off));
+            for (uint16_t k = 0; k < r.count; k++) {
+                TxBatch::Slot &s = b.slots[r.first + k];
+                uint8_t *icrc = s.tail + s.pad;
+                icrc_store(icrc, icrc_load(icrc) ^ icrc_id_delta(s.id_tail, k ^ uint16_t(id + k)));
+            }
+            n += r.count;
+        }
+        stats.tx_connected.fetch_add(n, std::memory_order_relaxed);
+    }
+    while (off < end) {
+        wire_release();
+        int r = sendmmsg(fd, b.msgs + off, unsigned(end - off), 0);
+        if (r >= 0) {
+            if (p) p->last_id = uint16_t(p->last_id + r);
+            off += r;
+            continue;
+        }
+        int err = errno;
+        // Whether the failed datagram took an ID is not known: read the
+        // counter again before the next send, and drop what is left here
+        // (its IDs were assigned in sequence).
+        if (p) p->synced = false;
+        if (err == EINTR && !p) continue;
+        // A route whose device cannot take segmentation offload: its
+        // packets are lost this once (retransmission sends them singly).
+        if (b.runs[off].count > 1 && (err == EIO || err == EINVAL || err == EOPNOTSUPP)) {
+            if (gso_.exchange(false))
+                fprintf(stderr,
+                        "sroce: %s: the kernel refused UDP segmentation offload (%s); "
+                        "sending every packet as a datagram of its own\n",
+                        dev_->ibdev.name, strerror(err));
+            if (p) return false;
+            off++;
+            continue;
+        }
+        // A full socket buffer or an unreachable peer is packet loss to
+        // the transport: retransmission recovers, so drop the rest.
+        return false;
+    }
+    return true;
 }
 
 void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_addr_t dst,
@@ -563,10 +716,23 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_
         stats.rx_bad_hdr.fetch_add(1, std::memory_order_relaxed);
         return;
     }
-    Ipv4Header ip{from.sin_addr.s_addr, dst, ntohs(from.sin_port), wire::kRoceV2Port, pos};
+    uint16_t sport = ntohs(from.sin_port);
+    Ipv4Header ip{from.sin_addr.s_addr, dst, sport, wire::kRoceV2Port, pos};
+    // A source port other than 4791 is a connected socket (another sroce
+    // process, Linux rxe): its next ID is most likely one more than its last
+    // datagram's, and a packet of a coalesced run that one plus its place.
+    IdGuess *guess = nullptr;
+    int32_t likely = -1;
+    if (sport != wire::kRoceV2Port) {
+        guess = &id_guess_[(ntohl(from.sin_addr.s_addr) * 31u + sport) % std::size(id_guess_)];
+        if (guess->addr == from.sin_addr.s_addr && guess->port == sport)
+            likely = uint16_t(guess->base + (pos ? pos : 1));
+    }
     uint16_t id = pos;
-    if (icrc_verify(ip, data, len, &id)) {
-        if (id != pos) stats.rx_ip_id_solved.fetch_add(1, std::memory_order_relaxed);
+    if (icrc_verify(ip, data, len, &id, likely)) {
+        if (id != pos && int32_t(id) != likely)
+            stats.rx_ip_id_solved.fetch_add(1, std::memory_order_relaxed);
+        if (guess) *guess = {from.sin_addr.s_addr, sport, uint16_t(id - pos)};
     } else {
         if (pkt.opcode != wire::kFlush || !icrc_verify_flush_legacy(ip, data, len)) {
             stats.rx_bad_icrc.fetch_add(1, std::memory_order_relaxed);
@@ -844,11 +1010,18 @@ bool Nic::app_progress() {
     // Tells the progress thread whether an application thread is spinning
     // here, polling again and again with no gap, and so receives for it.
     uint64_t now = now_ns();
+    int64_t gap = int64_t(now - app_poll_ns_.load(std::memory_order_relaxed));
     uint32_t streak =
-        int64_t(now - app_poll_ns_.load(std::memory_order_relaxed)) < int64_t(kSpinningGapNs)
-            ? app_polls_.load(std::memory_order_relaxed) + 1
-            : 1;
+        gap < int64_t(kSpinningGapNs) ? app_polls_.load(std::memory_order_relaxed) + 1 : 1;
     app_polls_.store(streak, std::memory_order_relaxed);
+    // Once spinning, a thread stays so across gaps shorter than kParkNs:
+    // the time it takes to post its next request (a send that may wait for
+    // a CPU), not a return to spinning on memory, which comes with a gap of
+    // a whole round trip after every single poll and never builds a streak.
+    if (streak >= kSpinningPolls)
+        app_spinning_.store(true, std::memory_order_relaxed);
+    else if (gap >= int64_t(kParkNs))
+        app_spinning_.store(false, std::memory_order_relaxed);
     app_poll_ns_.store(now, std::memory_order_relaxed);
     if (rx_pass() == 0) {
         // A thread spinning on an empty CQ while others wait for a CPU (more
@@ -872,8 +1045,8 @@ bool Nic::app_progress() {
 
 bool Nic::app_is_spinning(uint64_t now) const {
     // The application may have polled after `now` was read.
-    return app_polls_.load(std::memory_order_relaxed) >= kSpinningPolls &&
-           int64_t(now - app_poll_ns_.load(std::memory_order_relaxed)) < int64_t(kSpinningGapNs);
+    return app_spinning_.load(std::memory_order_relaxed) &&
+           int64_t(now - app_poll_ns_.load(std::memory_order_relaxed)) < int64_t(kParkNs);
 }
 
 void Nic::wait_for_work(uint64_t spin_until) {

@@ -24,10 +24,19 @@ struct TxBatch {
     struct Slot {
         uint8_t hdr[wire::kMaxHdrLen + 8];
         uint8_t tail[8]; // pad + ICRC
+        uint8_t pad = 0;
+        // Covered bytes after the IP ID (icrc_id_tail): what an ID other
+        // than the one the ICRC was computed for changes (Nic::flush).
+        uint32_t id_tail = 0;
     };
     // One datagram, or a run of packets sent as one segmentation-offload send.
+    struct PeerSocket;
     struct Run {
         sockaddr_in dst;
+        // The destination's connected socket (Nic::peer_socket), or nullptr
+        // for the device socket.
+        PeerSocket *peer = nullptr;
+        uint16_t first = 0; // its first packet's slot
         uint32_t dqpn = 0;
         uint32_t seg = 0;   // UDP payload of each packet but a shorter last
         uint32_t bytes = 0; // UDP payload of the whole run
@@ -75,9 +84,29 @@ struct NicStats {
         // in coalesced buffers, and received with an IP ID other than the
         // one expected (solved for, icrc.hpp).
         tx_segmented{0}, rx_coalesced{0}, rx_ip_id_solved{0},
+        // Packets sent from a peer's connected socket, and the times such a
+        // socket's IP ID counter was read afresh (Nic::learn_ip_id).
+        tx_connected{0}, tx_ip_id_learned{0},
         // Selective repeat: requests held past a gap, and packets resent
         // one by one (SACKs and the recovery timer).
         rx_held{0}, tx_resent_selective{0};
+};
+
+// A connected socket for one peer address.  Sending on it skips the route
+// lookup an unconnected socket makes for every datagram (about a tenth of a
+// small message's round trip on loopback), but Linux then numbers the IPv4
+// IDs from a counter of the socket's — a random start, one more per datagram,
+// the segments of a run that ID, +1, … — and the ICRC covers the ID.  So the
+// counter is read once (learn_ip_id), followed under `mu` for every send, and
+// each packet's ICRC corrected for its ID just before it leaves
+// (wire-protocol.md §4.2).
+struct TxBatch::PeerSocket {
+    std::atomic<in_addr_t> addr{0}; // stored last, once the rest is set
+    int fd = -1;                    // -1: this peer gets the device socket
+    uint16_t port = 0;              // its UDP source port (host order)
+    std::mutex mu;                  // held from the ID correction to the send
+    uint16_t last_id = 0;           // the ID of the last datagram sent
+    bool synced = false;            // last_id is known
 };
 
 class Nic {
@@ -187,6 +216,16 @@ class Nic {
     void dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_addr_t dst,
                   uint16_t pos, TxBatch &tx);
     void deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx);
+    using PeerSocket = TxBatch::PeerSocket;
+    // The connected socket for packets to `dst`, made on first use; nullptr
+    // for multicast, when the table is full or the socket cannot be made.
+    PeerSocket *peer_socket(in_addr_t dst);
+    // Reads the socket's IP ID counter: a datagram to a socket of our own,
+    // whose header comes back with its transmit timestamp.  p.mu held.
+    bool learn_ip_id(PeerSocket &p);
+    // Sends runs [off, end) of the batch, all on p's socket (nullptr: the
+    // device socket); false when a failure lost the rest of them.
+    bool send_runs(TxBatch &b, int off, int end, PeerSocket *p);
     void fire_timers(TxBatch &tx);
     void flush_acks(TxBatch &tx);
 
@@ -211,6 +250,18 @@ class Nic {
         std::vector<Qp *> members;
     };
     McGroup mc_[kMaxMcGroups];
+    static constexpr int kPeerSockets = 16;
+    PeerSocket peers_[kPeerSockets];
+    std::mutex peers_mu_;   // making one
+    bool connected_ = true; // SROCE_CONNECTED=0: the device socket only
+    // The next IP ID each recent source's connected socket will send
+    // (dispatch(): checked before solving for it); under rx_mu_.
+    struct IdGuess {
+        in_addr_t addr = 0;
+        uint16_t port = 0;
+        uint16_t base = 0; // ID of the last datagram, less its place in a run
+    };
+    IdGuess id_guess_[64];
     std::atomic<int> mc_count_{0};
     std::mutex qp_alloc_mu_;
     uint32_t qp_next_ = 0;
@@ -242,8 +293,10 @@ class Nic {
     uint64_t spin_ns_ = 50000; // how long the progress thread polls after traffic
     // An application thread counts as spinning on its CQ (app_progress)
     // after this many polls, each less than kSpinningGapNs after the one
-    // before, the last less than kSpinningGapNs ago; the progress thread
-    // then leaves the socket to it and looks again every kParkNs.
+    // before, and goes on counting as such until it has not polled for
+    // kParkNs; the progress thread then leaves the socket to it (sleeping
+    // in poll() on it would cost every datagram sent to it a wake-up) and
+    // looks again every kParkNs.
     static constexpr uint32_t kSpinningPolls = 8;
     static constexpr uint64_t kSpinningGapNs = 5000;
     static constexpr uint64_t kParkNs = 50000;
@@ -254,6 +307,7 @@ class Nic {
     // the progress thread does not spin after traffic (SROCE_SPIN_US).
     static constexpr uint64_t kAppActiveNs = 1000000;
     std::atomic<uint32_t> app_polls_{0};
+    std::atomic<bool> app_spinning_{false};
     // Empty receive passes in a row by application threads (under rx_mu_),
     // and how often such a thread yields the CPU.
     uint32_t app_empty_ = 0;

@@ -8,9 +8,13 @@ On lo the capture holds the IPv4 header exactly as sent, so the check is
 complete: no field the receiver cannot see is guessed.
 
 Also checks what sroce's receivers rely on (wire-protocol.md §1.1): DF on
-every packet, and an IP ID that is the packet's place in its segmentation-
+every packet, and IP IDs as the sending socket numbers them.  From the device
+socket (source port 4791) an ID is the packet's place in its segmentation-
 offload send - 0, or one more than the ID of the flow's packet before it
-(same addresses and destination QP), below 64.  Prints a count per opcode and
+(same addresses and destination QP), below 64.  From a connected socket (any
+other source port) it is the socket's counter: one more per send, and the
+segments of a send that, +1, ... - so never more than one above the highest
+ID the socket sent before, nor 64 below it.  Prints a count per opcode and
 requires that SEND, RDMA WRITE, RDMA READ requests and responses, ATOMIC,
 ATOMIC ACKNOWLEDGE and ACKNOWLEDGE were all seen.
 
@@ -56,7 +60,8 @@ def main():
     if len(args) != 1:
         sys.exit(__doc__)
     counts = collections.Counter()
-    last_id = {}  # flow -> IP ID of its latest packet
+    last_id = {}  # device-socket flow -> IP ID of its latest packet
+    highest = {}  # connected socket (address, port) -> highest IP ID
     segmented = 0
     mismatches = []
     bad_ip = []
@@ -79,17 +84,31 @@ def main():
             if want != got:
                 mismatches.append((n, _bth_opcodes.get(opcode, hex(opcode)),
                                    f"ICRC {got.hex()} expected {want.hex()}"))
-            flow = (ip.src, ip.dst, int.from_bytes(payload[5:8], "big"))
-            in_run = ip.id == last_id.get(flow, -2) + 1
-            if ip.id >= MAX_SEGMENTS or (ip.id != 0 and not in_run) or not (ip.flags & 0x2):
-                bad_ip.append((n, f"IP ID {ip.id:#06x} flags {ip.flags} "
-                                  f"(the flow's previous ID: {last_id.get(flow)})"))
-            if ip.id:
-                segmented += 1
-            last_id[flow] = ip.id
+            if udp.sport == ROCE_PORT:
+                flow = (ip.src, ip.dst, int.from_bytes(payload[5:8], "big"))
+                in_run = ip.id == last_id.get(flow, -2) + 1
+                ok_id = ip.id < MAX_SEGMENTS and (ip.id == 0 or in_run)
+                before = last_id.get(flow)
+                if ip.id:
+                    segmented += 1
+                last_id[flow] = ip.id
+            else:
+                sock = (ip.src, udp.sport)
+                before = highest.get(sock)
+                d = 0 if before is None else (ip.id - before + 0x8000) % 0x10000 - 0x8000
+                ok_id = 1 - MAX_SEGMENTS <= d <= 1
+                # An ID at or below the highest: a send after one of
+                # several packets, whose segments took the IDs above its own.
+                if before is not None and d <= 0:
+                    segmented += 1
+                if before is None or d > 0:
+                    highest[sock] = ip.id
+            if not ok_id or not (ip.flags & 0x2):
+                bad_ip.append((n, f"IP ID {ip.id:#06x} flags {ip.flags} from port {udp.sport} "
+                                  f"(before it: {before})"))
 
-    print(f"{total} RoCEv2 packets, {segmented} of them after the first of a "
-          f"segmentation-offload send (IP ID > 0)")
+    print(f"{total} RoCEv2 packets, {segmented} of them showing segmentation-offload "
+          f"sends by their IP ID")
     for op in sorted(counts):
         print(f"  {op:#04x} {_bth_opcodes.get(op, '?'):<36} {counts[op]}")
     ok = True
@@ -103,8 +122,8 @@ def main():
             print("  frame %d %s: %s" % m, file=sys.stderr)
     if bad_ip:
         ok = False
-        print(f"FAIL: {len(bad_ip)} packet(s) without DF or with an IP ID that is not "
-              f"their place in a send:", file=sys.stderr)
+        print(f"FAIL: {len(bad_ip)} packet(s) without DF or with an IP ID their socket "
+              f"does not give:", file=sys.stderr)
         for m in bad_ip[:20]:
             print("  frame %d: %s" % m, file=sys.stderr)
     if require_segmented and not segmented:

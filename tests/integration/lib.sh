@@ -420,6 +420,7 @@ check_counters() {
 		elif ! case $op in
 			'==') ((got == want)) ;;
 			'>') ((got > want)) ;;
+			'<=') ((got <= want)) ;;
 			*) die "check_counters: unknown operator $op" ;;
 			esac then
 			bad+=" $side $counter $got (want $op $want);"

@@ -7,13 +7,20 @@
 # 4096-byte MTU, so runs of up to 15 packets) between two links on lo, with
 # each side's counters (SROCE_STATS) held to what the path must show:
 #
-#   coalesced  defaults: both sides send runs (tx_segmented) and receive them
-#              whole (rx_coalesced), every packet verified with its place in
-#              the buffer as its IP ID (rx_ip_id_solved 0).
+#   coalesced  defaults: both sides send runs (tx_segmented) from a connected
+#              socket (tx_connected) and receive them whole (rx_coalesced),
+#              every packet verified with the ID its socket's counter gives
+#              it (wire-protocol.md §4.3): solved for only at the first
+#              datagram from each socket (rx_ip_id_solved <= 2).
+#   device     the same from the device socket (SROCE_CONNECTED=0): each
+#              packet verified with its place in the buffer as its IP ID
+#              (rx_ip_id_solved 0).
 #   cut up     the server without UDP_GRO (SROCE_GRO=0): the kernel cuts the
-#              client's runs into datagrams with IDs 0, 1, 2, ..., which the
-#              server verifies by solving for the ID (rx_ip_id_solved > 0).
-#   single     neither side sends runs (SROCE_GSO=0): tx_segmented 0.
+#              client's runs into datagrams with IDs n, n+1, ..., a new send
+#              starting one above the last one's first, which the server
+#              verifies by solving for the ID (rx_ip_id_solved > 2).
+#   single     neither side sends runs (SROCE_GSO=0): tx_segmented 0, and
+#              every datagram's ID the next of its socket's counter.
 #   lossy      both sides drop 1 % of what they receive (SROCE_FAULT), inside
 #              runs too: the lost packets are resent (selectively: sroce_xfer
 #              agrees on it in ECE), bytes still checked.
@@ -54,13 +61,18 @@ xfer() {
 
 xfer "coalesced" "" "" \
 	"client tx_segmented > 0" "server tx_segmented > 0" \
+	"client tx_connected > 0" "server tx_connected > 0" \
+	"server rx_coalesced > 0" "client rx_coalesced > 0" \
+	"server rx_ip_id_solved <= 2" "client rx_ip_id_solved <= 2"
+xfer "device socket (SROCE_CONNECTED=0)" "SROCE_CONNECTED=0" "SROCE_CONNECTED=0" \
+	"client tx_segmented > 0" "client tx_connected == 0" "server tx_connected == 0" \
 	"server rx_coalesced > 0" "client rx_coalesced > 0" \
 	"server rx_ip_id_solved == 0" "client rx_ip_id_solved == 0"
 xfer "cut up (server SROCE_GRO=0)" "SROCE_GRO=0" "" \
-	"client tx_segmented > 0" "server rx_coalesced == 0" "server rx_ip_id_solved > 0"
+	"client tx_segmented > 0" "server rx_coalesced == 0" "server rx_ip_id_solved > 2"
 xfer "single datagrams (SROCE_GSO=0)" "SROCE_GSO=0" "SROCE_GSO=0" \
 	"client tx_segmented == 0" "server tx_segmented == 0" \
-	"server rx_coalesced == 0" "server rx_ip_id_solved == 0"
+	"server rx_coalesced == 0" "server rx_ip_id_solved <= 2"
 xfer "1 % loss inside runs" "SROCE_FAULT=drop=0.01,seed=3" "SROCE_FAULT=drop=0.01,seed=4" \
 	"client tx_segmented > 0" "server rx_coalesced > 0" "server rx_dropped_fault > 0" \
 	"client tx_resent_selective > 0"

@@ -27,6 +27,7 @@
 #include <fstream>
 #include <infiniband/verbs.h>
 #include <infiniband/verbs_ext.h>
+#include <map>
 #include <netinet/in.h>
 #include <optional>
 #include <poll.h>
@@ -308,9 +309,12 @@ void send_raw(int fd, const Bytes &p) {
 }
 
 // Receives one datagram on `fd` within `ms`, and checks what every sroce
-// packet must satisfy: sent from the device address and port 4791, a valid
-// header, addressed to the peer QP, and a valid ICRC computed with IP ID 0 -
-// in Linux rxe's FLUSH form only where the caller allows it.
+// packet must satisfy: sent from the device address, a valid header,
+// addressed to the peer QP, and a valid ICRC computed with the IP ID the
+// kernel gave it — in Linux rxe's FLUSH form only where the caller allows it.
+// From the device socket (port 4791) that is the packet's place in its
+// segmentation-offload send; from a connected socket its counter: one more
+// per datagram, and a run's segments that, +1, … (wire-protocol.md §1.1).
 std::optional<Rx> receive(int fd, int ms, bool legacy_ok = false) {
     pollfd p{fd, POLLIN, 0};
     if (poll(&p, 1, ms) <= 0) return std::nullopt;
@@ -326,7 +330,7 @@ std::optional<Rx> receive(int fd, int ms, bool legacy_ok = false) {
     }
     rx.raw.resize(size_t(n));
     EXPECT_EQ(from.sin_addr.s_addr, ip4(kDevAddr));
-    EXPECT_EQ(ntohs(from.sin_port), kRoceV2Port);
+    uint16_t sport = ntohs(from.sin_port);
     sockaddr_in self{};
     socklen_t sl = sizeof self;
     getsockname(fd, reinterpret_cast<sockaddr *>(&self), &sl);
@@ -339,15 +343,28 @@ std::optional<Rx> receive(int fd, int ms, bool legacy_ok = false) {
     Ipv4Header ip{from.sin_addr.s_addr, self.sin_addr.s_addr, ntohs(from.sin_port),
                   ntohs(self.sin_port)};
     uint16_t id = 0xFFFF;
+    bool valid = true;
     if (icrc_verify(ip, rx.raw.data(), rx.raw.size(), &id)) {
-        // A packet's place in a segmentation-offload send, which the kernel
-        // cut up for this socket (no UDP_GRO here).
-        EXPECT_LT(id, kMaxSegments) << "ICRC computed for an IP ID sroce never sends";
-    } else if (pkt.opcode == kFlush && icrc_verify_flush_legacy(ip, rx.raw.data(), rx.raw.size())) {
+    } else if (pkt.opcode == kFlush &&
+               icrc_verify_flush_legacy(ip, rx.raw.data(), rx.raw.size(), &id)) {
         rx.legacy_icrc = true;
         EXPECT_TRUE(legacy_ok) << "FLUSH in Linux rxe's ICRC form";
     } else {
         ADD_FAILURE() << "bad ICRC from sroce";
+        valid = false;
+    }
+    // The kernel cut segmentation-offload sends up for this socket (no
+    // UDP_GRO here).
+    if (!valid) {
+    } else if (sport == kRoceV2Port) {
+        EXPECT_LT(id, kMaxSegments) << "ICRC computed for an IP ID sroce never sends";
+    } else {
+        static std::map<uint16_t, uint16_t> highest; // per connected socket
+        auto [it, first] = highest.try_emplace(sport, id);
+        int d = int16_t(uint16_t(id - it->second));
+        EXPECT_TRUE(first || (d >= 1 - int(kMaxSegments) && d <= 1))
+            << "IP ID " << id << " after " << it->second << ": not the socket's counter";
+        if (d > 0) it->second = id;
     }
     const uint8_t *h = rx.raw.data();
     EXPECT_EQ(bth::tver(h), 0);

@@ -902,6 +902,48 @@ TEST(IcrcVerify, SolvesEveryIdAtEveryLength) {
     }
 }
 
+// A sender that learns its datagram's IP ID only when it sends (a connected
+// socket numbers them) corrects the ICRC it computed for another ID: the
+// correction must equal a full recomputation, at every length a packet has
+// and beyond the table's.
+TEST(IcrcIdDelta, EqualsRecomputingWithTheOtherId) {
+    std::mt19937 rng(11);
+    for (uint32_t plen : {0u, 4u, 64u, 1000u, 4096u, 4500u, 9000u}) {
+        for (int i = 0; i < 30; i++) {
+            uint8_t op = plen ? kWriteMiddle : kAcknowledge;
+            Bytes p = build(op, rng() & kQpnMask, rng() & kPsnMask, plen);
+            Ipv4Header a{in_addr_t(rng()), in_addr_t(rng()), uint16_t(rng()), kRoceV2Port};
+            a.ip_id = uint16_t(rng());
+            Ipv4Header b = a;
+            b.ip_id = uint16_t(rng());
+            uint32_t ca = icrc_compute(a, p.data(), p.size());
+            uint32_t cb = icrc_compute(b, p.data(), p.size());
+            ASSERT_EQ(ca ^ icrc_id_delta(icrc_id_tail(p.size()), uint16_t(a.ip_id ^ b.ip_id)), cb)
+                << plen << " " << i;
+        }
+    }
+    EXPECT_EQ(icrc_id_delta(100, 0), 0u);
+}
+
+// The ID a receiver predicts for a connected socket's next datagram is
+// checked at full strength; any other ID is still solved for, and a
+// prediction does not make a corrupted packet pass.
+TEST(IcrcVerify, LikelyIdAcceptedExactlyOthersSolved) {
+    Bytes p = build(kWriteOnly, 0x11, 0x22, 64);
+    Ipv4Header sent = hdr("127.0.0.1", "127.0.0.2", 0xC001, 0x8123, true);
+    seal(p, sent);
+    Ipv4Header seen = hdr("127.0.0.1", "127.0.0.2", 0xC001, 0, true);
+    uint16_t got = 0;
+    ASSERT_TRUE(icrc_verify(seen, p.data(), p.size(), &got, 0x8123));
+    EXPECT_EQ(got, 0x8123);
+    got = 0;
+    ASSERT_TRUE(icrc_verify(seen, p.data(), p.size(), &got, 0x8124));
+    EXPECT_EQ(got, 0x8123);
+    Bytes bad = p;
+    bad[kBthLen + 20] ^= 0x01;
+    EXPECT_FALSE(icrc_verify(seen, bad.data(), bad.size(), &got, 0x8123));
+}
+
 TEST(IcrcVerify, RejectsWrongAddressesOrPorts) {
     Bytes p = build(kWriteOnly, 0x11, 0x22, 64);
     Ipv4Header ip = hdr("127.0.0.1", "127.0.0.2", 50000, 0x1234);

@@ -12,17 +12,23 @@ below are read from every packet.
 Checks:
   * the sampled ICRCs all match scapy's;
   * both senders sent RoCEv2 packets;
-  * sroce sent every packet with DF and an IP ID that is its place in its
-    segmentation-offload send: 0, or one more than the ID of the packet
-    before it to the same destination QP, below 64 (wire-protocol.md 1.1;
-    a peer that sees the IP header, as rxe does, needs nothing more);
+  * sroce sent every packet with DF and the IP ID its socket gives
+    (wire-protocol.md 1.1; a peer that sees the IP header, as rxe does, needs
+    nothing more): from the device socket (source port 4791) its place in its
+    segmentation-offload send, 0 or one more than the ID of the packet before
+    it to the same destination QP, below 64; from a connected socket (any
+    other port) the socket's counter, one more per send and the segments of a
+    send that, +1, ..., so never above the highest ID before it + 1, nor 64
+    below it;
   * the rxe peer sent packets with a non-zero IP ID from a UDP source port
     other than 4791 -- the packets sroce can only verify by solving for the
     unseen IP ID -- so the capture proves that path was exercised.
 
-With --require-segmented, sroce must also have sent packets with a non-zero IP ID (a
-segment of a multi-packet send) whose ICRCs scapy recomputed: the segmentation-offload
-convention itself reached the peer, not only single datagrams.
+With --require-segmented, sroce must also have sent packets whose IP ID shows a
+multi-packet send (a segment after the first from the device socket; from a connected
+socket, a send after one of several segments, whose ID is at or below the highest
+before it) and whose ICRCs scapy recomputed: the segmentation-offload convention itself
+reached the peer, not only single datagrams.
 
 With --flush-forms every FLUSH (RC opcode 0x1C) is checked, and one whose
 ICRC is Linux rxe's form (the standard CRC continued over the transport
@@ -92,6 +98,7 @@ def main():
     sports = collections.defaultdict(set)
     bad_id = []  # sroce packets whose ID is not their place in a send
     last_id = {}  # sroce flow (dst, dqpn) -> IP ID of its latest packet
+    highest = {}  # sroce connected socket (its port) -> highest IP ID
     sampled = collections.Counter()
     flush_forms = collections.defaultdict(collections.Counter)
     mismatches = []
@@ -106,19 +113,31 @@ def main():
         total[who] += 1
         ops[who][opcode] += 1
         nonzero_id[who] += ip_id != 0
-        if who == "sroce":
+        # Whether the ID shows a multi-packet send (sampled apart below).
+        segment = ip_id != 0
+        if who == "sroce" and sport == ROCE_PORT:
             in_run = ip_id == last_id.get((dst, dqpn), -2) + 1
             if ip_id >= MAX_SEGMENTS or (ip_id and not in_run):
                 bad_id.append(f"frame {n}: IP ID {ip_id:#06x}, the flow's previous "
                               f"{last_id.get((dst, dqpn))}")
             last_id[(dst, dqpn)] = ip_id
+        elif who == "sroce":
+            before = highest.get(sport)
+            d = 0 if before is None else (ip_id - before + 0x8000) % 0x10000 - 0x8000
+            if not 1 - MAX_SEGMENTS <= d <= 1:
+                bad_id.append(f"frame {n}: IP ID {ip_id:#06x} from port {sport}, the "
+                              f"socket's highest before {before:#06x}")
+            segment = before is not None and d <= 0
+            if before is None or d > 0:
+                highest[sport] = ip_id
         no_df[who] += not df
         other_sport[who] += sport != ROCE_PORT
         sports[who].add(sport)
         flush = a.flush_forms and opcode == RC_FLUSH
-        # Sampled per opcode, and apart for packets with an ID > 0: those
-        # prove the ICRC covers the ID a segment really carries.
-        key = (who, opcode, ip_id != 0)
+        # Sampled per opcode, and apart for packets whose ID shows a
+        # multi-packet send: those prove the ICRC covers the ID a packet
+        # really carries.
+        key = (who, opcode, segment)
         sampled[key] += 1
         if sampled[key] <= a.sample or flush:
             pkt = Ether(frame)
@@ -165,13 +184,13 @@ def main():
     for m in bad_id[:10]:
         print(f"  {m}", file=sys.stderr)
     if bad_id or no_df["sroce"]:
-        bad(f"sroce sent {len(bad_id)} packet(s) with an IP ID that is not their place in a "
-            f"segmentation-offload send and {no_df['sroce']} without DF")
+        bad(f"sroce sent {len(bad_id)} packet(s) with an IP ID its socket does not give "
+            f"and {no_df['sroce']} without DF")
     # Every key's first packets had their ICRC recomputed above.
     if a.require_segmented and not any(
             n for (who, _op, segment), n in sampled.items() if who == "sroce" and segment):
-        bad("sroce sent no packet with a non-zero IP ID: no segmentation-offload send "
-            "reached the peer")
+        bad("sroce sent no packet whose IP ID shows a multi-packet send: no "
+            "segmentation-offload send reached the peer")
     if total["rxe"] and not (nonzero_id["rxe"] and other_sport["rxe"]):
         bad("the rxe peer sent no packet with a non-zero IP ID from a port other than "
             f"{ROCE_PORT}: the IP ID solving path was not exercised")
