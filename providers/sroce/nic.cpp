@@ -435,16 +435,22 @@ void Nic::publish_qp(const Qp *qp) {
 
 Nic::PeerSocket *Nic::peer_socket(in_addr_t dst) {
     if (!connected_ || IN_MULTICAST(ntohl(dst))) return nullptr;
-    // Filled in order and never emptied: a lock-free look first.
+    // Filled in order and never emptied: a lock-free look first, and no
+    // lock at all once the table is full.
+    bool full = true;
     for (PeerSocket &p : peers_) {
         in_addr_t a = p.addr.load(std::memory_order_acquire);
-        if (a == dst) return p.fd >= 0 ? &p : nullptr;
-        if (!a) break;
+        if (a == dst) return p.usable.load(std::memory_order_relaxed) ? &p : nullptr;
+        if (!a) {
+            full = false;
+            break;
+        }
     }
+    if (full) return nullptr;
     std::lock_guard<std::mutex> g(peers_mu_);
     for (PeerSocket &p : peers_) {
         in_addr_t a = p.addr.load(std::memory_order_relaxed);
-        if (a == dst) return p.fd >= 0 ? &p : nullptr;
+        if (a == dst) return p.usable.load(std::memory_order_relaxed) ? &p : nullptr;
         if (a) continue;
         int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         sockaddr_in sa{};
@@ -464,11 +470,12 @@ Nic::PeerSocket *Nic::peer_socket(in_addr_t dst) {
             std::lock_guard<std::mutex> l(p.mu);
             ok = learn_ip_id(p);
         }
-        if (!ok) {
+        if (!ok && fd >= 0) {
             // The device socket serves this peer from now on.
-            if (fd >= 0) close(fd);
+            close(fd);
             p.fd = -1;
         }
+        p.usable.store(ok, std::memory_order_relaxed);
         p.addr.store(dst, std::memory_order_release);
         return ok ? &p : nullptr;
     }
@@ -659,7 +666,12 @@ bool Nic::send_runs(TxBatch &b, int off, int end, PeerSocket *p) {
     int fd = fd_;
     if (p) {
         l = std::unique_lock<std::mutex>(p->mu);
-        if (!p->synced && !learn_ip_id(*p)) return false;
+        if (!p->synced && !learn_ip_id(*p)) {
+            // What was built for this socket is lost; the transport resends
+            // it, built for the device socket.
+            p->usable.store(false, std::memory_order_relaxed);
+            return false;
+        }
         fd = p->fd;
         // Each datagram takes the counter's next value, the segments of a
         // run that value, +1, …; the ICRCs were computed for 0, 1, ….

@@ -102,11 +102,14 @@ struct NicStats {
 // (wire-protocol.md §4.2).
 struct TxBatch::PeerSocket {
     std::atomic<in_addr_t> addr{0}; // stored last, once the rest is set
-    int fd = -1;                    // -1: this peer gets the device socket
-    uint16_t port = 0;              // its UDP source port (host order)
-    std::mutex mu;                  // held from the ID correction to the send
-    uint16_t last_id = 0;           // the ID of the last datagram sent
-    bool synced = false;            // last_id is known
+    int fd = -1;
+    // False: this peer gets the device socket (the socket could not be
+    // made, or its counter no longer be read).
+    std::atomic<bool> usable{false};
+    uint16_t port = 0;    // its UDP source port (host order)
+    std::mutex mu;        // held from the ID correction to the send
+    uint16_t last_id = 0; // the ID of the last datagram sent
+    bool synced = false;  // last_id is known
 };
 
 class Nic {

@@ -344,8 +344,8 @@ void check_replies() {
             abort();
         }
         Ipv4Header ip{from.sin_addr.s_addr, h.peer_addr, ntohs(from.sin_port), wire::kRoceV2Port};
-        // The ID is the packet's place in its segmentation-offload send,
-        // which icrc_verify holds sroce's port to.
+        // The ID is the next of the connected socket's counter (or, from
+        // port 4791, the packet's place in its send): solved for here.
         if (!icrc_verify(ip, b, size_t(n))) {
             // What it was, for a failure that the saved input alone (the
             // state before it matters) may not reproduce.
