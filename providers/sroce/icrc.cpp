@@ -163,7 +163,7 @@ uint32_t compute(const Ipv4Header &ip, size_t udp_len, const uint8_t *covered, s
 }
 
 bool verify(Ipv4Header ip, size_t udp_len, const uint8_t *covered, size_t len, uint16_t *ip_id,
-            int32_t likely_id) {
+            int32_t likely_id, int likely_count) {
     uint32_t want = icrc_load(covered + len - wire::kIcrcLen);
     bool sroce = ip.sport == wire::kRoceV2Port;
     // A position past what one send holds cannot be a sroce packet's ID.
@@ -176,16 +176,19 @@ bool verify(Ipv4Header ip, size_t udp_len, const uint8_t *covered, size_t len, u
         return true;
     }
     size_t n = kPseudoLen + len - wire::kBthLen - wire::kIcrcLen;
-    if (likely_id >= 0 &&
-        (got ^ want) == icrc_id_delta(n - kIpIdOffset - 2, uint16_t(expected ^ likely_id))) {
-        if (ip_id) *ip_id = uint16_t(likely_id);
-        return true;
+    for (int i = 0; likely_id >= 0 && i < likely_count; i++) {
+        uint16_t id = uint16_t(likely_id + i);
+        if ((got ^ want) == icrc_id_delta(n - kIpIdOffset - 2, uint16_t(expected ^ id))) {
+            if (ip_id) *ip_id = id;
+            return true;
+        }
     }
-    // sroce peers (source port 4791) send DF, and an ID that is the
-    // datagram's position in its segmentation-offload send, below
+    // sroce's device sockets (source port 4791) send DF, and an ID that is
+    // the datagram's position in its segmentation-offload send, below
     // kMaxSegments (wire-protocol.md §4.3): 6 free bits, not 17, so corrupted
-    // packets do not pass.  Others (Linux rxe hashes the QPN into its source
-    // port) may send any ID, with DF set or clear.
+    // packets do not pass.  Other ports (sroce's connected sockets, whose
+    // likely IDs did not match; Linux rxe, which hashes the QPN into its
+    // source port) may send any ID, with DF set or clear.
     constexpr int kSegmentBits = std::countr_zero(unsigned(wire::kMaxSegments));
     int bits = sroce ? kSegmentBits : 17;
     thread_local IdSolver solver;
@@ -237,10 +240,10 @@ uint32_t icrc_compute(const Ipv4Header &ip, const uint8_t *pkt, size_t len) {
     return compute(ip, len, pkt, len);
 }
 
-bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id,
-                 int32_t likely_id) {
+bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id, int32_t likely_id,
+                 int likely_count) {
     if (len < wire::kBthLen + wire::kIcrcLen) return false;
-    return verify(ip, len, pkt, len, ip_id, likely_id);
+    return verify(ip, len, pkt, len, ip_id, likely_id, likely_count);
 }
 
 bool icrc_verify_flush_legacy(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id) {
@@ -249,7 +252,7 @@ bool icrc_verify_flush_legacy(Ipv4Header ip, const uint8_t *pkt, size_t len, uin
     uint8_t covered[2 * kMaxLegacyLen];
     std::memcpy(covered, pkt, body);
     std::memcpy(covered + body, pkt, len);
-    return verify(ip, len, covered, body + len, ip_id, -1);
+    return verify(ip, len, covered, body + len, ip_id, -1, 0);
 }
 
 } // namespace sroce

@@ -65,16 +65,18 @@ inline void icrc_store(uint8_t *p, uint32_t v) {
 // the sender's IP ID or DF bit, so `ip.ip_id` is the ID expected: a
 // datagram's position in a coalesced receive (UDP_GRO), which is its position
 // in the sender's segmentation-offload send, else 0.  A mismatch is solved
-// for in constant time (CRC-32 is linear in the unknown bits): sroce peers
-// (UDP source port 4791) send DF and an ID below wire::kMaxSegments, so they
-// get 6 free bits and about 2^-26 of undetected corruption on that path;
-// other peers any ID with DF set or clear (2^-15).  The expected ID alone
+// for in constant time (CRC-32 is linear in the unknown bits): sroce's device
+// sockets (UDP source port 4791) send DF and an ID below wire::kMaxSegments,
+// so they get 6 free bits and about 2^-26 of undetected corruption on that
+// path; other ports (sroce's connected sockets, Linux rxe) any ID with DF set
+// or clear (2^-15).  The expected ID alone
 // keeps the full 2^-32.  Returns true when the ICRC is valid; *ip_id gets
-// the ID used.  `likely_id`, when not negative, is an ID the caller expects
-// too (the next of a connected socket's counter, §4.3): checked in constant
-// time, at full strength, before solving.
+// the ID used.  `likely_id`, when not negative, and the likely_count - 1
+// IDs after it are IDs the caller expects too (the next of a connected
+// socket's counter, wire-protocol.md §4.3): each checked in constant time,
+// at full strength, before solving.
 bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id = nullptr,
-                 int32_t likely_id = -1);
+                 int32_t likely_id = -1, int likely_count = 1);
 
 // Linux rxe from 6.2 on gives FLUSH no payload offset in its opcode table, so
 // the ICRC it sends and expects for a FLUSH continues, after the standard

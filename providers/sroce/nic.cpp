@@ -283,8 +283,9 @@ Nic::~Nic() {
         thread_.join();
     }
     if (fd_ >= 0) close(fd_);
-    for (PeerSocket &p : peers_)
-        if (p.fd >= 0) close(p.fd);
+    for (auto &table : peers_)
+        for (PeerSocket &p : table)
+            if (p.fd >= 0) close(p.fd);
     if (wake_fd_ >= 0) close(wake_fd_);
     if (lease_.conn >= 0) close(lease_.conn);
     if (table_) munmap(table_, kMaxQps * sizeof(agent::QpEntry));
@@ -433,12 +434,24 @@ void Nic::publish_qp(const Qp *qp) {
                        std::memory_order_relaxed);
 }
 
+namespace {
+// Set in each device's progress thread, which sends from sockets of its own.
+thread_local bool t_progress_thread = false;
+} // namespace
+
 Nic::PeerSocket *Nic::peer_socket(in_addr_t dst) {
     if (!connected_ || IN_MULTICAST(ntohl(dst))) return nullptr;
+    // The socket's lock is held across the send (the kernel numbers the
+    // datagrams in the order they reach it).  The progress thread sending
+    // an ACK while the application posts its next request to the same peer
+    // — a ping-pong whose target spins on memory, as perftest's does —
+    // would make the post sleep on that lock and pay a wake-up: the two
+    // kinds of sender get a socket each.
+    PeerSocket(&table)[kPeerSockets] = peers_[t_progress_thread ? 1 : 0];
     // Filled in order and never emptied: a lock-free look first, and no
     // lock at all once the table is full.
     bool full = true;
-    for (PeerSocket &p : peers_) {
+    for (PeerSocket &p : table) {
         in_addr_t a = p.addr.load(std::memory_order_acquire);
         if (a == dst) return p.usable.load(std::memory_order_relaxed) ? &p : nullptr;
         if (!a) {
@@ -448,7 +461,7 @@ Nic::PeerSocket *Nic::peer_socket(in_addr_t dst) {
     }
     if (full) return nullptr;
     std::lock_guard<std::mutex> g(peers_mu_);
-    for (PeerSocket &p : peers_) {
+    for (PeerSocket &p : table) {
         in_addr_t a = p.addr.load(std::memory_order_relaxed);
         if (a == dst) return p.usable.load(std::memory_order_relaxed) ? &p : nullptr;
         if (a) continue;
@@ -482,6 +495,25 @@ Nic::PeerSocket *Nic::peer_socket(in_addr_t dst) {
     return nullptr;
 }
 
+namespace {
+
+// The IPv4 ID of our probe in a datagram looped back on the error queue
+// (from its link-layer header on), or -1.
+int probe_ip_id(const uint8_t *data, ssize_t n, in_addr_t addr, uint16_t from, uint16_t to) {
+    for (ssize_t at = 0; at + 28 <= n && at <= 32; at++) {
+        const uint8_t *h = data + at;
+        in_addr_t src, dst;
+        std::memcpy(&src, h + 12, 4);
+        std::memcpy(&dst, h + 16, 4);
+        if (h[0] == 0x45 && h[9] == IPPROTO_UDP && src == addr && dst == addr &&
+            wire::get16(h + 20) == from && wire::get16(h + 22) == to)
+            return wire::get16(h + 4);
+    }
+    return -1;
+}
+
+} // namespace
+
 bool Nic::learn_ip_id(PeerSocket &p) {
     p.synced = false;
     int rx = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -490,52 +522,48 @@ bool Nic::learn_ip_id(PeerSocket &p) {
     to.sin_family = AF_INET;
     to.sin_addr.s_addr = dev_->addr;
     socklen_t len = sizeof to;
-    bool ok = bind(rx, reinterpret_cast<sockaddr *>(&to), sizeof to) == 0 &&
-              getsockname(rx, reinterpret_cast<sockaddr *>(&to), &len) == 0;
-    // An error a peer's ICMP left on the socket would fail the probe.
-    int err;
-    len = sizeof err;
-    getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &err, &len);
     int on = SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_TX_SOFTWARE, off = 0;
-    ok = ok && setsockopt(p.fd, SOL_SOCKET, SO_TIMESTAMPING, &on, sizeof on) == 0;
-    uint8_t probe = 0;
-    // A destination other than the connected one still takes the socket's
-    // next ID; our own address always leaves through loopback.
-    ok = ok && sendto(p.fd, &probe, 1, 0, reinterpret_cast<sockaddr *>(&to), sizeof to) == 1;
-    uint8_t data[256];
-    ssize_t n = -1;
-    if (ok) {
+    bool ok = bind(rx, reinterpret_cast<sockaddr *>(&to), sizeof to) == 0 &&
+              getsockname(rx, reinterpret_cast<sockaddr *>(&to), &len) == 0 &&
+              setsockopt(p.fd, SOL_SOCKET, SO_TIMESTAMPING, &on, sizeof on) == 0;
+    int id = -1;
+    // A few tries: an ICMP error (a peer's port unreachable) may land on
+    // the socket between clearing it and the probe, and fail the probe.
+    for (int attempt = 0; ok && id < 0 && attempt < 3; attempt++) {
+        int err;
+        len = sizeof err;
+        getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        uint8_t probe = 0;
+        // A destination other than the connected one still takes the
+        // socket's next ID; our own address always leaves through loopback,
+        // whose transmit path loops the datagram back with its timestamp.
+        if (sendto(p.fd, &probe, 1, 0, reinterpret_cast<sockaddr *>(&to), sizeof to) != 1) continue;
+        // Earlier probes' entries may still be queued: read to ours.
         pollfd pf = {p.fd, 0, 0}; // the error queue shows as POLLERR
-        for (int i = 0; i < 2 && n < 0; i++) {
-            iovec iov = {data, sizeof data};
+        for (int waits = 0; id < 0;) {
+            uint8_t data[256];
             alignas(cmsghdr) uint8_t ctl[256];
+            iovec iov = {data, sizeof data};
             msghdr m{};
             m.msg_iov = &iov;
             m.msg_iovlen = 1;
             m.msg_control = ctl;
             m.msg_controllen = sizeof ctl;
-            n = recvmsg(p.fd, &m, MSG_ERRQUEUE | MSG_DONTWAIT);
-            if (n < 0 && i == 0) poll(&pf, 1, 100);
+            ssize_t n = recvmsg(p.fd, &m, MSG_ERRQUEUE | MSG_DONTWAIT);
+            if (n >= 0) {
+                id = probe_ip_id(data, n, dev_->addr, p.port, ntohs(to.sin_port));
+                continue;
+            }
+            if (errno != EAGAIN || waits++ == 1 || poll(&pf, 1, 100) <= 0) break;
         }
     }
     setsockopt(p.fd, SOL_SOCKET, SO_TIMESTAMPING, &off, sizeof off);
     close(rx);
-    // The looped-back datagram, from its link-layer header on: find our
-    // probe's IPv4 header (addresses, UDP, the port it went to).
-    for (ssize_t at = 0; at + 28 <= n && at <= 32; at++) {
-        const uint8_t *h = data + at;
-        in_addr_t src, dst;
-        std::memcpy(&src, h + 12, 4);
-        std::memcpy(&dst, h + 16, 4);
-        if (h[0] != 0x45 || h[9] != IPPROTO_UDP || src != dev_->addr || dst != dev_->addr ||
-            wire::get16(h + 20) != p.port || wire::get16(h + 22) != ntohs(to.sin_port))
-            continue;
-        p.last_id = wire::get16(h + 4);
-        p.synced = true;
-        stats.tx_ip_id_learned.fetch_add(1, std::memory_order_relaxed);
-        return true;
-    }
-    return false;
+    if (id < 0) return false;
+    p.last_id = uint16_t(id);
+    p.synced = true;
+    stats.tx_ip_id_learned.fetch_add(1, std::memory_order_relaxed);
+    return true;
 }
 
 void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
@@ -647,13 +675,14 @@ void Nic::flush(TxBatch &b) {
         uint16_t seg = uint16_t(r.seg);
         std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
     }
-    // Consecutive runs for one peer socket leave in one sendmmsg().  A
-    // failure loses the rest of the batch: the transport recovers it.
+    // Consecutive runs for one socket leave in one sendmmsg().  A failure
+    // loses the rest of that socket's runs (the transport recovers them),
+    // not other peers'.
     for (int off = 0, end; off < b.nruns; off = end) {
         end = off + 1;
         while (end < b.nruns && b.runs[end].peer == b.runs[off].peer)
             end++;
-        if (!send_runs(b, off, end, b.runs[off].peer)) break;
+        send_runs(b, off, end, b.runs[off].peer);
     }
     stats.tx_pkts.fetch_add(uint64_t(b.n), std::memory_order_relaxed);
     if (segmented) stats.tx_segmented.fetch_add(segmented, std::memory_order_relaxed);
@@ -692,9 +721,14 @@ bool Nic::send_runs(TxBatch &b, int off, int end, PeerSocket *p) {
         wire_release();
         int r = sendmmsg(fd, b.msgs + off, unsigned(end - off), 0);
         if (r >= 0) {
-            if (p) p->last_id = uint16_t(p->last_id + r);
             off += r;
-            continue;
+            if (!p) continue;
+            p->last_id = uint16_t(p->last_id + r);
+            if (off == end) break;
+            // The kernel stopped at a datagram whose error it kept to
+            // itself, possibly after giving it an ID: as for a failure.
+            p->synced = false;
+            return false;
         }
         int err = errno;
         // Whether the failed datagram took an ID is not known: read the
@@ -732,7 +766,9 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_
     Ipv4Header ip{from.sin_addr.s_addr, dst, sport, wire::kRoceV2Port, pos};
     // A source port other than 4791 is a connected socket (another sroce
     // process, Linux rxe): its next ID is most likely one more than its last
-    // datagram's, and a packet of a coalesced run that one plus its place.
+    // datagram's — or a few more, when datagrams went to other processes of
+    // this address or to the sender's own reads of its counter — and a
+    // packet of a coalesced run its buffer's first one plus its place.
     IdGuess *guess = nullptr;
     int32_t likely = -1;
     if (sport != wire::kRoceV2Port) {
@@ -741,7 +777,7 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_
             likely = uint16_t(guess->base + (pos ? pos : 1));
     }
     uint16_t id = pos;
-    if (icrc_verify(ip, data, len, &id, likely)) {
+    if (icrc_verify(ip, data, len, &id, likely, pos ? 1 : kLikelyIds)) {
         if (id != pos && int32_t(id) != likely)
             stats.rx_ip_id_solved.fetch_add(1, std::memory_order_relaxed);
         if (guess) *guess = {from.sin_addr.s_addr, sport, uint16_t(id - pos)};
@@ -1022,18 +1058,11 @@ bool Nic::app_progress() {
     // Tells the progress thread whether an application thread is spinning
     // here, polling again and again with no gap, and so receives for it.
     uint64_t now = now_ns();
-    int64_t gap = int64_t(now - app_poll_ns_.load(std::memory_order_relaxed));
     uint32_t streak =
-        gap < int64_t(kSpinningGapNs) ? app_polls_.load(std::memory_order_relaxed) + 1 : 1;
+        int64_t(now - app_poll_ns_.load(std::memory_order_relaxed)) < int64_t(kSpinningGapNs)
+            ? app_polls_.load(std::memory_order_relaxed) + 1
+            : 1;
     app_polls_.store(streak, std::memory_order_relaxed);
-    // Once spinning, a thread stays so across gaps shorter than kParkNs:
-    // the time it takes to post its next request (a send that may wait for
-    // a CPU), not a return to spinning on memory, which comes with a gap of
-    // a whole round trip after every single poll and never builds a streak.
-    if (streak >= kSpinningPolls)
-        app_spinning_.store(true, std::memory_order_relaxed);
-    else if (gap >= int64_t(kParkNs))
-        app_spinning_.store(false, std::memory_order_relaxed);
     app_poll_ns_.store(now, std::memory_order_relaxed);
     if (rx_pass() == 0) {
         // A thread spinning on an empty CQ while others wait for a CPU (more
@@ -1057,8 +1086,8 @@ bool Nic::app_progress() {
 
 bool Nic::app_is_spinning(uint64_t now) const {
     // The application may have polled after `now` was read.
-    return app_spinning_.load(std::memory_order_relaxed) &&
-           int64_t(now - app_poll_ns_.load(std::memory_order_relaxed)) < int64_t(kParkNs);
+    return app_polls_.load(std::memory_order_relaxed) >= kSpinningPolls &&
+           int64_t(now - app_poll_ns_.load(std::memory_order_relaxed)) < int64_t(kSpinningGapNs);
 }
 
 void Nic::wait_for_work(uint64_t spin_until) {
@@ -1098,6 +1127,7 @@ void Nic::nap(uint64_t ns) {
 }
 
 void Nic::run() {
+    t_progress_thread = true;
     uint64_t last_timer_scan = 0, last_agent_check = 0;
     uint64_t spin_until = 0;
     while (!stop_.load(std::memory_order_relaxed)) {

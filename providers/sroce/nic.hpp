@@ -26,7 +26,7 @@ struct TxBatch {
         uint8_t tail[8]; // pad + ICRC
         uint8_t pad = 0;
         // Covered bytes after the IP ID (icrc_id_tail): what an ID other
-        // than the one the ICRC was computed for changes (Nic::flush).
+        // than the one the ICRC was computed for changes (Nic::send_runs).
         uint32_t id_tail = 0;
     };
     // One datagram, or a run of packets sent as one segmentation-offload send.
@@ -254,7 +254,8 @@ class Nic {
     };
     McGroup mc_[kMaxMcGroups];
     static constexpr int kPeerSockets = 16;
-    PeerSocket peers_[kPeerSockets];
+    // [0] for application threads, [1] for the progress thread.
+    PeerSocket peers_[2][kPeerSockets];
     std::mutex peers_mu_;   // making one
     bool connected_ = true; // SROCE_CONNECTED=0: the device socket only
     // The next IP ID each recent source's connected socket will send
@@ -265,6 +266,7 @@ class Nic {
         uint16_t base = 0; // ID of the last datagram, less its place in a run
     };
     IdGuess id_guess_[64];
+    static constexpr int kLikelyIds = 4; // checked for a datagram's first packet
     std::atomic<int> mc_count_{0};
     std::mutex qp_alloc_mu_;
     uint32_t qp_next_ = 0;
@@ -296,10 +298,8 @@ class Nic {
     uint64_t spin_ns_ = 50000; // how long the progress thread polls after traffic
     // An application thread counts as spinning on its CQ (app_progress)
     // after this many polls, each less than kSpinningGapNs after the one
-    // before, and goes on counting as such until it has not polled for
-    // kParkNs; the progress thread then leaves the socket to it (sleeping
-    // in poll() on it would cost every datagram sent to it a wake-up) and
-    // looks again every kParkNs.
+    // before, the last less than kSpinningGapNs ago; the progress thread
+    // then leaves the socket to it and looks again every kParkNs.
     static constexpr uint32_t kSpinningPolls = 8;
     static constexpr uint64_t kSpinningGapNs = 5000;
     static constexpr uint64_t kParkNs = 50000;
@@ -310,7 +310,6 @@ class Nic {
     // the progress thread does not spin after traffic (SROCE_SPIN_US).
     static constexpr uint64_t kAppActiveNs = 1000000;
     std::atomic<uint32_t> app_polls_{0};
-    std::atomic<bool> app_spinning_{false};
     // Empty receive passes in a row by application threads (under rx_mu_),
     // and how often such a thread yields the CPU.
     uint32_t app_empty_ = 0;

@@ -1455,8 +1455,10 @@ TEST_F(FakePeer, WriteCommitToADeclaredPeerIsOneNativeMessage) {
 // follows (wire-protocol.md §4.2).  When the peer's port closes, the kernel's
 // ICMP port unreachable makes a later send on that socket fail, after which
 // sroce cannot know whether the failed datagram took an ID: it reads the
-// counter again, and the retransmission arrives with an ICRC valid for the
-// ID it carries (receive() recomputes it, and holds the ID to the counter).
+// counter again, and the retransmission arrives, with a valid ICRC for an ID
+// that follows the counter (receive(), which cannot see the header, solves
+// for the ID; the captures of test_wire_capture and test_rxe_interop hold
+// every ICRC to the ID the header carries).
 TEST_F(FakePeer, ConnectedSocketRecoversItsIpIdsAfterAnIcmpError) {
     ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn, 12)); // ~17 ms, 7 retries
     Bytes data = pattern(64, 21);

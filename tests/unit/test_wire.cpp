@@ -942,6 +942,18 @@ TEST(IcrcVerify, LikelyIdAcceptedExactlyOthersSolved) {
     Bytes bad = p;
     bad[kBthLen + 20] ^= 0x01;
     EXPECT_FALSE(icrc_verify(seen, bad.data(), bad.size(), &got, 0x8123));
+
+    // From port 4791 the solver allows only a segment's place (0-63): what
+    // accepts ID 0x8123 there is the likely IDs alone, and only a window
+    // that reaches it.
+    Bytes q = build(kWriteOnly, 0x11, 0x23, 64);
+    seal(q, hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, 0x8123, true));
+    Ipv4Header from_device = hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, 0, true);
+    EXPECT_FALSE(icrc_verify(from_device, q.data(), q.size(), &got));
+    EXPECT_FALSE(icrc_verify(from_device, q.data(), q.size(), &got, 0x8121, 2));
+    got = 0;
+    EXPECT_TRUE(icrc_verify(from_device, q.data(), q.size(), &got, 0x8121, 4));
+    EXPECT_EQ(got, 0x8123);
 }
 
 TEST(IcrcVerify, RejectsWrongAddressesOrPorts) {

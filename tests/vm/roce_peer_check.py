@@ -29,7 +29,9 @@ With --require-segmented, sroce must also have sent packets whose IP ID shows a
 multi-packet send (a segment after the first from the device socket; from a connected
 socket, a send after one of several segments, whose ID is at or below the highest
 before it) and whose ICRCs scapy recomputed: the segmentation-offload convention itself
-reached the peer, not only single datagrams.
+reached the peer, not only single datagrams.  (From a connected socket, the later
+segments of a send, IDs +1 each, cannot be told from single datagrams in the capture
+alone; test_wire_capture's icrc_check.py recomputes every packet's ICRC instead.)
 
 With --flush-forms every FLUSH (RC opcode 0x1C) is checked, and one whose
 ICRC is Linux rxe's form (the standard CRC continued over the transport
