@@ -646,6 +646,7 @@ void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, c
     std::memset(s.tail, 0, pad);
     if (pad) crc = icrc_update(crc, s.tail, pad);
     s.pad = uint8_t(pad);
+    s.ip_id = pos;
     s.id_tail = uint32_t(icrc_id_tail(udp_len));
     if (flags & kQueueLegacyFlush) {
         crc = icrc_update(crc, s.hdr, hdr_len);
@@ -690,7 +691,22 @@ void Nic::flush(TxBatch &b) {
     b.copied = 0;
 }
 
-bool Nic::send_runs(TxBatch &b, int off, int end, PeerSocket *p) {
+void Nic::renumber(TxBatch &b, int off, int end, uint16_t first) {
+    // Each datagram takes the counter's next value, the segments of a run
+    // that value, +1, ….
+    for (int i = off; i < end; i++) {
+        const TxBatch::Run &r = b.runs[i];
+        for (uint16_t k = 0; k < r.count; k++) {
+            TxBatch::Slot &s = b.slots[r.first + k];
+            uint16_t id = uint16_t(first + (i - off) + k);
+            uint8_t *icrc = s.tail + s.pad;
+            icrc_store(icrc, icrc_load(icrc) ^ icrc_id_delta(s.id_tail, s.ip_id ^ id));
+            s.ip_id = id;
+        }
+    }
+}
+
+void Nic::send_runs(TxBatch &b, int off, int end, PeerSocket *p) {
     std::unique_lock<std::mutex> l;
     int fd = fd_;
     if (p) {
@@ -699,24 +715,16 @@ bool Nic::send_runs(TxBatch &b, int off, int end, PeerSocket *p) {
             // What was built for this socket is lost; the transport resends
             // it, built for the device socket.
             p->usable.store(false, std::memory_order_relaxed);
-            return false;
+            return;
         }
         fd = p->fd;
-        // Each datagram takes the counter's next value, the segments of a
-        // run that value, +1, …; the ICRCs were computed for 0, 1, ….
+        renumber(b, off, end, uint16_t(p->last_id + 1));
         uint64_t n = 0;
-        for (int i = off; i < end; i++) {
-            const TxBatch::Run &r = b.runs[i];
-            uint16_t id = uint16_t(p->last_id + 1 + (i - off));
-            for (uint16_t k = 0; k < r.count; k++) {
-                TxBatch::Slot &s = b.slots[r.first + k];
-                uint8_t *icrc = s.tail + s.pad;
-                icrc_store(icrc, icrc_load(icrc) ^ icrc_id_delta(s.id_tail, k ^ uint16_t(id + k)));
-            }
-            n += r.count;
-        }
+        for (int i = off; i < end; i++)
+            n += b.runs[i].count;
         stats.tx_connected.fetch_add(n, std::memory_order_relaxed);
     }
+    bool retried = false;
     while (off < end) {
         wire_release();
         int r = sendmmsg(fd, b.msgs + off, unsigned(end - off), 0);
@@ -728,14 +736,22 @@ bool Nic::send_runs(TxBatch &b, int off, int end, PeerSocket *p) {
             // The kernel stopped at a datagram whose error it kept to
             // itself, possibly after giving it an ID: as for a failure.
             p->synced = false;
-            return false;
+            return;
         }
         int err = errno;
-        // Whether the failed datagram took an ID is not known: read the
-        // counter again before the next send, and drop what is left here
-        // (its IDs were assigned in sequence).
-        if (p) p->synced = false;
         if (err == EINTR && !p) continue;
+        if (p) {
+            // Whether the failed datagram took an ID is not known: read the
+            // counter again.  An ICMP error an earlier datagram drew (a
+            // port that was closed then) fails the next send on a connected
+            // socket before it leaves: send the rest once more.
+            p->synced = false;
+            if (err == ECONNREFUSED && !retried && learn_ip_id(*p)) {
+                retried = true;
+                renumber(b, off, end, uint16_t(p->last_id + 1));
+                continue;
+            }
+        }
         // A route whose device cannot take segmentation offload: its
         // packets are lost this once (retransmission sends them singly).
         if (b.runs[off].count > 1 && (err == EIO || err == EINVAL || err == EOPNOTSUPP)) {
@@ -744,15 +760,14 @@ bool Nic::send_runs(TxBatch &b, int off, int end, PeerSocket *p) {
                         "sroce: %s: the kernel refused UDP segmentation offload (%s); "
                         "sending every packet as a datagram of its own\n",
                         dev_->ibdev.name, strerror(err));
-            if (p) return false;
+            if (p) return;
             off++;
             continue;
         }
         // A full socket buffer or an unreachable peer is packet loss to
         // the transport: retransmission recovers, so drop the rest.
-        return false;
+        return;
     }
-    return true;
 }
 
 void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_addr_t dst,

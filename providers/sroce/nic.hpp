@@ -25,8 +25,9 @@ struct TxBatch {
         uint8_t hdr[wire::kMaxHdrLen + 8];
         uint8_t tail[8]; // pad + ICRC
         uint8_t pad = 0;
+        uint16_t ip_id = 0; // the IP ID the ICRC is computed for
         // Covered bytes after the IP ID (icrc_id_tail): what an ID other
-        // than the one the ICRC was computed for changes (Nic::send_runs).
+        // than the one the ICRC was computed for changes (Nic::renumber).
         uint32_t id_tail = 0;
     };
     // One datagram, or a run of packets sent as one segmentation-offload send.
@@ -227,8 +228,11 @@ class Nic {
     // whose header comes back with its transmit timestamp.  p.mu held.
     bool learn_ip_id(PeerSocket &p);
     // Sends runs [off, end) of the batch, all on p's socket (nullptr: the
-    // device socket); false when a failure lost the rest of them.
-    bool send_runs(TxBatch &b, int off, int end, PeerSocket *p);
+    // device socket); a failure loses the rest of them.
+    void send_runs(TxBatch &b, int off, int end, PeerSocket *p);
+    // Corrects the ICRCs of runs [off, end) for the IDs a connected socket
+    // gives them when `first` is the next of its counter.
+    static void renumber(TxBatch &b, int off, int end, uint16_t first);
     void fire_timers(TxBatch &tx);
     void flush_acks(TxBatch &tx);
 
