@@ -9,7 +9,8 @@
  * pmof_fabric.c, pmof_domain.c (domain, MR), pmof_eq.c, pmof_cq.c,
  * pmof_cntr.c, pmof_cm.c (passive endpoint, connection set-up), pmof_ep.c
  * (endpoint object), pmof_msg.c and pmof_rma.c (data path), pmof_commit.c
- * (fi_commit), pmof_manual.c (FI_COMMIT_MANUAL), pmof_wire.c (what the
+ * (fi_commit), pmof_manual.c (FI_COMMIT_MANUAL), pmof_tagged.c (FI_TAGGED
+ * on RDM endpoints: headed messages, software matching), pmof_wire.c (what the
  * provider sends besides verbs traffic, and its parsers), pmof_enosys.c
  * (operations an object lacks).
  */
@@ -64,6 +65,9 @@ extern struct fi_provider pmof_prov;
 #define PMOF_DEF_RX_SIZE 384
 #define PMOF_DEF_CQ_SIZE 1024
 #define PMOF_DEF_INLINE 256
+/* FI_TAGGED endpoints: messages up to this size travel behind their
+ * header, larger ones by rendezvous (FI_PMOF_EAGER_SIZE). */
+#define PMOF_DEF_EAGER_SIZE 8192
 /* Inline data is gathered into one buffer of at most this size. */
 #define PMOF_INLINE_MAX 1024
 /* Keys carry the target region's durability class above the rkey, so the
@@ -76,6 +80,7 @@ extern struct fi_provider pmof_prov;
 
 struct pmof_params {
     int inline_size; /* FI_PMOF_INLINE_SIZE */
+    int eager_size;  /* FI_PMOF_EAGER_SIZE */
     int tx_size, rx_size;
     int allow_layering; /* FI_PMOF_ALLOW_LAYERING: let ofi_rxm over pmof */
     int commit_manual;  /* FI_PMOF_COMMIT_MANUAL: only the manual infos */
@@ -311,6 +316,7 @@ struct pmof_cq_entry {
     /* error entries: FI_E* (positive) and the verbs status; 0 otherwise */
     int err;
     int prov_errno;
+    size_t olen; /* FI_ETRUNC: the bytes that did not fit, when known */
 };
 
 struct pmof_ep;
@@ -329,6 +335,15 @@ struct pmof_cq {
     struct pmof_cq_entry *ring;
     size_t ring_size, ring_head, ring_count;
     struct pmof_cq_entry last_err;
+    /* entries the provider makes itself (pmof_cq_push), under a lock of
+     * their own so that any thread, one polling this CQ included, can add
+     * them; moved into the ring by the next poll */
+    pthread_mutex_t soft_lock;
+    struct pmof_cq_entry *soft;
+    size_t soft_count, soft_cap;
+    /* RDM endpoints with deferred work to run after a poll (FI_TAGGED) */
+    struct pmof_rdm *hooks[4];
+    atomic_size_t nhooks;
     atomic_int refs;
 };
 
@@ -336,8 +351,15 @@ int pmof_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr, struct fid_
                  void *context);
 /* Moves completions from the verbs CQ into the ring; 0 or -FI_E*. */
 int pmof_cq_progress(struct pmof_cq *cq);
-/* Adds an entry produced by the provider itself (e.g. a software commit). */
+/* Adds an entry produced by the provider itself (e.g. a software commit);
+ * never takes the CQ's lock, so it may be called while it is held. */
 int pmof_cq_push(struct pmof_cq *cq, const struct pmof_cq_entry *e);
+/* An RDM endpoint whose deferred work runs after the application reads
+ * this CQ; 0 or -FI_ENOSPC. */
+int pmof_cq_add_hook(struct pmof_cq *cq, struct pmof_rdm *rdm);
+void pmof_cq_del_hook(struct pmof_cq *cq, struct pmof_rdm *rdm);
+/* Runs that work (counters' progress; CQ reads do it themselves). */
+void pmof_cq_run_hooks(struct pmof_cq *cq);
 
 /* -------------------------------------------------------------- counters */
 
@@ -406,6 +428,11 @@ struct pmof_op {
     uint32_t cntr; /* which counter (PMOF_CNTR_*) counts it */
     struct pmof_hmem_io hmem;
     struct pmof_mrec *mrec; /* a manual commit's drain: its placement */
+    /* FI_TAGGED endpoints: a provider buffer of the shared receive queue,
+     * the receive a rendezvous READ fills, or the send an RTS announces */
+    bool bounce;
+    struct pmof_trecv *trecv;
+    uint64_t tsend;
 };
 
 enum pmof_cntr_kind {
@@ -477,6 +504,9 @@ struct pmof_ep {
     struct pmof_rdm *rdm;
     struct pmof_conn *conn;
     struct ibv_srq *srq;
+    /* FI_TAGGED: the headers of sends not inline, one per ring slot */
+    uint8_t *msg_hdrs;
+    struct ibv_mr *msg_hdr_mr;
 };
 
 int pmof_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep,
@@ -572,7 +602,11 @@ enum pmof_conn_state {
     PMOF_CONN_CONNECTING,
     PMOF_CONN_UP,
     PMOF_CONN_DOWN,
+    PMOF_CONN_REFUSED, /* the peer's endpoint speaks the other protocol */
 };
+
+/* What an RDM endpoint rejects a connection of the other protocol with. */
+#define PMOF_RDM_REJECT_PROTOCOL "pmof:protocol"
 
 struct pmof_conn {
     struct pmof_conn *next;
@@ -614,12 +648,49 @@ struct pmof_rdm {
     uint32_t rx_size, rx_free_count;
     struct fi_pmof_ep_ops pmof_ops;
     bool closing; /* completions still queued are dropped */
+    /* FI_TAGGED: every message headed and matched in software */
+    struct pmof_tagged *tg;
 };
 
 int pmof_rdm_endpoint(struct pmof_domain *dom, struct fi_info *info, struct fid_ep **ep,
                       void *context);
 bool pmof_rdm_complete(struct pmof_rdm *rdm, const struct ibv_wc *wc, struct pmof_cq_entry *out,
                        struct pmof_cntr **cntr);
+
+/* The connection a completion's QP belongs to, and the sender's address. */
+struct pmof_conn *pmof_rdm_conn_by_qpn(struct pmof_rdm *rdm, uint32_t qpn);
+fi_addr_t pmof_rdm_src_addr(struct pmof_rdm *rdm, struct pmof_conn *c);
+/* The connection operations toward `addr` use: NULL with -FI_EAGAIN while
+ * it is being made. */
+struct pmof_ep *pmof_rdm_conn(struct pmof_rdm *rdm, fi_addr_t addr, ssize_t *err);
+
+/* ------------------------------------------------- FI_TAGGED (pmof_tagged.c) */
+
+struct pmof_tagged;
+struct pmof_trecv;
+
+int pmof_tagged_open(struct pmof_rdm *rdm);
+/* Fills the shared receive queue with the provider's buffers. */
+int pmof_tagged_fill_srq(struct pmof_rdm *rdm);
+void pmof_tagged_close(struct pmof_rdm *rdm);
+/* A completion of a provider buffer of the shared receive queue. */
+bool pmof_tagged_recv_complete(struct pmof_rdm *rdm, struct pmof_op *op, const struct ibv_wc *wc,
+                               struct pmof_cq_entry *out, struct pmof_cntr **cntr);
+/* A rendezvous READ (op.trecv) or an RTS send (op.tsend) completed. */
+void pmof_tagged_tx_complete(struct pmof_ep *ep, const struct pmof_op *op,
+                             const struct ibv_wc *wc);
+/* Runs what completions left to do (READs and FINs to post). */
+void pmof_tagged_progress(struct pmof_rdm *rdm);
+bool pmof_tagged_has_work(struct pmof_rdm *rdm);
+ssize_t pmof_tagged_recv(struct pmof_rdm *rdm, const struct iovec *iov, void **desc, size_t count,
+                         fi_addr_t src, uint64_t tag, uint64_t ignore, void *context,
+                         uint64_t flags, bool tagged);
+ssize_t pmof_tagged_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iovec *iov,
+                         void **desc, size_t count, uint64_t tag, uint64_t data, void *context,
+                         uint64_t flags, bool tagged);
+size_t pmof_tagged_rx_left(struct pmof_rdm *rdm);
+void pmof_tagged_ep_close(struct pmof_ep *ep);
+extern struct fi_ops_tagged pmof_tagged_ops;
 
 /* ------------------------------------------------------------- commits */
 

@@ -43,8 +43,10 @@ static void cntr_progress(struct pmof_cntr *c) {
     n = c->ncqs;
     memcpy(cqs, c->cqs, n * sizeof(cqs[0]));
     pmof_unlock(&c->lock);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
+        pmof_cq_run_hooks(cqs[i]);
         pmof_cq_progress(cqs[i]);
+    }
 }
 
 void pmof_cntr_unwatch_cq(struct pmof_cntr *c, struct pmof_cq *cq) {

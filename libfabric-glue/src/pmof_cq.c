@@ -49,13 +49,82 @@ static int ring_add(struct pmof_cq *cq, const struct pmof_cq_entry *e) {
 
 int pmof_cq_push(struct pmof_cq *cq, const struct pmof_cq_entry *e) {
     uint64_t one = 1;
-    int ret;
+    int ret = 0;
 
-    pmof_lock(&cq->lock);
-    ret = ring_add(cq, e);
-    pmof_unlock(&cq->lock);
+    pthread_mutex_lock(&cq->soft_lock);
+    if (cq->soft_count == cq->soft_cap) {
+        size_t n = cq->soft_cap ? cq->soft_cap * 2 : 16;
+        struct pmof_cq_entry *t = realloc(cq->soft, n * sizeof(*t));
+        if (t) {
+            cq->soft = t;
+            cq->soft_cap = n;
+        } else {
+            ret = -FI_ENOMEM;
+        }
+    }
+    if (!ret) cq->soft[cq->soft_count++] = *e;
+    pthread_mutex_unlock(&cq->soft_lock);
     if (!ret && write(cq->signal_fd, &one, sizeof(one)) < 0) ret = 0;
     return ret;
+}
+
+/* Moves the provider's own entries into the ring (lock held). */
+static int soft_drain(struct pmof_cq *cq) {
+    int ret = 0;
+    size_t i = 0;
+
+    if (!__atomic_load_n(&cq->soft_count, __ATOMIC_RELAXED)) return 0;
+    pthread_mutex_lock(&cq->soft_lock);
+    for (; i < cq->soft_count && !ret; i++)
+        ret = ring_add(cq, &cq->soft[i]);
+    if (ret) i--;
+    memmove(cq->soft, cq->soft + i, (cq->soft_count - i) * sizeof(*cq->soft));
+    cq->soft_count -= i;
+    pthread_mutex_unlock(&cq->soft_lock);
+    return ret;
+}
+
+int pmof_cq_add_hook(struct pmof_cq *cq, struct pmof_rdm *rdm) {
+    size_t n = atomic_load(&cq->nhooks);
+
+    for (size_t i = 0; i < n; i++)
+        if (cq->hooks[i] == rdm) return 0;
+    if (n == sizeof(cq->hooks) / sizeof(cq->hooks[0])) return -FI_ENOSPC;
+    cq->hooks[n] = rdm;
+    atomic_store(&cq->nhooks, n + 1);
+    return 0;
+}
+
+void pmof_cq_del_hook(struct pmof_cq *cq, struct pmof_rdm *rdm) {
+    size_t n = atomic_load(&cq->nhooks);
+
+    for (size_t i = 0; i < n; i++) {
+        if (cq->hooks[i] != rdm) continue;
+        cq->hooks[i] = cq->hooks[n - 1];
+        atomic_store(&cq->nhooks, n - 1);
+        return;
+    }
+}
+
+/* Work that completions left for endpoints reading this CQ (lock not
+ * held: the work posts, and posting may poll). */
+static void run_hooks(struct pmof_cq *cq) {
+    size_t n = atomic_load(&cq->nhooks);
+
+    for (size_t i = 0; i < n; i++)
+        pmof_tagged_progress(cq->hooks[i]);
+}
+
+static bool hooks_pending(struct pmof_cq *cq) {
+    size_t n = atomic_load(&cq->nhooks);
+
+    for (size_t i = 0; i < n; i++)
+        if (pmof_tagged_has_work(cq->hooks[i])) return true;
+    return false;
+}
+
+void pmof_cq_run_hooks(struct pmof_cq *cq) {
+    run_hooks(cq);
 }
 
 /* Translates verbs completions into the ring (lock held). */
@@ -63,6 +132,7 @@ static int cq_poll_locked(struct pmof_cq *cq) {
     struct ibv_wc wc[CQ_POLL_BATCH];
     int n;
 
+    if (soft_drain(cq)) return -FI_ENOMEM;
     do {
         n = ibv_poll_cq(cq->ibv, CQ_POLL_BATCH, wc);
         if (n < 0) return -FI_EIO;
@@ -138,6 +208,7 @@ static ssize_t cq_readfrom(struct fid_cq *cq_fid, void *buf, size_t count, fi_ad
     int ret;
 
     if (!buf && count) return -FI_EINVAL;
+    run_hooks(cq);
     pmof_lock(&cq->lock);
     if (cq->ring_count < count) {
         ret = cq_poll_locked(cq);
@@ -175,6 +246,7 @@ static ssize_t cq_readerr(struct fid_cq *cq_fid, struct fi_cq_err_entry *buf, ui
 
     (void)flags;
     if (!buf) return -FI_EINVAL;
+    run_hooks(cq);
     pmof_lock(&cq->lock);
     if (!cq->ring_count) cq_poll_locked(cq);
     if (!cq->ring_count || !ring_at(cq, 0)->err) {
@@ -188,7 +260,7 @@ static ssize_t cq_readerr(struct fid_cq *cq_fid, struct fi_cq_err_entry *buf, ui
     buf->buf = e->buf;
     buf->data = e->data;
     buf->tag = e->tag;
-    buf->olen = 0;
+    buf->olen = e->olen;
     buf->err = e->err;
     buf->prov_errno = e->prov_errno;
     /* No error data: err_data_size is both the caller's buffer size
@@ -227,6 +299,8 @@ int pmof_cq_trywait(struct pmof_cq *cq) {
     if (!ret && cq->ring_count) ret = -FI_EAGAIN;
 out:
     pmof_unlock(&cq->lock);
+    /* Completions may have left work to post, which no event would wake. */
+    if (!ret && hooks_pending(cq)) ret = -FI_EAGAIN;
     return ret;
 }
 
@@ -334,8 +408,10 @@ static int cq_close(struct fid *fid) {
     if (cq->epfd >= 0) close(cq->epfd);
     close(cq->signal_fd);
     pmof_lock_destroy(&cq->lock);
+    pthread_mutex_destroy(&cq->soft_lock);
     atomic_fetch_sub(&cq->dom->refs, 1);
     free(cq->ring);
+    free(cq->soft);
     free(cq);
     return 0;
 }
@@ -400,6 +476,7 @@ int pmof_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr, struct fid_
     cq->ring = calloc(size, sizeof(*cq->ring));
     if (!cq->ring) goto err;
     pmof_lock_init(&cq->lock, true);
+    pthread_mutex_init(&cq->soft_lock, NULL);
     cq->signal_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (cq->signal_fd < 0) goto err_errno;
     if (cq->wait_obj == FI_WAIT_FD) {
@@ -431,6 +508,7 @@ err:
     if (cq->channel) ibv_destroy_comp_channel(cq->channel);
     if (cq->epfd >= 0) close(cq->epfd);
     if (cq->signal_fd >= 0) close(cq->signal_fd);
+    if (cq->ring) pthread_mutex_destroy(&cq->soft_lock);
     free(cq->ring);
     free(cq);
     return ret;

@@ -56,6 +56,9 @@ static struct pmof_op *tx_op_at_head(struct pmof_ep *ep, void *context, uint64_t
     op->report = pmof_ep_wants_completion(ep, true, flags);
     op->cntr = cntr;
     op->hmem.mr = NULL;
+    op->bounce = false;
+    op->trecv = NULL;
+    op->tsend = 0;
     /* Counters count every request, so theirs are signaled too. */
     op->signaled = op->report || ep->cntrs[cntr] || ++ep->unsignaled >= ep->tx.size / 2;
     if (op->signaled) ep->unsignaled = 0;
@@ -222,6 +225,12 @@ bool pmof_ep_complete(struct pmof_ep *ep, const struct ibv_wc *wc, struct pmof_c
         pmof_hmem_complete(&op.hmem, op.len);
     }
     __atomic_store_n(recv ? &ep->rx.tail : &ep->tx.tail, op.seq + 1, __ATOMIC_RELEASE);
+    if (!recv && (op.trecv || op.tsend)) {
+        /* A rendezvous of an FI_TAGGED endpoint: its end is reported there. */
+        *cntr = NULL;
+        pmof_tagged_tx_complete(ep, &op, wc);
+        return false;
+    }
     if (ep->closing) return false;
     if (op.mrec) {
         /* A manual commit's drain: on success the commit goes on, and only
@@ -560,6 +569,7 @@ static int ep_close(struct fid *fid) {
         pmof_cq_progress(ep->tx_cq);
         pmof_cq_progress(ep->rx_cq);
     }
+    pmof_tagged_ep_close(ep);
     if (ep->id) rdma_destroy_id(ep->id);
     if (ep->eq) atomic_fetch_sub(&ep->eq->refs, 1);
     for (int k = 0; k < PMOF_CNTR_KINDS; k++) {

@@ -25,9 +25,9 @@
 #define PMOF_OFI_CORE_PROV_ONLY (1ULL << 59)
 
 #define PMOF_PRIMARY_CAPS                                                                          \
-    (FI_MSG | FI_RMA | FI_ATOMIC | FI_READ | FI_WRITE | FI_SEND | FI_RECV | FI_REMOTE_READ |       \
-     FI_REMOTE_WRITE | FI_LOCAL_COMM | FI_REMOTE_COMM | FI_HMEM)
-#define PMOF_SECONDARY_CAPS (FI_FENCE | FI_RMA_PMEM | FI_SOURCE)
+    (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_READ | FI_WRITE | FI_SEND | FI_RECV |            \
+     FI_REMOTE_READ | FI_REMOTE_WRITE | FI_LOCAL_COMM | FI_REMOTE_COMM | FI_HMEM)
+#define PMOF_SECONDARY_CAPS (FI_FENCE | FI_RMA_PMEM | FI_SOURCE | FI_DIRECTED_RECV)
 #define PMOF_TX_OP_FLAGS                                                                           \
     (FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE |                \
      FI_COMMIT_COMPLETE | FI_COMPLETION | FI_COMMIT)
@@ -41,6 +41,10 @@
 #define PMOF_LOCAL_MR (1ULL << 55)
 #define PMOF_ORDER_STRICT 0x1FFULL
 #define PMOF_ORDER_DATA (1ULL << 16)
+
+/* Every tag bit is matched: libfabric's "generic" format, which its public
+ * headers do not name (ofi_rxm returns the same). */
+#define PMOF_TAG_FORMAT 0xAAAAAAAAAAAAAAAAULL
 
 #define PMOF_MR_MODE (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY)
 #define PMOF_MSG_ORDER                                                                             \
@@ -435,7 +439,7 @@ static uint64_t grant_caps(uint64_t asked, uint64_t offered) {
     if (!asked) return offered;
     caps = (asked & PMOF_PRIMARY_CAPS) | (offered & PMOF_SECONDARY_CAPS & ~FI_RMA_PMEM) |
            (asked & FI_RMA_PMEM);
-    if ((caps & FI_MSG) && !(caps & (FI_SEND | FI_RECV))) caps |= FI_SEND | FI_RECV;
+    if ((caps & (FI_MSG | FI_TAGGED)) && !(caps & (FI_SEND | FI_RECV))) caps |= FI_SEND | FI_RECV;
     if ((caps & (FI_RMA | FI_ATOMIC)) &&
         !(caps & (FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE)))
         caps |= FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
@@ -471,6 +475,14 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
     char fab[64];
     uint64_t offered = dev_caps(d) | (manual ? FI_RMA_PMEM : 0);
     uint64_t asked = hints ? hints->caps : 0;
+
+    /* Tags are matched in software behind RDM endpoints' connections; a
+     * MSG endpoint is one verbs QP, which matches in order only. */
+    if (type == FI_EP_MSG) offered &= ~(FI_TAGGED | FI_DIRECTED_RECV);
+    if ((asked & ~offered) & (FI_TAGGED | FI_DIRECTED_RECV)) {
+        PMOF_INFO(FI_LOG_CORE, "FI_TAGGED and FI_DIRECTED_RECV are for FI_EP_RDM endpoints\n");
+        return NULL;
+    }
 
     /* A target-only device is persistent memory to an application that
      * does not write itself (FI_WRITE, named or implied). */
@@ -603,6 +615,14 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
         fi->caps |= FI_SOURCE;
         fi->rx_attr->caps |= FI_SOURCE;
         if (fi->domain_attr->av_type == FI_AV_UNSPEC) fi->domain_attr->av_type = FI_AV_TABLE;
+    }
+    if (fi->caps & FI_TAGGED) {
+        /* Every message carries a header, which the inject size leaves
+         * room for unless the application chose it. */
+        fi->ep_attr->mem_tag_format = PMOF_TAG_FORMAT;
+        if (!(hints && hints->tx_attr && hints->tx_attr->inject_size))
+            fi->tx_attr->inject_size =
+                max_inline > PMOF_MSG_HDR_LEN ? max_inline - PMOF_MSG_HDR_LEN : 0;
     }
 
     if (a->has_src) {

@@ -12,6 +12,7 @@
 
 struct pmof_params pmof_params = {
     .inline_size = PMOF_DEF_INLINE,
+    .eager_size = PMOF_DEF_EAGER_SIZE,
     .tx_size = PMOF_DEF_TX_SIZE,
     .rx_size = PMOF_DEF_RX_SIZE,
     .allow_layering = 0,
@@ -68,6 +69,10 @@ FI_EXT_INI {
     fi_param_define(&pmof_prov, "inline_size", FI_PARAM_INT,
                     "Largest message or write sent inline, the inject size (default %d)",
                     PMOF_DEF_INLINE);
+    fi_param_define(&pmof_prov, "eager_size", FI_PARAM_INT,
+                    "Largest message an FI_TAGGED endpoint sends behind its header; larger "
+                    "ones are read by the receiver (default %d)",
+                    PMOF_DEF_EAGER_SIZE);
     fi_param_define(&pmof_prov, "tx_size", FI_PARAM_INT,
                     "Default transmit queue depth (default %d)", PMOF_DEF_TX_SIZE);
     fi_param_define(&pmof_prov, "rx_size", FI_PARAM_INT, "Default receive queue depth (default %d)",
@@ -87,6 +92,7 @@ FI_EXT_INI {
                     "Address and route resolution timeout in ms (default 5000)");
 
     get_int_param("inline_size", &pmof_params.inline_size, 0);
+    get_int_param("eager_size", &pmof_params.eager_size, 0);
     get_int_param("tx_size", &pmof_params.tx_size, 16);
     get_int_param("rx_size", &pmof_params.rx_size, 16);
     get_int_param("cm_timeout", &pmof_params.cm_timeout_ms, 1);

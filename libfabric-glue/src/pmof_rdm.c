@@ -15,6 +15,10 @@
  * so a receive posted before any peer connects matches whichever sends
  * first.  libfabric's ofi_rxm, which could layer RDM over pmof's MSG
  * endpoints, drops FI_COMMIT; this does not.
+ *
+ * With FI_TAGGED the queue holds the provider's buffers instead, and every
+ * message is matched in software (pmof_tagged.c); both ends of a
+ * connection must agree on that, which the hello says.
  */
 #include "pmof.h"
 
@@ -42,7 +46,7 @@ static void srx_put(struct pmof_rdm *rdm, struct pmof_op *op) {
 
 /* Connections are only ever added at the head (with release) and freed at
  * close, so completions walk the list without the lock. */
-static struct pmof_conn *conn_by_qpn(struct pmof_rdm *rdm, uint32_t qpn) {
+struct pmof_conn *pmof_rdm_conn_by_qpn(struct pmof_rdm *rdm, uint32_t qpn) {
     struct pmof_conn *c = __atomic_load_n(&rdm->conns, __ATOMIC_ACQUIRE);
 
     while (c && c->qpn != qpn)
@@ -50,23 +54,30 @@ static struct pmof_conn *conn_by_qpn(struct pmof_rdm *rdm, uint32_t qpn) {
     return c;
 }
 
+fi_addr_t pmof_rdm_src_addr(struct pmof_rdm *rdm, struct pmof_conn *c) {
+    fi_addr_t a = c ? __atomic_load_n(&c->addr, __ATOMIC_RELAXED) : FI_ADDR_NOTAVAIL;
+
+    if (c && a == FI_ADDR_NOTAVAIL && rdm->av) {
+        /* A peer the application inserted after it connected. */
+        a = pmof_av_find(rdm->av, (struct sockaddr *)&c->peer);
+        if (a != FI_ADDR_NOTAVAIL) __atomic_store_n(&c->addr, a, __ATOMIC_RELAXED);
+    }
+    return a;
+}
+
 bool pmof_rdm_complete(struct pmof_rdm *rdm, const struct ibv_wc *wc, struct pmof_cq_entry *out,
                        struct pmof_cntr **cntr) {
     struct pmof_op *op = (struct pmof_op *)(uintptr_t)wc->wr_id;
-    struct pmof_conn *c = conn_by_qpn(rdm, wc->qp_num);
+    struct pmof_conn *c;
     bool report = op->report;
 
+    if (op->bounce) return pmof_tagged_recv_complete(rdm, op, wc, out, cntr);
+    c = pmof_rdm_conn_by_qpn(rdm, wc->qp_num);
     memset(out, 0, sizeof(*out));
     out->op_context = op->context;
     out->flags = FI_MSG | FI_RECV;
     out->buf = op->buf;
-    out->src_addr = c ? __atomic_load_n(&c->addr, __ATOMIC_RELAXED) : FI_ADDR_NOTAVAIL;
-    if (c && out->src_addr == FI_ADDR_NOTAVAIL && rdm->av) {
-        /* A peer the application inserted after it connected. */
-        out->src_addr = pmof_av_find(rdm->av, (struct sockaddr *)&c->peer);
-        if (out->src_addr != FI_ADDR_NOTAVAIL)
-            __atomic_store_n(&c->addr, out->src_addr, __ATOMIC_RELAXED);
-    }
+    out->src_addr = pmof_rdm_src_addr(rdm, c);
     *cntr = rdm->cntrs[PMOF_CNTR_RECV];
     if (wc->status != IBV_WC_SUCCESS) {
         out->err = pmof_wc_errno(wc->status);
@@ -82,13 +93,18 @@ bool pmof_rdm_complete(struct pmof_rdm *rdm, const struct ibv_wc *wc, struct pmo
 }
 
 static ssize_t rdm_post_recv(struct pmof_rdm *rdm, const struct iovec *iov, void **desc,
-                             size_t count, void *context, uint64_t flags) {
+                             size_t count, fi_addr_t src, void *context, uint64_t flags) {
     struct ibv_sge sge[PMOF_IOV_LIMIT];
     struct ibv_recv_wr wr = {0}, *bad;
     struct pmof_op *op;
     size_t total;
     int n, ret;
 
+    if (rdm->tg) {
+        if (!rdm->enabled) return -FI_EOPBADSTATE;
+        return pmof_tagged_recv(rdm, iov, desc, count, src, 0, 0, context, flags, false);
+    }
+    (void)src;
     struct iovec staged[PMOF_IOV_LIMIT];
     struct pmof_hmem_io hio;
     int sret = pmof_hmem_prepare(rdm->dom, &iov, desc, count, staged, false, &hio);
@@ -176,9 +192,14 @@ static int open_conn_ep(struct pmof_rdm *rdm, struct fi_info *info, struct pmof_
     return 0;
 }
 
+static uint32_t hello_flags(const struct pmof_rdm *rdm) {
+    return rdm->tg ? PMOF_RDM_HELLO_HEADERS : 0;
+}
+
 static int rdm_connect(struct pmof_rdm *rdm, const struct sockaddr_storage *peer) {
     struct fi_info *info = fi_dupinfo(rdm->msg_info);
-    struct pmof_rdm_hello data = {.magic = PMOF_RDM_HELLO_MAGIC, .pid = (uint32_t)getpid()};
+    struct pmof_rdm_hello data = {
+        .magic = PMOF_RDM_HELLO_MAGIC, .pid = (uint32_t)getpid(), .flags = hello_flags(rdm)};
     struct pmof_ep *ep;
     size_t len = pmof_sockaddr_len((const struct sockaddr *)peer);
     int ret;
@@ -212,7 +233,8 @@ static int rdm_connect(struct pmof_rdm *rdm, const struct sockaddr_storage *peer
 }
 
 /* A connection whose QP failed (a dead peer) is down: the next operation
- * to that peer connects again (rdm->lock held). */
+ * to that peer connects again (rdm->lock held).  One refused for its
+ * message protocol stays refused. */
 static bool conn_usable(struct pmof_conn *c) {
     if (c->state == PMOF_CONN_UP && c->ep->state != PMOF_EP_CONNECTED) c->state = PMOF_CONN_DOWN;
     return c->state == PMOF_CONN_UP;
@@ -237,7 +259,7 @@ static void send_conn_set(struct pmof_rdm *rdm, fi_addr_t addr, struct pmof_conn
 
 /* The connection operations toward `addr` use: NULL with -FI_EAGAIN while
  * it is being made (the first call starts it). */
-static struct pmof_ep *rdm_conn(struct pmof_rdm *rdm, fi_addr_t addr, ssize_t *err) {
+struct pmof_ep *pmof_rdm_conn(struct pmof_rdm *rdm, fi_addr_t addr, ssize_t *err) {
     struct sockaddr_storage peer;
     struct pmof_conn *c, *pending = NULL;
     struct pmof_ep *ep = NULL;
@@ -253,6 +275,10 @@ static struct pmof_ep *rdm_conn(struct pmof_rdm *rdm, fi_addr_t addr, ssize_t *e
     }
     for (c = rdm->conns; c && !ep; c = c->next) {
         if (!pmof_addr_equal((struct sockaddr *)&c->peer, (struct sockaddr *)&peer)) continue;
+        if (c->state == PMOF_CONN_REFUSED) {
+            *err = -FI_ECONNREFUSED;
+            goto out;
+        }
         if (conn_usable(c)) {
             ep = c->ep;
             __atomic_store_n(&c->addr, addr, __ATOMIC_RELAXED);
@@ -275,11 +301,23 @@ out:
 static void on_connreq(struct pmof_rdm *rdm, struct fi_eq_cm_entry *entry, size_t len) {
     struct sockaddr_storage name;
     struct pmof_ep *ep;
+    uint32_t flags;
     int ret;
 
     /* The connector's name, which its AV entry for us will match. */
-    if (len < sizeof(*entry) || !pmof_rdm_hello_parse(entry->data, len - sizeof(*entry), &name)) {
+    if (len < sizeof(*entry) ||
+        !pmof_rdm_hello_parse(entry->data, len - sizeof(*entry), &name, &flags)) {
         fi_reject(&rdm->pep->pep_fid, entry->info->handle, NULL, 0);
+        fi_freeinfo(entry->info);
+        return;
+    }
+    if (flags != hello_flags(rdm)) {
+        PMOF_WARN(FI_LOG_EP_CTRL,
+                  "refused a peer whose endpoint %s FI_TAGGED: both ends of a connection "
+                  "must agree on it\n",
+                  (flags & PMOF_RDM_HELLO_HEADERS) ? "has" : "lacks");
+        fi_reject(&rdm->pep->pep_fid, entry->info->handle, PMOF_RDM_REJECT_PROTOCOL,
+                  sizeof(PMOF_RDM_REJECT_PROTOCOL));
         fi_freeinfo(entry->info);
         return;
     }
@@ -308,7 +346,7 @@ static void set_conn_state(struct pmof_rdm *rdm, fid_t fid, enum pmof_conn_state
     pmof_lock(&rdm->lock);
     if (ep->conn) {
         ep->conn->state = state;
-        if (state == PMOF_CONN_DOWN && ep->conn->addr < rdm->send_cap &&
+        if (state != PMOF_CONN_UP && ep->conn->addr < rdm->send_cap &&
             rdm->send_conn[ep->conn->addr] == ep->conn)
             rdm->send_conn[ep->conn->addr] = NULL;
     }
@@ -326,8 +364,16 @@ static bool rdm_cm_step(struct pmof_rdm *rdm) {
     if (n == -FI_EAVAIL) {
         struct fi_eq_err_entry err = {0};
         if (fi_eq_readerr(&rdm->cm_eq->eq_fid, &err, 0) > 0) {
-            PMOF_INFO(FI_LOG_EP_CTRL, "connection failed: %s\n", fi_strerror(err.err));
-            set_conn_state(rdm, err.fid, PMOF_CONN_DOWN);
+            bool protocol = err.err == FI_ECONNREFUSED && err.err_data &&
+                            err.err_data_size >= sizeof(PMOF_RDM_REJECT_PROTOCOL) &&
+                            !memcmp(err.err_data, PMOF_RDM_REJECT_PROTOCOL,
+                                    sizeof(PMOF_RDM_REJECT_PROTOCOL));
+            if (protocol)
+                PMOF_WARN(FI_LOG_EP_CTRL, "the peer refused the connection: one endpoint "
+                                          "has FI_TAGGED, the other not\n");
+            else
+                PMOF_INFO(FI_LOG_EP_CTRL, "connection failed: %s\n", fi_strerror(err.err));
+            set_conn_state(rdm, err.fid, protocol ? PMOF_CONN_REFUSED : PMOF_CONN_DOWN);
         }
         return true;
     }
@@ -374,7 +420,7 @@ static struct fi_ops rdm_fi_ops;
 
 struct pmof_ep *pmof_ep_for(struct fid_ep *ep_fid, fi_addr_t addr, ssize_t *err) {
     *err = 0;
-    if (ep_fid->fid.ops == &rdm_fi_ops) return rdm_conn(to_rdm(ep_fid), addr, err);
+    if (ep_fid->fid.ops == &rdm_fi_ops) return pmof_rdm_conn(to_rdm(ep_fid), addr, err);
     return container_of(ep_fid, struct pmof_ep, ep_fid);
 }
 
@@ -391,14 +437,14 @@ uint64_t pmof_ep_op_flags(struct fid_ep *ep_fid) {
 static ssize_t rdm_recvmsg(struct fid_ep *ep_fid, const struct fi_msg *msg, uint64_t flags) {
     flags &= ~PMOF_NO_COMPLETION;
     if (!msg) return -FI_EINVAL;
-    return rdm_post_recv(to_rdm(ep_fid), msg->msg_iov, msg->desc, msg->iov_count, msg->context,
-                         flags);
+    return rdm_post_recv(to_rdm(ep_fid), msg->msg_iov, msg->desc, msg->iov_count, msg->addr,
+                         msg->context, flags);
 }
 
 static ssize_t rdm_recvv(struct fid_ep *ep_fid, const struct iovec *iov, void **desc, size_t count,
                          fi_addr_t src_addr, void *context) {
-    (void)src_addr;
-    return rdm_post_recv(to_rdm(ep_fid), iov, desc, count, context, to_rdm(ep_fid)->rx_op_flags);
+    return rdm_post_recv(to_rdm(ep_fid), iov, desc, count, src_addr, context,
+                         to_rdm(ep_fid)->rx_op_flags);
 }
 
 static ssize_t rdm_recv(struct fid_ep *ep_fid, void *buf, size_t len, void *desc,
@@ -409,22 +455,29 @@ static ssize_t rdm_recv(struct fid_ep *ep_fid, void *buf, size_t len, void *desc
 
 #define RDM_CONN(rdm, addr)                                                                        \
     ssize_t err_ = 0;                                                                              \
-    struct pmof_ep *cep = rdm_conn(rdm, addr, &err_);                                              \
+    struct pmof_ep *cep = pmof_rdm_conn(rdm, addr, &err_);                                         \
     if (!cep) return err_
+
+/* Every send of the endpoint: headed when it has FI_TAGGED. */
+static ssize_t rdm_post_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iovec *iov,
+                             void **desc, size_t count, uint64_t data, void *context,
+                             uint64_t flags) {
+    if (rdm->tg) return pmof_tagged_send(rdm, dest, iov, desc, count, 0, data, context, flags, false);
+    RDM_CONN(rdm, dest);
+    return pmof_post_send(cep, iov, desc, count, data, context, flags);
+}
 
 static ssize_t rdm_sendmsg(struct fid_ep *ep_fid, const struct fi_msg *msg, uint64_t flags) {
     flags &= ~PMOF_NO_COMPLETION;
     if (!msg) return -FI_EINVAL;
-    RDM_CONN(to_rdm(ep_fid), msg->addr);
-    return pmof_post_send(cep, msg->msg_iov, msg->desc, msg->iov_count, msg->data, msg->context,
-                          flags);
+    return rdm_post_send(to_rdm(ep_fid), msg->addr, msg->msg_iov, msg->desc, msg->iov_count,
+                         msg->data, msg->context, flags);
 }
 
 static ssize_t rdm_sendv(struct fid_ep *ep_fid, const struct iovec *iov, void **desc, size_t count,
                          fi_addr_t dest_addr, void *context) {
-    RDM_CONN(to_rdm(ep_fid), dest_addr);
-    return pmof_post_send(cep, iov, desc, count, 0, context,
-                          to_rdm(ep_fid)->tx_op_flags & ~FI_REMOTE_CQ_DATA);
+    return rdm_post_send(to_rdm(ep_fid), dest_addr, iov, desc, count, 0, context,
+                         to_rdm(ep_fid)->tx_op_flags & ~FI_REMOTE_CQ_DATA);
 }
 
 static ssize_t rdm_send(struct fid_ep *ep_fid, const void *buf, size_t len, void *desc,
@@ -436,22 +489,20 @@ static ssize_t rdm_send(struct fid_ep *ep_fid, const void *buf, size_t len, void
 static ssize_t rdm_senddata(struct fid_ep *ep_fid, const void *buf, size_t len, void *desc,
                             uint64_t data, fi_addr_t dest_addr, void *context) {
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    RDM_CONN(to_rdm(ep_fid), dest_addr);
-    return pmof_post_send(cep, &iov, &desc, 1, data, context,
-                          to_rdm(ep_fid)->tx_op_flags | FI_REMOTE_CQ_DATA);
+    return rdm_post_send(to_rdm(ep_fid), dest_addr, &iov, &desc, 1, data, context,
+                         to_rdm(ep_fid)->tx_op_flags | FI_REMOTE_CQ_DATA);
 }
 
 static ssize_t rdm_inject(struct fid_ep *ep_fid, const void *buf, size_t len, fi_addr_t dest_addr) {
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    RDM_CONN(to_rdm(ep_fid), dest_addr);
-    return pmof_post_send(cep, &iov, NULL, 1, 0, NULL, PMOF_INJECT);
+    return rdm_post_send(to_rdm(ep_fid), dest_addr, &iov, NULL, 1, 0, NULL, PMOF_INJECT);
 }
 
 static ssize_t rdm_injectdata(struct fid_ep *ep_fid, const void *buf, size_t len, uint64_t data,
                               fi_addr_t dest_addr) {
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    RDM_CONN(to_rdm(ep_fid), dest_addr);
-    return pmof_post_send(cep, &iov, NULL, 1, data, NULL, PMOF_INJECT | FI_REMOTE_CQ_DATA);
+    return rdm_post_send(to_rdm(ep_fid), dest_addr, &iov, NULL, 1, data, NULL,
+                         PMOF_INJECT | FI_REMOTE_CQ_DATA);
 }
 
 static struct fi_ops_msg rdm_msg_ops = {
@@ -619,6 +670,13 @@ static int rdm_enable(struct pmof_rdm *rdm) {
     if ((rdm->info->mode & FI_COMMIT_MANUAL) && !rdm->user_eq) return -FI_ENOEQ;
     rdm->srq = ibv_create_srq(rdm->dom->pd, &sa);
     if (!rdm->srq) return pmof_errno(errno);
+    if (rdm->info->caps & FI_TAGGED) {
+        ret = pmof_tagged_open(rdm);
+        if (!ret) ret = pmof_tagged_fill_srq(rdm);
+        if (!ret) ret = pmof_cq_add_hook(rdm->tx_cq, rdm);
+        if (!ret) ret = pmof_cq_add_hook(rdm->rx_cq, rdm);
+        if (ret) return ret;
+    }
     ret = pmof_eq_open(&rdm->dom->fab->fabric_fid, &eqa, &eq, NULL);
     if (ret) return ret;
     rdm->cm_eq = container_of(eq, struct pmof_eq, eq_fid);
@@ -693,6 +751,9 @@ static int rdm_close(struct fid *fid) {
     if (rdm->pep) fi_close(&rdm->pep->pep_fid.fid);
     if (rdm->cm_eq) fi_close(&rdm->cm_eq->eq_fid.fid);
     if (rdm->srq) ibv_destroy_srq(rdm->srq);
+    if (rdm->tx_cq) pmof_cq_del_hook(rdm->tx_cq, rdm);
+    if (rdm->rx_cq) pmof_cq_del_hook(rdm->rx_cq, rdm);
+    pmof_tagged_close(rdm);
     if (rdm->av) atomic_fetch_sub(&rdm->av->refs, 1);
     if (rdm->user_eq) atomic_fetch_sub(&rdm->user_eq->refs, 1);
     if (rdm->tx_cq) atomic_fetch_sub(&rdm->tx_cq->refs, 1);
@@ -745,7 +806,8 @@ static int rdm_getopt(fid_t fid, int level, int optname, void *optval, size_t *o
 }
 
 static ssize_t rdm_rx_size_left(struct fid_ep *ep_fid) {
-    return (ssize_t)to_rdm(ep_fid)->rx_free_count;
+    struct pmof_rdm *rdm = to_rdm(ep_fid);
+    return rdm->tg ? (ssize_t)pmof_tagged_rx_left(rdm) : (ssize_t)rdm->rx_free_count;
 }
 
 static ssize_t rdm_tx_size_left(struct fid_ep *ep_fid) {
@@ -777,6 +839,11 @@ int pmof_rdm_endpoint(struct pmof_domain *dom, struct fi_info *info, struct fid_
     rdm->rx_free_count = rdm->rx_size;
     /* The hidden connections' info: MSG, from this endpoint's address. */
     rdm->msg_info->ep_attr->type = FI_EP_MSG;
+    /* Headed messages: the inject size the application has, behind the
+     * header. */
+    if ((info->caps & FI_TAGGED) && rdm->msg_info->tx_attr &&
+        rdm->msg_info->tx_attr->inject_size + PMOF_MSG_HDR_LEN <= PMOF_INLINE_MAX)
+        rdm->msg_info->tx_attr->inject_size += PMOF_MSG_HDR_LEN;
     free(rdm->msg_info->dest_addr);
     rdm->msg_info->dest_addr = NULL;
     rdm->msg_info->dest_addrlen = 0;
@@ -797,7 +864,7 @@ int pmof_rdm_endpoint(struct pmof_domain *dom, struct fi_info *info, struct fid_
     rdm->ep_fid.cm = &rdm_cm_ops;
     rdm->ep_fid.msg = &rdm_msg_ops;
     rdm->ep_fid.rma = &rdm_rma_ops;
-    rdm->ep_fid.tagged = &pmof_tagged_ops_enosys;
+    rdm->ep_fid.tagged = (info->caps & FI_TAGGED) ? &pmof_tagged_ops : &pmof_tagged_ops_enosys;
     rdm->ep_fid.atomic = &pmof_atomic_ops;
     rdm->ep_fid.collective = &pmof_collective_ops_enosys;
     rdm->pmof_ops.size = sizeof(rdm->pmof_ops);

@@ -56,12 +56,15 @@ bool pmof_cm_hdr_parse(const void *data, size_t len, struct pmof_cm_hdr *out) {
 
 /* ------------------------------------------------------------- RDM hello */
 
-bool pmof_rdm_hello_parse(const void *data, size_t len, struct sockaddr_storage *name) {
+bool pmof_rdm_hello_parse(const void *data, size_t len, struct sockaddr_storage *name,
+                          uint32_t *flags) {
     struct pmof_rdm_hello h;
 
     if (!data || len < sizeof(h)) return false;
     memcpy(&h, data, sizeof(h));
-    if (h.magic != PMOF_RDM_HELLO_MAGIC) return false;
+    if (h.magic != PMOF_RDM_HELLO_MAGIC || (h.flags & ~(uint32_t)PMOF_RDM_HELLO_HEADERS))
+        return false;
+    *flags = h.flags;
     memset(name, 0, sizeof(*name));
     if (h.name.sin6_family == AF_INET6) {
         memcpy(name, &h.name, sizeof(struct sockaddr_in6));
@@ -172,6 +175,77 @@ bool pmof_manual_parse(const void *data, size_t len, struct pmof_manual_msg *out
         return !count && out->status <= 0 && len == PMOF_MANUAL_HDR_LEN;
     case PMOF_MANUAL_PING:
         return !count && !out->status && len == PMOF_MANUAL_HDR_LEN;
+    default:
+        return false;
+    }
+}
+
+/* ------------------------------------------------ headed messages (tags) */
+
+/*
+ * Header, little-endian:
+ *   0  u8 type   1  u8 flags   2  u8 count   3  u8 version
+ *   4  i32 status   8  u64 tag   16 u64 data   24 u64 len   32 u64 cookie
+ * then (RTS) `count` segments of {u64 addr, u64 len, u32 rkey, u32 0}.
+ */
+size_t pmof_msg_encode(uint8_t out[PMOF_MSG_CTRL_MAX], const struct pmof_msg_hdr *h) {
+    uint32_t count = h->type == PMOF_MSG_RTS ? h->count : 0;
+    size_t off = PMOF_MSG_HDR_LEN;
+
+    if (count > PMOF_MSG_SEG_MAX) count = PMOF_MSG_SEG_MAX;
+    out[0] = h->type;
+    out[1] = h->flags;
+    out[2] = (uint8_t)count;
+    out[3] = PMOF_MSG_VERSION;
+    put32(out + 4, (uint32_t)h->status);
+    put64(out + 8, h->tag);
+    put64(out + 16, h->data);
+    put64(out + 24, h->len);
+    put64(out + 32, h->cookie);
+    for (uint32_t i = 0; i < count; i++, off += PMOF_MSG_SEG_LEN) {
+        put64(out + off, h->segs[i].addr);
+        put64(out + off + 8, h->segs[i].len);
+        put32(out + off + 16, h->segs[i].rkey);
+        put32(out + off + 20, 0);
+    }
+    return off;
+}
+
+bool pmof_msg_parse(const void *data, size_t len, struct pmof_msg_hdr *out) {
+    const uint8_t *d = data;
+    uint64_t sum = 0;
+
+    memset(out, 0, sizeof(*out));
+    if (!d || len < PMOF_MSG_HDR_LEN || d[3] != PMOF_MSG_VERSION) return false;
+    if (d[1] & ~(PMOF_MSG_TAGGED | PMOF_MSG_CQ_DATA)) return false;
+    out->type = d[0];
+    out->flags = d[1];
+    out->count = d[2];
+    out->status = (int32_t)get32(d + 4);
+    out->tag = get64(d + 8);
+    out->data = get64(d + 16);
+    out->len = get64(d + 24);
+    out->cookie = get64(d + 32);
+    switch (out->type) {
+    case PMOF_MSG_EAGER:
+        return !out->count && !out->status && !out->cookie && out->len == len - PMOF_MSG_HDR_LEN;
+    case PMOF_MSG_RTS:
+        if (!out->count || out->count > PMOF_MSG_SEG_MAX || out->status) return false;
+        if (len != PMOF_MSG_HDR_LEN + (size_t)out->count * PMOF_MSG_SEG_LEN) return false;
+        for (uint32_t i = 0; i < out->count; i++) {
+            const uint8_t *s = d + PMOF_MSG_HDR_LEN + (size_t)i * PMOF_MSG_SEG_LEN;
+            struct pmof_msg_seg *o = &out->segs[i];
+            o->addr = get64(s);
+            o->len = get64(s + 8);
+            o->rkey = get32(s + 16);
+            if (get32(s + 20) || o->addr + o->len < o->addr || o->len > UINT64_MAX - sum)
+                return false;
+            sum += o->len;
+        }
+        return sum == out->len;
+    case PMOF_MSG_FIN:
+        return !out->count && out->status <= 0 && !out->flags && !out->tag && !out->data &&
+               !out->len && len == PMOF_MSG_HDR_LEN;
     default:
         return false;
     }

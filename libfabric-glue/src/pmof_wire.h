@@ -52,14 +52,76 @@ bool pmof_cm_hdr_parse(const void *data, size_t len, struct pmof_cm_hdr *out);
 
 /* The connector's name, as the user bytes of an RDM endpoint's REQ. */
 #define PMOF_RDM_HELLO_MAGIC 0x504d4f46u /* "PMOF" */
+
+/* The connector's message protocol (its endpoint's caps): both ends of a
+ * connection must use the same one. */
+enum pmof_rdm_hello_flags {
+    PMOF_RDM_HELLO_HEADERS = 1 << 0, /* every message carries a pmof_msg_hdr */
+};
 struct pmof_rdm_hello {
     uint32_t magic;
     uint32_t pid;
+    uint32_t flags;
     struct sockaddr_in6 name; /* or a sockaddr_in in the first bytes */
 };
 
-/* The name a hello carries, if it is one: an IPv4 or IPv6 socket address. */
-bool pmof_rdm_hello_parse(const void *data, size_t len, struct sockaddr_storage *name);
+/* The name a hello carries, if it is one: an IPv4 or IPv6 socket address;
+ * `flags` gets its protocol (only known flags are accepted). */
+bool pmof_rdm_hello_parse(const void *data, size_t len, struct sockaddr_storage *name,
+                          uint32_t *flags);
+
+/* ------------------------------------------------ headed messages (tags) */
+
+/*
+ * An RDM endpoint with FI_TAGGED sends every message with a header, and
+ * receives every message into the provider's buffers, where it is matched
+ * with the application's receives in software.  A message up to the eager
+ * size travels behind its header; a larger one is announced by a
+ * request-to-send naming the sender's memory, which the receiver reads
+ * with RDMA READ once matched and then acknowledges with a FIN.
+ */
+#define PMOF_MSG_VERSION 1
+#define PMOF_MSG_HDR_LEN 40
+#define PMOF_MSG_SEG_LEN 24
+#define PMOF_MSG_SEG_MAX 4
+#define PMOF_MSG_CTRL_MAX (PMOF_MSG_HDR_LEN + PMOF_MSG_SEG_MAX * PMOF_MSG_SEG_LEN)
+
+enum pmof_msg_type {
+    PMOF_MSG_EAGER = 1, /* the payload follows the header */
+    PMOF_MSG_RTS = 2,   /* the payload is in the sender's segments */
+    PMOF_MSG_FIN = 3,   /* receiver -> sender: the RTS's payload was read */
+};
+
+enum pmof_msg_flags {
+    PMOF_MSG_TAGGED = 1 << 0,  /* matched by tag; untagged ones in order */
+    PMOF_MSG_CQ_DATA = 1 << 1, /* `data` is FI_REMOTE_CQ_DATA */
+};
+
+struct pmof_msg_seg {
+    uint64_t addr, len;
+    uint32_t rkey;
+};
+
+struct pmof_msg_hdr {
+    uint8_t type, flags;
+    uint32_t count;  /* RTS: segments */
+    int32_t status;  /* FIN: 0, or the negative libfabric error of the read */
+    uint64_t tag;    /* EAGER, RTS */
+    uint64_t data;   /* EAGER, RTS with PMOF_MSG_CQ_DATA */
+    uint64_t len;    /* EAGER, RTS: the message's length */
+    uint64_t cookie; /* RTS: the sender's, echoed by the FIN */
+    struct pmof_msg_seg segs[PMOF_MSG_SEG_MAX];
+};
+
+/* Little-endian; returns the header's length (the payload of an EAGER
+ * follows it). */
+size_t pmof_msg_encode(uint8_t out[PMOF_MSG_CTRL_MAX], const struct pmof_msg_hdr *h);
+/* False unless `data` starts with one well-formed header whose lengths are
+ * consistent with `len`: an EAGER's payload is exactly the rest, an RTS
+ * has 1..PMOF_MSG_SEG_MAX segments that do not wrap and add up to its
+ * length, a FIN has a status of 0 or below; flags, version and reserved
+ * bytes as defined. */
+bool pmof_msg_parse(const void *data, size_t len, struct pmof_msg_hdr *out);
 
 /* ----------------------------------------------- manual-commit messages */
 

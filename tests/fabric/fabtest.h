@@ -53,6 +53,7 @@ extern const struct ft_test ft_msg_tests[];
 extern const struct ft_test ft_rma_tests[];
 extern const struct ft_test ft_atomic_tests[];
 extern const struct ft_test ft_pmof_tests[];
+extern const struct ft_test ft_tagged_tests[];
 
 int ft_failf(struct ft_run *r, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -133,6 +134,7 @@ int ft_require_pmof(struct ft_run *r, struct fid_domain *domain, struct fi_pmof_
 struct ft_comp {
     bool is_err;
     struct fi_cq_data_entry e; /* op_context, flags, len, buf, data */
+    uint64_t tag;
     int err;
     int prov_errno;
     size_t olen;

@@ -150,7 +150,7 @@ int ft_require_pmof(struct ft_run *r, struct fid_domain *domain, struct fi_pmof_
 /* ------------------------------------------------------------ progress */
 
 static int cq_drain(struct ft_run *r, struct ft_cq *c) {
-    struct fi_cq_data_entry e[16];
+    struct fi_cq_tagged_entry e[16];
 
     while (c->cq && c->n < FT_CQ_BACKLOG) {
         size_t room = FT_CQ_BACKLOG - c->n;
@@ -164,6 +164,7 @@ static int cq_drain(struct ft_run *r, struct ft_cq *c) {
             c->q[c->n++] = (struct ft_comp){
                 .is_err = true,
                 .e = {err.op_context, err.flags, err.len, err.buf, err.data},
+                .tag = err.tag,
                 .err = err.err,
                 .prov_errno = err.prov_errno,
                 .olen = err.olen,
@@ -172,7 +173,10 @@ static int cq_drain(struct ft_run *r, struct ft_cq *c) {
         }
         if (n < 0) return ft_fail(r, "fi_cq_read(%s) = %zd (%s)", c->name, n, fi_strerror((int)-n));
         for (ssize_t i = 0; i < n; i++)
-            c->q[c->n++] = (struct ft_comp){.e = e[i]};
+            c->q[c->n++] = (struct ft_comp){
+                .e = {e[i].op_context, e[i].flags, e[i].len, e[i].buf, e[i].data},
+                .tag = e[i].tag,
+            };
     }
     return FT_OK;
 }
@@ -342,7 +346,8 @@ int ft_wait_until(struct ft_pair *p, bool (*cond)(void *), void *arg, const char
 /* ------------------------------------------------------------ pairs */
 
 static int open_cq(struct ft_pair *p, struct ft_side *s, struct ft_cq *c, size_t size) {
-    struct fi_cq_attr attr = {.size = size, .format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE};
+    struct fi_cq_attr attr = {
+        .size = size, .format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_NONE};
     int ret = FT_OK;
     struct ft_run *r = p->r;
 

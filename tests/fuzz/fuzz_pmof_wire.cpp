@@ -2,8 +2,8 @@
 //
 // libFuzzer target for what the pmof libfabric provider reads from a peer
 // (libfabric-glue/src/pmof_wire.c): the header of CM private data, the RDM
-// connector's hello, and the FI_COMMIT_MANUAL control messages.  The first
-// byte picks the parser.  The oracle is the sanitizers, plus: whatever a
+// connector's hello, the FI_COMMIT_MANUAL control messages and the headers
+// of an FI_TAGGED endpoint's messages.  The first byte picks the parser.  The oracle is the sanitizers, plus: whatever a
 // parser accepts is consistent with its input (user bytes inside it, a
 // nonzero control QP when the flag says so, an address family it knows,
 // a message that encodes back to the same bytes).
@@ -16,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     const uint8_t *in = data + 1;
     size_t n = size - 1;
-    switch (data[0] % 3) {
+    switch (data[0] % 4) {
     case 0: {
         pmof_cm_hdr h;
         if (!pmof_cm_hdr_parse(in, n, &h)) {
@@ -35,8 +35,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case 1: {
         sockaddr_storage ss;
-        if (pmof_rdm_hello_parse(in, n, &ss) && ss.ss_family != AF_INET && ss.ss_family != AF_INET6)
+        uint32_t flags;
+        if (pmof_rdm_hello_parse(in, n, &ss, &flags) &&
+            ((ss.ss_family != AF_INET && ss.ss_family != AF_INET6) ||
+             (flags & ~uint32_t(PMOF_RDM_HELLO_HEADERS))))
             abort();
+        return 0;
+    }
+    case 2: {
+        // A header encodes back to the bytes it was parsed from; an EAGER's
+        // payload is the rest of the input.
+        pmof_msg_hdr h;
+        if (!pmof_msg_parse(in, n, &h)) return 0;
+        uint8_t out[PMOF_MSG_CTRL_MAX];
+        size_t len = pmof_msg_encode(out, &h);
+        if (len > n || std::memcmp(out, in, len)) abort();
+        if (h.type == PMOF_MSG_EAGER ? h.len != n - len : len != n) abort();
+        if (h.type == PMOF_MSG_RTS) {
+            uint64_t sum = 0;
+            for (uint32_t i = 0; i < h.count; i++)
+                sum += h.segs[i].len;
+            if (!h.count || h.count > PMOF_MSG_SEG_MAX || sum != h.len) abort();
+        }
         return 0;
     }
     default: {
