@@ -311,7 +311,12 @@ static int cq_wait(struct pmof_cq *cq, int timeout) {
     };
     int ret = pmof_cq_trywait(cq);
 
-    if (ret == -FI_EAGAIN) return 0;
+    if (ret == -FI_EAGAIN) {
+        /* A rendezvous in flight finishes on the endpoint's other CQ too,
+         * which no event of this one announces: look again shortly. */
+        if (hooks_pending(cq)) poll(p, 2, timeout >= 0 && timeout < 1 ? timeout : 1);
+        return 0;
+    }
     if (ret) return ret;
     ret = poll(p, 2, timeout);
     if (ret < 0) return errno == EINTR ? 0 : pmof_errno(errno);

@@ -94,6 +94,10 @@ struct pmof_tagged {
     /* rendezvous sends, found again by the cookie their FIN echoes */
     struct pmof_tsend *ts;
     uint32_t nts;
+    /* Rendezvous in flight end on the other CQ than the one the
+     * application may be reading: READs on the transmit CQ, FINs on the
+     * receive CQ.  While there are any, reading either polls both. */
+    atomic_int reads_out, sends_out;
 };
 
 /* ------------------------------------------------------------- helpers */
@@ -195,6 +199,7 @@ static void queue_fin(struct pmof_tagged *tg, struct pmof_ep *ep, uint64_t cooki
 static void queue_read(struct pmof_tagged *tg, struct pmof_trecv *rv) {
     struct pmof_twork *w = calloc(1, sizeof(*w));
 
+    if (w) atomic_fetch_add(&tg->reads_out, 1);
     if (!w) {
         /* The receive fails; the sender learns it from the FIN. */
         struct pmof_tmsg *m = rv->msg;
@@ -400,6 +405,7 @@ static void read_done(struct pmof_rdm *rdm, struct pmof_trecv *rv) {
     pthread_mutex_lock(&tg->lock);
     queue_fin(tg, m->ep, m->h.cookie, status);
     pthread_mutex_unlock(&tg->lock);
+    atomic_fetch_sub(&tg->reads_out, 1);
     msg_free(m);
     free(rv);
 }
@@ -546,6 +552,7 @@ static void tsend_finish(struct pmof_rdm *rdm, struct pmof_tsend *ts, int status
     memset(ts->mrs, 0, sizeof(ts->mrs));
     ts->used = false;
     pthread_mutex_unlock(&rdm->tg->lock);
+    atomic_fetch_sub(&rdm->tg->sends_out, 1);
 }
 
 /* The send a cookie names, if it is still waiting; its cookie is spent
@@ -622,13 +629,19 @@ static int post_fin(struct pmof_twork *w) {
 }
 
 bool pmof_tagged_has_work(struct pmof_rdm *rdm) {
-    return rdm->tg && __atomic_load_n(&rdm->tg->work, __ATOMIC_RELAXED);
+    struct pmof_tagged *tg = rdm->tg;
+
+    return tg && (__atomic_load_n(&tg->work, __ATOMIC_RELAXED) || atomic_load(&tg->reads_out) ||
+                  atomic_load(&tg->sends_out));
 }
 
 void pmof_tagged_progress(struct pmof_rdm *rdm) {
     struct pmof_tagged *tg = rdm->tg;
 
-    if (!tg || !__atomic_load_n(&tg->work, __ATOMIC_RELAXED)) return;
+    if (!tg) return;
+    if (atomic_load(&tg->reads_out) && rdm->tx_cq != rdm->rx_cq) pmof_cq_progress(rdm->tx_cq);
+    if (atomic_load(&tg->sends_out) && rdm->tx_cq != rdm->rx_cq) pmof_cq_progress(rdm->rx_cq);
+    if (!__atomic_load_n(&tg->work, __ATOMIC_RELAXED)) return;
     if (atomic_flag_test_and_set(&tg->busy)) return;
     for (;;) {
         struct pmof_twork *w;
@@ -712,6 +725,7 @@ static ssize_t send_rts(struct pmof_rdm *rdm, struct pmof_ep *ep, struct pmof_ms
         pmof_tx_abort(ep);
     else
         ret = pmof_tx_post(ep);
+    if (!ret) atomic_fetch_add(&tg->sends_out, 1);
     pmof_unlock(&ep->tx_lock);
     if (ret) goto fail;
     return 0;

@@ -11,8 +11,7 @@
 /* Past pmof's eager size (8 KiB by default): read by the receiver. */
 #define BIG (256 * 1024)
 /* Rendezvous in pmof, eager in ofi_rxm, whose rendezvous sends never
- * complete when the receiver discards them.  (Nor do its truncated
- * receives past a few KiB: the reference run truncates at 3000 bytes.) */
+ * complete when the receiver discards them. */
 #define MID 12000
 
 static int open_tagged(struct ft_run *r, struct ft_pair *p) {
@@ -189,14 +188,16 @@ out:
 /* A message longer than its receive: FI_ETRUNC with the bytes that fitted
  * and olen for the rest, eager and rendezvous. */
 static int t_truncate(struct ft_run *r) {
-    const size_t len[2] = {1000, ft_strict(r) ? BIG : 3000};
+    static const size_t len[2] = {1000, BIG};
     struct ft_pair p = {0};
     struct tbufs b = {0};
     int ret = open_tagged(r, &p);
 
     FT_TRY(ret);
     FT_TRY(tbufs_alloc(&p, BIG, &b));
-    for (int i = 0; i < 2; i++) {
+    /* ofi_rxm (the reference run) loses every receive after a truncated
+     * one: only the first case there. */
+    for (int i = 0; i < (ft_strict(r) ? 2 : 1); i++) {
         struct fi_context2 rc, sc;
         struct ft_comp c;
         size_t half = len[i] / 2;

@@ -7,8 +7,8 @@
 #   1. fi_info lists pmof on both devices, with FI_RMA_PMEM, for FI_EP_MSG
 #      and FI_EP_RDM; ofi_rxm does not layer over it (it would drop
 #      FI_COMMIT), so every RDM info is pmof's own.
-#   2. fi_pingpong -p pmof -c (every buffer checked), msg and rdm, all of
-#      its sizes, as two processes.
+#   2. fi_pingpong -p pmof -c (every buffer checked), msg and rdm (and rdm
+#      with tagged messages), all of its sizes, as two processes.
 #   3. pmof_fabtest (tests/fabric): getinfo, objects, messages, RMA,
 #      atomics, counters and every persistence promise, msg and rdm, with
 #      the commits sroce takes and with those pmof posts on an RNIC
@@ -55,24 +55,28 @@ fi_info_check FI_EP_MSG
 fi_info_check FI_EP_RDM
 
 # --- fi_pingpong -----------------------------------------------------------------
+# pingpong EP [-m tagged]
 pingpong() {
 	local ep=$1
-	if run_pair fi_pingpong -p pmof -e "$ep" -c -I 10 -d pmof0 -B @PORT@ -- \
-		fi_pingpong -p pmof -e "$ep" -c -I 10 -P @PORT@ $A; then
+	shift
+	if run_pair fi_pingpong -p pmof -e "$ep" "$@" -c -I 10 -d pmof0 -B @PORT@ -- \
+		fi_pingpong -p pmof -e "$ep" "$@" -c -I 10 -P @PORT@ $A; then
 		local sizes
 		sizes=$(grep -a -c '=10 ' "$RP_CLIENT_LOG" || true)
 		if ((sizes == 6)); then
-			pass "fi_pingpong -p pmof -e $ep -c: 64 B to 1 MiB, 10 round trips each"
+			pass "fi_pingpong -p pmof -e $ep $* -c: 64 B to 1 MiB, 10 round trips each"
 		else
-			fail "fi_pingpong -p pmof -e $ep -c: $sizes sizes reported, expected 6" "$(cat "$RP_CLIENT_LOG")"
+			fail "fi_pingpong -p pmof -e $ep $* -c: $sizes sizes reported, expected 6" "$(cat "$RP_CLIENT_LOG")"
 		fi
 	else
-		fail "fi_pingpong -p pmof -e $ep -c"
+		fail "fi_pingpong -p pmof -e $ep $* -c"
 	fi
 }
 if command -v fi_pingpong >/dev/null; then
 	pingpong msg
 	pingpong rdm
+	# Tagged messages: eager up to 8 KiB, read by the receiver beyond.
+	pingpong rdm -m tagged
 else
 	log "skip fi_pingpong: not installed (libfabric-bin)"
 fi
