@@ -198,6 +198,8 @@ struct ft_pair_cfg {
     /* per side (FT_SRV, FT_CLI): an info without `mode` instead, so that
      * the two ends of a connection differ in it */
     bool plain[2];
+    /* RDM: caps the client's info goes without (the ends then differ) */
+    uint64_t cli_caps_off;
 };
 
 struct ft_side {

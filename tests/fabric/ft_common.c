@@ -452,6 +452,14 @@ int ft_pair_prepare(struct ft_run *r, struct ft_pair *p, const struct ft_pair_cf
         pick_mode(&p->rdm_cli_info, p->cfg.mode, p->cfg.plain[FT_CLI]);
     }
     pick_mode(&p->info, p->cfg.mode, p->cfg.plain[FT_SRV]);
+    if (r->opts->ep_type == FI_EP_RDM && p->cfg.cli_caps_off) {
+        fi_freeinfo(p->rdm_cli_info);
+        p->rdm_cli_info = fi_dupinfo(p->info);
+        FT_EXPECT(p->rdm_cli_info, "fi_dupinfo failed");
+        p->rdm_cli_info->caps &= ~p->cfg.cli_caps_off;
+        p->rdm_cli_info->tx_attr->caps &= ~p->cfg.cli_caps_off;
+        p->rdm_cli_info->rx_attr->caps &= ~p->cfg.cli_caps_off;
+    }
     FT_CHK(fi_fabric(p->info->fabric_attr, &p->fabric, NULL));
 out:
     return ret;

@@ -391,6 +391,42 @@ out:
     return ft_pair_close(&p, ret);
 }
 
+/* An RDM endpoint with FI_TAGGED and one without cannot talk (every
+ * message of the first carries a header): pmof refuses the connection,
+ * either way, and says so with -FI_ECONNREFUSED, never misreading one
+ * message. */
+static int t_mismatch(struct ft_run *r) {
+    struct ft_pair_cfg cfg = {.caps = FI_TAGGED, .cli_caps_off = FI_TAGGED};
+    struct ft_pair p = {0};
+    struct tbufs b = {0};
+    struct fi_context2 rc, sc;
+    int ret = FT_OK;
+
+    if (r->opts->ep_type != FI_EP_RDM)
+        return ft_skip(r, "tagged messages are tested on FI_EP_RDM endpoints");
+    if (!ft_strict(r)) return ft_skip(r, "how a provider refuses this is its own");
+    FT_TRY(ft_pair_open(r, &p, &cfg));
+    FT_TRY(tbufs_alloc(&p, 64, &b));
+    FT_EXPECT(p.s[FT_CLI].info->caps & FI_MSG, "client info without FI_MSG");
+    FT_POST(&p, fi_recv(p.s[FT_SRV].ep, b.rx.buf, 64, b.rx.desc, FI_ADDR_UNSPEC, &rc));
+    for (int i = 0; i < 2; i++) {
+        struct ft_side *s = &p.s[i ? FT_SRV : FT_CLI];
+        void *buf = i ? b.rx.buf : b.tx.buf, *desc = i ? b.rx.desc : b.tx.desc;
+        uint64_t t0 = ft_now_us();
+        ssize_t rc2;
+
+        while ((rc2 = fi_send(s->ep, buf, 8, desc, s->peer, &sc)) == -FI_EAGAIN &&
+               ft_now_us() - t0 < FT_TIMEOUT_MS * 1000ULL)
+            FT_TRY(ft_progress(&p));
+        FT_EXPECT(rc2 == -FI_ECONNREFUSED, "%s: fi_send to a peer of the other kind = %zd (%s)",
+                  s->name, rc2, fi_strerror((int)-rc2));
+    }
+    FT_TRY(ft_expect_quiet(&p, &p.s[FT_SRV].rx, 50, "a refused peer"));
+out:
+    ret = tbufs_free(r, &b, ret);
+    return ft_pair_close(&p, ret);
+}
+
 const struct ft_test ft_tagged_tests[] = {
     {"tagged.pingpong", t_pingpong},
     {"tagged.unexpected", t_unexpected},
@@ -400,5 +436,6 @@ const struct ft_test ft_tagged_tests[] = {
     {"tagged.inject", t_inject},
     {"tagged.peek_claim", t_peek_claim},
     {"tagged.untagged", t_untagged},
+    {"tagged.mismatch", t_mismatch},
     {NULL, NULL},
 };
