@@ -122,31 +122,6 @@ static size_t copy_to_iov(const struct iovec *iov, size_t count, const uint8_t *
     return done;
 }
 
-/* The SGEs of bytes [off, off + len) of a receive's iov. */
-static int slice_sge(const struct pmof_trecv *rv, size_t off, size_t len, struct ibv_sge *sge) {
-    int n = 0;
-
-    for (size_t i = 0; i < rv->count && len; i++) {
-        const struct pmof_mr *mr = rv->desc[i];
-        size_t l = rv->iov[i].iov_len;
-
-        if (off >= l) {
-            off -= l;
-            continue;
-        }
-        if (!mr || !mr->ibv) return -FI_EINVAL;
-        l -= off;
-        if (l > len) l = len;
-        sge[n].addr = (uintptr_t)rv->iov[i].iov_base + off;
-        sge[n].length = (uint32_t)l;
-        sge[n].lkey = mr->ibv->lkey;
-        n++;
-        len -= l;
-        off = 0;
-    }
-    return n;
-}
-
 static bool matches(const struct pmof_trecv *rv, const struct pmof_tmsg *m) {
     if (rv->tagged != !!(m->h.flags & PMOF_MSG_TAGGED)) return false;
     if (rv->src != FI_ADDR_UNSPEC && rv->src != m->src) return false;
@@ -410,45 +385,75 @@ static void read_done(struct pmof_rdm *rdm, struct pmof_trecv *rv) {
     free(rv);
 }
 
+/* One READ of a rendezvous: a piece that is contiguous on both sides. */
+struct read_piece {
+    uint64_t raddr;
+    uint32_t rkey;
+    struct ibv_sge sge;
+};
+
+#define READ_PIECES_MAX (PMOF_MSG_SEG_MAX + PMOF_IOV_LIMIT)
+
+/* Cuts what fits of the sender's segments along the receive's iov, so
+ * that every READ has one SGE (which any device takes).  Returns the
+ * number of pieces, or -FI_EINVAL for a receive buffer without a
+ * registration. */
+static int read_pieces(const struct pmof_trecv *rv, const struct pmof_msg_hdr *h,
+                       struct read_piece *out) {
+    size_t want = h->len < rv->total ? h->len : rv->total;
+    size_t li = 0, loff = 0, done = 0;
+    int n = 0;
+
+    for (uint32_t s = 0; s < h->count && done < want; s++) {
+        size_t soff = 0;
+        while (soff < h->segs[s].len && done < want) {
+            const struct pmof_mr *mr;
+            size_t len;
+
+            while (li < rv->count && loff == rv->iov[li].iov_len) {
+                li++;
+                loff = 0;
+            }
+            if (li == rv->count || n == READ_PIECES_MAX) return n;
+            mr = rv->desc[li];
+            if (!mr || !mr->ibv) return -FI_EINVAL;
+            len = rv->iov[li].iov_len - loff;
+            if (len > h->segs[s].len - soff) len = h->segs[s].len - soff;
+            if (len > want - done) len = want - done;
+            out[n].raddr = h->segs[s].addr + soff;
+            out[n].rkey = h->segs[s].rkey;
+            out[n].sge.addr = (uintptr_t)rv->iov[li].iov_base + loff;
+            out[n].sge.length = (uint32_t)len;
+            out[n].sge.lkey = mr->ibv->lkey;
+            n++;
+            soff += len;
+            loff += len;
+            done += len;
+        }
+    }
+    return n;
+}
+
 /* Posts the READs of a matched RTS: 0, or -FI_EAGAIN to try again later. */
 static int post_reads(struct pmof_rdm *rdm, struct pmof_trecv *rv) {
     struct pmof_tmsg *m = rv->msg;
     struct pmof_ep *ep = m->ep;
-    size_t want = m->h.len < rv->total ? m->h.len : rv->total;
-    struct ibv_sge sge[PMOF_MSG_SEG_MAX][PMOF_IOV_LIMIT];
-    int nsge[PMOF_MSG_SEG_MAX], nreads = 0;
-    size_t off = 0;
+    struct read_piece pc[READ_PIECES_MAX];
+    int n = read_pieces(rv, &m->h, pc);
     ssize_t ret;
 
-    for (uint32_t i = 0; i < m->h.count && off < want; i++) {
-        size_t n = m->h.segs[i].len < want - off ? m->h.segs[i].len : want - off;
-        if (!n) {
-            nsge[i] = 0;
-            continue;
-        }
-        nsge[i] = slice_sge(rv, off, n, sge[i]);
-        if (nsge[i] < 0) {
-            atomic_store(&rv->status, nsge[i]);
-            read_done(rdm, rv);
-            return 0;
-        }
-        off += n;
-        nreads++;
-    }
-    if (!nreads || ep->state != PMOF_EP_CONNECTED) {
-        if (nreads) atomic_store(&rv->status, -FI_ENOTCONN);
+    if (n <= 0 || ep->state != PMOF_EP_CONNECTED) {
+        if (n) atomic_store(&rv->status, n < 0 ? n : -FI_ENOTCONN);
         read_done(rdm, rv);
         return 0;
     }
-    atomic_store(&rv->reads_left, nreads);
+    atomic_store(&rv->reads_left, n);
     pmof_lock(&ep->tx_lock);
     pmof_tx_start(ep);
-    off = 0;
-    for (uint32_t i = 0; i < m->h.count && off < want; i++) {
-        size_t n = m->h.segs[i].len < want - off ? m->h.segs[i].len : want - off;
-        struct pmof_op *op;
-        if (!n) continue;
-        op = pmof_tx_op(ep, NULL, PMOF_NO_COMPLETION, FI_RMA | FI_READ, n, PMOF_CNTR_NONE);
+    for (int i = 0; i < n; i++) {
+        struct pmof_op *op =
+            pmof_tx_op(ep, NULL, PMOF_NO_COMPLETION, FI_RMA | FI_READ, pc[i].sge.length,
+                       PMOF_CNTR_NONE);
         if (!op) {
             pmof_tx_abort(ep);
             pmof_unlock(&ep->tx_lock);
@@ -457,9 +462,8 @@ static int post_reads(struct pmof_rdm *rdm, struct pmof_trecv *rv) {
         op->trecv = rv;
         op->signaled = true;
         pmof_tx_wr(ep, op, 0);
-        ibv_wr_rdma_read(ep->qpx, m->h.segs[i].rkey, m->h.segs[i].addr);
-        ibv_wr_set_sge_list(ep->qpx, (size_t)nsge[i], sge[i]);
-        off += n;
+        ibv_wr_rdma_read(ep->qpx, pc[i].rkey, pc[i].raddr);
+        ibv_wr_set_sge(ep->qpx, pc[i].sge.lkey, pc[i].sge.addr, pc[i].sge.length);
     }
     ret = pmof_tx_post(ep);
     pmof_unlock(&ep->tx_lock);

@@ -391,6 +391,49 @@ out:
     return ft_pair_close(&p, ret);
 }
 
+/* Scatter and gather: three send entries into two receive entries, cut
+ * at other places, eager and rendezvous. */
+static int t_iov(struct ft_run *r) {
+    static const size_t small[3] = {100, 1, 2000}, big[3] = {100000, 50000, 70001};
+    struct ft_pair p = {0};
+    struct tbufs b = {0};
+    int ret = open_tagged(r, &p);
+
+    FT_TRY(ret);
+    FT_TRY(tbufs_alloc(&p, BIG, &b));
+    for (int k = 0; k < 2; k++) {
+        const size_t *part = k ? big : small;
+        size_t total = part[0] + part[1] + part[2], cut = total / 3 + 7;
+        struct iovec tx[3] = {{b.tx.buf, part[0]},
+                              {(uint8_t *)b.tx.buf + part[0] + 5, part[1]},
+                              {(uint8_t *)b.tx.buf + part[0] + part[1] + 10, part[2]}};
+        struct iovec rx[2] = {{b.rx.buf, cut}, {(uint8_t *)b.rx.buf + cut + 3, total - cut}};
+        void *txd[3] = {b.tx.desc, b.tx.desc, b.tx.desc}, *rxd[2] = {b.rx.desc, b.rx.desc};
+        struct fi_context2 rc, sc;
+        size_t iov_limit = p.s[FT_CLI].info->tx_attr->iov_limit;
+
+        if (iov_limit < 3 || p.s[FT_SRV].info->rx_attr->iov_limit < 2) {
+            ret = ft_skip(r, "iov_limit %zu", iov_limit);
+            goto out;
+        }
+        for (int i = 0; i < 3; i++)
+            ft_fill(tx[i].iov_base, tx[i].iov_len, 200u + (unsigned)(10 * k + i));
+        memset(b.rx.buf, 0, BIG);
+        FT_POST(&p, fi_trecvv(p.s[FT_SRV].ep, rx, rxd, 2, FI_ADDR_UNSPEC, 11, 0, &rc));
+        FT_POST(&p, fi_tsendv(p.s[FT_CLI].ep, tx, txd, 3, p.s[FT_CLI].peer, 11, &sc));
+        FT_TRY(expect_trecv(&p, &rc, total, 11));
+        FT_TRY(expect_tsend(&p, &sc));
+        /* Put the received bytes end to end and compare with each part. */
+        memmove((uint8_t *)b.rx.buf + cut, rx[1].iov_base, rx[1].iov_len);
+        for (size_t i = 0, off = 0; i < 3; off += part[i], i++)
+            FT_TRY(ft_expect_pattern(r, (uint8_t *)b.rx.buf + off, part[i],
+                                     200u + (unsigned)(10 * k + (int)i), "gathered part"));
+    }
+out:
+    ret = tbufs_free(r, &b, ret);
+    return ft_pair_close(&p, ret);
+}
+
 /* An RDM endpoint with FI_TAGGED and one without cannot talk (every
  * message of the first carries a header): pmof refuses the connection,
  * either way, and says so with -FI_ECONNREFUSED, never misreading one
@@ -436,6 +479,7 @@ const struct ft_test ft_tagged_tests[] = {
     {"tagged.inject", t_inject},
     {"tagged.peek_claim", t_peek_claim},
     {"tagged.untagged", t_untagged},
+    {"tagged.iov", t_iov},
     {"tagged.mismatch", t_mismatch},
     {NULL, NULL},
 };
