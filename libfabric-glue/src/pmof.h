@@ -428,8 +428,9 @@ struct pmof_op {
     uint32_t cntr; /* which counter (PMOF_CNTR_*) counts it */
     struct pmof_hmem_io hmem;
     struct pmof_mrec *mrec; /* a manual commit's drain: its placement */
-    /* FI_TAGGED endpoints: a provider buffer of the shared receive queue,
-     * the receive a rendezvous READ fills, or the send an RTS announces */
+    /* FI_TAGGED endpoints: a provider buffer of the shared receive queue
+     * (or, sending, a FIN), the receive a rendezvous READ fills, or the
+     * send an RTS announces */
     bool bounce;
     struct pmof_trecv *trecv;
     uint64_t tsend;

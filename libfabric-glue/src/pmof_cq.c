@@ -62,7 +62,10 @@ int pmof_cq_push(struct pmof_cq *cq, const struct pmof_cq_entry *e) {
             ret = -FI_ENOMEM;
         }
     }
-    if (!ret) cq->soft[cq->soft_count++] = *e;
+    if (!ret) {
+        cq->soft[cq->soft_count] = *e;
+        __atomic_store_n(&cq->soft_count, cq->soft_count + 1, __ATOMIC_RELAXED);
+    }
     pthread_mutex_unlock(&cq->soft_lock);
     if (!ret && write(cq->signal_fd, &one, sizeof(one)) < 0) ret = 0;
     return ret;
@@ -79,7 +82,7 @@ static int soft_drain(struct pmof_cq *cq) {
         ret = ring_add(cq, &cq->soft[i]);
     if (ret) i--;
     memmove(cq->soft, cq->soft + i, (cq->soft_count - i) * sizeof(*cq->soft));
-    cq->soft_count -= i;
+    __atomic_store_n(&cq->soft_count, cq->soft_count - i, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&cq->soft_lock);
     return ret;
 }

@@ -225,9 +225,12 @@ bool pmof_ep_complete(struct pmof_ep *ep, const struct ibv_wc *wc, struct pmof_c
         pmof_hmem_complete(&op.hmem, op.len);
     }
     __atomic_store_n(recv ? &ep->rx.tail : &ep->tx.tail, op.seq + 1, __ATOMIC_RELEASE);
-    if (!recv && (op.trecv || op.tsend)) {
-        /* A rendezvous of an FI_TAGGED endpoint: its end is reported there. */
+    if (!recv && (op.trecv || op.tsend || op.bounce)) {
+        /* A rendezvous of an FI_TAGGED endpoint (a READ, an RTS, a FIN):
+         * its end is reported there. */
         *cntr = NULL;
+        if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
+            ep->state = PMOF_EP_ERROR;
         pmof_tagged_tx_complete(ep, &op, wc);
         return false;
     }

@@ -442,8 +442,9 @@ static int post_reads(struct pmof_rdm *rdm, struct pmof_trecv *rv) {
     int n = read_pieces(rv, &m->h, pc);
     ssize_t ret;
 
-    if (n <= 0 || ep->state != PMOF_EP_CONNECTED) {
-        if (n) atomic_store(&rv->status, n < 0 ? n : -FI_ENOTCONN);
+    /* A QP in error flushes the READs, which fails the receive. */
+    if (n <= 0) {
+        if (n) atomic_store(&rv->status, n);
         read_done(rdm, rv);
         return 0;
     }
@@ -612,7 +613,6 @@ static int post_fin(struct pmof_twork *w) {
     struct pmof_op *op;
     int ret;
 
-    if (ep->state != PMOF_EP_CONNECTED) return 0; /* the sender is gone */
     pmof_lock(&ep->tx_lock);
     pmof_tx_start(ep);
     op = pmof_tx_op(ep, NULL, PMOF_NO_COMPLETION, FI_MSG | FI_SEND, 0, PMOF_CNTR_NONE);
@@ -621,6 +621,8 @@ static int post_fin(struct pmof_twork *w) {
         pmof_unlock(&ep->tx_lock);
         return -FI_EAGAIN;
     }
+    /* A FIN the QP flushes (the sender is gone) is nobody's error. */
+    op->bounce = true;
     ret = post_headed(ep, op, &h, NULL, NULL, 0, 0, 0);
     if (ret) {
         pmof_tx_abort(ep);
