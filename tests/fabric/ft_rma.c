@@ -202,7 +202,7 @@ out:
 static int t_cq_read_zero(struct ft_run *r) {
     struct ft_rma e;
     struct fi_context2 ctx[2];
-    struct fi_cq_data_entry ent;
+    struct fi_cq_tagged_entry ent; /* the harness opens its CQs FI_CQ_FORMAT_TAGGED */
     int ret = FT_OK;
     ssize_t rc;
 
