@@ -678,17 +678,16 @@ void pmof_tagged_close(struct pmof_rdm *rdm);
 bool pmof_tagged_recv_complete(struct pmof_rdm *rdm, struct pmof_op *op, const struct ibv_wc *wc,
                                struct pmof_cq_entry *out, struct pmof_cntr **cntr);
 /* A rendezvous READ (op.trecv) or an RTS send (op.tsend) completed. */
-void pmof_tagged_tx_complete(struct pmof_ep *ep, const struct pmof_op *op,
-                             const struct ibv_wc *wc);
+void pmof_tagged_tx_complete(struct pmof_ep *ep, const struct pmof_op *op, const struct ibv_wc *wc);
 /* Runs what completions left to do (READs and FINs to post). */
 void pmof_tagged_progress(struct pmof_rdm *rdm);
 bool pmof_tagged_has_work(struct pmof_rdm *rdm);
 ssize_t pmof_tagged_recv(struct pmof_rdm *rdm, const struct iovec *iov, void **desc, size_t count,
                          fi_addr_t src, uint64_t tag, uint64_t ignore, void *context,
                          uint64_t flags, bool tagged);
-ssize_t pmof_tagged_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iovec *iov,
-                         void **desc, size_t count, uint64_t tag, uint64_t data, void *context,
-                         uint64_t flags, bool tagged);
+ssize_t pmof_tagged_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iovec *iov, void **desc,
+                         size_t count, uint64_t tag, uint64_t data, void *context, uint64_t flags,
+                         bool tagged);
 size_t pmof_tagged_rx_left(struct pmof_rdm *rdm);
 void pmof_tagged_ep_close(struct pmof_ep *ep);
 extern struct fi_ops_tagged pmof_tagged_ops;

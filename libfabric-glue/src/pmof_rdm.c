@@ -364,10 +364,10 @@ static bool rdm_cm_step(struct pmof_rdm *rdm) {
     if (n == -FI_EAVAIL) {
         struct fi_eq_err_entry err = {0};
         if (fi_eq_readerr(&rdm->cm_eq->eq_fid, &err, 0) > 0) {
-            bool protocol = err.err == FI_ECONNREFUSED && err.err_data &&
-                            err.err_data_size >= sizeof(PMOF_RDM_REJECT_PROTOCOL) &&
-                            !memcmp(err.err_data, PMOF_RDM_REJECT_PROTOCOL,
-                                    sizeof(PMOF_RDM_REJECT_PROTOCOL));
+            bool protocol =
+                err.err == FI_ECONNREFUSED && err.err_data &&
+                err.err_data_size >= sizeof(PMOF_RDM_REJECT_PROTOCOL) &&
+                !memcmp(err.err_data, PMOF_RDM_REJECT_PROTOCOL, sizeof(PMOF_RDM_REJECT_PROTOCOL));
             if (protocol)
                 PMOF_WARN(FI_LOG_EP_CTRL, "the peer refused the connection: one endpoint "
                                           "has FI_TAGGED, the other not\n");
@@ -462,7 +462,8 @@ static ssize_t rdm_recv(struct fid_ep *ep_fid, void *buf, size_t len, void *desc
 static ssize_t rdm_post_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iovec *iov,
                              void **desc, size_t count, uint64_t data, void *context,
                              uint64_t flags) {
-    if (rdm->tg) return pmof_tagged_send(rdm, dest, iov, desc, count, 0, data, context, flags, false);
+    if (rdm->tg)
+        return pmof_tagged_send(rdm, dest, iov, desc, count, 0, data, context, flags, false);
     RDM_CONN(rdm, dest);
     return pmof_post_send(cep, iov, desc, count, data, context, flags);
 }

@@ -452,9 +452,8 @@ static int post_reads(struct pmof_rdm *rdm, struct pmof_trecv *rv) {
     pmof_lock(&ep->tx_lock);
     pmof_tx_start(ep);
     for (int i = 0; i < n; i++) {
-        struct pmof_op *op =
-            pmof_tx_op(ep, NULL, PMOF_NO_COMPLETION, FI_RMA | FI_READ, pc[i].sge.length,
-                       PMOF_CNTR_NONE);
+        struct pmof_op *op = pmof_tx_op(ep, NULL, PMOF_NO_COMPLETION, FI_RMA | FI_READ,
+                                        pc[i].sge.length, PMOF_CNTR_NONE);
         if (!op) {
             pmof_tx_abort(ep);
             pmof_unlock(&ep->tx_lock);
@@ -746,9 +745,9 @@ fail:
     return ret;
 }
 
-ssize_t pmof_tagged_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iovec *iov,
-                         void **desc, size_t count, uint64_t tag, uint64_t data, void *context,
-                         uint64_t flags, bool tagged) {
+ssize_t pmof_tagged_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iovec *iov, void **desc,
+                         size_t count, uint64_t tag, uint64_t data, void *context, uint64_t flags,
+                         bool tagged) {
     struct pmof_msg_hdr h = {.type = PMOF_MSG_EAGER, .tag = tagged ? tag : 0};
     uint64_t cq_flags = tagged ? FI_TAGGED | FI_SEND : FI_MSG | FI_SEND;
     struct iovec staged[PMOF_IOV_LIMIT];
@@ -1049,15 +1048,14 @@ static ssize_t t_recvv(struct fid_ep *ep, const struct iovec *iov, void **desc, 
 static ssize_t t_recvmsg(struct fid_ep *ep, const struct fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
     return pmof_tagged_recv(to_rdm(ep), msg->msg_iov, msg->desc, msg->iov_count, msg->addr,
-                            msg->tag, msg->ignore, msg->context, flags & ~PMOF_NO_COMPLETION,
-                            true);
+                            msg->tag, msg->ignore, msg->context, flags & ~PMOF_NO_COMPLETION, true);
 }
 
 static ssize_t t_send(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest,
                       uint64_t tag, void *context) {
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    return pmof_tagged_send(to_rdm(ep), dest, &iov, &desc, 1, tag, 0, context,
-                            tx_flags(to_rdm(ep)), true);
+    return pmof_tagged_send(to_rdm(ep), dest, &iov, &desc, 1, tag, 0, context, tx_flags(to_rdm(ep)),
+                            true);
 }
 
 static ssize_t t_sendv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count,
@@ -1078,8 +1076,8 @@ static ssize_t t_inject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_
     return pmof_tagged_send(to_rdm(ep), dest, &iov, NULL, 1, tag, 0, NULL, PMOF_INJECT, true);
 }
 
-static ssize_t t_senddata(struct fid_ep *ep, const void *buf, size_t len, void *desc,
-                          uint64_t data, fi_addr_t dest, uint64_t tag, void *context) {
+static ssize_t t_senddata(struct fid_ep *ep, const void *buf, size_t len, void *desc, uint64_t data,
+                          fi_addr_t dest, uint64_t tag, void *context) {
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     return pmof_tagged_send(to_rdm(ep), dest, &iov, &desc, 1, tag, data, context,
                             tx_flags(to_rdm(ep)) | FI_REMOTE_CQ_DATA, true);

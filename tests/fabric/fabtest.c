@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 static const struct ft_test *const groups[] = {
-    ft_info_tests, ft_object_tests, ft_msg_tests, ft_rma_tests, ft_atomic_tests, ft_pmof_tests,
-    ft_tagged_tests,
+    ft_info_tests,   ft_object_tests, ft_msg_tests,    ft_rma_tests,
+    ft_atomic_tests, ft_pmof_tests,   ft_tagged_tests,
 };
 
 static void vappend(char *dst, size_t size, const char *fmt, va_list ap) {

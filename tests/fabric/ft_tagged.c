@@ -90,8 +90,8 @@ static int t_pingpong(struct ft_run *r) {
         ft_fill(back.tx.buf, sizes[i], (unsigned)i + 50);
         FT_POST(&p, fi_trecv(p.s[FT_CLI].ep, back.rx.buf, sizes[i], back.rx.desc, FI_ADDR_UNSPEC,
                              ~tag, 0, &rc));
-        FT_POST(&p, fi_tsend(p.s[FT_SRV].ep, back.tx.buf, sizes[i], back.tx.desc,
-                             p.s[FT_SRV].peer, ~tag, &sc));
+        FT_POST(&p, fi_tsend(p.s[FT_SRV].ep, back.tx.buf, sizes[i], back.tx.desc, p.s[FT_SRV].peer,
+                             ~tag, &sc));
         FT_TRY(ft_expect_comp(&p, &p.s[FT_CLI].rx, &rc, FI_TAGGED | FI_RECV, sizes[i], NULL));
         FT_TRY(ft_expect_pattern(r, back.rx.buf, sizes[i], (unsigned)i + 50, "answer"));
         FT_TRY(ft_expect_comp(&p, &p.s[FT_SRV].tx, &sc, FI_TAGGED | FI_SEND, SIZE_MAX, NULL));
@@ -164,16 +164,16 @@ static int t_ignore_order(struct ft_run *r) {
     FT_TRY(ft_expect_pattern(r, rx, 64, 21, "the message matched through the ignore mask"));
     FT_TRY(ft_expect_quiet(&p, &p.s[FT_SRV].rx, 100, "tag 0xAC00 must not match"));
     /* Two more of one tag, then their receives: first sent, first taken. */
-    FT_POST(&p, fi_tsend(p.s[FT_CLI].ep, b.tx.buf + 128, 64, b.tx.desc, p.s[FT_CLI].peer, 7,
-                         &sc[2]));
-    FT_POST(&p, fi_tsend(p.s[FT_CLI].ep, b.tx.buf + 192, 64, b.tx.desc, p.s[FT_CLI].peer, 7,
-                         &sc[3]));
+    FT_POST(&p,
+            fi_tsend(p.s[FT_CLI].ep, b.tx.buf + 128, 64, b.tx.desc, p.s[FT_CLI].peer, 7, &sc[2]));
+    FT_POST(&p,
+            fi_tsend(p.s[FT_CLI].ep, b.tx.buf + 192, 64, b.tx.desc, p.s[FT_CLI].peer, 7, &sc[3]));
     for (int i = 0; i < 4; i++)
         FT_TRY(expect_tsend(&p, &sc[i]));
     FT_POST(&p, fi_trecv(p.s[FT_SRV].ep, rx + 64, 64, b.rx.desc, FI_ADDR_UNSPEC, 7, 0, &rc[1]));
     FT_POST(&p, fi_trecv(p.s[FT_SRV].ep, rx + 128, 64, b.rx.desc, FI_ADDR_UNSPEC, 7, 0, &rc[2]));
-    FT_POST(&p, fi_trecv(p.s[FT_SRV].ep, rx + 192, 64, b.rx.desc, FI_ADDR_UNSPEC, 0xAC00, 0,
-                         &rc[3]));
+    FT_POST(&p,
+            fi_trecv(p.s[FT_SRV].ep, rx + 192, 64, b.rx.desc, FI_ADDR_UNSPEC, 0xAC00, 0, &rc[3]));
     FT_TRY(expect_trecv(&p, &rc[1], 64, 7));
     FT_TRY(expect_trecv(&p, &rc[2], 64, 7));
     FT_TRY(expect_trecv(&p, &rc[3], 64, 0xAC00));
@@ -236,8 +236,7 @@ static int t_data(struct ft_run *r) {
         struct ft_comp c;
 
         ft_fill(b.tx.buf, len, 60u + (unsigned)i);
-        FT_POST(&p,
-                fi_trecv(p.s[FT_SRV].ep, b.rx.buf, len, b.rx.desc, FI_ADDR_UNSPEC, 99, 0, &rc));
+        FT_POST(&p, fi_trecv(p.s[FT_SRV].ep, b.rx.buf, len, b.rx.desc, FI_ADDR_UNSPEC, 99, 0, &rc));
         FT_POST(&p, fi_tsenddata(p.s[FT_CLI].ep, b.tx.buf, len, b.tx.desc, 0xC0DE0000u + i,
                                  p.s[FT_CLI].peer, 99, &sc));
         FT_TRY(ft_expect_comp(&p, &p.s[FT_SRV].rx, &rc, FI_TAGGED | FI_RECV | FI_REMOTE_CQ_DATA,
@@ -267,8 +266,8 @@ static int t_inject(struct ft_run *r) {
     FT_EXPECT(size > 0 && size < sizeof(msg), "inject_size %zu", size);
     FT_TRY(tbufs_alloc(&p, sizeof(msg), &b));
     ft_fill(msg, size, 77);
-    FT_POST(&p, fi_trecv(p.s[FT_SRV].ep, b.rx.buf, sizeof(msg), b.rx.desc, FI_ADDR_UNSPEC, 3, 0,
-                         &rc));
+    FT_POST(&p,
+            fi_trecv(p.s[FT_SRV].ep, b.rx.buf, sizeof(msg), b.rx.desc, FI_ADDR_UNSPEC, 3, 0, &rc));
     FT_POST(&p, fi_tinject(p.s[FT_CLI].ep, msg, size, p.s[FT_CLI].peer, 3));
     memset(msg, 0, size); /* the buffer is free at return */
     FT_TRY(expect_trecv(&p, &rc, size, 3));
@@ -370,8 +369,7 @@ static int t_untagged(struct ft_run *r) {
     ft_fill(b.tx.buf + 2 * BIG, 200, 92);
     FT_POST(&p, fi_recv(p.s[FT_SRV].ep, rx, BIG, b.rx.desc, FI_ADDR_UNSPEC, &rc[0]));
     FT_POST(&p, fi_tsend(p.s[FT_CLI].ep, b.tx.buf, 100, b.tx.desc, p.s[FT_CLI].peer, 0, &sc[0]));
-    FT_POST(&p,
-            fi_send(p.s[FT_CLI].ep, b.tx.buf + BIG, BIG, b.tx.desc, p.s[FT_CLI].peer, &sc[1]));
+    FT_POST(&p, fi_send(p.s[FT_CLI].ep, b.tx.buf + BIG, BIG, b.tx.desc, p.s[FT_CLI].peer, &sc[1]));
     FT_POST(&p,
             fi_send(p.s[FT_CLI].ep, b.tx.buf + 2 * BIG, 200, b.tx.desc, p.s[FT_CLI].peer, &sc[2]));
     FT_TRY(ft_expect_comp(&p, &p.s[FT_SRV].rx, &rc[0], FI_MSG | FI_RECV, BIG, NULL));

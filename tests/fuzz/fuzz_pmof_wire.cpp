@@ -3,10 +3,11 @@
 // libFuzzer target for what the pmof libfabric provider reads from a peer
 // (libfabric-glue/src/pmof_wire.c): the header of CM private data, the RDM
 // connector's hello, the FI_COMMIT_MANUAL control messages and the headers
-// of an FI_TAGGED endpoint's messages.  The first byte picks the parser.  The oracle is the sanitizers, plus: whatever a
-// parser accepts is consistent with its input (user bytes inside it, a
-// nonzero control QP when the flag says so, an address family it knows,
-// a message that encodes back to the same bytes).
+// of an FI_TAGGED endpoint's messages.  The first byte picks the parser.
+// The oracle is the sanitizers, plus: whatever a parser accepts is
+// consistent with its input (user bytes inside it, a nonzero control QP
+// when the flag says so, an address family it knows, a message that
+// encodes back to the same bytes).
 #include "pmof_wire.h"
 
 #include <cstdlib>
