@@ -290,10 +290,24 @@ bool pmof_tagged_recv_complete(struct pmof_rdm *rdm, struct pmof_op *op, const s
     }
     memset(out, 0, sizeof(*out));
     if (wc->opcode != IBV_WC_RECV) {
-        /* A remote write with immediate data used the buffer. */
+        /* A remote write with immediate data used the buffer.  Under
+         * FI_RX_CQ_DATA it consumes the application's next untagged
+         * receive, as it does on endpoints without FI_TAGGED. */
         out->flags = FI_MSG | FI_RECV;
         out->src_addr = pmof_rdm_src_addr(rdm, c);
         pmof_recv_entry(wc, out, rdm->cntrs, cntr);
+        if (rdm->info->mode & FI_RX_CQ_DATA) {
+            pthread_mutex_lock(&tg->lock);
+            rv = tg->posted[0];
+            if (rv) {
+                tg->posted[0] = rv->next;
+                if (!rv->next) tg->posted_tail[0] = &tg->posted[0];
+                tg->nposted--;
+                out->op_context = rv->context;
+            }
+            pthread_mutex_unlock(&tg->lock);
+            free(rv);
+        }
         repost(rdm, op);
         return true;
     }

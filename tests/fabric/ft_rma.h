@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The RMA fixture shared by ft_rma.c and ft_pmof.c: a connected pair, a
+/* The RMA fixture shared by ft_rma.c, ft_pmof.c and ft_tagged.c: a pair, a
  * local buffer on the client and a remotely accessible one on the server. */
 #ifndef PMOF_FT_RMA_H
 #define PMOF_FT_RMA_H

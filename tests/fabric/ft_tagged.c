@@ -4,6 +4,7 @@
  * and rendezvous sizes, truncation, remote CQ data, inject, FI_PEEK,
  * FI_CLAIM and FI_DISCARD, and untagged messages beside them. */
 #include "fabtest.h"
+#include "ft_rma.h"
 
 #include <rdma/fi_tagged.h>
 #include <string.h>
@@ -432,6 +433,43 @@ out:
     return ft_pair_close(&p, ret);
 }
 
+/* fi_writedata to an endpoint with FI_TAGGED: the data reaches the target's
+ * CQ, consuming its next untagged receive as without FI_TAGGED, and
+ * messages go on to the receives after it. */
+static int t_writedata(struct ft_run *r) {
+    struct ft_pair_cfg cfg = {.caps = FI_TAGGED};
+    struct fi_context2 wc, rc[2], sc;
+    struct ft_comp c;
+    struct ft_rma e;
+    int ret = FT_OK;
+
+    if (r->opts->ep_type != FI_EP_RDM)
+        return ft_skip(r, "tagged messages are tested on FI_EP_RDM endpoints");
+    FT_TRY(ft_rma_open(r, &e, &cfg, 65536, 0));
+    if (!e.c->info->domain_attr->cq_data_size) {
+        ret = ft_skip(r, "cq_data_size 0");
+        goto out;
+    }
+    FT_POST(&e.p, fi_recv(e.s->ep, e.tgt.buf + 32768, 64, e.tgt.desc, FI_ADDR_UNSPEC, &rc[0]));
+    FT_POST(&e.p, fi_recv(e.s->ep, e.tgt.buf + 40000, 64, e.tgt.desc, FI_ADDR_UNSPEC, &rc[1]));
+    ft_fill(e.loc.buf, 4096, 61);
+    FT_POST(&e.p, fi_writedata(e.c->ep, e.loc.buf, 4096, e.loc.desc, 0x1234, e.c->peer, e.tgt.raddr,
+                               e.tgt.key, &wc));
+    FT_TRY(ft_expect_comp(&e.p, &e.s->rx, NULL, FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA, SIZE_MAX, &c));
+    FT_EXPECT(c.e.data == 0x1234, "remote CQ data %#llx", (unsigned long long)c.e.data);
+    FT_TRY(ft_deviation(r, c.e.op_context != &rc[0],
+                        "the write's completion did not consume the first receive"));
+    FT_TRY(ft_expect_pattern(r, e.tgt.buf, 4096, 61, "target at its remote completion"));
+    FT_TRY(ft_expect_comp(&e.p, &e.c->tx, &wc, FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+    ft_fill(e.loc.buf + 8192, 64, 62);
+    FT_POST(&e.p, fi_send(e.c->ep, e.loc.buf + 8192, 64, e.loc.desc, e.c->peer, &sc));
+    FT_TRY(
+        ft_expect_comp(&e.p, &e.s->rx, ft_strict(r) ? &rc[1] : NULL, FI_MSG | FI_RECV, 64, NULL));
+    FT_TRY(ft_expect_comp(&e.p, &e.c->tx, &sc, FI_MSG | FI_SEND, SIZE_MAX, NULL));
+out:
+    return ft_rma_close(r, &e, ret);
+}
+
 /* An RDM endpoint with FI_TAGGED and one without cannot talk (every
  * message of the first carries a header): pmof refuses the connection,
  * either way, and says so with -FI_ECONNREFUSED, never misreading one
@@ -478,6 +516,7 @@ const struct ft_test ft_tagged_tests[] = {
     {"tagged.peek_claim", t_peek_claim},
     {"tagged.untagged", t_untagged},
     {"tagged.iov", t_iov},
+    {"tagged.writedata", t_writedata},
     {"tagged.mismatch", t_mismatch},
     {NULL, NULL},
 };
