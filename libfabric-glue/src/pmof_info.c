@@ -478,7 +478,10 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
 
     /* Tags are matched in software behind RDM endpoints' connections; a
      * MSG endpoint is one verbs QP, which matches in order only. */
-    if (type == FI_EP_MSG) offered &= ~(FI_TAGGED | FI_DIRECTED_RECV);
+    if (type == FI_EP_MSG)
+        offered &= ~(FI_TAGGED | FI_DIRECTED_RECV);
+    else
+        offered |= FI_DIRECTED_RECV;
     if ((asked & ~offered) & (FI_TAGGED | FI_DIRECTED_RECV)) {
         PMOF_INFO(FI_LOG_CORE, "FI_TAGGED and FI_DIRECTED_RECV are for FI_EP_RDM endpoints\n");
         return NULL;

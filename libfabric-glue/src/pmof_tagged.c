@@ -46,6 +46,8 @@ struct pmof_trecv {
     bool report;
     struct iovec iov[PMOF_IOV_LIMIT];
     void *desc[PMOF_IOV_LIMIT];
+    /* entries posted without a descriptor, registered to be READ into */
+    struct ibv_mr *own_mr[PMOF_IOV_LIMIT];
     size_t count, total;
     struct pmof_hmem_io hmem;
     /* a rendezvous: the RTS, and READs not completed yet */
@@ -395,6 +397,8 @@ static void read_done(struct pmof_rdm *rdm, struct pmof_trecv *rv) {
     queue_fin(tg, m->ep, m->h.cookie, status);
     pthread_mutex_unlock(&tg->lock);
     atomic_fetch_sub(&tg->reads_out, 1);
+    for (size_t i = 0; i < PMOF_IOV_LIMIT; i++)
+        if (rv->own_mr[i]) ibv_dereg_mr(rv->own_mr[i]);
     msg_free(m);
     free(rv);
 }
@@ -408,11 +412,29 @@ struct read_piece {
 
 #define READ_PIECES_MAX (PMOF_MSG_SEG_MAX + PMOF_IOV_LIMIT)
 
+/* The local key of receive entry `i`: its descriptor's, or a registration
+ * of its own for an application that passed none (Open MPI's, whatever
+ * FI_MR_LOCAL says).  0 or -FI_E*. */
+static int entry_lkey(struct pmof_trecv *rv, size_t i, struct pmof_domain *dom, uint32_t *lkey) {
+    const struct pmof_mr *mr = rv->desc[i];
+
+    if (mr && mr->mr_fid.fid.fclass == FI_CLASS_MR && mr->ibv) {
+        *lkey = mr->ibv->lkey;
+        return 0;
+    }
+    if (!rv->own_mr[i]) {
+        rv->own_mr[i] =
+            ibv_reg_mr(dom->pd, rv->iov[i].iov_base, rv->iov[i].iov_len, IBV_ACCESS_LOCAL_WRITE);
+        if (!rv->own_mr[i]) return pmof_errno(errno);
+    }
+    *lkey = rv->own_mr[i]->lkey;
+    return 0;
+}
+
 /* Cuts what fits of the sender's segments along the receive's iov, so
  * that every READ has one SGE (which any device takes).  Returns the
- * number of pieces, or -FI_EINVAL for a receive buffer without a
- * registration. */
-static int read_pieces(const struct pmof_trecv *rv, const struct pmof_msg_hdr *h,
+ * number of pieces, or -FI_E* when a receive entry cannot be registered. */
+static int read_pieces(struct pmof_trecv *rv, const struct pmof_msg_hdr *h, struct pmof_domain *dom,
                        struct read_piece *out) {
     size_t want = h->len < rv->total ? h->len : rv->total;
     size_t li = 0, loff = 0, done = 0;
@@ -421,16 +443,17 @@ static int read_pieces(const struct pmof_trecv *rv, const struct pmof_msg_hdr *h
     for (uint32_t s = 0; s < h->count && done < want; s++) {
         size_t soff = 0;
         while (soff < h->segs[s].len && done < want) {
-            const struct pmof_mr *mr;
+            uint32_t lkey = 0;
             size_t len;
+            int ret;
 
             while (li < rv->count && loff == rv->iov[li].iov_len) {
                 li++;
                 loff = 0;
             }
             if (li == rv->count || n == READ_PIECES_MAX) return n;
-            mr = rv->desc[li];
-            if (!mr || !mr->ibv) return -FI_EINVAL;
+            ret = entry_lkey(rv, li, dom, &lkey);
+            if (ret) return ret;
             len = rv->iov[li].iov_len - loff;
             if (len > h->segs[s].len - soff) len = h->segs[s].len - soff;
             if (len > want - done) len = want - done;
@@ -438,7 +461,7 @@ static int read_pieces(const struct pmof_trecv *rv, const struct pmof_msg_hdr *h
             out[n].rkey = h->segs[s].rkey;
             out[n].sge.addr = (uintptr_t)rv->iov[li].iov_base + loff;
             out[n].sge.length = (uint32_t)len;
-            out[n].sge.lkey = mr->ibv->lkey;
+            out[n].sge.lkey = lkey;
             n++;
             soff += len;
             loff += len;
@@ -453,7 +476,7 @@ static int post_reads(struct pmof_rdm *rdm, struct pmof_trecv *rv) {
     struct pmof_tmsg *m = rv->msg;
     struct pmof_ep *ep = m->ep;
     struct read_piece pc[READ_PIECES_MAX];
-    int n = read_pieces(rv, &m->h, pc);
+    int n = read_pieces(rv, &m->h, rdm->dom, pc);
     ssize_t ret;
 
     /* A QP in error flushes the READs, which fails the receive. */
@@ -759,6 +782,14 @@ fail:
     return ret;
 }
 
+static bool registered(void **desc, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        const struct pmof_mr *mr = desc ? desc[i] : NULL;
+        if (!mr || mr->mr_fid.fid.fclass != FI_CLASS_MR || !mr->ibv) return false;
+    }
+    return true;
+}
+
 ssize_t pmof_tagged_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iovec *iov, void **desc,
                          size_t count, uint64_t tag, uint64_t data, void *context, uint64_t flags,
                          bool tagged) {
@@ -791,9 +822,11 @@ ssize_t pmof_tagged_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iove
         h.data = data;
     }
     /* Eager: inline, or behind a header of its own when the device has an
-     * SGE left for it; everything else by rendezvous. */
+     * SGE left for it and the payload is registered; everything else by
+     * rendezvous, which registers what it sends. */
     if (PMOF_MSG_HDR_LEN + total > ep->max_inline &&
-        (total > rdm->tg->eager_size || count + 1 > rdm->dom->tx_iov_limit))
+        (total > rdm->tg->eager_size || count + 1 > rdm->dom->tx_iov_limit ||
+         !registered(desc, count)))
         return send_rts(rdm, ep, &h, iov, count, total, context, flags, cq_flags, sflags);
     pmof_lock(&ep->tx_lock);
     pmof_tx_start(ep);
@@ -1020,6 +1053,8 @@ void pmof_tagged_close(struct pmof_rdm *rdm) {
         struct pmof_twork *w = tg->work;
         tg->work = w->next;
         if (w->kind == PMOF_TWORK_READ) {
+            for (size_t i = 0; i < PMOF_IOV_LIMIT; i++)
+                if (w->rv->own_mr[i]) ibv_dereg_mr(w->rv->own_mr[i]);
             msg_free(w->rv->msg);
             free(w->rv);
         }
