@@ -606,6 +606,10 @@ enum pmof_conn_state {
     PMOF_CONN_REFUSED, /* the peer's endpoint speaks the other protocol */
 };
 
+/* Caps that make an RDM endpoint head its messages and match them in
+ * software (pmof_tagged.c): tags, and receives from one source only. */
+#define PMOF_HEADED_CAPS (FI_TAGGED | FI_DIRECTED_RECV)
+
 /* What an RDM endpoint rejects a connection of the other protocol with. */
 #define PMOF_RDM_REJECT_PROTOCOL "pmof:protocol"
 

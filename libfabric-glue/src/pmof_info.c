@@ -25,9 +25,9 @@
 #define PMOF_OFI_CORE_PROV_ONLY (1ULL << 59)
 
 #define PMOF_PRIMARY_CAPS                                                                          \
-    (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_READ | FI_WRITE | FI_SEND | FI_RECV |            \
-     FI_REMOTE_READ | FI_REMOTE_WRITE | FI_LOCAL_COMM | FI_REMOTE_COMM | FI_HMEM)
-#define PMOF_SECONDARY_CAPS (FI_FENCE | FI_RMA_PMEM | FI_SOURCE | FI_DIRECTED_RECV)
+    (FI_MSG | FI_TAGGED | FI_DIRECTED_RECV | FI_RMA | FI_ATOMIC | FI_READ | FI_WRITE | FI_SEND |   \
+     FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_LOCAL_COMM | FI_REMOTE_COMM | FI_HMEM)
+#define PMOF_SECONDARY_CAPS (FI_FENCE | FI_RMA_PMEM | FI_SOURCE)
 #define PMOF_TX_OP_FLAGS                                                                           \
     (FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE |                \
      FI_COMMIT_COMPLETE | FI_COMPLETION | FI_COMMIT)
@@ -478,10 +478,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
 
     /* Tags are matched in software behind RDM endpoints' connections; a
      * MSG endpoint is one verbs QP, which matches in order only. */
-    if (type == FI_EP_MSG)
-        offered &= ~(FI_TAGGED | FI_DIRECTED_RECV);
-    else
-        offered |= FI_DIRECTED_RECV;
+    if (type == FI_EP_MSG) offered &= ~(FI_TAGGED | FI_DIRECTED_RECV);
     if ((asked & ~offered) & (FI_TAGGED | FI_DIRECTED_RECV)) {
         PMOF_INFO(FI_LOG_CORE, "FI_TAGGED and FI_DIRECTED_RECV are for FI_EP_RDM endpoints\n");
         return NULL;
@@ -619,7 +616,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
         fi->rx_attr->caps |= FI_SOURCE;
         if (fi->domain_attr->av_type == FI_AV_UNSPEC) fi->domain_attr->av_type = FI_AV_TABLE;
     }
-    if (fi->caps & FI_TAGGED) {
+    if (fi->caps & PMOF_HEADED_CAPS) {
         /* Every message carries a header, which the inject size leaves
          * room for unless the application chose it. */
         fi->ep_attr->mem_tag_format = PMOF_TAG_FORMAT;

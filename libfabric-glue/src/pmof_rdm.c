@@ -671,7 +671,7 @@ static int rdm_enable(struct pmof_rdm *rdm) {
     if ((rdm->info->mode & FI_COMMIT_MANUAL) && !rdm->user_eq) return -FI_ENOEQ;
     rdm->srq = ibv_create_srq(rdm->dom->pd, &sa);
     if (!rdm->srq) return pmof_errno(errno);
-    if (rdm->info->caps & FI_TAGGED) {
+    if (rdm->info->caps & PMOF_HEADED_CAPS) {
         ret = pmof_tagged_open(rdm);
         if (!ret) ret = pmof_tagged_fill_srq(rdm);
         if (!ret) ret = pmof_cq_add_hook(rdm->tx_cq, rdm);
@@ -842,7 +842,7 @@ int pmof_rdm_endpoint(struct pmof_domain *dom, struct fi_info *info, struct fid_
     rdm->msg_info->ep_attr->type = FI_EP_MSG;
     /* Headed messages: the inject size the application has, behind the
      * header. */
-    if ((info->caps & FI_TAGGED) && rdm->msg_info->tx_attr &&
+    if ((info->caps & PMOF_HEADED_CAPS) && rdm->msg_info->tx_attr &&
         rdm->msg_info->tx_attr->inject_size + PMOF_MSG_HDR_LEN <= PMOF_INLINE_MAX)
         rdm->msg_info->tx_attr->inject_size += PMOF_MSG_HDR_LEN;
     free(rdm->msg_info->dest_addr);

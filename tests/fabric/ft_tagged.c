@@ -433,6 +433,45 @@ out:
     return ft_pair_close(&p, ret);
 }
 
+/* FI_DIRECTED_RECV: a receive for another source leaves the message to
+ * the receive posted after it for this one. */
+static int t_directed(struct ft_run *r) {
+    struct ft_pair_cfg cfg = {.caps = FI_TAGGED | FI_DIRECTED_RECV};
+    struct ft_pair p = {0};
+    struct tbufs b = {0};
+    struct fi_context2 rc[2], sc;
+    uint8_t name[256];
+    size_t len = sizeof(name);
+    fi_addr_t other = FI_ADDR_NOTAVAIL;
+    int ret = FT_OK;
+
+    if (r->opts->ep_type != FI_EP_RDM)
+        return ft_skip(r, "tagged messages are tested on FI_EP_RDM endpoints");
+    FT_TRY(ft_pair_open(r, &p, &cfg));
+    if (!(p.s[FT_SRV].info->caps & FI_DIRECTED_RECV)) {
+        ret = ft_skip(r, "no FI_DIRECTED_RECV");
+        goto out;
+    }
+    FT_TRY(tbufs_alloc(&p, 4096, &b));
+    /* Another source: the server's own name. */
+    FT_CHK(fi_getname(&p.s[FT_SRV].ep->fid, name, &len));
+    FT_EXPECT(fi_av_insert(p.s[FT_SRV].av, name, 1, &other, 0, NULL) == 1 &&
+                  other != p.s[FT_SRV].peer,
+              "fi_av_insert of a second address");
+    ft_fill(b.tx.buf, 64, 33);
+    FT_POST(&p, fi_trecv(p.s[FT_SRV].ep, b.rx.buf, 64, b.rx.desc, other, 5, 0, &rc[0]));
+    FT_POST(&p,
+            fi_trecv(p.s[FT_SRV].ep, b.rx.buf + 64, 64, b.rx.desc, p.s[FT_SRV].peer, 5, 0, &rc[1]));
+    FT_POST(&p, fi_tsend(p.s[FT_CLI].ep, b.tx.buf, 64, b.tx.desc, p.s[FT_CLI].peer, 5, &sc));
+    FT_TRY(expect_trecv(&p, &rc[1], 64, 5));
+    FT_TRY(ft_expect_pattern(r, b.rx.buf + 64, 64, 33, "the directed receive"));
+    FT_TRY(expect_tsend(&p, &sc));
+    FT_TRY(ft_expect_quiet(&p, &p.s[FT_SRV].rx, 100, "a receive for another source"));
+out:
+    ret = tbufs_free(r, &b, ret);
+    return ft_pair_close(&p, ret);
+}
+
 /* fi_writedata to an endpoint with FI_TAGGED: the data reaches the target's
  * CQ, consuming its next untagged receive as without FI_TAGGED, and
  * messages go on to the receives after it. */
@@ -517,6 +556,7 @@ const struct ft_test ft_tagged_tests[] = {
     {"tagged.untagged", t_untagged},
     {"tagged.iov", t_iov},
     {"tagged.writedata", t_writedata},
+    {"tagged.directed", t_directed},
     {"tagged.mismatch", t_mismatch},
     {NULL, NULL},
 };

@@ -10,9 +10,10 @@
 #   2. fi_pingpong -p pmof -c (every buffer checked), msg and rdm (and rdm
 #      with tagged messages), all of its sizes, as two processes.
 #   3. pmof_fabtest (tests/fabric): getinfo, objects, messages, RMA,
-#      atomics, counters and every persistence promise, msg and rdm, with
-#      the commits sroce takes and with those pmof posts on an RNIC
-#      (FI_PMOF_COMMIT_PATH=flush).
+#      atomics, counters, tagged messages and every persistence promise, msg
+#      and rdm, with the commits sroce takes and with those pmof posts on an
+#      RNIC (FI_PMOF_COMMIT_PATH=flush).
+#   4. Open MPI's ofi MTL over pmof's tagged messages (tests/progs/mpi_check).
 #
 # Usage: test_pmof_provider.sh BUILD-DIR
 #
@@ -101,5 +102,29 @@ if [[ -x $fabtest ]]; then
 	done
 else
 	fail "pmof_fabtest is not built in $BUILD_DIR/tests/fabric"
+fi
+
+# --- Open MPI over the ofi MTL ---------------------------------------------------
+# A real client of tagged messages: Open MPI's cm PML with the ofi MTL uses
+# fi_tsend/fi_trecv (FI_DIRECTED_RECV, FI_CONTEXT) and nothing else of the
+# provider.  Four ranks, every message checked; the MTL takes the first
+# info fi_getinfo offers, so all four share pmof0, as processes share an
+# RNIC.
+mpi_check=$BUILD_DIR/tests/progs/mpi_check
+if ! command -v mpirun >/dev/null; then
+	log "skip Open MPI: mpirun not installed (openmpi-bin; run scripts/setup.sh)"
+elif [[ ! -x $mpi_check ]]; then
+	log "skip Open MPI: $mpi_check not built (libopenmpi-dev; run scripts/setup.sh)"
+else
+	root=()
+	((EUID != 0)) || root=(--allow-run-as-root)
+	if timeout -k 5 120 "$SROCE_BIN" exec -- mpirun "${root[@]}" --oversubscribe \
+		--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include pmof --mca btl self \
+		-x FI_PROVIDER_PATH -np 4 "$mpi_check" >"$WORK/mpi.log" 2>&1 &&
+		(($(grep -c '^ok ' "$WORK/mpi.log") == 6)); then
+		pass "Open MPI, 4 ranks over the ofi MTL on pmof (tagged messages): ping-pong 1 B to 1 MiB and allreduces checked"
+	else
+		fail "Open MPI over pmof (ofi MTL) mpi_check" "$(cat "$WORK/mpi.log")"
+	fi
 fi
 finish
