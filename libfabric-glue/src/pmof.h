@@ -434,6 +434,7 @@ struct pmof_op {
     bool bounce;
     struct pmof_trecv *trecv;
     uint64_t tsend;
+    uint32_t tbuf; /* a send buffer (from 1) the payload was copied into */
 };
 
 enum pmof_cntr_kind {
@@ -694,6 +695,8 @@ ssize_t pmof_tagged_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iove
                          bool tagged);
 size_t pmof_tagged_rx_left(struct pmof_rdm *rdm);
 void pmof_tagged_ep_close(struct pmof_ep *ep);
+/* A send buffer's send completed. */
+void pmof_tagged_sbuf_put(struct pmof_rdm *rdm, uint32_t b);
 extern struct fi_ops_tagged pmof_tagged_ops;
 
 /* ------------------------------------------------------------- commits */

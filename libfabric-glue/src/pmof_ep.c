@@ -59,6 +59,7 @@ static struct pmof_op *tx_op_at_head(struct pmof_ep *ep, void *context, uint64_t
     op->bounce = false;
     op->trecv = NULL;
     op->tsend = 0;
+    op->tbuf = 0;
     /* Counters count every request, so theirs are signaled too. */
     op->signaled = op->report || ep->cntrs[cntr] || ++ep->unsignaled >= ep->tx.size / 2;
     if (op->signaled) ep->unsignaled = 0;
@@ -225,6 +226,7 @@ bool pmof_ep_complete(struct pmof_ep *ep, const struct ibv_wc *wc, struct pmof_c
         pmof_hmem_complete(&op.hmem, op.len);
     }
     __atomic_store_n(recv ? &ep->rx.tail : &ep->tx.tail, op.seq + 1, __ATOMIC_RELEASE);
+    if (!recv && op.tbuf) pmof_tagged_sbuf_put(ep->rdm, op.tbuf);
     if (!recv && (op.trecv || op.tsend || op.bounce)) {
         /* A rendezvous of an FI_TAGGED endpoint (a READ, an RTS, a FIN):
          * its end is reported there. */

@@ -100,7 +100,15 @@ struct pmof_tagged {
      * application may be reading: READs on the transmit CQ, FINs on the
      * receive CQ.  While there are any, reading either polls both. */
     atomic_int reads_out, sends_out;
+    /* Send buffers for eager messages the device cannot gather behind a
+     * header (no descriptor, or no scatter entry left): copied there, the
+     * buffer back at the send's completion. */
+    uint8_t *sbufs;
+    struct ibv_mr *sbuf_mr;
+    uint32_t *sbuf_free, nsbuf_free;
 };
+
+#define PMOF_SEND_BUFS 64
 
 /* ------------------------------------------------------------- helpers */
 
@@ -537,14 +545,28 @@ static int slot_header(struct pmof_ep *ep, const struct pmof_op *op, struct ibv_
     return 0;
 }
 
+/* Header and payload end to end in `out`. */
+static size_t gather(uint8_t *out, const uint8_t *hdr, size_t hlen, const struct iovec *iov,
+                     size_t count) {
+    size_t len = hlen;
+
+    memcpy(out, hdr, hlen);
+    for (size_t i = 0; i < count; i++) {
+        memcpy(out + len, iov[i].iov_base, iov[i].iov_len);
+        len += iov[i].iov_len;
+    }
+    return len;
+}
+
 /*
  * One headed send on a connection (tx_lock held, batch started): the
- * header and `count` entries of payload, inline when they fit.  `op` is
- * the request's slot.
+ * header and `count` entries of payload, inline when they fit, else copied
+ * into `sbuf` (a registered send buffer) when given, else from a header of
+ * the slot's and the payload's own entries.  `op` is the request's slot.
  */
 static int post_headed(struct pmof_ep *ep, struct pmof_op *op, const struct pmof_msg_hdr *h,
                        const struct iovec *iov, void **desc, size_t count, size_t total,
-                       unsigned int sflags) {
+                       unsigned int sflags, const struct ibv_sge *sbuf) {
     uint8_t hdr[PMOF_MSG_CTRL_MAX];
     size_t hlen = pmof_msg_encode(hdr, h);
     struct ibv_sge sge[PMOF_IOV_LIMIT + 1];
@@ -554,13 +576,12 @@ static int post_headed(struct pmof_ep *ep, struct pmof_op *op, const struct pmof
     ibv_wr_send(ep->qpx);
     if (hlen + total <= ep->max_inline) {
         uint8_t buf[PMOF_INLINE_MAX];
-        size_t len = hlen;
-        memcpy(buf, hdr, hlen);
-        for (size_t i = 0; i < count; i++) {
-            memcpy(buf + len, iov[i].iov_base, iov[i].iov_len);
-            len += iov[i].iov_len;
-        }
-        ibv_wr_set_inline_data(ep->qpx, buf, len);
+        ibv_wr_set_inline_data(ep->qpx, buf, gather(buf, hdr, hlen, iov, count));
+        return 0;
+    }
+    if (sbuf) {
+        size_t len = gather((uint8_t *)(uintptr_t)sbuf->addr, hdr, hlen, iov, count);
+        ibv_wr_set_sge(ep->qpx, sbuf->lkey, sbuf->addr, (uint32_t)len);
         return 0;
     }
     n = slot_header(ep, op, &sge[0], hdr, hlen);
@@ -659,7 +680,7 @@ static int post_fin(struct pmof_twork *w) {
     }
     /* A FIN the QP flushes (the sender is gone) is nobody's error. */
     op->bounce = true;
-    ret = post_headed(ep, op, &h, NULL, NULL, 0, 0, 0);
+    ret = post_headed(ep, op, &h, NULL, NULL, 0, 0, 0, NULL);
     if (ret) {
         pmof_tx_abort(ep);
         pmof_unlock(&ep->tx_lock);
@@ -762,7 +783,7 @@ static ssize_t send_rts(struct pmof_rdm *rdm, struct pmof_ep *ep, struct pmof_ms
         goto fail;
     }
     op->tsend = h->cookie;
-    ret = post_headed(ep, op, h, NULL, NULL, 0, 0, sflags);
+    ret = post_headed(ep, op, h, NULL, NULL, 0, 0, sflags, NULL);
     if (ret)
         pmof_tx_abort(ep);
     else
@@ -782,6 +803,25 @@ fail:
     return ret;
 }
 
+/* A send buffer's number (from 1), or 0 when all are in use. */
+static uint32_t sbuf_get(struct pmof_tagged *tg) {
+    uint32_t b = 0;
+
+    pthread_mutex_lock(&tg->lock);
+    if (tg->nsbuf_free) b = tg->sbuf_free[--tg->nsbuf_free] + 1;
+    pthread_mutex_unlock(&tg->lock);
+    return b;
+}
+
+void pmof_tagged_sbuf_put(struct pmof_rdm *rdm, uint32_t b) {
+    struct pmof_tagged *tg = rdm ? rdm->tg : NULL;
+
+    if (!tg || !b) return;
+    pthread_mutex_lock(&tg->lock);
+    tg->sbuf_free[tg->nsbuf_free++] = b - 1;
+    pthread_mutex_unlock(&tg->lock);
+}
+
 static bool registered(void **desc, size_t count) {
     for (size_t i = 0; i < count; i++) {
         const struct pmof_mr *mr = desc ? desc[i] : NULL;
@@ -799,6 +839,8 @@ ssize_t pmof_tagged_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iove
     unsigned int sflags = (flags & FI_FENCE) ? IBV_SEND_FENCE : 0;
     struct pmof_op *op;
     struct pmof_ep *ep;
+    struct ibv_sge sge;
+    uint32_t sbuf = 0;
     size_t total;
     ssize_t ret = 0;
 
@@ -822,26 +864,38 @@ ssize_t pmof_tagged_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iove
         h.data = data;
     }
     /* Eager: inline, or behind a header of its own when the device has an
-     * SGE left for it and the payload is registered; everything else by
-     * rendezvous, which registers what it sends. */
-    if (PMOF_MSG_HDR_LEN + total > ep->max_inline &&
-        (total > rdm->tg->eager_size || count + 1 > rdm->dom->tx_iov_limit ||
-         !registered(desc, count)))
+     * SGE left for it and the payload is registered, or copied into a send
+     * buffer; larger ones by rendezvous, which registers what it sends. */
+    if (PMOF_MSG_HDR_LEN + total > ep->max_inline && total > rdm->tg->eager_size)
         return send_rts(rdm, ep, &h, iov, count, total, context, flags, cq_flags, sflags);
+    if (PMOF_MSG_HDR_LEN + total > ep->max_inline &&
+        (count + 1 > rdm->dom->tx_iov_limit || !registered(desc, count))) {
+        sbuf = sbuf_get(rdm->tg);
+        if (!sbuf) return -FI_EAGAIN;
+        sge = (struct ibv_sge){.addr = (uintptr_t)(rdm->tg->sbufs + (sbuf - 1) * rdm->tg->buf_size),
+                               .lkey = rdm->tg->sbuf_mr->lkey};
+    }
     pmof_lock(&ep->tx_lock);
     pmof_tx_start(ep);
     op = pmof_tx_op(ep, context, flags, cq_flags, total, PMOF_CNTR_SEND);
     if (!op) {
         pmof_tx_abort(ep);
         pmof_unlock(&ep->tx_lock);
+        if (sbuf) pmof_tagged_sbuf_put(rdm, sbuf);
         return -FI_EAGAIN;
     }
-    ret = post_headed(ep, op, &h, iov, desc, count, total, sflags);
+    if (sbuf) {
+        /* Its completion gives the buffer back. */
+        op->tbuf = sbuf;
+        op->signaled = true;
+    }
+    ret = post_headed(ep, op, &h, iov, desc, count, total, sflags, sbuf ? &sge : NULL);
     if (ret)
         pmof_tx_abort(ep);
     else
         ret = pmof_tx_post(ep);
     pmof_unlock(&ep->tx_lock);
+    if (ret && sbuf) pmof_tagged_sbuf_put(rdm, sbuf);
     return ret;
 }
 
@@ -1003,10 +1057,17 @@ int pmof_tagged_open(struct pmof_rdm *rdm) {
     tg->ts = calloc(tg->nts, sizeof(*tg->ts));
     bytes = tg->buf_size * rdm->rx_size;
     tg->pool = malloc(bytes);
+    tg->sbufs = malloc(tg->buf_size * PMOF_SEND_BUFS);
+    tg->sbuf_free = calloc(PMOF_SEND_BUFS, sizeof(*tg->sbuf_free));
     rdm->tg = tg;
-    if (!tg->ts || !tg->pool) return -FI_ENOMEM;
+    if (!tg->ts || !tg->pool || !tg->sbufs || !tg->sbuf_free) return -FI_ENOMEM;
+    for (uint32_t i = 0; i < PMOF_SEND_BUFS; i++)
+        tg->sbuf_free[tg->nsbuf_free++] = PMOF_SEND_BUFS - 1 - i;
     tg->pool_mr = ibv_reg_mr(rdm->dom->pd, tg->pool, bytes, IBV_ACCESS_LOCAL_WRITE);
     if (!tg->pool_mr) return pmof_errno(errno);
+    tg->sbuf_mr =
+        ibv_reg_mr(rdm->dom->pd, tg->sbufs, tg->buf_size * PMOF_SEND_BUFS, IBV_ACCESS_LOCAL_WRITE);
+    if (!tg->sbuf_mr) return pmof_errno(errno);
     return 0;
 }
 
@@ -1064,7 +1125,10 @@ void pmof_tagged_close(struct pmof_rdm *rdm) {
         for (int s = 0; s < PMOF_MSG_SEG_MAX; s++)
             if (tg->ts[i].mrs[s]) ibv_dereg_mr(tg->ts[i].mrs[s]);
     if (tg->pool_mr) ibv_dereg_mr(tg->pool_mr);
+    if (tg->sbuf_mr) ibv_dereg_mr(tg->sbuf_mr);
     free(tg->pool);
+    free(tg->sbufs);
+    free(tg->sbuf_free);
     free(tg->ts);
     pthread_mutex_destroy(&tg->lock);
     free(tg);
