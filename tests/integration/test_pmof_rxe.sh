@@ -15,7 +15,8 @@
 #   2. pmof_fabtest msg and rdm with both ends on rxe0: everything that is
 #      not persistence passes on a kernel device; the persistence tests see
 #      a target-only domain.
-#   3. fi_pingpong -p pmof -c, msg and rdm, rxe server and sroce client.
+#   3. fi_pingpong -p pmof -c, msg, rdm and rdm with tagged messages, rxe
+#      server and sroce client.
 #   4. fi_remote_log (docs/examples): sroce initiator, rxe target whose log
 #      is the device DAX registered FI_PMEM.  The commits travel as IBTA
 #      WRITE + FLUSH (the kernel agrees no native commit).  This rxe takes
@@ -83,6 +84,7 @@ flush_form=${SROCE_TEST_RXE_FLUSH_FORM:-legacy}
 	die "SROCE_TEST_RXE_FLUSH_FORM must be legacy or ibta, not '$flush_form'"
 pp_port=18700
 pp_rdm_port=18701
+pp_tagged_port=18704
 rlog_port=18702
 manual_port=18703
 step_secs=600
@@ -109,6 +111,7 @@ step fabtest_msg $step_secs pmof_fabtest -p pmof -e msg -a $guest_ip || failed=\
 step fabtest_rdm $step_secs pmof_fabtest -p pmof -e rdm -a $guest_ip || failed=\$((failed + 1))
 attempt guest pingpong_msg $pp_port 120 fi_pingpong -p pmof -e msg -c -I 10 -B $pp_port || failed=\$((failed + 1))
 attempt guest pingpong_rdm $pp_rdm_port 120 fi_pingpong -p pmof -e rdm -c -I 10 -B $pp_rdm_port || failed=\$((failed + 1))
+attempt guest pingpong_tagged $pp_tagged_port 120 fi_pingpong -p pmof -e rdm -m tagged -c -I 10 -B $pp_tagged_port || failed=\$((failed + 1))
 attempt guest rlog $rlog_port 300 fi_remote_log --server -a $guest_ip -p $rlog_port --file /dev/dax0.0 --size $dax_size || failed=\$((failed + 1))
 step rlog_verify 60 fi_remote_log --verify /dev/dax0.0 --size $dax_size || failed=\$((failed + 1))
 attempt host rlog_manual $manual_port 300 fi_remote_log --manual -a $host_ip -p $manual_port -n $records || failed=\$((failed + 1))
@@ -190,14 +193,17 @@ fabtest_check fabtest_msg
 fabtest_check fabtest_rdm
 
 # --- 3. fi_pingpong, rxe server, sroce client ----------------------------------
-for ep in msg rdm; do
-	port=$pp_port
+# Tagged: on rxe, which gathers one entry, eager messages past the inline
+# size go from send buffers, and those past 8 KiB are read by the receiver.
+for ep in msg rdm tagged; do
+	port=$pp_port args=(-e "$ep")
 	[[ $ep == rdm ]] && port=$pp_rdm_port
-	guest_server "pingpong_$ep" fi_pingpong -p pmof -e "$ep" -c -I 10 -P "$port" "$guest_ip"
+	[[ $ep == tagged ]] && port=$pp_tagged_port args=(-e rdm -m tagged)
+	guest_server "pingpong_$ep" fi_pingpong -p pmof "${args[@]}" -c -I 10 -P "$port" "$guest_ip"
 	if [[ $hrc == 0 && $grc == 0 ]]; then
-		pass "fi_pingpong -p pmof -e $ep -c: sroce client, rxe server: $(grep -c '^[0-9]' "$WORK/pingpong_$ep.host.log") sizes"
+		pass "fi_pingpong -p pmof ${args[*]} -c: sroce client, rxe server: $(grep -c '^[0-9]' "$WORK/pingpong_$ep.host.log") sizes"
 	else
-		fail "fi_pingpong -e $ep: sroce client exited $hrc, rxe server $grc" \
+		fail "fi_pingpong ${args[*]}: sroce client exited $hrc, rxe server $grc" \
 			"$(cat "$WORK/pingpong_$ep.host.log" 2>/dev/null; vm_step_output "pingpong_$ep")"
 	fi
 done
