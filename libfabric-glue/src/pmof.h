@@ -225,6 +225,7 @@ struct pmof_mr {
     struct fid_mr mr_fid;
     struct pmof_domain *dom;
     struct ibv_mr *ibv;
+    int access;     /* the ibv access it was registered with */
     uint64_t flags; /* FI_PMEM, FI_UNCACHED */
     enum fi_hmem_iface iface;
     uint64_t device;

@@ -46,7 +46,9 @@ static int mr_access(const struct pmof_domain *dom, uint64_t access, uint64_t fl
     if (!(access & (FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE)))
         access = FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
     if (access & (FI_RECV | FI_READ)) a |= IBV_ACCESS_LOCAL_WRITE;
-    if (access & FI_REMOTE_READ) a |= IBV_ACCESS_REMOTE_READ;
+    /* A send buffer is read by the receiver of a large tagged message
+     * (rendezvous), as libfabric's verbs provider allows it for ofi_rxm. */
+    if (access & (FI_REMOTE_READ | FI_SEND)) a |= IBV_ACCESS_REMOTE_READ;
     if (access & FI_REMOTE_WRITE)
         a |= IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
     /* A device without remote persistence knows no FLUSH access; its
@@ -99,6 +101,7 @@ static int mr_register(struct pmof_domain *dom, const struct fi_mr_attr *attr, u
             return -FI_ENOMEM;
         }
         mr->mr_fid.key = mr->ibv->rkey;
+        mr->access = access;
     } else if (attr->iface == FI_HMEM_SYSTEM) {
         /* Zero-length regions are valid in libfabric; verbs may refuse
          * them, so they get no verbs MR (and key 0). */
@@ -131,6 +134,7 @@ static int mr_register(struct pmof_domain *dom, const struct fi_mr_attr *attr, u
                 return pmof_errno(err);
             }
             mr->mr_fid.key = mr->ibv->rkey;
+            mr->access = access;
         }
     }
     if (mr->flags & FI_PMEM) mr->mr_fid.key |= PMOF_KEY_PMEM;

@@ -736,8 +736,8 @@ void pmof_tagged_progress(struct pmof_rdm *rdm) {
 
 /* A rendezvous send: registers the payload, posts the RTS. */
 static ssize_t send_rts(struct pmof_rdm *rdm, struct pmof_ep *ep, struct pmof_msg_hdr *h,
-                        const struct iovec *iov, size_t count, size_t total, void *context,
-                        uint64_t flags, uint64_t cq_flags, unsigned int sflags) {
+                        const struct iovec *iov, void **desc, size_t count, size_t total,
+                        void *context, uint64_t flags, uint64_t cq_flags, unsigned int sflags) {
     struct pmof_tagged *tg = rdm->tg;
     struct pmof_tsend *ts = NULL;
     struct pmof_op *op;
@@ -761,16 +761,27 @@ static ssize_t send_rts(struct pmof_rdm *rdm, struct pmof_ep *ep, struct pmof_ms
     h->count = 0;
     h->cookie = (uint64_t)ts->gen << 32 | (idx + 1);
     for (size_t i = 0; i < count; i++) {
+        const struct pmof_mr *mr = desc ? desc[i] : NULL;
+        uintptr_t base = (uintptr_t)iov[i].iov_base;
+
         if (!iov[i].iov_len) continue;
-        ts->mrs[h->count] =
-            ibv_reg_mr(ep->dom->pd, iov[i].iov_base, iov[i].iov_len, IBV_ACCESS_REMOTE_READ);
-        if (!ts->mrs[h->count]) {
-            ret = pmof_errno(errno);
-            goto fail;
+        /* The application's registration when it lets peers read (send
+         * buffers do), else one of our own until the FIN. */
+        if (mr && mr->mr_fid.fid.fclass == FI_CLASS_MR && mr->ibv &&
+            (mr->access & IBV_ACCESS_REMOTE_READ) && base >= (uintptr_t)mr->ibv->addr &&
+            base + iov[i].iov_len <= (uintptr_t)mr->ibv->addr + mr->ibv->length) {
+            h->segs[h->count].rkey = mr->ibv->rkey;
+        } else {
+            ts->mrs[h->count] =
+                ibv_reg_mr(ep->dom->pd, iov[i].iov_base, iov[i].iov_len, IBV_ACCESS_REMOTE_READ);
+            if (!ts->mrs[h->count]) {
+                ret = pmof_errno(errno);
+                goto fail;
+            }
+            h->segs[h->count].rkey = ts->mrs[h->count]->rkey;
         }
-        h->segs[h->count].addr = (uintptr_t)iov[i].iov_base;
+        h->segs[h->count].addr = base;
         h->segs[h->count].len = iov[i].iov_len;
-        h->segs[h->count].rkey = ts->mrs[h->count]->rkey;
         h->count++;
     }
     pmof_lock(&ep->tx_lock);
@@ -867,7 +878,7 @@ ssize_t pmof_tagged_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iove
      * SGE left for it and the payload is registered, or copied into a send
      * buffer; larger ones by rendezvous, which registers what it sends. */
     if (PMOF_MSG_HDR_LEN + total > ep->max_inline && total > rdm->tg->eager_size)
-        return send_rts(rdm, ep, &h, iov, count, total, context, flags, cq_flags, sflags);
+        return send_rts(rdm, ep, &h, iov, desc, count, total, context, flags, cq_flags, sflags);
     if (PMOF_MSG_HDR_LEN + total > ep->max_inline &&
         (count + 1 > rdm->dom->tx_iov_limit || !registered(desc, count))) {
         sbuf = sbuf_get(rdm->tg);
