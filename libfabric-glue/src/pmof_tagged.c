@@ -158,6 +158,15 @@ static void msg_free(struct pmof_tmsg *m) {
     free(m);
 }
 
+/* A receive that is over, with the message it took and what was
+ * registered for it. */
+static void trecv_free(struct pmof_trecv *rv) {
+    for (size_t i = 0; i < PMOF_IOV_LIMIT; i++)
+        if (rv->own_mr[i]) ibv_dereg_mr(rv->own_mr[i]);
+    msg_free(rv->msg);
+    free(rv);
+}
+
 /* Adds work (tg->lock held). */
 static void work_push(struct pmof_tagged *tg, struct pmof_twork *w) {
     w->next = NULL;
@@ -405,10 +414,7 @@ static void read_done(struct pmof_rdm *rdm, struct pmof_trecv *rv) {
     queue_fin(tg, m->ep, m->h.cookie, status);
     pthread_mutex_unlock(&tg->lock);
     atomic_fetch_sub(&tg->reads_out, 1);
-    for (size_t i = 0; i < PMOF_IOV_LIMIT; i++)
-        if (rv->own_mr[i]) ibv_dereg_mr(rv->own_mr[i]);
-    msg_free(m);
-    free(rv);
+    trecv_free(rv);
 }
 
 /* One READ of a rendezvous: a piece that is contiguous on both sides. */
@@ -592,12 +598,22 @@ static int post_headed(struct pmof_ep *ep, struct pmof_op *op, const struct pmof
     return 0;
 }
 
+/* Frees a rendezvous send's slot and its registrations; a cookie handed
+ * out for it earlier names nothing from then on. */
+static void tsend_release(struct pmof_tagged *tg, struct pmof_tsend *ts) {
+    for (int i = 0; i < PMOF_MSG_SEG_MAX; i++)
+        if (ts->mrs[i]) ibv_dereg_mr(ts->mrs[i]);
+    pthread_mutex_lock(&tg->lock);
+    memset(ts->mrs, 0, sizeof(ts->mrs));
+    ts->used = false;
+    ts->gen++;
+    pthread_mutex_unlock(&tg->lock);
+}
+
 static void tsend_finish(struct pmof_rdm *rdm, struct pmof_tsend *ts, int status) {
     struct pmof_cq_entry e = {0};
     struct pmof_cntr *c = rdm->cntrs[PMOF_CNTR_SEND];
 
-    for (int i = 0; i < PMOF_MSG_SEG_MAX; i++)
-        if (ts->mrs[i]) ibv_dereg_mr(ts->mrs[i]);
     e.op_context = ts->context;
     e.flags = ts->cq_flags;
     e.len = ts->len;
@@ -610,10 +626,7 @@ static void tsend_finish(struct pmof_rdm *rdm, struct pmof_tsend *ts, int status
             pmof_cntr_inc(c);
     }
     if ((ts->report || status) && !rdm->closing) pmof_cq_push(rdm->tx_cq, &e);
-    pthread_mutex_lock(&rdm->tg->lock);
-    memset(ts->mrs, 0, sizeof(ts->mrs));
-    ts->used = false;
-    pthread_mutex_unlock(&rdm->tg->lock);
+    tsend_release(rdm->tg, ts);
     atomic_fetch_sub(&rdm->tg->sends_out, 1);
 }
 
@@ -804,13 +817,7 @@ static ssize_t send_rts(struct pmof_rdm *rdm, struct pmof_ep *ep, struct pmof_ms
     if (ret) goto fail;
     return 0;
 fail:
-    for (int i = 0; i < PMOF_MSG_SEG_MAX; i++)
-        if (ts->mrs[i]) ibv_dereg_mr(ts->mrs[i]);
-    pthread_mutex_lock(&tg->lock);
-    memset(ts->mrs, 0, sizeof(ts->mrs));
-    ts->used = false;
-    ts->gen++;
-    pthread_mutex_unlock(&tg->lock);
+    tsend_release(tg, ts);
     return ret;
 }
 
@@ -1124,12 +1131,7 @@ void pmof_tagged_close(struct pmof_rdm *rdm) {
     while (tg->work) {
         struct pmof_twork *w = tg->work;
         tg->work = w->next;
-        if (w->kind == PMOF_TWORK_READ) {
-            for (size_t i = 0; i < PMOF_IOV_LIMIT; i++)
-                if (w->rv->own_mr[i]) ibv_dereg_mr(w->rv->own_mr[i]);
-            msg_free(w->rv->msg);
-            free(w->rv);
-        }
+        if (w->kind == PMOF_TWORK_READ) trecv_free(w->rv);
         free(w);
     }
     for (uint32_t i = 0; tg->ts && i < tg->nts; i++)
