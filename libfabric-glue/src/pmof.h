@@ -342,8 +342,11 @@ struct pmof_cq {
     pthread_mutex_t soft_lock;
     struct pmof_cq_entry *soft;
     size_t soft_count, soft_cap;
-    /* RDM endpoints with deferred work to run after a poll (FI_TAGGED) */
-    struct pmof_rdm *hooks[4];
+    /* RDM endpoints whose deferred work (FI_TAGGED) runs before the
+     * application reads; the lock keeps a closing one out of use */
+    pthread_rwlock_t hooks_lock;
+    struct pmof_rdm **hooks;
+    size_t hooks_cap;
     atomic_size_t nhooks;
     atomic_int refs;
 };
@@ -355,9 +358,11 @@ int pmof_cq_progress(struct pmof_cq *cq);
 /* Adds an entry produced by the provider itself (e.g. a software commit);
  * never takes the CQ's lock, so it may be called while it is held. */
 int pmof_cq_push(struct pmof_cq *cq, const struct pmof_cq_entry *e);
-/* An RDM endpoint whose deferred work runs after the application reads
- * this CQ; 0 or -FI_ENOSPC. */
+/* An RDM endpoint whose deferred work runs when the application reads
+ * this CQ; 0 or -FI_ENOMEM. */
 int pmof_cq_add_hook(struct pmof_cq *cq, struct pmof_rdm *rdm);
+/* Wakes a thread waiting on the CQ (fi_cq_sread), to look again. */
+void pmof_cq_wake(struct pmof_cq *cq);
 void pmof_cq_del_hook(struct pmof_cq *cq, struct pmof_rdm *rdm);
 /* Runs that work (counters' progress; CQ reads do it themselves). */
 void pmof_cq_run_hooks(struct pmof_cq *cq);
@@ -695,6 +700,12 @@ ssize_t pmof_tagged_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iove
                          size_t count, uint64_t tag, uint64_t data, void *context, uint64_t flags,
                          bool tagged);
 size_t pmof_tagged_rx_left(struct pmof_rdm *rdm);
+/* Readable while completions have left work to run; -1 without FI_TAGGED.
+ * The endpoint's CM thread waits on it, acks it and runs the work. */
+int pmof_tagged_work_fd(struct pmof_rdm *rdm);
+void pmof_tagged_work_ack(struct pmof_rdm *rdm);
+/* A connection went down: its rendezvous sends fail (no FIN will come). */
+void pmof_tagged_conn_down(struct pmof_rdm *rdm, struct pmof_ep *ep);
 void pmof_tagged_ep_close(struct pmof_ep *ep);
 /* A send buffer's send completed. */
 void pmof_tagged_sbuf_put(struct pmof_rdm *rdm, uint32_t b);

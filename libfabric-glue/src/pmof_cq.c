@@ -88,42 +88,72 @@ static int soft_drain(struct pmof_cq *cq) {
 }
 
 int pmof_cq_add_hook(struct pmof_cq *cq, struct pmof_rdm *rdm) {
-    size_t n = atomic_load(&cq->nhooks);
+    size_t n;
+    int ret = 0;
 
+    pthread_rwlock_wrlock(&cq->hooks_lock);
+    n = atomic_load(&cq->nhooks);
     for (size_t i = 0; i < n; i++)
-        if (cq->hooks[i] == rdm) return 0;
-    if (n == sizeof(cq->hooks) / sizeof(cq->hooks[0])) return -FI_ENOSPC;
+        if (cq->hooks[i] == rdm) goto out;
+    if (n == cq->hooks_cap) {
+        size_t cap = cq->hooks_cap ? 2 * cq->hooks_cap : 4;
+        struct pmof_rdm **t = realloc(cq->hooks, cap * sizeof(*t));
+        if (!t) {
+            ret = -FI_ENOMEM;
+            goto out;
+        }
+        cq->hooks = t;
+        cq->hooks_cap = cap;
+    }
     cq->hooks[n] = rdm;
     atomic_store(&cq->nhooks, n + 1);
-    return 0;
+out:
+    pthread_rwlock_unlock(&cq->hooks_lock);
+    return ret;
 }
 
 void pmof_cq_del_hook(struct pmof_cq *cq, struct pmof_rdm *rdm) {
-    size_t n = atomic_load(&cq->nhooks);
+    size_t n;
 
+    pthread_rwlock_wrlock(&cq->hooks_lock);
+    n = atomic_load(&cq->nhooks);
     for (size_t i = 0; i < n; i++) {
         if (cq->hooks[i] != rdm) continue;
         cq->hooks[i] = cq->hooks[n - 1];
         atomic_store(&cq->nhooks, n - 1);
-        return;
+        break;
+    }
+    pthread_rwlock_unlock(&cq->hooks_lock);
+}
+
+void pmof_cq_wake(struct pmof_cq *cq) {
+    uint64_t one = 1;
+
+    if (write(cq->signal_fd, &one, sizeof(one)) < 0) {
+        /* The counter is full: a wake-up is pending anyway. */
     }
 }
 
-/* Work that completions left for endpoints reading this CQ (lock not
- * held: the work posts, and posting may poll). */
+/* Work that completions left for endpoints reading this CQ (CQ lock not
+ * held: the work posts, and posting may poll).  A CQ no tagged endpoint
+ * uses takes no lock. */
 static void run_hooks(struct pmof_cq *cq) {
-    size_t n = atomic_load(&cq->nhooks);
-
-    for (size_t i = 0; i < n; i++)
+    if (!atomic_load(&cq->nhooks)) return;
+    pthread_rwlock_rdlock(&cq->hooks_lock);
+    for (size_t i = 0; i < atomic_load(&cq->nhooks); i++)
         pmof_tagged_progress(cq->hooks[i]);
+    pthread_rwlock_unlock(&cq->hooks_lock);
 }
 
 static bool hooks_pending(struct pmof_cq *cq) {
-    size_t n = atomic_load(&cq->nhooks);
+    bool pending = false;
 
-    for (size_t i = 0; i < n; i++)
-        if (pmof_tagged_has_work(cq->hooks[i])) return true;
-    return false;
+    if (!atomic_load(&cq->nhooks)) return false;
+    pthread_rwlock_rdlock(&cq->hooks_lock);
+    for (size_t i = 0; i < atomic_load(&cq->nhooks) && !pending; i++)
+        pending = pmof_tagged_has_work(cq->hooks[i]);
+    pthread_rwlock_unlock(&cq->hooks_lock);
+    return pending;
 }
 
 void pmof_cq_run_hooks(struct pmof_cq *cq) {
@@ -417,9 +447,11 @@ static int cq_close(struct fid *fid) {
     close(cq->signal_fd);
     pmof_lock_destroy(&cq->lock);
     pthread_mutex_destroy(&cq->soft_lock);
+    pthread_rwlock_destroy(&cq->hooks_lock);
     atomic_fetch_sub(&cq->dom->refs, 1);
     free(cq->ring);
     free(cq->soft);
+    free(cq->hooks);
     free(cq);
     return 0;
 }
@@ -485,6 +517,7 @@ int pmof_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr, struct fid_
     if (!cq->ring) goto err;
     pmof_lock_init(&cq->lock, true);
     pthread_mutex_init(&cq->soft_lock, NULL);
+    pthread_rwlock_init(&cq->hooks_lock, NULL);
     cq->signal_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (cq->signal_fd < 0) goto err_errno;
     if (cq->wait_obj == FI_WAIT_FD) {
@@ -516,7 +549,10 @@ err:
     if (cq->channel) ibv_destroy_comp_channel(cq->channel);
     if (cq->epfd >= 0) close(cq->epfd);
     if (cq->signal_fd >= 0) close(cq->signal_fd);
-    if (cq->ring) pthread_mutex_destroy(&cq->soft_lock);
+    if (cq->ring) {
+        pthread_mutex_destroy(&cq->soft_lock);
+        pthread_rwlock_destroy(&cq->hooks_lock);
+    }
     free(cq->ring);
     free(cq);
     return ret;

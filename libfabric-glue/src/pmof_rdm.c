@@ -196,10 +196,17 @@ static uint32_t hello_flags(const struct pmof_rdm *rdm) {
     return rdm->tg ? PMOF_RDM_HELLO_HEADERS : 0;
 }
 
+/* The receive buffers are sized for it: a peer must not send more. */
+static uint32_t hello_eager(const struct pmof_rdm *rdm) {
+    return rdm->tg ? (uint32_t)pmof_params.eager_size : 0;
+}
+
 static int rdm_connect(struct pmof_rdm *rdm, const struct sockaddr_storage *peer) {
     struct fi_info *info = fi_dupinfo(rdm->msg_info);
-    struct pmof_rdm_hello data = {
-        .magic = PMOF_RDM_HELLO_MAGIC, .pid = (uint32_t)getpid(), .flags = hello_flags(rdm)};
+    struct pmof_rdm_hello data = {.magic = PMOF_RDM_HELLO_MAGIC,
+                                  .pid = (uint32_t)getpid(),
+                                  .flags = hello_flags(rdm),
+                                  .eager = hello_eager(rdm)};
     struct pmof_ep *ep;
     size_t len = pmof_sockaddr_len((const struct sockaddr *)peer);
     int ret;
@@ -301,21 +308,27 @@ out:
 static void on_connreq(struct pmof_rdm *rdm, struct fi_eq_cm_entry *entry, size_t len) {
     struct sockaddr_storage name;
     struct pmof_ep *ep;
-    uint32_t flags;
+    uint32_t flags, eager;
     int ret;
 
     /* The connector's name, which its AV entry for us will match. */
     if (len < sizeof(*entry) ||
-        !pmof_rdm_hello_parse(entry->data, len - sizeof(*entry), &name, &flags)) {
+        !pmof_rdm_hello_parse(entry->data, len - sizeof(*entry), &name, &flags, &eager)) {
         fi_reject(&rdm->pep->pep_fid, entry->info->handle, NULL, 0);
         fi_freeinfo(entry->info);
         return;
     }
-    if (flags != hello_flags(rdm)) {
-        PMOF_WARN(FI_LOG_EP_CTRL,
-                  "refused a peer whose endpoint %s FI_TAGGED: both ends of a connection "
-                  "must agree on it\n",
-                  (flags & PMOF_RDM_HELLO_HEADERS) ? "has" : "lacks");
+    if (flags != hello_flags(rdm) || eager != hello_eager(rdm)) {
+        if (flags != hello_flags(rdm))
+            PMOF_WARN(FI_LOG_EP_CTRL,
+                      "refused a peer whose endpoint %s FI_TAGGED: both ends of a connection "
+                      "must agree on it\n",
+                      (flags & PMOF_RDM_HELLO_HEADERS) ? "has" : "lacks");
+        else
+            PMOF_WARN(FI_LOG_EP_CTRL,
+                      "refused a peer whose FI_PMOF_EAGER_SIZE is %u, not %u: both ends of a "
+                      "connection must agree on it\n",
+                      eager, hello_eager(rdm));
         fi_reject(&rdm->pep->pep_fid, entry->info->handle, PMOF_RDM_REJECT_PROTOCOL,
                   sizeof(PMOF_RDM_REJECT_PROTOCOL));
         fi_freeinfo(entry->info);
@@ -351,6 +364,7 @@ static void set_conn_state(struct pmof_rdm *rdm, fid_t fid, enum pmof_conn_state
             rdm->send_conn[ep->conn->addr] = NULL;
     }
     pmof_unlock(&rdm->lock);
+    if (state != PMOF_CONN_UP) pmof_tagged_conn_down(rdm, ep);
 }
 
 /* One CM event of the hidden endpoints; false once the EQ is empty. */
@@ -396,16 +410,24 @@ static bool rdm_cm_step(struct pmof_rdm *rdm) {
 
 static void *rdm_cm_thread(void *arg) {
     struct pmof_rdm *rdm = arg;
-    struct pollfd p[2] = {
+    /* Also the tagged work completions leave (READs and FINs to post), so
+     * that a peer's send completes while this side's application does not
+     * call in. */
+    struct pollfd p[3] = {
         {.fd = rdm->cm_eq->epfd, .events = POLLIN},
         {.fd = rdm->stop_fd[0], .events = POLLIN},
+        {.fd = pmof_tagged_work_fd(rdm), .events = POLLIN},
     };
 
     for (;;) {
         while (rdm_cm_step(rdm)) {
         }
-        if (poll(p, 2, -1) < 0 && errno != EINTR) break;
+        if (poll(p, p[2].fd >= 0 ? 3 : 2, -1) < 0 && errno != EINTR) break;
         if (p[1].revents) break;
+        if (p[2].fd >= 0 && p[2].revents) {
+            pmof_tagged_work_ack(rdm);
+            pmof_tagged_progress(rdm);
+        }
     }
     return NULL;
 }
@@ -738,6 +760,10 @@ static int rdm_close(struct fid *fid) {
         (void)w;
         pthread_join(rdm->thread, NULL);
     }
+    /* Before the connections go: another thread reading a shared CQ no
+     * longer runs this endpoint's work. */
+    if (rdm->tx_cq) pmof_cq_del_hook(rdm->tx_cq, rdm);
+    if (rdm->rx_cq) pmof_cq_del_hook(rdm->rx_cq, rdm);
     rdm->closing = true;
     if (rdm->stop_fd[0] > 0) {
         close(rdm->stop_fd[0]);
@@ -752,8 +778,6 @@ static int rdm_close(struct fid *fid) {
     if (rdm->pep) fi_close(&rdm->pep->pep_fid.fid);
     if (rdm->cm_eq) fi_close(&rdm->cm_eq->eq_fid.fid);
     if (rdm->srq) ibv_destroy_srq(rdm->srq);
-    if (rdm->tx_cq) pmof_cq_del_hook(rdm->tx_cq, rdm);
-    if (rdm->rx_cq) pmof_cq_del_hook(rdm->rx_cq, rdm);
     pmof_tagged_close(rdm);
     if (rdm->av) atomic_fetch_sub(&rdm->av->refs, 1);
     if (rdm->user_eq) atomic_fetch_sub(&rdm->user_eq->refs, 1);

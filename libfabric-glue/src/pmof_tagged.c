@@ -11,14 +11,16 @@
  * Up to the eager size a message travels behind its header and is copied
  * once, from the provider's buffer into the receive's (or, unexpected, into
  * memory of its own until a receive matches).  A larger one is announced
- * by an RTS naming the sender's memory, registered for the occasion; the
- * receiver, once a receive matches, READs it straight into the receive's
- * buffer and answers with a FIN, which completes the send.
+ * by an RTS naming the sender's memory (the application's registration
+ * when it lets peers read, else one made for the occasion); the receiver,
+ * once a receive matches, READs it straight into the receive's buffer and
+ * answers with a FIN, which completes the send.
  *
  * Completions call in here with their CQ's lock held, so nothing here
  * posts from a completion: a READ or a FIN to post goes on a list of work
- * that pmof_tagged_progress runs when the application next reads a CQ of
- * the endpoint or posts to it.  Entries produced off the CQ's own poll go
+ * that pmof_tagged_progress runs, before the application's next read of a
+ * CQ of the endpoint or post to it, or in the endpoint's CM thread, which
+ * an eventfd wakes for it (data progress is automatic).  Entries produced off the CQ's own poll go
  * through pmof_cq_push.  Lock order: CQ, then tg->lock; tx_lock, then CQ.
  */
 #include "pmof.h"
@@ -26,10 +28,14 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 /* An arrived message no receive has taken yet, or one being read. */
 struct pmof_tmsg {
     struct pmof_tmsg *next;
+    /* claimed (FI_PEEK | FI_CLAIM): on tg->claimed until taken */
+    struct pmof_tmsg *cprev, *cnext;
     struct pmof_msg_hdr h;
     struct pmof_ep *ep; /* the connection it came on */
     fi_addr_t src;
@@ -50,7 +56,9 @@ struct pmof_trecv {
     struct ibv_mr *own_mr[PMOF_IOV_LIMIT];
     size_t count, total;
     struct pmof_hmem_io hmem;
-    /* a rendezvous: the RTS, and READs not completed yet */
+    /* a rendezvous: the RTS, and READs not completed yet; on tg->reading
+     * from the match to the end (a closing endpoint frees what is left) */
+    struct pmof_trecv *rprev, *rnext;
     struct pmof_tmsg *msg;
     atomic_int reads_left;
     atomic_int status;
@@ -60,6 +68,7 @@ struct pmof_trecv {
 struct pmof_tsend {
     uint32_t gen;
     bool used;
+    struct pmof_ep *ep; /* the connection its RTS went on: only its FIN counts */
     void *context;
     uint64_t cq_flags;
     size_t len;
@@ -84,8 +93,14 @@ struct pmof_tagged {
     /* posted receives, each kind in the order posted */
     struct pmof_trecv *posted[2], **posted_tail[2];
     size_t nposted, rx_size;
-    /* unexpected messages, in arrival order */
+    /* unexpected messages, in arrival order, and their number and bytes */
     struct pmof_tmsg *unexp, **unexp_tail;
+    size_t nunexp, unexp_bytes;
+    /* claimed messages, and rendezvous receives being read */
+    struct pmof_tmsg *claimed;
+    struct pmof_trecv *reading;
+    /* written when work is queued: the CM thread runs it */
+    int work_fd;
     /* work left by completions */
     struct pmof_twork *work, **work_tail;
     atomic_flag busy;
@@ -109,6 +124,9 @@ struct pmof_tagged {
 };
 
 #define PMOF_SEND_BUFS 64
+/* What a peer may leave unmatched before its messages are dropped. */
+#define PMOF_UNEXP_MAX 65536
+#define PMOF_UNEXP_BYTES_MAX (256u << 20)
 
 /* ------------------------------------------------------------- helpers */
 
@@ -169,9 +187,24 @@ static void trecv_free(struct pmof_trecv *rv) {
 
 /* Adds work (tg->lock held). */
 static void work_push(struct pmof_tagged *tg, struct pmof_twork *w) {
+    uint64_t one = 1;
+
     w->next = NULL;
-    *tg->work_tail = w;
+    if (tg->work_tail == &tg->work)
+        __atomic_store_n(&tg->work, w, __ATOMIC_RELEASE);
+    else
+        *tg->work_tail = w;
     tg->work_tail = &w->next;
+    if (write(tg->work_fd, &one, sizeof(one)) < 0) {
+        /* Full counter: the thread has a wake-up pending anyway. */
+    }
+}
+
+/* A rendezvous began: one of its ends will come on the endpoint's other
+ * CQ, so a thread asleep on either CQ looks at both from now on. */
+static void wake_cqs(struct pmof_rdm *rdm) {
+    pmof_cq_wake(rdm->tx_cq);
+    if (rdm->rx_cq != rdm->tx_cq) pmof_cq_wake(rdm->rx_cq);
 }
 
 /* A FIN to answer an RTS with (tg->lock held); without memory the sender
@@ -190,25 +223,34 @@ static void queue_fin(struct pmof_tagged *tg, struct pmof_ep *ep, uint64_t cooki
     work_push(tg, w);
 }
 
+static void count_recv(struct pmof_rdm *rdm, bool ok);
+
+/* A matched RTS: its READs go on the work list (tg->lock held). */
 static void queue_read(struct pmof_tagged *tg, struct pmof_trecv *rv) {
     struct pmof_twork *w = calloc(1, sizeof(*w));
+    struct pmof_rdm *rdm = rv->msg->ep->rdm;
 
-    if (w) atomic_fetch_add(&tg->reads_out, 1);
     if (!w) {
         /* The receive fails; the sender learns it from the FIN. */
         struct pmof_tmsg *m = rv->msg;
         struct pmof_cq_entry e;
         msg_entry(m, rv->context, &e);
         e.err = FI_ENOMEM;
-        pmof_cq_push(m->ep->rdm->rx_cq, &e);
+        pmof_cq_push(rdm->rx_cq, &e);
+        count_recv(rdm, false);
         queue_fin(tg, m->ep, m->h.cookie, -FI_ENOMEM);
-        msg_free(m);
-        free(rv);
+        trecv_free(rv);
         return;
     }
+    atomic_fetch_add(&tg->reads_out, 1);
+    rv->rprev = NULL;
+    rv->rnext = tg->reading;
+    if (tg->reading) tg->reading->rprev = rv;
+    tg->reading = rv;
     w->kind = PMOF_TWORK_READ;
     w->rv = rv;
     work_push(tg, w);
+    wake_cqs(rdm);
 }
 
 /* ------------------------------------------------------------ receives */
@@ -267,6 +309,8 @@ static struct pmof_tmsg *take_unexpected(struct pmof_tagged *tg, const struct pm
         if (remove) {
             *pp = m->next;
             if (!*pp) tg->unexp_tail = pp;
+            tg->nunexp--;
+            if (m->h.type == PMOF_MSG_EAGER) tg->unexp_bytes -= m->h.len;
         }
         return m;
     }
@@ -289,7 +333,7 @@ static int repost(struct pmof_rdm *rdm, struct pmof_op *op) {
     return ret;
 }
 
-static void on_fin(struct pmof_rdm *rdm, const struct pmof_msg_hdr *h);
+static void on_fin(struct pmof_rdm *rdm, struct pmof_ep *ep, const struct pmof_msg_hdr *h);
 
 bool pmof_tagged_recv_complete(struct pmof_rdm *rdm, struct pmof_op *op, const struct ibv_wc *wc,
                                struct pmof_cq_entry *out, struct pmof_cntr **cntr) {
@@ -337,7 +381,7 @@ bool pmof_tagged_recv_complete(struct pmof_rdm *rdm, struct pmof_op *op, const s
         return false;
     }
     if (m.h.type == PMOF_MSG_FIN) {
-        on_fin(rdm, &m.h);
+        on_fin(rdm, c->ep, &m.h);
         repost(rdm, op);
         return false;
     }
@@ -363,6 +407,14 @@ bool pmof_tagged_recv_complete(struct pmof_rdm *rdm, struct pmof_op *op, const s
             queue_fin(tg, m.ep, m.h.cookie, -FI_ENOMEM);
             free(rv);
         }
+    } else if (tg->nunexp >= PMOF_UNEXP_MAX || tg->unexp_bytes + m.h.len > PMOF_UNEXP_BYTES_MAX) {
+        PMOF_WARN(FI_LOG_EP_DATA,
+                  "%zu unexpected messages (%zu bytes) wait for receives: one more dropped\n",
+                  tg->nunexp, tg->unexp_bytes);
+        if (m.h.type == PMOF_MSG_RTS) queue_fin(tg, m.ep, m.h.cookie, -FI_ENOSPC);
+        rv = NULL;
+        um = NULL;
+        m.h.type = 0; /* reported here, not below */
     } else if ((um = malloc(sizeof(*um)))) {
         *um = m;
         if (m.h.type == PMOF_MSG_EAGER && m.h.len) {
@@ -376,9 +428,11 @@ bool pmof_tagged_recv_complete(struct pmof_rdm *rdm, struct pmof_op *op, const s
             um->next = NULL;
             *tg->unexp_tail = um;
             tg->unexp_tail = &um->next;
+            tg->nunexp++;
+            if (m.h.type == PMOF_MSG_EAGER) tg->unexp_bytes += m.h.len;
         }
     }
-    if (!rv && !um) {
+    if (!rv && !um && m.h.type) {
         PMOF_WARN(FI_LOG_EP_DATA, "no memory for an unexpected message of %llu bytes: dropped\n",
                   (unsigned long long)m.h.len);
         if (m.h.type == PMOF_MSG_RTS) queue_fin(tg, m.ep, m.h.cookie, -FI_ENOMEM);
@@ -412,6 +466,11 @@ static void read_done(struct pmof_rdm *rdm, struct pmof_trecv *rv) {
     if ((rv->report || e.err) && !rdm->closing) pmof_cq_push(rdm->rx_cq, &e);
     pthread_mutex_lock(&tg->lock);
     queue_fin(tg, m->ep, m->h.cookie, status);
+    if (rv->rprev)
+        rv->rprev->rnext = rv->rnext;
+    else
+        tg->reading = rv->rnext;
+    if (rv->rnext) rv->rnext->rprev = rv->rprev;
     pthread_mutex_unlock(&tg->lock);
     atomic_fetch_sub(&tg->reads_out, 1);
     trecv_free(rv);
@@ -632,12 +691,16 @@ static void tsend_finish(struct pmof_rdm *rdm, struct pmof_tsend *ts, int status
 
 /* The send a cookie names, if it is still waiting; its cookie is spent
  * (a second FIN finds nothing), its slot stays taken until tsend_finish. */
-static struct pmof_tsend *tsend_find(struct pmof_tagged *tg, uint64_t cookie) {
+static struct pmof_tsend *tsend_find(struct pmof_tagged *tg, uint64_t cookie,
+                                     const struct pmof_ep *ep) {
     uint32_t idx = (uint32_t)cookie, gen = (uint32_t)(cookie >> 32);
     struct pmof_tsend *ts = NULL;
 
     pthread_mutex_lock(&tg->lock);
-    if (idx && idx <= tg->nts && tg->ts[idx - 1].used && tg->ts[idx - 1].gen == gen) {
+    /* Only the connection the RTS went on, so no other peer can complete
+     * a send whose buffer is still being read. */
+    if (idx && idx <= tg->nts && tg->ts[idx - 1].used && tg->ts[idx - 1].gen == gen &&
+        tg->ts[idx - 1].ep == ep) {
         ts = &tg->ts[idx - 1];
         ts->gen++;
     }
@@ -645,8 +708,8 @@ static struct pmof_tsend *tsend_find(struct pmof_tagged *tg, uint64_t cookie) {
     return ts;
 }
 
-static void on_fin(struct pmof_rdm *rdm, const struct pmof_msg_hdr *h) {
-    struct pmof_tsend *ts = tsend_find(rdm->tg, h->cookie);
+static void on_fin(struct pmof_rdm *rdm, struct pmof_ep *ep, const struct pmof_msg_hdr *h) {
+    struct pmof_tsend *ts = tsend_find(rdm->tg, h->cookie, ep);
 
     if (!ts) {
         PMOF_WARN(FI_LOG_EP_DATA, "a FIN for no send (cookie 0x%llx): ignored\n",
@@ -672,7 +735,7 @@ void pmof_tagged_tx_complete(struct pmof_ep *ep, const struct pmof_op *op,
     }
     /* An RTS that failed: no FIN will come. */
     if (op->tsend && wc->status != IBV_WC_SUCCESS) {
-        struct pmof_tsend *ts = tsend_find(rdm->tg, op->tsend);
+        struct pmof_tsend *ts = tsend_find(rdm->tg, op->tsend, ep);
         if (ts) tsend_finish(rdm, ts, -pmof_wc_errno(wc->status));
     }
 }
@@ -726,8 +789,8 @@ void pmof_tagged_progress(struct pmof_rdm *rdm) {
         pthread_mutex_lock(&tg->lock);
         w = tg->work;
         if (w) {
-            tg->work = w->next;
-            if (!tg->work) tg->work_tail = &tg->work;
+            __atomic_store_n(&tg->work, w->next, __ATOMIC_RELAXED);
+            if (!w->next) tg->work_tail = &tg->work;
         }
         pthread_mutex_unlock(&tg->lock);
         if (!w) break;
@@ -736,7 +799,7 @@ void pmof_tagged_progress(struct pmof_rdm *rdm) {
             /* The queue is full: first in line again, next time. */
             pthread_mutex_lock(&tg->lock);
             w->next = tg->work;
-            tg->work = w;
+            __atomic_store_n(&tg->work, w, __ATOMIC_RELAXED);
             if (!w->next) tg->work_tail = &w->next;
             pthread_mutex_unlock(&tg->lock);
             break;
@@ -766,6 +829,7 @@ static ssize_t send_rts(struct pmof_rdm *rdm, struct pmof_ep *ep, struct pmof_ms
     }
     pthread_mutex_unlock(&tg->lock);
     if (!ts) return -FI_EAGAIN;
+    ts->ep = ep;
     ts->context = context;
     ts->cq_flags = cq_flags;
     ts->len = total;
@@ -812,7 +876,10 @@ static ssize_t send_rts(struct pmof_rdm *rdm, struct pmof_ep *ep, struct pmof_ms
         pmof_tx_abort(ep);
     else
         ret = pmof_tx_post(ep);
-    if (!ret) atomic_fetch_add(&tg->sends_out, 1);
+    if (!ret) {
+        atomic_fetch_add(&tg->sends_out, 1);
+        wake_cqs(rdm);
+    }
     pmof_unlock(&ep->tx_lock);
     if (ret) goto fail;
     return 0;
@@ -862,6 +929,7 @@ ssize_t pmof_tagged_send(struct pmof_rdm *rdm, fi_addr_t dest, const struct iove
     size_t total;
     ssize_t ret = 0;
 
+    if (!rdm->tg) return -FI_EOPBADSTATE; /* not enabled */
     pmof_tagged_progress(rdm);
     ep = pmof_rdm_conn(rdm, dest, &ret);
     if (!ep) return ret;
@@ -934,6 +1002,7 @@ ssize_t pmof_tagged_recv(struct pmof_rdm *rdm, const struct iovec *iov, void **d
     bool report;
     ssize_t ret;
 
+    if (!tg) return -FI_EOPBADSTATE; /* not enabled */
     if (count > PMOF_IOV_LIMIT || (count && !iov)) return -FI_EINVAL;
     if ((flags & (FI_PEEK | FI_CLAIM | FI_DISCARD)) && !tagged) return -FI_EINVAL;
     if ((flags & FI_DISCARD) && !(flags & (FI_PEEK | FI_CLAIM))) return -FI_EINVAL;
@@ -984,8 +1053,14 @@ ssize_t pmof_tagged_recv(struct pmof_rdm *rdm, const struct iovec *iov, void **d
         msg_entry(m, context, &e);
         if (flags & FI_DISCARD)
             discard(tg, m);
-        else if (flags & FI_CLAIM)
+        else if (flags & FI_CLAIM) {
+            /* Kept where a closing endpoint finds it too. */
+            m->cprev = NULL;
+            m->cnext = tg->claimed;
+            if (tg->claimed) tg->claimed->cprev = m;
+            tg->claimed = m;
             ((struct fi_context *)context)->internal[0] = m;
+        }
         pthread_mutex_unlock(&tg->lock);
         free(rv);
         pmof_tagged_progress(rdm);
@@ -994,6 +1069,13 @@ ssize_t pmof_tagged_recv(struct pmof_rdm *rdm, const struct iovec *iov, void **d
     if (flags & FI_CLAIM) {
         m = ((struct fi_context *)context)->internal[0];
         ((struct fi_context *)context)->internal[0] = NULL;
+        if (m) {
+            if (m->cprev)
+                m->cprev->cnext = m->cnext;
+            else
+                tg->claimed = m->cnext;
+            if (m->cnext) m->cnext->cprev = m->cprev;
+        }
         if (!m) {
             pthread_mutex_unlock(&tg->lock);
             free(rv);
@@ -1040,10 +1122,40 @@ ssize_t pmof_tagged_recv(struct pmof_rdm *rdm, const struct iovec *iov, void **d
     return ret;
 }
 
+int pmof_tagged_work_fd(struct pmof_rdm *rdm) {
+    return rdm->tg ? rdm->tg->work_fd : -1;
+}
+
+void pmof_tagged_work_ack(struct pmof_rdm *rdm) {
+    uint64_t v;
+
+    if (rdm->tg && read(rdm->tg->work_fd, &v, sizeof(v)) < 0) {
+        /* Nothing counted: another reader took it. */
+    }
+}
+
+/* A connection is down: its rendezvous sends get no FIN any more. */
+void pmof_tagged_conn_down(struct pmof_rdm *rdm, struct pmof_ep *ep) {
+    struct pmof_tagged *tg = rdm->tg;
+
+    if (!tg) return;
+    for (uint32_t i = 0; i < tg->nts; i++) {
+        struct pmof_tsend *ts = &tg->ts[i];
+        bool fail;
+
+        pthread_mutex_lock(&tg->lock);
+        fail = ts->used && ts->ep == ep;
+        if (fail) ts->gen++; /* its cookie is spent: a late FIN finds nothing */
+        pthread_mutex_unlock(&tg->lock);
+        if (fail) tsend_finish(rdm, ts, -FI_ECONNABORTED);
+    }
+}
+
 size_t pmof_tagged_rx_left(struct pmof_rdm *rdm) {
     struct pmof_tagged *tg = rdm->tg;
     size_t n;
 
+    if (!tg) return rdm->rx_size;
     pthread_mutex_lock(&tg->lock);
     n = tg->rx_size - tg->nposted;
     pthread_mutex_unlock(&tg->lock);
@@ -1064,12 +1176,13 @@ int pmof_tagged_open(struct pmof_rdm *rdm) {
     tg->work_tail = &tg->work;
     atomic_flag_clear(&tg->busy);
     tg->rx_size = rdm->rx_size;
+    tg->work_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     tg->eager_size = (size_t)pmof_params.eager_size;
-    tg->buf_size = PMOF_MSG_HDR_LEN + (tg->eager_size > PMOF_MSG_CTRL_MAX - PMOF_MSG_HDR_LEN
-                                           ? tg->eager_size
-                                           : PMOF_MSG_CTRL_MAX - PMOF_MSG_HDR_LEN);
-    /* Inline sends may carry more than the eager size. */
-    if (tg->buf_size < (size_t)pmof_params.inline_size) tg->buf_size = pmof_params.inline_size;
+    /* An eager message and its header, an RTS, or an inline send (whose
+     * inject size the header does not count) fit every buffer. */
+    tg->buf_size = PMOF_MSG_HDR_LEN + tg->eager_size;
+    if (tg->buf_size < PMOF_MSG_CTRL_MAX) tg->buf_size = PMOF_MSG_CTRL_MAX;
+    if (tg->buf_size < PMOF_INLINE_MAX) tg->buf_size = PMOF_INLINE_MAX;
     tg->nts = rdm->info->tx_attr && rdm->info->tx_attr->size ? (uint32_t)rdm->info->tx_attr->size
                                                              : (uint32_t)pmof_params.tx_size;
     tg->ts = calloc(tg->nts, sizeof(*tg->ts));
@@ -1078,7 +1191,12 @@ int pmof_tagged_open(struct pmof_rdm *rdm) {
     tg->sbufs = malloc(tg->buf_size * PMOF_SEND_BUFS);
     tg->sbuf_free = calloc(PMOF_SEND_BUFS, sizeof(*tg->sbuf_free));
     rdm->tg = tg;
+    if (tg->work_fd < 0) return pmof_errno(errno);
     if (!tg->ts || !tg->pool || !tg->sbufs || !tg->sbuf_free) return -FI_ENOMEM;
+    /* Cookies start anywhere: a FIN of an earlier run of the peer names
+     * nothing. */
+    for (uint32_t i = 0; i < tg->nts; i++)
+        tg->ts[i].gen = (uint32_t)random() ^ (uint32_t)(uintptr_t)&tg->ts[i];
     for (uint32_t i = 0; i < PMOF_SEND_BUFS; i++)
         tg->sbuf_free[tg->nsbuf_free++] = PMOF_SEND_BUFS - 1 - i;
     tg->pool_mr = ibv_reg_mr(rdm->dom->pd, tg->pool, bytes, IBV_ACCESS_LOCAL_WRITE);
@@ -1128,12 +1246,25 @@ void pmof_tagged_close(struct pmof_rdm *rdm) {
         tg->unexp = m->next;
         msg_free(m);
     }
+    /* A READ's work item names a receive on the reading list. */
     while (tg->work) {
         struct pmof_twork *w = tg->work;
         tg->work = w->next;
-        if (w->kind == PMOF_TWORK_READ) trecv_free(w->rv);
         free(w);
     }
+    /* Receives whose READs the closed connections dropped, and claimed
+     * messages no receive took. */
+    while (tg->reading) {
+        struct pmof_trecv *rv = tg->reading;
+        tg->reading = rv->rnext;
+        trecv_free(rv);
+    }
+    while (tg->claimed) {
+        struct pmof_tmsg *m = tg->claimed;
+        tg->claimed = m->cnext;
+        msg_free(m);
+    }
+    if (tg->work_fd >= 0) close(tg->work_fd);
     for (uint32_t i = 0; tg->ts && i < tg->nts; i++)
         for (int s = 0; s < PMOF_MSG_SEG_MAX; s++)
             if (tg->ts[i].mrs[s]) ibv_dereg_mr(tg->ts[i].mrs[s]);

@@ -57,7 +57,7 @@ bool pmof_cm_hdr_parse(const void *data, size_t len, struct pmof_cm_hdr *out) {
 /* ------------------------------------------------------------- RDM hello */
 
 bool pmof_rdm_hello_parse(const void *data, size_t len, struct sockaddr_storage *name,
-                          uint32_t *flags) {
+                          uint32_t *flags, uint32_t *eager) {
     struct pmof_rdm_hello h;
 
     if (!data || len < sizeof(h)) return false;
@@ -65,6 +65,7 @@ bool pmof_rdm_hello_parse(const void *data, size_t len, struct sockaddr_storage 
     if (h.magic != PMOF_RDM_HELLO_MAGIC || (h.flags & ~(uint32_t)PMOF_RDM_HELLO_HEADERS))
         return false;
     *flags = h.flags;
+    *eager = h.eager;
     memset(name, 0, sizeof(*name));
     if (h.name.sin6_family == AF_INET6) {
         memcpy(name, &h.name, sizeof(struct sockaddr_in6));
@@ -242,7 +243,7 @@ bool pmof_msg_parse(const void *data, size_t len, struct pmof_msg_hdr *out) {
                 return false;
             sum += o->len;
         }
-        return sum == out->len;
+        return sum == out->len && out->len <= PMOF_MSG_LEN_MAX;
     case PMOF_MSG_FIN:
         return !out->count && out->status <= 0 && !out->flags && !out->tag && !out->data &&
                !out->len && len == PMOF_MSG_HDR_LEN;

@@ -2,7 +2,8 @@
 /*
  * What pmof puts on the wire besides verbs traffic, and the parsers that
  * read it back from a peer: the header of CM private data, the RDM
- * connector's hello, and the FI_COMMIT_MANUAL control messages.  Kept free
+ * connector's hello, the FI_COMMIT_MANUAL control messages, and the
+ * headers of an FI_TAGGED endpoint's messages.  Kept free
  * of libfabric and verbs so that the fuzz target can take it alone; every
  * parser accepts any bytes and says no to what is not well formed.
  */
@@ -53,22 +54,23 @@ bool pmof_cm_hdr_parse(const void *data, size_t len, struct pmof_cm_hdr *out);
 /* The connector's name, as the user bytes of an RDM endpoint's REQ. */
 #define PMOF_RDM_HELLO_MAGIC 0x504d4f46u /* "PMOF" */
 
-/* The connector's message protocol (its endpoint's caps): both ends of a
- * connection must use the same one. */
+/* The connector's message protocol (its endpoint's caps) and, headed, its
+ * eager size: both ends of a connection must use the same. */
 enum pmof_rdm_hello_flags {
     PMOF_RDM_HELLO_HEADERS = 1 << 0, /* every message carries a pmof_msg_hdr */
 };
 struct pmof_rdm_hello {
     uint32_t magic;
     uint32_t pid;
-    uint32_t flags;
     struct sockaddr_in6 name; /* or a sockaddr_in in the first bytes */
+    uint32_t flags;
+    uint32_t eager; /* PMOF_RDM_HELLO_HEADERS: the largest eager message */
 };
 
 /* The name a hello carries, if it is one: an IPv4 or IPv6 socket address;
- * `flags` gets its protocol (only known flags are accepted). */
+ * `flags` and `eager` get its protocol (only known flags are accepted). */
 bool pmof_rdm_hello_parse(const void *data, size_t len, struct sockaddr_storage *name,
-                          uint32_t *flags);
+                          uint32_t *flags, uint32_t *eager);
 
 /* ------------------------------------------------ headed messages (tags) */
 
@@ -85,6 +87,8 @@ bool pmof_rdm_hello_parse(const void *data, size_t len, struct sockaddr_storage 
 #define PMOF_MSG_SEG_LEN 24
 #define PMOF_MSG_SEG_MAX 4
 #define PMOF_MSG_CTRL_MAX (PMOF_MSG_HDR_LEN + PMOF_MSG_SEG_MAX * PMOF_MSG_SEG_LEN)
+/* The longest message (libfabric's max_msg_size of the provider). */
+#define PMOF_MSG_LEN_MAX (1ULL << 30)
 
 enum pmof_msg_type {
     PMOF_MSG_EAGER = 1, /* the payload follows the header */
@@ -119,8 +123,8 @@ size_t pmof_msg_encode(uint8_t out[PMOF_MSG_CTRL_MAX], const struct pmof_msg_hdr
 /* False unless `data` starts with one well-formed header whose lengths are
  * consistent with `len`: an EAGER's payload is exactly the rest, an RTS
  * has 1..PMOF_MSG_SEG_MAX segments that do not wrap and add up to its
- * length, a FIN has a status of 0 or below; flags, version and reserved
- * bytes as defined. */
+ * length, at most PMOF_MSG_LEN_MAX, a FIN has a status of 0 or below;
+ * flags, version and reserved bytes as defined. */
 bool pmof_msg_parse(const void *data, size_t len, struct pmof_msg_hdr *out);
 
 /* ----------------------------------------------- manual-commit messages */

@@ -36,8 +36,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case 1: {
         sockaddr_storage ss;
-        uint32_t flags;
-        if (pmof_rdm_hello_parse(in, n, &ss, &flags) &&
+        uint32_t flags, eager;
+        if (pmof_rdm_hello_parse(in, n, &ss, &flags, &eager) &&
             ((ss.ss_family != AF_INET && ss.ss_family != AF_INET6) ||
              (flags & ~uint32_t(PMOF_RDM_HELLO_HEADERS))))
             abort();
@@ -56,7 +56,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             uint64_t sum = 0;
             for (uint32_t i = 0; i < h.count; i++)
                 sum += h.segs[i].len;
-            if (!h.count || h.count > PMOF_MSG_SEG_MAX || sum != h.len) abort();
+            if (!h.count || h.count > PMOF_MSG_SEG_MAX || sum != h.len || h.len > PMOF_MSG_LEN_MAX)
+                abort();
         }
         return 0;
     }
