@@ -25,6 +25,10 @@ Checks:
     other than 4791 -- the packets sroce can only verify by solving for the
     unseen IP ID -- so the capture proves that path was exercised.
 
+A connected socket's IDs must follow its counter; a jump on a port is taken
+for a new socket that another process bound to it when the packet's ICRC is
+right for the ID it carries, and counted as a failure otherwise.
+
 With --require-segmented, sroce must also have sent packets whose IP ID shows a
 multi-packet send (a segment after the first from the device socket; from a connected
 socket, a send after one of several segments, whose ID is at or below the highest
@@ -84,6 +88,18 @@ def parse(frame):
             bool(frag & 0x4000), sport, bth[0], int.from_bytes(bth[5:8], "big"))
 
 
+def icrc_ok(frame):
+    """Whether the frame's ICRC is right for its headers (in either FLUSH form)."""
+    want = Ether(frame)[BTH].compute_icrc(b"")
+    if want == frame[-4:]:
+        return True
+    ihl = (frame[14] & 0x0F) * 4
+    if frame[14 + ihl + 8] != RC_FLUSH:
+        return False
+    body = frame[14 + ihl + 8:-4]
+    return zlib.crc32(body, int.from_bytes(want, "little")).to_bytes(4, "little") == frame[-4:]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pcap")
@@ -103,6 +119,7 @@ def main():
     other_sport = collections.Counter()
     sports = collections.defaultdict(set)
     bad_id = []  # sroce packets whose ID is not their place in a send
+    new_socket = 0  # jumps of a port's IDs that were a new socket on it
     last_id = {}  # sroce flow (dst, dqpn) -> IP ID of its latest packet
     highest = {}  # sroce connected socket (its port) -> highest IP ID
     sampled = collections.Counter()
@@ -131,8 +148,16 @@ def main():
             before = highest.get(sport)
             d = 0 if before is None else (ip_id - before + 0x8000) % 0x10000 - 0x8000
             if not 1 - MAX_SEGMENTS <= d <= MAX_ID_GAP:
-                bad_id.append(f"frame {n}: IP ID {ip_id:#06x} from port {sport}, the "
-                              f"socket's highest before {before:#06x}")
+                # A port freed by one process and bound again by another is a
+                # new socket with a counter of its own: that is what a jump
+                # is when the packet's ICRC is right for the ID it carries.
+                if icrc_ok(frame):
+                    new_socket += 1
+                    before = None
+                else:
+                    bad_id.append(f"frame {n}: IP ID {ip_id:#06x} from port {sport}, the "
+                                  f"socket's highest before {before:#06x}, and an ICRC "
+                                  f"wrong for it")
             segment = before is not None and d <= 0
             if before is None or d > 0:
                 highest[sport] = ip_id
@@ -187,6 +212,8 @@ def main():
         print(f"  {m}", file=sys.stderr)
     if mismatches:
         bad(f"{len(mismatches)} packet(s) with an ICRC scapy does not compute")
+    if new_socket:
+        print(f"sroce: {new_socket} connected socket(s) on a port an earlier one had")
     for m in bad_id[:10]:
         print(f"  {m}", file=sys.stderr)
     if bad_id or no_df["sroce"]:
