@@ -88,6 +88,29 @@ struct pmof_twork {
     int32_t status;
 };
 
+/* Free slot numbers of a fixed table (send buffers, rendezvous sends),
+ * taken and given back under tg->lock: no search per message. */
+struct slots {
+    uint32_t *free, n;
+};
+
+static int slots_init(struct slots *sl, uint32_t count) {
+    sl->free = calloc(count ? count : 1, sizeof(*sl->free));
+    if (!sl->free) return -FI_ENOMEM;
+    for (sl->n = 0; sl->n < count; sl->n++)
+        sl->free[sl->n] = count - 1 - sl->n;
+    return 0;
+}
+
+/* A slot's number from 1, or 0 when all are taken. */
+static uint32_t slots_get(struct slots *sl) {
+    return sl->n ? sl->free[--sl->n] + 1 : 0;
+}
+
+static void slots_put(struct slots *sl, uint32_t slot) {
+    sl->free[sl->n++] = slot - 1;
+}
+
 struct pmof_tagged {
     pthread_mutex_t lock;
     /* posted receives, each kind in the order posted */
@@ -111,6 +134,7 @@ struct pmof_tagged {
     /* rendezvous sends, found again by the cookie their FIN echoes */
     struct pmof_tsend *ts;
     uint32_t nts;
+    struct slots ts_free;
     /* Rendezvous in flight end on the other CQ than the one the
      * application may be reading: READs on the transmit CQ, FINs on the
      * receive CQ.  While there are any, reading either polls both. */
@@ -120,7 +144,7 @@ struct pmof_tagged {
      * buffer back at the send's completion. */
     uint8_t *sbufs;
     struct ibv_mr *sbuf_mr;
-    uint32_t *sbuf_free, nsbuf_free;
+    struct slots sbuf_free;
 };
 
 #define PMOF_SEND_BUFS 64
@@ -666,6 +690,7 @@ static void tsend_release(struct pmof_tagged *tg, struct pmof_tsend *ts) {
     memset(ts->mrs, 0, sizeof(ts->mrs));
     ts->used = false;
     ts->gen++;
+    slots_put(&tg->ts_free, (uint32_t)(ts - tg->ts) + 1);
     pthread_mutex_unlock(&tg->lock);
 }
 
@@ -821,10 +846,9 @@ static ssize_t send_rts(struct pmof_rdm *rdm, struct pmof_ep *ep, struct pmof_ms
     ssize_t ret;
 
     pthread_mutex_lock(&tg->lock);
-    for (idx = 0; idx < tg->nts && tg->ts[idx].used; idx++) {
-    }
-    if (idx < tg->nts) {
-        ts = &tg->ts[idx];
+    idx = slots_get(&tg->ts_free);
+    if (idx) {
+        ts = &tg->ts[--idx];
         ts->used = true;
     }
     pthread_mutex_unlock(&tg->lock);
@@ -893,7 +917,7 @@ static uint32_t sbuf_get(struct pmof_tagged *tg) {
     uint32_t b = 0;
 
     pthread_mutex_lock(&tg->lock);
-    if (tg->nsbuf_free) b = tg->sbuf_free[--tg->nsbuf_free] + 1;
+    b = slots_get(&tg->sbuf_free);
     pthread_mutex_unlock(&tg->lock);
     return b;
 }
@@ -903,7 +927,7 @@ void pmof_tagged_sbuf_put(struct pmof_rdm *rdm, uint32_t b) {
 
     if (!tg || !b) return;
     pthread_mutex_lock(&tg->lock);
-    tg->sbuf_free[tg->nsbuf_free++] = b - 1;
+    slots_put(&tg->sbuf_free, b);
     pthread_mutex_unlock(&tg->lock);
 }
 
@@ -1189,16 +1213,16 @@ int pmof_tagged_open(struct pmof_rdm *rdm) {
     bytes = tg->buf_size * rdm->rx_size;
     tg->pool = malloc(bytes);
     tg->sbufs = malloc(tg->buf_size * PMOF_SEND_BUFS);
-    tg->sbuf_free = calloc(PMOF_SEND_BUFS, sizeof(*tg->sbuf_free));
+
     rdm->tg = tg;
     if (tg->work_fd < 0) return pmof_errno(errno);
-    if (!tg->ts || !tg->pool || !tg->sbufs || !tg->sbuf_free) return -FI_ENOMEM;
+    if (!tg->ts || !tg->pool || !tg->sbufs || slots_init(&tg->sbuf_free, PMOF_SEND_BUFS) ||
+        slots_init(&tg->ts_free, tg->nts))
+        return -FI_ENOMEM;
     /* Cookies start anywhere: a FIN of an earlier run of the peer names
      * nothing. */
     for (uint32_t i = 0; i < tg->nts; i++)
         tg->ts[i].gen = (uint32_t)random() ^ (uint32_t)(uintptr_t)&tg->ts[i];
-    for (uint32_t i = 0; i < PMOF_SEND_BUFS; i++)
-        tg->sbuf_free[tg->nsbuf_free++] = PMOF_SEND_BUFS - 1 - i;
     tg->pool_mr = ibv_reg_mr(rdm->dom->pd, tg->pool, bytes, IBV_ACCESS_LOCAL_WRITE);
     if (!tg->pool_mr) return pmof_errno(errno);
     tg->sbuf_mr =
@@ -1272,7 +1296,8 @@ void pmof_tagged_close(struct pmof_rdm *rdm) {
     if (tg->sbuf_mr) ibv_dereg_mr(tg->sbuf_mr);
     free(tg->pool);
     free(tg->sbufs);
-    free(tg->sbuf_free);
+    free(tg->sbuf_free.free);
+    free(tg->ts_free.free);
     free(tg->ts);
     pthread_mutex_destroy(&tg->lock);
     free(tg);
