@@ -51,7 +51,7 @@ declare -A group=(
   [kernel]="linux-source-6.1| linux-headers-amd64|linux-headers-generic
     linux-source-6.12| linux-headers-6.12-amd64| git xz-utils perl bc libelf-dev rsync"
   # A clean Debian root (test_deb_packages.sh, test_trixie.sh).
-  [root]="debootstrap"
+  [root]="debootstrap lintian"
 )
 all_groups=(build clients tools vm kernel root)
 
