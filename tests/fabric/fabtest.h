@@ -230,6 +230,12 @@ struct ft_pair {
 /* Everything up to connected, enabled endpoints on both sides. */
 int ft_pair_open(struct ft_run *r, struct ft_pair *p, const struct ft_pair_cfg *cfg);
 int ft_pair_close(struct ft_pair *p, int ret);
+/* Closes both endpoints, the client's first.  A test calls it before it
+ * frees its buffers: one that failed may have left operations posted, which
+ * a provider would otherwise complete into freed memory (an eager message
+ * copied into a receive buffer, the data of a rendezvous READ) or through a
+ * closed memory region. */
+int ft_pair_stop(struct ft_pair *p, int ret);
 /* MSG building blocks, for the connection tests. */
 int ft_pair_prepare(struct ft_run *r, struct ft_pair *p, const struct ft_pair_cfg *cfg);
 int ft_msg_listen(struct ft_pair *p);

@@ -598,6 +598,15 @@ static int close_side(struct ft_run *r, struct ft_side *s, int ret) {
     return ret;
 }
 
+int ft_pair_stop(struct ft_pair *p, int ret) {
+    if (!p->r) return ret;
+    for (int i = 0; i < 2; i++) {
+        ret = close_fid(p->r, p->s[i].ep ? &p->s[i].ep->fid : NULL, "endpoint", ret);
+        p->s[i].ep = NULL;
+    }
+    return ret;
+}
+
 int ft_pair_close(struct ft_pair *p, int ret) {
     struct ft_run *r = p->r;
 

@@ -91,7 +91,8 @@ out:
     return ret;
 }
 
-static int bufs_free(struct ft_run *r, struct side_bufs *b, int ret) {
+static int bufs_free(struct ft_run *r, struct ft_pair *p, struct side_bufs *b, int ret) {
+    ret = ft_pair_stop(p, ret);
     for (int i = 0; i < 2; i++) {
         if (ft_buf_free(r, &b[i].tx)) ret = FT_FAIL;
         if (ft_buf_free(r, &b[i].rx)) ret = FT_FAIL;
@@ -133,7 +134,7 @@ static int t_pingpong(struct ft_run *r) {
         FT_TRY(one_way(&p, b, FT_SRV, sizes[i], (unsigned)i + 100));
     }
 out:
-    ret = bufs_free(r, b, ret);
+    ret = bufs_free(r, &p, b, ret);
     return ft_pair_close(&p, ret);
 }
 
@@ -233,6 +234,7 @@ static int t_hmem_override(struct ft_run *r) {
     ft_note(r, "copy_from_hmem_iov %u calls, copy_to_hmem_iov %u calls", hmem_from_calls,
             hmem_to_calls);
 out:
+    ret = ft_pair_stop(&p, ret);
     if (bad) fi_close(&bad->fid);
     if (txmr) fi_close(&txmr->fid);
     if (rxmr) fi_close(&rxmr->fid);
@@ -311,7 +313,7 @@ static int t_sendv(struct ft_run *r) {
         FT_TRY(iov_exchange(&p, b, count));
     }
 out:
-    ret = bufs_free(r, b, ret);
+    ret = bufs_free(r, &p, b, ret);
     return ft_pair_close(&p, ret);
 }
 
@@ -355,7 +357,7 @@ static int t_inject(struct ft_run *r) {
     FT_TRY(inject_one(&p, b, max));
     ft_note(r, "inject_size %zu", p.s[FT_CLI].info->tx_attr->inject_size);
 out:
-    ret = bufs_free(r, b, ret);
+    ret = bufs_free(r, &p, b, ret);
     return ft_pair_close(&p, ret);
 }
 
@@ -386,7 +388,7 @@ static int t_selective(struct ft_run *r) {
     FT_TRY(ft_expect_comp(&p, &c->tx, &loud_ctx, FI_SEND | FI_MSG, SIZE_MAX, NULL));
     FT_TRY(ft_expect_quiet(&p, &c->tx, 100, "send without FI_COMPLETION"));
 out:
-    ret = bufs_free(r, b, ret);
+    ret = bufs_free(r, &p, b, ret);
     return ft_pair_close(&p, ret);
 }
 
@@ -421,7 +423,7 @@ static int t_senddata(struct ft_run *r) {
     FT_TRY(ft_expect_pattern(r, b[FT_SRV].rx.buf, 256, 11, "received message"));
     FT_TRY(ft_expect_comp(&p, &c->tx, &txc, FI_SEND | FI_MSG, SIZE_MAX, NULL));
 out:
-    ret = bufs_free(r, b, ret);
+    ret = bufs_free(r, &p, b, ret);
     return ft_pair_close(&p, ret);
 }
 
@@ -453,7 +455,7 @@ static int t_rx_too_small(struct ft_run *r) {
     FT_TRY(ft_wait_comp(&p, &c->tx, &txc, &comp));
     if (comp.is_err) ft_note(r, "sender err %d (%s)", comp.err, fi_strerror(comp.err));
 out:
-    ret = bufs_free(r, b, ret);
+    ret = bufs_free(r, &p, b, ret);
     return ft_pair_close(&p, ret);
 }
 

@@ -795,6 +795,7 @@ static int t_cntr_writes(struct ft_run *r) {
     for (int i = 0; i < FT_CNTR_WRITES; i++)
         FT_TRY(ft_expect_comp(&p, &c->tx, &ctx[i], FI_RMA | FI_WRITE, SIZE_MAX, NULL));
 out:
+    ret = ft_pair_stop(&p, ret);
     ret = ft_buf_free(r, &src) ? FT_FAIL : ret;
     ret = ft_buf_free(r, &dst) ? FT_FAIL : ret;
     return ft_pair_close(&p, ret);

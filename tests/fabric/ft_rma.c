@@ -23,6 +23,7 @@ out:
 }
 
 int ft_rma_close(struct ft_run *r, struct ft_rma *e, int ret) {
+    ret = ft_pair_stop(&e->p, ret);
     if (ft_buf_free(r, &e->loc)) ret = FT_FAIL;
     if (ft_buf_free(r, &e->tgt)) ret = FT_FAIL;
     return ft_pair_close(&e->p, ret);
