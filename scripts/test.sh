@@ -7,6 +7,7 @@
 #      under AddressSanitizer + UndefinedBehaviorSanitizer,
 #   3. the same under ThreadSanitizer,
 #   4. the libFuzzer targets briefly, when tests/fuzz has any,
+#   5. that the run left no file in the source tree (outside build*/),
 # then prints one line "N passed, N failed, N skipped" over all of them and
 # exits non-zero if anything failed or did not build.
 #
@@ -51,6 +52,17 @@ trap 'rm -rf "$logdir"' EXIT
 t0=$SECONDS
 
 banner() { printf '\n==== %s\n' "$*"; }
+
+# untracked: every path of the tree git does not track, ignored or not, but
+# the build directories (/build*/), one a line, sorted; nothing outside a git
+# checkout.  Whatever appears in it during the run is an artefact a test or
+# a program it ran left behind (a core file, a .btr backtrace, __pycache__).
+untracked() {
+	git rev-parse --git-dir &>/dev/null || return 0
+	git status --porcelain -z --ignored=matching --untracked-files=all |
+		tr '\0' '\n' | sed -n 's/^\(??\|!!\) //p' | { grep -v '^build[^/]*/' || true; } | LC_ALL=C sort
+}
+untracked >"$logdir/untracked.before"
 
 # record STAGE PASSED FAILED SKIPPED SECONDS
 record() {
@@ -140,6 +152,17 @@ if ((fuzz)) && compgen -G 'tests/fuzz/*.c*' >/dev/null; then
 	if build fuzz fuzz sroce_fuzz_tests; then
 		run_ctest fuzz build-fuzz -L fuzz
 	fi
+fi
+
+banner "tree: nothing left in the source tree"
+untracked >"$logdir/untracked.after"
+left=$(LC_ALL=C comm -13 "$logdir/untracked.before" "$logdir/untracked.after")
+if [[ -z $left ]]; then
+	echo "no new untracked or ignored files outside build*/"
+	record tree 1 0 0 0
+else
+	printf 'left in the tree by the run:\n%s\n' "$left"
+	record tree 0 1 0 0
 fi
 
 banner "summary ($((SECONDS - t0)) s)"

@@ -104,6 +104,7 @@ if want fabric; then
 		sroce_init build
 		require_cmds fi_info fi_pingpong ss
 		export FI_PROVIDER_PATH=$build/libfabric-glue
+		fabric_init pmof
 		sroce_config tx0 "$a1" tx1 "$a2"
 		"$SROCE_BIN" exec -- fi_info --version | grep libfabric || exit 1
 		"$SROCE_BIN" exec -- fi_info -p pmof -t FI_EP_MSG | grep -q 'provider: pmof' || exit 1
@@ -111,7 +112,7 @@ if want fabric; then
 			run_pair fi_pingpong -p pmof -e "$ep" -c -I 10 -d tx0 -B @PORT@ -- \
 				fi_pingpong -p pmof -e "$ep" -c -I 10 -P @PORT@ "$a1" || exit 1
 			echo "fi_pingpong -e $ep: $(grep -c '^[0-9]' "$RP_CLIENT_LOG") sizes"
-			"$SROCE_BIN" exec -- build/tests/fabric/pmof_fabtest -p pmof -e "$ep" -a "$a1" \
+			"$SROCE_BIN" exec -- "$build/tests/fabric/pmof_fabtest" -p pmof -e "$ep" -a "$a1" \
 				>"$WORK/fabtest.$ep" 2>&1
 			rc=$?
 			echo "pmof_fabtest -e $ep: $(tail -n 1 "$WORK/fabtest.$ep")"

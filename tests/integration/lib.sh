@@ -69,10 +69,30 @@ sroce_init() {
 	[[ -f $SROCE_SHIM ]] || die "$SROCE_SHIM not built"
 	export SROCE_SHIM
 	unset LD_PRELOAD SROCE_FAULT
+	# Debian's libfabric links libinfinipath (PSM), whose constructor
+	# catches SIGSEGV, SIGABRT, SIGTERM, SIGINT, SIGBUS and SIGILL in every
+	# program that loads libfabric, writes PROG.80s-PID,HOST.btr into the
+	# working directory and calls exit(1) from the handler: a crash then
+	# runs the exit handlers on a broken heap (and can hang in free()), and
+	# a timeout's SIGTERM becomes exit status 1.  PSM2 does the same only
+	# when HFI_BACKTRACE is set.
+	export IPATH_NO_BACKTRACE=1
+	unset HFI_BACKTRACE
 	WORK=$(mktemp -d "${TMPDIR:-/tmp}/sroce-test.XXXXXX")
 	trap _sroce_cleanup EXIT
 	trap 'exit 130' INT TERM
 	PORT_NEXT=$((20000 + RANDOM % 10000))
+}
+
+# fabric_init PROVIDER...: libfabric offers the test's programs these
+# providers only (FI_PROVIDER), and the test runs in $WORK, so that nothing
+# a library leaves in a working directory lands in the source tree.  Paths
+# given to the script must be absolute or resolved before (sroce_init's
+# BUILD_DIR is).
+fabric_init() {
+	local IFS=,
+	export FI_PROVIDER="$*"
+	cd "$WORK" || die "cd $WORK"
 }
 
 # require_cmds CMD...: skips the test when a program is not installed

@@ -45,6 +45,8 @@ fi
 sroce_init "${1:?usage: $0 BUILD-DIR}"
 require_cmds ss timeout
 PROGS=$BUILD_DIR/tests/progs
+# The libfabric runs: verbs, and ofi_rxm over it.
+fabric_init verbs ofi_rxm
 S=10.14.0.1 C=10.14.0.2
 
 if ! { ip link set lo up &&

@@ -31,6 +31,7 @@ prog=$BUILD_DIR/tests/compile/fi_remote_log
 [[ -x $prog ]] || die "$prog is not built"
 export FI_PROVIDER_PATH=$BUILD_DIR/libfabric-glue
 [[ -f $FI_PROVIDER_PATH/libpmof-fi.so ]] || die "libpmof-fi.so is not built in $FI_PROVIDER_PATH"
+fabric_init pmof
 A=127.0.22.1
 B=127.0.22.2
 depth=16

@@ -22,6 +22,7 @@ prog=$BUILD_DIR/tests/fabric/pmof_crash_tests
 [[ -x $prog ]] || die "pmof_crash_tests is not built in $BUILD_DIR/tests/fabric"
 export FI_PROVIDER_PATH=$BUILD_DIR/libfabric-glue
 [[ -f $FI_PROVIDER_PATH/libpmof-fi.so ]] || die "libpmof-fi.so is not built in $FI_PROVIDER_PATH"
+fabric_init pmof
 export PMOF_CRASH_ADDR=127.0.24.1
 sroce_config pcrash0 $PMOF_CRASH_ADDR
 private_agent

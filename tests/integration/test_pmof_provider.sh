@@ -26,6 +26,8 @@ require_loopback
 command -v fi_info >/dev/null || skip "fi_info not installed (libfabric-bin; run scripts/setup.sh)"
 export FI_PROVIDER_PATH=$BUILD_DIR/libfabric-glue
 [[ -f $FI_PROVIDER_PATH/libpmof-fi.so ]] || die "libpmof-fi.so is not built in $FI_PROVIDER_PATH"
+# ofi_rxm as well: fi_info checks that it does not layer over pmof.
+fabric_init pmof ofi_rxm
 A=127.0.21.1
 B=127.0.21.2
 sroce_config pmof0 $A pmof1 $B

@@ -43,6 +43,7 @@ fabtest=$BUILD_DIR/tests/fabric/pmof_fabtest
 	die "pmof_crash_tests is not built in $BUILD_DIR/tests/fabric"
 export FI_PROVIDER_PATH=$BUILD_DIR/libfabric-glue
 [[ -f $FI_PROVIDER_PATH/libpmof-fi.so ]] || die "libpmof-fi.so is not built in $FI_PROVIDER_PATH"
+fabric_init pmof
 A=127.0.23.1
 sroce_config psan0 $A
 private_agent
