@@ -19,6 +19,12 @@
 # 24.04): an entry "a|b|c" takes the first name the distribution has, an
 # empty alternative means none is needed.  @CLANG@ stands for the major
 # version of the clang that is (or is about to be) installed.
+# @kernel:SERIES:PARTS@ stands for PARTS (source, headers, image) of one
+# Debian kernel of SERIES, pinned to one version: the one installed when
+# source, headers and image installed agree, else the newest the mirror
+# offers all three of (scripts/kernel-pick.sh).  The patched modules load
+# only into the kernel of their source's version, and the mirror publishes
+# a new upload's source, headers and images hours or days apart.
 set -euo pipefail
 
 declare -A group=(
@@ -42,14 +48,14 @@ declare -A group=(
   # also its 6.12 kernel, whose rxe executes IBTA FLUSH (test_pmof_rxe.sh;
   # the guest boots the newest kernel installed).  Newer releases' default
   # kernel has it already.
-  [vm]="qemu-system-x86 linux-image-amd64|linux-image-generic linux-image-6.12-amd64|
-    busybox-static cpio kmod ndctl e2fsprogs"
+  [vm]="qemu-system-x86 @kernel:6.1:image@|linux-image-amd64|linux-image-generic
+    @kernel:6.12:image@|linux-image-6.12-amd64| busybox-static cpio kmod ndctl e2fsprogs"
   # rxe-patches/build.sh: the source of the kernel the vm group installs
   # (Debian 12: 6.1, and 6.12 for the stand-alone FLUSH fix) and headers of
   # the same upload, so the modules load into that kernel.  Newer releases
   # ship neither 6.1 nor the series' base: nothing to install there.
-  [kernel]="linux-source-6.1| linux-headers-amd64|linux-headers-generic
-    linux-source-6.12| linux-headers-6.12-amd64| git xz-utils perl bc libelf-dev rsync"
+  [kernel]="@kernel:6.1:source,headers,image@| @kernel:6.12:source,headers,image@|
+    git xz-utils perl bc libelf-dev rsync"
   # A clean Debian root (test_deb_packages.sh, test_trixie.sh).
   [root]="debootstrap lintian"
 )
@@ -62,7 +68,13 @@ for g in "${groups[@]}"; do
 done
 
 is_root() { [ "$(id -u)" -eq 0 ]; }
-installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+# installed NAME[=VERSION]
+installed() {
+  local st
+  st=$(dpkg-query -W -f='${Status} ${Version}' "${1%%=*}" 2>/dev/null) || return 1
+  [[ $st == "install ok installed "* ]] || return 1
+  [[ $1 != *=* || ${st##* } == "${1#*=}" ]]
+}
 # A real package with an installation candidate (not only a virtual name).
 # Not grep -q: it stops reading at the first match, and under pipefail the
 # SIGPIPE of a long record (libopenmpi-dev's) would read as "unavailable".
@@ -80,8 +92,49 @@ clang_major() {
   echo "${v:-0}"
 }
 
-# Prints the name an entry stands for on this distribution (nothing for an
-# empty alternative); fails when the distribution knows none of its names.
+# The kernel of each series, "VERSION ABI IMAGE-PACKAGE" or empty when
+# there is none, found once per package lists (pkgs_of_groups calls this
+# outside the subshells that resolve entries, so that they see the result).
+declare -A kernel_pick=()
+pick_kernel() {
+  local series=$1 got
+  if [ -z "${kernel_pick[$series]+set}" ]; then
+    if got=$(bash "$here/kernel-pick.sh" --installed "$series" 2>/dev/null); then
+      kernel_pick[$series]=$got
+      echo "setup.sh: kernel $series: ${got%% *} (${got#* }) installed" >&2
+    elif got=$(bash "$here/kernel-pick.sh" "$series" 2>&1); then
+      kernel_pick[$series]=$got
+      echo "setup.sh: kernel $series: ${got%% *} (${got#* }), the newest the mirror offers with source, headers and image" >&2
+    else
+      kernel_pick[$series]=
+      # Only a distribution that has the series at all needs telling.
+      [[ $got == *"no linux-source-$series is offered"* ]] ||
+        echo "setup.sh: kernel $series: none (${got#kernel-pick.sh: }); its tests will skip" >&2
+    fi
+  fi
+}
+
+# Prints the packages @kernel:SERIES:PARTS@ stands for, NAME=VERSION one per
+# line; fails when the series has no consistent kernel here.
+kernel_pkgs() {
+  local spec=${1#@kernel:} series parts version abi img part
+  spec=${spec%@}
+  series=${spec%%:*}
+  parts=${spec#*:}
+  [ -n "${kernel_pick[$series]:-}" ] || return 1
+  read -r version abi img <<<"${kernel_pick[$series]}"
+  for part in ${parts//,/ }; do
+    case $part in
+    source) echo "linux-source-$series=$version" ;;
+    headers) echo "linux-headers-$abi=$version" ;;
+    image) echo "$img=$version" ;;
+    esac
+  done
+}
+
+# Prints the names an entry stands for on this distribution, one per line
+# (nothing for an empty alternative); fails when the distribution knows none
+# of its names.
 resolve() {
   local entry=${1//@CLANG@/$clang} alt
   local -a alts
@@ -89,7 +142,9 @@ resolve() {
   [[ $entry == *'|' ]] && alts+=("")
   for alt in "${alts[@]}"; do
     [ -n "$alt" ] || return 0
-    if installed "$alt" || available "$alt"; then
+    if [[ $alt == @kernel:* ]]; then
+      kernel_pkgs "$alt" && return 0
+    elif installed "$alt" || available "$alt"; then
       echo "$alt"
       return 0
     fi
@@ -98,28 +153,39 @@ resolve() {
 }
 
 pkgs_of_groups() {
-  local g p name
+  local g p names
   unresolved=()
   pkgs=()
   for g in "${groups[@]}"; do
+    for p in $(grep -o '@kernel:[0-9.]*:' <<<"${group[$g]}" | cut -d: -f2); do
+      pick_kernel "$p"
+    done
+  done
+  for g in "${groups[@]}"; do
     for p in ${group[$g]}; do
-      if name=$(resolve "$p"); then
-        [ -z "$name" ] || pkgs+=("$name")
+      if names=$(resolve "$p"); then
+        [ -z "$names" ] || pkgs+=($names)
       else
         unresolved+=("$p")
       fi
     done
   done
+  missing=()
+  for p in "${pkgs[@]}"; do
+    installed "$p" || missing+=("$p")
+  done
 }
 
 export DEBIAN_FRONTEND=noninteractive
-updated=0
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 clang=$(clang_major)
 pkgs_of_groups
-# Package lists that are missing or stale do not know some names yet.
-if [ "${#unresolved[@]}" -gt 0 ] && is_root; then
+# Before installing anything, fresh package lists: stale ones may not know
+# some names yet, or offer versions the mirror no longer has.  The choice
+# of a kernel is made again from them.
+if [ $((${#unresolved[@]} + ${#missing[@]})) -gt 0 ] && is_root; then
   apt-get update -qq
-  updated=1
+  kernel_pick=()
   clang=$(clang_major)
   pkgs_of_groups
 fi
@@ -128,17 +194,12 @@ if [ "${#unresolved[@]}" -gt 0 ]; then
   exit 1
 fi
 
-missing=()
-for p in "${pkgs[@]}"; do
-  installed "$p" || missing+=("$p")
-done
-
 if [ "${#missing[@]}" -gt 0 ]; then
   is_root || { echo "setup.sh: need root to install: ${missing[*]}" >&2; exit 1; }
-  [ "$updated" -eq 1 ] || apt-get update -qq
   # tshark asks whether non-root users may capture; the default (no) is what we want.
   echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
-  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # A kernel pinned to an older upload than the one installed is a downgrade.
+  apt-get install -y -qq --no-install-recommends --allow-downgrades "${missing[@]}"
 fi
 # The clang runtime follows clang: when clang itself was just installed, its
 # version may differ from the one guessed from the package lists.

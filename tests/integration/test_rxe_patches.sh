@@ -27,8 +27,11 @@
 #       test_pmof_rxe.sh against it, IBTA FLUSHes only.
 #
 # Usage: test_rxe_patches.sh BUILD-DIR
-# Skips (77) without the kernel sources and headers (scripts/setup.sh
-# kernel); a sub-test that skips (root, qemu, a tap) is reported as such.
+# Each series runs against the Debian kernel whose source, headers and image
+# of one version are installed (scripts/setup.sh kernel installs them,
+# scripts/kernel-pick.sh tells which); the versions used are printed.  Skips
+# (77) only when neither series has one, installed or on the mirror; a
+# sub-test that skips (root, qemu, a tap) is reported as such.
 #
 # ctest: TIMEOUT=2400 LABELS=vm,netns,kernel PROCESSORS=2 RESOURCE_LOCK=vm-10.201,vm-10.203,vm-10.204,vm-10.205
 set -uo pipefail
@@ -46,7 +49,7 @@ build() {
 	shift
 	if bash "$patches/build.sh" --series "$series" --checkpatch --out "$out" "$@" \
 		>"$WORK/build-$series.log" 2>&1; then
-		pass "$series series: $(wc -l <"$out/series.txt") patches apply to linux-source-$series, checkpatch.pl --strict clean, build$([[ " $* " == *" --each "* ]] && echo " one by one"); $(grep -o 'all [0-9]* exports keep[^;]*' "$WORK/build-$series.log")"
+		pass "$series series: $(wc -l <"$out/series.txt") patches apply to linux-source-$series $(dpkg-query -W -f='${Version}' "linux-source-$series"), modules for $(modinfo -F vermagic "$out/modules/rdma_rxe.ko" | cut -d' ' -f1), checkpatch.pl --strict clean, build$([[ " $* " == *" --each "* ]] && echo " one by one"); $(grep -o 'all [0-9]* exports keep[^;]*' "$WORK/build-$series.log")"
 		return 0
 	fi
 	fail "$series series: rxe-patches/build.sh failed" "$(tail -n 30 "$WORK/build-$series.log")"
@@ -69,14 +72,35 @@ sub() {
 	esac
 }
 
+# have_kernel SERIES: whether source, headers and image of one version of
+# SERIES are installed (scripts/kernel-pick.sh, what setup.sh installs), and
+# says which; when not, whether the mirror has such a version (then
+# scripts/setup.sh kernel was not run, or failed: a failure) or not (the
+# series' tests skip).
+declare -A why_not=()
 have_kernel() {
-	[[ -r /usr/src/linux-source-$1.tar.xz ]] && compgen -G "/lib/modules/$1.*/build/Makefile" >/dev/null
+	local got
+	if got=$(bash "$pick" --installed "$1" 2>&1); then
+		log "kernel $1: linux-source-$1, linux-headers and ${got##* } at ${got%% *} (${got#* })"
+		return 0
+	fi
+	why_not[$1]=${got#kernel-pick.sh: }
+	if got=$(bash "$pick" "$1" 2>&1); then
+		fail "kernel $1: ${why_not[$1]}, but the mirror offers ${got%% *} of all three: run scripts/setup.sh kernel"
+	else
+		why_not[$1]+="; the mirror: ${got#kernel-pick.sh: }"
+	fi
+	return 1
 }
-have_kernel 6.1 || have_kernel 6.12 ||
-	skip "no linux-source-6.1 or -6.12 with its headers installed (scripts/setup.sh kernel)"
+pick=$here/../../scripts/kernel-pick.sh
+have61=0 have612=0
+have_kernel 6.1 && have61=1
+have_kernel 6.12 && have612=1
+((have61 || have612 || CHECKS_FAILED)) ||
+	skip "no Debian kernel with source, headers and image of one version (6.1: ${why_not[6.1]}; 6.12: ${why_not[6.12]})"
 
 # --- 6.1: Debian 12's kernel -------------------------------------------------
-if have_kernel 6.1; then
+if ((have61)); then
 	if build 6.1 --each --test-module; then
 		sub 6.1 test_rxe_interop.sh
 		sub 6.1 test_rxe_a19.sh SROCE_TEST_RXE_FLUSH_FORM=ibta SROCE_TEST_RXE_NATIVE=1 \
@@ -85,16 +109,16 @@ if have_kernel 6.1; then
 		sub 6.1 test_rxe_durable.sh SROCE_TEST_RXE_NATIVE=1
 	fi
 else
-	log "linux-source-6.1 or its headers missing: the 6.1 series is not tested"
+	log "the 6.1 series is not tested: ${why_not[6.1]}"
 fi
 
 # --- 6.12: the FLUSH ICRC fix --------------------------------------------------
-if have_kernel 6.12; then
+if ((have612)); then
 	if build 6.12; then
 		sub 6.12 test_rxe_a19.sh SROCE_TEST_RXE_FLUSH_FORM=ibta
 		sub 6.12 test_pmof_rxe.sh SROCE_TEST_RXE_FLUSH_FORM=ibta
 	fi
 else
-	log "linux-source-6.12 or its headers missing: the 6.12 fix is not tested"
+	log "the 6.12 fix is not tested: ${why_not[6.12]}"
 fi
 finish

@@ -109,12 +109,13 @@ guest_a19() {
 }
 guest_a19 6.12
 series=$BUILD_DIR/$SUITE-rxe-patches-6.1
-if [[ ! -r /usr/src/linux-source-6.1.tar.xz ]]; then
-	log "no linux-source-6.1 (scripts/setup.sh kernel): the 6.1 series is not run with Debian $SUITE's user space"
+if ! kernel=$(bash "$SRC_DIR/scripts/kernel-pick.sh" --installed 6.1 2>&1); then
+	log "the 6.1 series is not run with Debian $SUITE's user space: ${kernel#kernel-pick.sh: } (scripts/setup.sh kernel)"
 elif ! bash "$SRC_DIR/rxe-patches/build.sh" --series 6.1 --out "$series" >"$series.log" 2>&1; then
 	tail -n 20 "$series.log" >&2
 	die "rxe-patches/build.sh --series 6.1 failed"
 else
+	log "the 6.1 series on linux-source-6.1 ${kernel%% *}, for ${kernel#* }"
 	guest_a19 6.1-patched SROCE_VM_KERNEL="$(modinfo -F vermagic "$series/modules/rdma_rxe.ko" | cut -d' ' -f1)" \
 		SROCE_VM_MODULES="$series/modules" SROCE_TEST_RXE_FLUSH_FORM=ibta SROCE_TEST_RXE_NATIVE=1
 fi

@@ -50,7 +50,12 @@ vm_init() {
 		echo "error: building the guest failed ($rc)" >&2
 		exit 1
 	}
-	echo "guest: $(cat "$VM_GUEST/kernel-version") ($VM_GUEST, $((SECONDS - t0)) s)"
+	local kver pkg
+	kver=$(cat "$VM_GUEST/kernel-version")
+	# The Debian upload it comes from: the mirror moves, logs should say.
+	pkg=$(dpkg-query -W -f='${Package} ${Version}\n' "linux-image-$kver" "linux-image-$kver-unsigned" 2>/dev/null |
+		awk 'NF == 2 { print; exit }')
+	echo "guest: $kver${pkg:+ ($pkg)} ($VM_GUEST, $((SECONDS - t0)) s)"
 	VM_LOG=$VM_WORK/console.log
 	VM_CTL=$VM_WORK/ctl
 }
