@@ -88,22 +88,34 @@ std::string socket_name() {
 
 namespace {
 
-// The sroce(8) that matches this library: $SROCE_AGENT_BIN, the build
-// tree's when this code runs from the build tree (tests), the one installed
-// with it, else the first on PATH.
+// The sroce(8) that matches this library: $SROCE_AGENT_BIN (`sroce exec`
+// sets it to itself), the build tree's when this code runs from the build
+// tree (tests), the one installed beside the library (a prefix chosen at
+// install time, a copied tree), the one of the configured prefix, else the
+// first on PATH.
 std::string agent_binary() {
     if (const char *b = getenv("SROCE_AGENT_BIN"); b && *b) return b;
-#if defined(SROCE_BUILD_DIR) && defined(SROCE_BUILD_TOOL)
     Dl_info info{};
+    const char *self = nullptr;
     if (dladdr(reinterpret_cast<void *>(&agent_binary), &info) && info.dli_fname &&
-        std::strncmp(info.dli_fname, SROCE_BUILD_DIR "/", sizeof SROCE_BUILD_DIR) == 0 &&
+        info.dli_fname[0] == '/')
+        self = info.dli_fname;
+#if defined(SROCE_BUILD_DIR) && defined(SROCE_BUILD_TOOL)
+    if (self && std::strncmp(self, SROCE_BUILD_DIR "/", sizeof SROCE_BUILD_DIR) == 0 &&
         access(SROCE_BUILD_TOOL, X_OK) == 0)
         return SROCE_BUILD_TOOL;
+#endif
+#ifdef SROCE_LIB_TO_BIN
+    if (self) {
+        std::string beside(self);
+        beside.erase(beside.rfind('/') + 1);
+        beside += SROCE_LIB_TO_BIN "/sroce";
+        if (access(beside.c_str(), X_OK) == 0) return beside;
+    }
 #endif
 #ifdef SROCE_INSTALL_TOOL
     if (access(SROCE_INSTALL_TOOL, X_OK) == 0) return SROCE_INSTALL_TOOL;
 #endif
-    // Installed elsewhere (another prefix, a copied tree): the one on PATH.
     return "sroce";
 }
 
@@ -133,8 +145,11 @@ int start_agent() {
     pid_t pid;
     int rc = posix_spawnp(&pid, bin.c_str(), nullptr, nullptr, argv, environ);
     if (rc) {
-        fprintf(stderr, "sroce: cannot start the sroce agent (%s): %s\n", bin.c_str(),
-                strerror(rc));
+        fprintf(stderr, "sroce: cannot start the sroce agent (%s): %s%s\n", bin.c_str(),
+                strerror(rc),
+                rc == ENOENT && bin.find('/') == std::string::npos
+                    ? " (not installed beside this library nor on PATH; set SROCE_AGENT_BIN)"
+                    : "");
         return rc;
     }
     int st = 0;
