@@ -13,6 +13,7 @@
 #   base=$(debroot_base trixie "$MIRROR" CACHE)   # minbase tarball, made once
 #   debroot_apt_sources ROOT "$MIRROR" trixie
 #   debroot_run ROOT CACHE/apt-archives [SRC:DST...] -- CMD...
+#   debroot_copy_source SRC-DIR ROOT/src   # the source tree, for a build inside
 
 # Skips unless this host can make and enter roots.
 debroot_require() {
@@ -142,4 +143,23 @@ debroot_remove_stale() {
 		[[ -d $old && ${old##*/} =~ ^[0-9]+$ ]] || continue
 		kill -0 "${old##*/}" 2>/dev/null || rm -rf --one-file-system "$old"
 	done
+}
+
+# debroot_copy_source SRC DST: DST (emptied first) becomes a copy of the
+# source tree SRC as git sees it (tracked and untracked files, not ignored
+# ones, so no build trees), with the files' times, so that a build tree kept
+# elsewhere in the root rebuilds only what changed; a tree without git is
+# copied whole but for build*.
+debroot_copy_source() {
+	local src=$1 dst=$2
+	mkdir -p "$dst"
+	find "$dst" -mindepth 1 -maxdepth 1 -exec rm -rf --one-file-system {} +
+	if git -C "$src" rev-parse --show-toplevel >/dev/null 2>&1; then
+		# shellcheck disable=SC2016 # expanded by sh
+		git -C "$src" ls-files -z --cached --others --exclude-standard |
+			(cd "$src" && xargs -0 sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh) |
+			tar -C "$src" --null -T - -cf - | tar -C "$dst" -xf -
+	else
+		tar -C "$src" --exclude='./build*' -cf - . | tar -C "$dst" -xf -
+	fi
 }
