@@ -95,21 +95,23 @@ clang_major() {
 # The kernel of each series, "VERSION ABI IMAGE-PACKAGE" or empty when
 # there is none, found once per package lists (pkgs_of_groups calls this
 # outside the subshells that resolve entries, so that they see the result).
-declare -A kernel_pick=()
+# kernel_note: what to say of each choice once the package lists are final.
+declare -A kernel_pick=() kernel_note=()
 pick_kernel() {
   local series=$1 got
   if [ -z "${kernel_pick[$series]+set}" ]; then
     if got=$(bash "$here/kernel-pick.sh" --installed "$series" 2>/dev/null); then
       kernel_pick[$series]=$got
-      echo "setup.sh: kernel $series: ${got%% *} (${got#* }) installed" >&2
+      kernel_note[$series]="${got%% *} (${got#* }), installed"
     elif got=$(bash "$here/kernel-pick.sh" "$series" 2>&1); then
       kernel_pick[$series]=$got
-      echo "setup.sh: kernel $series: ${got%% *} (${got#* }), the newest the mirror offers with source, headers and image" >&2
+      kernel_note[$series]="${got%% *} (${got#* }), the newest the mirror offers with source, headers and image"
     else
       kernel_pick[$series]=
       # Only a distribution that has the series at all needs telling.
+      kernel_note[$series]=
       [[ $got == *"no linux-source-$series is offered"* ]] ||
-        echo "setup.sh: kernel $series: none (${got#kernel-pick.sh: }); its tests will skip" >&2
+        kernel_note[$series]="none (${got#kernel-pick.sh: }); its tests will skip"
     fi
   fi
 }
@@ -185,10 +187,13 @@ pkgs_of_groups
 # of a kernel is made again from them.
 if [ $((${#unresolved[@]} + ${#missing[@]})) -gt 0 ] && is_root; then
   apt-get update -qq
-  kernel_pick=()
+  kernel_pick=() kernel_note=()
   clang=$(clang_major)
   pkgs_of_groups
 fi
+for series in "${!kernel_note[@]}"; do
+  [ -z "${kernel_note[$series]}" ] || echo "setup.sh: kernel $series: ${kernel_note[$series]}" >&2
+done
 if [ "${#unresolved[@]}" -gt 0 ]; then
   echo "setup.sh: no package for: ${unresolved[*]}" >&2
   exit 1
