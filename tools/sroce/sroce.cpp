@@ -373,16 +373,20 @@ int run_exec(const std::vector<std::string> &command, const std::string &config_
             throw std::runtime_error(std::string("setenv: ") + std::strerror(errno));
     }
 
-    show_devices_to_program(shim);
+    // Both read /proc/self/exe, which names this program as seen from the
+    // host, not from a chroot, once show_devices_to_program() has made a
+    // mount namespace: so before it.
     if (std::string dir = find_wrapper_dir(); !dir.empty()) prepend_path(dir);
     // The program's library starts the agent when none runs; it is this
     // sroce, wherever it was installed or copied to, PATH or not.
     if (const char *bin = std::getenv("SROCE_AGENT_BIN"); bin == nullptr || *bin == '\0') {
         std::error_code ec;
         std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-        if (!ec && ::setenv("SROCE_AGENT_BIN", self.c_str(), 1) != 0)
+        if (!ec && ::access(self.c_str(), X_OK) == 0 &&
+            ::setenv("SROCE_AGENT_BIN", self.c_str(), 1) != 0)
             throw std::runtime_error(std::string("setenv: ") + std::strerror(errno));
     }
+    show_devices_to_program(shim);
 
     std::vector<char *> argv;
     for (const std::string &a : command)
