@@ -145,15 +145,15 @@ debroot_remove_stale() {
 	done
 }
 
-# debroot_copy_source SRC DST: DST (emptied first) becomes a copy of the
-# source tree SRC as git sees it (tracked and untracked files, not ignored
-# ones, so no build trees), with the files' times, so that a build tree kept
-# elsewhere in the root rebuilds only what changed; a tree without git is
-# copied whole but for build*.
+# debroot_copy_source SRC DST [KEEP]: DST (emptied first, but for an entry
+# named KEEP) becomes a copy of the source tree SRC as git sees it (tracked
+# and untracked files, not ignored ones, so no build trees), with the files'
+# times, so that a build tree kept in the root rebuilds only what changed; a
+# tree without git is copied whole but for build*.
 debroot_copy_source() {
-	local src=$1 dst=$2
+	local src=$1 dst=$2 keep=(${3:+! -name "$3"})
 	mkdir -p "$dst"
-	find "$dst" -mindepth 1 -maxdepth 1 -exec rm -rf --one-file-system {} +
+	find "$dst" -mindepth 1 -maxdepth 1 "${keep[@]}" -exec rm -rf --one-file-system {} +
 	if git -C "$src" rev-parse --show-toplevel >/dev/null 2>&1; then
 		# shellcheck disable=SC2016 # expanded by sh
 		git -C "$src" ls-files -z --cached --others --exclude-standard |

@@ -67,19 +67,10 @@ if [[ ! -d $ROOT || "$(cat "$ROOT.base" 2>/dev/null)" != "$base" ]]; then
 fi
 cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf"
 
-# This source tree as git sees it (tracked and untracked, not ignored: no
-# build trees), with its timestamps, so the kept build tree rebuilds only
-# what changed.  /src/build (the preset's build tree) stays.
+# This source tree, with its timestamps; /src/build (the preset's build
+# tree) stays.
 start=$(now)
-mkdir -p "$ROOT/src"
-find "$ROOT/src" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf --one-file-system {} +
-if git -C "$SRC_DIR" rev-parse --show-toplevel >/dev/null 2>&1; then
-	git -C "$SRC_DIR" ls-files -z --cached --others --exclude-standard |
-		(cd "$SRC_DIR" && xargs -0 sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh) |
-		tar -C "$SRC_DIR" --null -T - -cf - | tar -C "$ROOT/src" -xf -
-else
-	tar -C "$SRC_DIR" --exclude='./build*' -cf - . | tar -C "$ROOT/src" -xf -
-fi
+debroot_copy_source "$SRC_DIR" "$ROOT/src" build
 log "source copied in $(elapsed "$start") s"
 
 start=$(now)
