@@ -53,6 +53,9 @@
 
 struct pmof_dev {
     char name[IBV_SYSFS_NAME_MAX];
+    /* librdmacm's, open until the process ends: its port is looked at
+     * again for every fi_getinfo(), since ports go down and up. */
+    struct ibv_context *ctx;
     struct ibv_device_attr_ex attr;
     struct ibv_port_attr port;
     uint64_t subnet_prefix;
@@ -167,6 +170,7 @@ static int load_devices(void) {
         /* RoCE only: the connection manager runs over IP. */
         if (d->port.link_layer != IBV_LINK_LAYER_ETHERNET) continue;
         snprintf(d->name, sizeof(d->name), "%s", ibv_get_device_name(list[i]->device));
+        d->ctx = list[i];
         if (ibv_query_gid(list[i], 1, 0, &gid) == 0)
             d->subnet_prefix = be64toh(gid.global.subnet_prefix);
         load_addresses(list[i], d);
@@ -658,6 +662,16 @@ static bool dev_has_ip(const struct pmof_dev *d, const struct sockaddr *sa) {
     return false;
 }
 
+/* A device whose port is down (its address is not on the host, its net
+ * device is down) offers nothing, as libfabric's verbs provider has it. */
+static bool port_active(const struct pmof_dev *d) {
+    struct ibv_port_attr port;
+
+    if (ibv_query_port(d->ctx, 1, &port) == 0 && port.state == IBV_PORT_ACTIVE) return true;
+    PMOF_INFO(FI_LOG_CORE, "%s: port 1 is not active\n", d->name);
+    return false;
+}
+
 int pmof_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
                  const struct fi_info *hints, struct fi_info **info) {
     struct pmof_addrs a;
@@ -692,6 +706,7 @@ int pmof_getinfo(uint32_t version, const char *node, const char *service, uint64
 
         if (route_dev[0] && strcmp(route_dev, d->name)) continue;
         if (a.has_src && !route_dev[0] && !dev_has_ip(d, (struct sockaddr *)&a.src)) continue;
+        if (!port_active(d)) continue;
         for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
             /* The transport's persistence first; FI_COMMIT_MANUAL after it
              * for applications that take that mode (or alone, with

@@ -211,7 +211,8 @@ int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int tabl
     } else if (rep.err) {
         err = rep.err;
         rep.msg[sizeof rep.msg - 1] = 0;
-        fprintf(stderr, "sroce: %s: %s\n", dev_name, rep.msg);
+        // A missing address is the caller's news to give (a port that is down).
+        if (err != EADDRNOTAVAIL) fprintf(stderr, "sroce: %s: %s\n", dev_name, rep.msg);
     } else if (udp < 0 || rep.slot == 0 || rep.slot >= kMaxSlots) {
         err = EPROTO;
         fprintf(stderr, "sroce: %s: the sroce agent sent no usable socket\n", dev_name);

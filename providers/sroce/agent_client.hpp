@@ -36,7 +36,8 @@ ssize_t recv_with_fd(int sock, void *buf, size_t len, int flags, int *fd);
 int connect_agent(bool start);
 
 // Leases a slot on the device at `addr` (network order), sharing the QP
-// table in `table_fd` for listings.  0 or an errno; the reason is printed.
+// table in `table_fd` for listings.  0 or an errno; the reason is printed,
+// but for EADDRNOTAVAIL (the address is not on the host).
 int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int table_fd, Lease &out);
 
 // An rdma_cm event channel at the agent: `events` is the file the process

@@ -379,6 +379,51 @@ bool interface_running(const std::string &netdev) {
     return (ifr.ifr_flags & IFF_UP) && (ifr.ifr_flags & IFF_RUNNING);
 }
 
+namespace {
+
+// Whether `fd` (a datagram socket of addr's family) can bind `addr`, port 0.
+bool binds(int fd, const std::string &addr, const std::string &netdev) {
+    sockaddr_storage ss{};
+    socklen_t len = 0;
+    if (auto *sin = reinterpret_cast<sockaddr_in *>(&ss);
+        ::inet_pton(AF_INET, addr.c_str(), &sin->sin_addr) == 1) {
+        sin->sin_family = AF_INET;
+        len = sizeof *sin;
+    } else if (auto *sin6 = reinterpret_cast<sockaddr_in6 *>(&ss);
+               ::inet_pton(AF_INET6, addr.c_str(), &sin6->sin6_addr) == 1) {
+        sin6->sin6_family = AF_INET6;
+        if (IN6_IS_ADDR_LINKLOCAL(&sin6->sin6_addr))
+            sin6->sin6_scope_id = ::if_nametoindex(netdev.c_str());
+        len = sizeof *sin6;
+    } else {
+        return false;
+    }
+    // Only the address is checked: no ephemeral port is taken for it.
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
+    return ::bind(fd, reinterpret_cast<sockaddr *>(&ss), len) == 0 || errno != EADDRNOTAVAIL;
+}
+
+} // namespace
+
+bool address_local(const std::string &addr, const std::string &netdev) {
+    Fd sock(::socket(is_ipv6_addr(addr) ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    // Out of descriptors: no answer, and a port is not taken down for that.
+    return sock.get() < 0 || binds(sock.get(), addr, netdev);
+}
+
+int link_down_reason(const Link &link) {
+    // One socket serves both questions.
+    Fd sock(::socket(is_ipv6_addr(link.addr) ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (sock.get() < 0) return 0;
+    if (!binds(sock.get(), link.addr, link.netdev)) return EADDRNOTAVAIL;
+    if (!valid_netdev_name(link.netdev)) return ENETDOWN;
+    ifreq ifr{};
+    std::memcpy(ifr.ifr_name, link.netdev.c_str(), link.netdev.size() + 1);
+    if (::ioctl(sock.get(), SIOCGIFFLAGS, &ifr) < 0) return ENETDOWN;
+    return (ifr.ifr_flags & IFF_UP) && (ifr.ifr_flags & IFF_RUNNING) ? 0 : ENETDOWN;
+}
+
 int roce_mtu(int ifmtu, bool ipv6) {
     int room = ifmtu - roce_overhead_ipv4 - (ipv6 ? ipv6_extra_header : 0);
     for (int mtu = 4096; mtu >= 256; mtu /= 2)

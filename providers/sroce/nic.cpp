@@ -302,16 +302,43 @@ int Nic::open_socket() {
     table_ = static_cast<agent::QpEntry *>(t);
     wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (wake_fd_ < 0) return errno;
+    // An unbound socket stands in until the address's own: every thread
+    // always has a descriptor to poll and receive from, on which nothing
+    // ever arrives.  bind_socket() puts the real one in its place.
+    fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd_ < 0) return errno;
+    // A device whose address is not on the host opens, with its port down,
+    // as an RNIC whose net device lost its address does; the socket comes
+    // with the first QP or SRQ made once the address is back.
+    int down = link_down_reason(dev_->link);
+    port_down_.store(down, std::memory_order_relaxed);
+    if (down == EADDRNOTAVAIL) return 0;
+    int err = bind_socket();
+    return err == EADDRNOTAVAIL ? 0 : err;
+}
+
+int Nic::bind_socket() {
     uint32_t slot = 1;
+    int fd;
     if (const char *a = getenv("SROCE_AGENT"); a && !strcmp(a, "off")) {
-        if (int err = open_exclusive()) return err;
+        fd = open_exclusive();
+        if (fd < 0) return errno;
     } else {
         if (int err = agent::lease_slot(dev_->ibdev.name, dev_->link.netdev.c_str(), dev_->addr,
                                         table_fd_, lease_))
             return err;
-        fd_ = lease_.udp;
+        fd = lease_.udp;
         slot = lease_.slot;
     }
+    // Into the stand-in's number: a thread polling or receiving meanwhile
+    // never meets a closed descriptor.
+    if (dup2(fd, fd_) < 0) {
+        int err = errno;
+        close(fd);
+        return err;
+    }
+    close(fd);
+    lease_.udp = fd_;
     // Every socket of the address's group has its own setting: this
     // process's coalesced receives are its own choice.
     int gro = gro_ ? 1 : 0;
@@ -321,32 +348,62 @@ int Nic::open_socket() {
     // Start numbering where this process's previous lease of the slot is
     // unlikely to have stopped, so a late packet meets no QP of ours.
     qp_next_ = uint32_t(getpid()) % kMaxQps;
+    bound_.store(true, std::memory_order_release);
     return 0;
 }
 
+int Nic::ensure_socket() {
+    if (bound_.load(std::memory_order_acquire)) return 0;
+    int down, err = 0;
+    {
+        std::lock_guard<std::mutex> g(bind_mu_);
+        if (bound_.load(std::memory_order_relaxed)) return 0;
+        down = link_down_reason(dev_->link);
+        if (!down) {
+            std::lock_guard<std::mutex> q(qp_alloc_mu_);
+            err = bind_socket();
+        }
+    }
+    // Outside the locks: an event handler may well create a QP.
+    port_seen(down);
+    return down ? down : err;
+}
+
+void Nic::port_seen(int reason) {
+    if (lost()) return;
+    int was = port_down_.exchange(reason, std::memory_order_relaxed);
+    if (!was == !reason) return;
+    post_device_event(this, reason ? IBV_EVENT_PORT_ERR : IBV_EVENT_PORT_ACTIVE);
+}
+
 int Nic::open_exclusive() {
-    fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) return errno;
-    agent::roce_socket_options(fd_, dev_->addr);
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    agent::roce_socket_options(fd, dev_->addr);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_port = htons(wire::kRoceV2Port);
     sa.sin_addr.s_addr = dev_->addr;
-    if (bind(fd_, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0) {
+    if (bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0) {
         int err = errno;
-        char a[INET_ADDRSTRLEN];
-        inet_ntop(AF_INET, &dev_->addr, a, sizeof a);
-        fprintf(stderr,
-                "sroce: %s: cannot bind %s:%u: %s (SROCE_AGENT=off gives a process the "
-                "address to itself)\n",
-                dev_->ibdev.name, a, wire::kRoceV2Port, strerror(err));
-        return err;
+        close(fd);
+        // A missing address is a port that is down, not news for stderr.
+        if (err != EADDRNOTAVAIL) {
+            char a[INET_ADDRSTRLEN];
+            inet_ntop(AF_INET, &dev_->addr, a, sizeof a);
+            fprintf(stderr,
+                    "sroce: %s: cannot bind %s:%u: %s (SROCE_AGENT=off gives a process the "
+                    "address to itself)\n",
+                    dev_->ibdev.name, a, wire::kRoceV2Port, strerror(err));
+        }
+        errno = err;
+        return -1;
     }
-    return 0;
+    return fd;
 }
 
 void Nic::watch_agent() {
-    if (lease_.conn < 0 || lost()) return;
+    if (!bound_.load(std::memory_order_acquire) || lease_.conn < 0 || lost()) return;
     pollfd p = {lease_.conn, POLLIN, 0};
     if (poll(&p, 1, 0) <= 0) return;
     char b;
@@ -999,6 +1056,8 @@ void Nic::receive_one(const uint8_t *d, size_t len, const sockaddr_in &from, in_
 }
 
 int Nic::rx_pass() {
+    // Until then fd_ is the stand-in (open_socket), and no QP exists.
+    if (!bound_.load(std::memory_order_acquire)) return 0;
     int n = rx_from(fd_, dev_->addr, true);
     if (mc_count_.load(std::memory_order_relaxed)) {
         // The caller holds rx_mu_, so no group socket closes meanwhile.
@@ -1143,7 +1202,7 @@ void Nic::nap(uint64_t ns) {
 
 void Nic::run() {
     t_progress_thread = true;
-    uint64_t last_timer_scan = 0, last_agent_check = 0;
+    uint64_t last_timer_scan = 0, last_agent_check = 0, last_port_check = now_ns();
     uint64_t spin_until = 0;
     while (!stop_.load(std::memory_order_relaxed)) {
         wait_for_work(spin_until);
@@ -1182,6 +1241,10 @@ void Nic::run() {
             if (now - last_agent_check > 20000000) {
                 watch_agent();
                 last_agent_check = now;
+            }
+            if (now - last_port_check > kPortCheckNs) {
+                port_seen(link_down_reason(dev_->link));
+                last_port_check = now;
             }
         }
     }

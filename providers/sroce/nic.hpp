@@ -179,6 +179,11 @@ class Nic {
     // thread is receiving, that thread does the work.
     bool app_progress();
 
+    // A device opened while its address was not on the host has no socket
+    // of the address (no slot at the agent) until a QP or SRQ needs one:
+    // then this makes it, or returns why the port is down.  0 or an errno.
+    int ensure_socket();
+
     // The agent that leased this process its slot is gone: every QP is in
     // error, the socket is closed, and no new object can be made (EIO).
     bool lost() const { return lost_.load(std::memory_order_relaxed); }
@@ -197,8 +202,18 @@ class Nic {
     explicit Nic(Device *dev);
     ~Nic();
     int open_socket();
-    // A socket of our own, bound without the agent (SROCE_AGENT=off).
+    // The address's socket (the agent's lease, or one of our own) into
+    // fd_, and the QPN space of its slot.  Caller owns the Nic alone or
+    // holds bind_mu_ and qp_alloc_mu_.  0 or an errno.
+    int bind_socket();
+    // A socket of our own, bound without the agent (SROCE_AGENT=off); -1
+    // with errno set.
     int open_exclusive();
+    // Records the port's state (0 or link_down_reason()), and on a change
+    // posts IBV_EVENT_PORT_ACTIVE or IBV_EVENT_PORT_ERR to the device's
+    // contexts, as the kernel does.  The progress thread looks every
+    // kPortCheckNs.
+    void port_seen(int reason);
     // Checks the agent connection; on its end, loses the device.
     void watch_agent();
     void lose_device();
@@ -244,6 +259,14 @@ class Nic {
     int table_fd_ = -1;
     uint32_t qpn_base_ = 0, srqn_base_ = 0;
     std::atomic<bool> lost_{false};
+    // fd_ is the address's socket, and qpn_base_ and srqn_base_ are set.
+    std::atomic<bool> bound_{false};
+    std::mutex bind_mu_;
+    // The port as last seen: 0 (up) or link_down_reason().  A look every
+    // 200 ms costs 15 us (under 0.01% of a core per open device) and sees
+    // an address come or go without a netlink socket in every process.
+    std::atomic<int> port_down_{0};
+    static constexpr uint64_t kPortCheckNs = 200000000;
     int wake_fd_ = -1;
     std::atomic<bool> stop_{false};
     std::thread thread_;

@@ -320,6 +320,11 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
     if ((mask & IBV_QP_ACCESS_FLAGS) && (attr->qp_access_flags & ~kQpAccessKnown)) return EINVAL;
     if ((mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && next != IBV_QPS_SQD) return EINVAL;
 
+    // A port that is down takes no QP to RTR or RTS (rxe: its GID, the
+    // source address, is gone with the address or the net device).
+    if ((next == IBV_QPS_RTR || next == IBV_QPS_RTS) && next != cur)
+        if (int down = link_down_reason(dev->link)) return down;
+
     // The one allocation, before anything changes: a failure leaves the QP as it was.
     std::vector<RdResource> rd_res;
     if (mask & IBV_QP_MAX_DEST_RD_ATOMIC)
@@ -716,6 +721,9 @@ int check_create(Context *ctx, const ibv_qp_init_attr_ex *attr) {
                                 IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     if (attr->comp_mask & ~kKnown) return EOPNOTSUPP;
     if (ctx->nic->lost()) return EIO;
+    // A QP number needs the address's socket, which a device whose port went
+    // down before its first QP does not have yet (ENETDOWN, EADDRNOTAVAIL).
+    if (int err = ctx->nic->ensure_socket()) return err;
     // No creation flag is supported; asking for none is fine.
     if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags) return EOPNOTSUPP;
     ibv_qp_type type = attr->qp_type;

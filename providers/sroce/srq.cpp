@@ -28,6 +28,11 @@ Srq *make_srq(Context *ctx, Pd *pd, ibv_srq_attr &a, void *srq_context) {
         errno = err;
         return nullptr;
     }
+    // Its number comes from the address's slot, as a QP's does.
+    if (int err = ctx->nic->ensure_socket()) {
+        errno = err;
+        return nullptr;
+    }
     Srq *srq = new (std::nothrow) Srq;
     if (!srq) {
         errno = ENOMEM;

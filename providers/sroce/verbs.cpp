@@ -205,7 +205,7 @@ int query_rt_values(ibv_context *, ibv_values_ex *values) {
 
 // Shared by ibv_query_port() and the port's sysfs files, so both agree.
 void port_attr(const Device &d, ibv_port_attr *a) {
-    bool up = interface_running(d.link.netdev);
+    bool up = link_down_reason(d.link) == 0;
     *a = ibv_port_attr{};
     a->state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
     a->max_mtu = IBV_MTU_4096;

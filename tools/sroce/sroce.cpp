@@ -164,7 +164,8 @@ LinkStatus link_status(const sroce::Link &link) {
     LinkStatus st{false, std::nullopt, std::nullopt};
     if (!sroce::interface_exists(link.netdev)) return st;
     if (unsigned idx = ::if_nametoindex(link.netdev.c_str()); idx != 0) st.netdev_index = idx;
-    st.active = sroce::interface_running(link.netdev);
+    // As the port of a running program has it (the address must be on the host).
+    st.active = sroce::link_down_reason(link) == 0;
     try {
         st.mtu = sroce::roce_mtu(sroce::interface_mtu(link.netdev), sroce::is_ipv6_addr(link.addr));
     } catch (const std::runtime_error &) {

@@ -168,6 +168,11 @@ class Agent {
     void send_mad(uint32_t local, uint32_t remote, const uint8_t *mad);
     void open_device(int fd, const Request &rq, int table_fd, Dev **owner, uint32_t *slot);
     Dev *device(in_addr_t addr, const std::string &netdev, std::string &why);
+    // A device whose address is not on the host yet (its port is down):
+    // retried every kAwaitRetryMs, so that its QP1 answers once the
+    // address is back.  Other failures are logged only.
+    void await(in_addr_t addr, const std::string &netdev, const std::string &why);
+    void retry_awaited();
     int new_socket(in_addr_t addr, bool reuseport, std::string &why);
     void steer(Dev &d);
     void release(Dev &d, uint32_t slot);
@@ -183,6 +188,14 @@ class Agent {
     std::vector<std::unique_ptr<Dev>> devs_;
     std::vector<CmConn> cm_conns_;
     std::vector<CmConn> new_cm_conns_; // made while serving, joined after
+    struct Awaited {
+        in_addr_t addr;
+        std::string netdev;
+    };
+    std::vector<Awaited> awaited_;
+    uint64_t awaited_at_ = 0; // mono_ms() of the last retry
+    // A bind attempt per address costs a few microseconds.
+    static constexpr uint64_t kAwaitRetryMs = 1000;
     Cm cm_;
     bool stop_ = false;
 };
@@ -269,6 +282,30 @@ Dev *Agent::device(in_addr_t addr, const std::string &netdev, std::string &why) 
     log("serving %s (%s)", ip_text(addr).c_str(), netdev.c_str());
     devs_.push_back(std::move(d));
     return devs_.back().get();
+}
+
+void Agent::await(in_addr_t addr, const std::string &netdev, const std::string &why) {
+    if (errno != EADDRNOTAVAIL) {
+        log("%s", why.c_str());
+        return;
+    }
+    for (const Awaited &w : awaited_)
+        if (w.addr == addr) return;
+    log("%s (%s) is not on the host: waiting for it", ip_text(addr).c_str(), netdev.c_str());
+    awaited_.push_back({addr, netdev});
+}
+
+void Agent::retry_awaited() {
+    uint64_t now = mono_ms();
+    if (awaited_.empty() || now - awaited_at_ < kAwaitRetryMs) return;
+    awaited_at_ = now;
+    std::erase_if(awaited_, [this](const Awaited &w) {
+        std::string why;
+        if (device(w.addr, w.netdev, why)) return true;
+        if (errno == EADDRNOTAVAIL) return false;
+        log("%s", why.c_str());
+        return true;
+    });
 }
 
 void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, uint32_t *slot) {
@@ -479,7 +516,7 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
             // QP1 of every device the process may connect through must
             // answer, whether or not a process has the device open.
             std::string why;
-            if (!device(d.addr, d.name, why)) log("%s", why.c_str());
+            if (!device(d.addr, d.name, why)) await(d.addr, d.name, why);
         }
         ucred cred{};
         socklen_t cl = sizeof cred;
@@ -648,6 +685,7 @@ int Agent::loop() {
             pfds.push_back({cm_conns_[i].fd, POLLIN, 0});
             refs.push_back({Kind::kCm, nullptr, i});
         }
+        retry_awaited();
         int timeout = cm_.timers(mono_ms());
         int r = poll(pfds.data(), pfds.size(), timeout < 0 || timeout > 1000 ? 1000 : timeout);
         if (r < 0 && errno != EINTR) {

@@ -37,6 +37,20 @@ uint32_t route_source(uint32_t dst) {
     return src;
 }
 
+// Whether `a` is an address of this host now (a socket can bind it).
+bool local_address(uint32_t a) {
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return true; // no answer: let the bind that follows tell
+    sockaddr_in t{};
+    t.sin_family = AF_INET;
+    t.sin_addr.s_addr = a;
+    int one = 1;
+    setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
+    bool local = ::bind(fd, reinterpret_cast<sockaddr *>(&t), sizeof t) == 0;
+    close(fd);
+    return local;
+}
+
 } // namespace
 
 Cm::Cm(MadSender send) : send_(std::move(send)) {
@@ -446,14 +460,12 @@ int Cm::bind(Id &id, const sockaddr *sa, size_t len) {
     uint32_t a = s.sin_addr.s_addr;
     Channel &c = *channels_.at(id.ch);
     bool loopback = (ntohl(a) >> 24) == 127;
-    if (!is_any(a) && !device_of(c, a)) {
-        // Not an sroce device's address: local (ENODEV) or not (EADDRNOTAVAIL).
-        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        sockaddr_in t = s;
-        t.sin_port = 0;
-        bool local = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr *>(&t), sizeof t) == 0;
-        if (fd >= 0) close(fd);
-        if (!loopback || !local) return local ? ENODEV : EADDRNOTAVAIL;
+    if (!is_any(a)) {
+        // Not on the host (whether or not a configured device has it: its
+        // port is down): EADDRNOTAVAIL, as the kernel.  On the host but no
+        // sroce device's: ENODEV.
+        if (!local_address(a)) return EADDRNOTAVAIL;
+        if (!device_of(c, a) && !loopback) return ENODEV;
     }
     id.src = s;
     id.src.sin_family = AF_INET;
@@ -488,7 +500,10 @@ int Cm::resolve_addr(Id &id, const sockaddr *srcp, const sockaddr *dstp, uint32_
     uint32_t src = id.src.sin_addr.s_addr;
     // To a device's own address the path is that device (the kernel routes
     // a local destination through lo back to the netdev that owns it).
-    if (is_any(src) && device_of(c, dst.sin_addr.s_addr)) src = dst.sin_addr.s_addr;
+    // A device whose address is not on the host (its port is down) is not
+    // that: the route decides, as for any other address.
+    if (is_any(src) && device_of(c, dst.sin_addr.s_addr) && local_address(dst.sin_addr.s_addr))
+        src = dst.sin_addr.s_addr;
     if (is_any(src)) src = route_source(dst.sin_addr.s_addr);
     if (!src) return ENETUNREACH;
     id.state = IdState::kAddrQuery;
