@@ -310,6 +310,22 @@ TEST(Interfaces, Unknown) {
     }
 }
 
+// The port of a link: up only with its address on the host and its
+// interface up with carrier.  Nothing is sent; the checks only bind.
+TEST(Interfaces, LinkDownReason) {
+    if (!sroce::interface_running("lo") || !sroce::address_local("127.0.0.1", "lo"))
+        GTEST_SKIP() << "loopback is down";
+    EXPECT_EQ(sroce::link_down_reason({"l", "lo", "127.0.0.1"}), 0);
+    // 192.0.2.0/24 is TEST-NET-1, never a host's address.
+    EXPECT_FALSE(sroce::address_local("192.0.2.1", "lo"));
+    EXPECT_EQ(sroce::link_down_reason({"l", "lo", "192.0.2.1"}), EADDRNOTAVAIL);
+    EXPECT_EQ(sroce::link_down_reason({"l", "nosuchif0", "127.0.0.1"}), ENETDOWN);
+    EXPECT_EQ(sroce::link_down_reason({"l", "bad/name", "127.0.0.1"}), ENETDOWN);
+    // A missing address is told first: it is what keeps the device from working.
+    EXPECT_EQ(sroce::link_down_reason({"l", "nosuchif0", "192.0.2.1"}), EADDRNOTAVAIL);
+    EXPECT_EQ(sroce::link_down_reason({"l", "lo", "not-an-address"}), EADDRNOTAVAIL);
+}
+
 TEST_F(ConfigTest, LockCreatesDirectory) {
     std::string p = path("locked/links.conf");
     {
