@@ -96,7 +96,8 @@ namespace {
 std::string agent_binary() {
     if (const char *b = getenv("SROCE_AGENT_BIN"); b && *b) return b;
     Dl_info info{};
-    const char *self = nullptr;
+    // Unused in builds that compile the engine into one program (fuzzing).
+    [[maybe_unused]] const char *self = nullptr;
     if (dladdr(reinterpret_cast<void *>(&agent_binary), &info) && info.dli_fname &&
         info.dli_fname[0] == '/')
         self = info.dli_fname;

@@ -69,8 +69,8 @@ uint32_t ip4(uint8_t a, uint8_t b, uint8_t c, uint8_t d) {
     return htonl(uint32_t(a) << 24 | uint32_t(b) << 16 | uint32_t(c) << 8 | d);
 }
 
-// Documentation addresses (RFC 5737), so nothing the CM asks the kernel
-// about them (bind, route) reaches a real network.
+// Documentation addresses (RFC 5737): the scene's host (scene_is_local)
+// answers for them, never the kernel.
 const uint32_t kDevA = ip4(192, 0, 2, 1), kDevB = ip4(192, 0, 2, 2), kPeer = ip4(198, 51, 100, 9),
                kPeer2 = ip4(203, 0, 113, 7), kLoopback = ip4(127, 0, 0, 1);
 constexpr uint16_t kTcpPort = 7471, kUdpPort = 7472;
@@ -180,6 +180,20 @@ struct Service {
 constexpr Service kServices[] = {
     {cm::kPsTcp, kTcpPort}, {cm::kPsUdp, kUdpPort}, {cm::kPsTcp, 7473}, {cm::kPsIb, kTcpPort}};
 
+// The scene's host: its own addresses are the two devices' and loopback;
+// the peers are reached from device A and B, anything else not at all.
+// Answered here so that the outcome of an input never depends on the
+// machine's addresses and routes.
+bool scene_is_local(uint32_t a) {
+    return a == kDevA || a == kDevB || (ntohl(a) >> 24) == 127;
+}
+uint32_t scene_source_for(uint32_t dst) {
+    if (scene_is_local(dst)) return (ntohl(dst) >> 24) == 127 ? kLoopback : dst;
+    if (dst == kPeer) return kDevA;
+    if (dst == kPeer2) return kDevB;
+    return 0;
+}
+
 uint32_t local_of(unsigned k) {
     const uint32_t t[] = {kDevA, kDevB, kDevA, kPeer};
     return t[k % 4];
@@ -248,7 +262,8 @@ class Harness {
 };
 
 Harness::Harness(int event_fd)
-    : cm_([this](uint32_t l, uint32_t r, const uint8_t *m) { on_send(l, r, m); }),
+    : cm_([this](uint32_t l, uint32_t r, const uint8_t *m) { on_send(l, r, m); },
+          {scene_is_local, scene_source_for}),
       event_fd_(event_fd), clock_(mono_ms()) {
     uint32_t p1 = open(0), p2 = open(1);
     auto ok = [](int e) {

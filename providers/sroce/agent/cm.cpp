@@ -53,7 +53,11 @@ bool local_address(uint32_t a) {
 
 } // namespace
 
-Cm::Cm(MadSender send) : send_(std::move(send)) {
+HostRoutes kernel_routes() {
+    return {local_address, route_source};
+}
+
+Cm::Cm(MadSender send, HostRoutes host) : send_(std::move(send)), host_(host) {
     std::random_device rd;
     comm_xor_ = rd();
     next_comm_ = rd();
@@ -464,7 +468,7 @@ int Cm::bind(Id &id, const sockaddr *sa, size_t len) {
         // Not on the host (whether or not a configured device has it: its
         // port is down): EADDRNOTAVAIL, as the kernel.  On the host but no
         // sroce device's: ENODEV.
-        if (!local_address(a)) return EADDRNOTAVAIL;
+        if (!host_.is_local(a)) return EADDRNOTAVAIL;
         if (!device_of(c, a) && !loopback) return ENODEV;
     }
     id.src = s;
@@ -502,9 +506,9 @@ int Cm::resolve_addr(Id &id, const sockaddr *srcp, const sockaddr *dstp, uint32_
     // a local destination through lo back to the netdev that owns it).
     // A device whose address is not on the host (its port is down) is not
     // that: the route decides, as for any other address.
-    if (is_any(src) && device_of(c, dst.sin_addr.s_addr) && local_address(dst.sin_addr.s_addr))
+    if (is_any(src) && device_of(c, dst.sin_addr.s_addr) && host_.is_local(dst.sin_addr.s_addr))
         src = dst.sin_addr.s_addr;
-    if (is_any(src)) src = route_source(dst.sin_addr.s_addr);
+    if (is_any(src)) src = host_.source_for(dst.sin_addr.s_addr);
     if (!src) return ENETUNREACH;
     id.state = IdState::kAddrQuery;
     if (!device_of(c, src)) {

@@ -39,9 +39,21 @@ struct CmDevice {
 // Sends a 256-byte MAD from the device at `local` to QP1 at `remote`.
 using MadSender = std::function<void(uint32_t local, uint32_t remote, const uint8_t *mad)>;
 
+// What the CM asks the host's IPv4 stack (addresses in network order).  The
+// agent asks the kernel; a harness that must not depend on the host's
+// addresses and routes (fuzzing) answers itself.
+struct HostRoutes {
+    // Whether `addr` is an address of this host now (a socket can bind it).
+    bool (*is_local)(uint32_t addr);
+    // The source address the host would send from to reach `dst`, 0 if none.
+    uint32_t (*source_for)(uint32_t dst);
+};
+// The kernel's answers.
+HostRoutes kernel_routes();
+
 class Cm {
   public:
-    explicit Cm(MadSender send);
+    explicit Cm(MadSender send, HostRoutes host = kernel_routes());
     ~Cm();
 
     // A process's event channel: `event_fd` gets one byte per event queued
@@ -174,6 +186,7 @@ class Cm {
     Id *new_conn_id(Channel &c, Id &lis, const Match &mt);
 
     MadSender send_;
+    HostRoutes host_;
     Stats stats_;
     std::map<uint32_t, std::unique_ptr<Channel>> channels_;
     std::map<uint32_t, std::unique_ptr<Id>> ids_;
