@@ -180,9 +180,15 @@ sync_tree() {
 	local d
 	for d in drivers/infiniband/core drivers/infiniband/sw/rxe include/rdma include/uapi/rdma; do
 		mkdir -p "$bld/$d"
-		# -c: files whose content did not change keep their time stamps,
-		# so make rebuilds only what a patch touched.
-		rsync -a -c --delete "$src/$d/" "$bld/$d/"
+		# -c and no -t: a file whose content did not change keeps its
+		# time stamp here, however often git rewrote it in the source
+		# tree, and a changed one gets the time of the copy, so make
+		# rebuilds only what a patch touched.  What make made beside the
+		# sources (objects, modules, its dependency and command files)
+		# is protected from --delete.  Else every build is a full one.
+		rsync -rlc --delete --filter='P *.o' --filter='P *.ko' --filter='P *.mod' \
+			--filter='P *.mod.c' --filter='P .*' --filter='P modules.order' \
+			"$src/$d/" "$bld/$d/"
 	done
 	cat >"$bld/Kbuild" <<'EOF'
 NOSTDINC_FLAGS += -I$(M)/include -I$(M)/include/uapi -I$(M)/include/trace
