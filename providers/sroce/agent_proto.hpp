@@ -23,7 +23,7 @@ namespace sroce::agent {
 // Bumped whenever a message's layout or meaning changes: a process and an
 // agent from different builds then refuse each other with a clear message
 // instead of misreading.
-constexpr uint32_t kProtoVersion = 1;
+constexpr uint32_t kProtoVersion = 2; // 2: the QP table is sealed against shrinking
 
 // The agent listens on an abstract Unix socket, so there is one per network
 // namespace, which is exactly the scope of the addresses it serves.

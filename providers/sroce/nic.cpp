@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <fcntl.h>
 #include <linux/net_tstamp.h>
 #include <netinet/udp.h>
 #include <poll.h>
@@ -295,8 +296,12 @@ Nic::~Nic() {
 int Nic::open_socket() {
     static_assert(kMaxQps == agent::kTableEntries);
     size_t table_len = kMaxQps * sizeof(agent::QpEntry);
-    table_fd_ = memfd_create("sroce-qps", MFD_CLOEXEC);
-    if (table_fd_ < 0 || ftruncate(table_fd_, off_t(table_len)) < 0) return errno;
+    // Sealed against shrinking: the agent maps it too, and refuses a table
+    // that could shrink under its reads (a SIGBUS there is every user's).
+    table_fd_ = memfd_create("sroce-qps", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (table_fd_ < 0 || ftruncate(table_fd_, off_t(table_len)) < 0 ||
+        fcntl(table_fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
+        return errno;
     void *t = mmap(nullptr, table_len, PROT_READ | PROT_WRITE, MAP_SHARED, table_fd_, 0);
     if (t == MAP_FAILED) return errno;
     table_ = static_cast<agent::QpEntry *>(t);

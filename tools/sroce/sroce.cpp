@@ -741,7 +741,7 @@ int main(int argc, char **argv) {
             return sroce::agent::run(agent_opts);
         }
         if (*agent_stop) {
-            sroce::agent::query(sroce::agent::kStop);
+            sroce::agent::stop();
             return 0;
         }
         if (*agent_status) {

@@ -25,6 +25,7 @@
 #include <stdexcept>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -318,6 +319,17 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
     };
     std::string why;
     std::string netdev(rq.netdev, strnlen(rq.netdev, sizeof rq.netdev));
+    // The table is read for listings for as long as the slot lives: one
+    // that is short, or could be made short later, would end the agent
+    // with SIGBUS for everyone.
+    struct stat st {};
+    int seals = fcntl(table_fd, F_GET_SEALS);
+    if (fstat(table_fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+        size_t(st.st_size) < kTableEntries * sizeof(QpEntry) || seals < 0 ||
+        !(seals & F_SEAL_SHRINK))
+        return fail(EINVAL, "the QP table must be a memfd of " +
+                                std::to_string(kTableEntries * sizeof(QpEntry)) +
+                                " bytes sealed against shrinking");
     Dev *d = device(rq.addr, netdev, why);
     if (!d) return fail(errno ? errno : EADDRINUSE, why);
     void *table =
@@ -540,6 +552,14 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
             known |= !c.commands && c.channel == rq.reserved;
         for (const CmConn &c : new_cm_conns_)
             known |= !c.commands && c.channel == rq.reserved;
+        // A channel is named by a small number anyone can send: its commands
+        // are only for the process that opened it, as the kernel's are
+        // only for whoever holds the file.
+        ucred cred{};
+        socklen_t cl = sizeof cred;
+        if (known && (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 ||
+                      !cm_.channel_owned_by(rq.reserved, cred.pid, cred.uid)))
+            known = false;
         if (!known) rep.err = ENOENT;
         if (send(fd, &rep, sizeof rep, MSG_NOSIGNAL) < 0 || !known) return Served::kClose;
         new_cm_conns_.push_back({fd, rq.reserved, true});
@@ -551,10 +571,27 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
     case kStatus:
         send_json(fd, status());
         return Served::kClose;
-    case kStop:
+    case kStop: {
+        // Who may stop it: its own user and root, as only they may kill it.
+        ucred cred{};
+        socklen_t cl = sizeof cred;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 ||
+            (cred.uid != 0 && cred.uid != geteuid())) {
+            OpenReply rep{};
+            rep.version = kProtoVersion;
+            rep.err = EPERM;
+            snprintf(rep.msg, sizeof rep.msg,
+                     "the sroce agent (pid %d) runs as uid %u: only that user or root may "
+                     "stop it",
+                     int(getpid()), unsigned(geteuid()));
+            send(fd, &rep, sizeof rep, MSG_NOSIGNAL);
+            log("uid %u (pid %d) may not stop the agent", unsigned(cred.uid), int(cred.pid));
+            return Served::kClose;
+        }
         send(fd, "", 0, MSG_NOSIGNAL);
         stop_ = true;
         return Served::kClose;
+    }
     default:
         return Served::kClose;
     }
@@ -812,6 +849,16 @@ std::string query(uint32_t op) {
     }
     close(fd);
     return out;
+}
+
+void stop() {
+    std::string r = query(kStop);
+    if (r.empty()) return;
+    OpenReply rep{};
+    if (r.size() != sizeof rep) throw std::runtime_error("the sroce agent did not stop");
+    std::memcpy(&rep, r.data(), sizeof rep);
+    rep.msg[sizeof rep.msg - 1] = 0;
+    throw std::runtime_error(std::string(rep.msg) + " (" + strerror(rep.err) + ")");
 }
 
 } // namespace sroce::agent

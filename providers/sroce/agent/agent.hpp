@@ -27,8 +27,12 @@ struct Options {
 // nothing to do).
 int run(const Options &opts);
 
-// Asks the running agent for `op`'s JSON (kResources, kStatus) or to stop
-// (kStop, empty result).  Throws std::runtime_error when no agent answers.
+// Asks the running agent for `op`'s JSON (kResources, kStatus).  Throws
+// std::runtime_error when no agent answers.
 std::string query(uint32_t op);
+
+// Asks the running agent to stop.  Throws std::runtime_error when no agent
+// answers or it refuses (the caller is neither its user nor root).
+void stop();
 
 } // namespace sroce::agent

@@ -104,6 +104,11 @@ std::vector<Cm::Listener> Cm::listeners() const {
     return out;
 }
 
+bool Cm::channel_owned_by(uint32_t ch, pid_t pid, uid_t uid) const {
+    auto it = channels_.find(ch);
+    return it != channels_.end() && it->second->pid == pid && it->second->uid == uid;
+}
+
 Cm::Id *Cm::find_id(uint32_t handle) {
     auto it = ids_.find(handle);
     return it == ids_.end() || it->second->destroyed ? nullptr : it->second.get();

@@ -62,6 +62,8 @@ class Cm {
     uint32_t open_channel(int event_fd, pid_t pid, uid_t uid, std::vector<CmDevice> devs);
     // The process closed the file (or died): its ids go as on close(2).
     void close_channel(uint32_t ch);
+    // Whether channel `ch` exists and was opened by process `pid` of `uid`.
+    bool channel_owned_by(uint32_t ch, pid_t pid, uid_t uid) const;
     // One rdma_ucm command of channel `ch`: `in` is the command struct after
     // its header (with any user pointer's data inlined by the process), the
     // reply's bytes go to `out` (at most out_cap).  Returns 0 or an errno.

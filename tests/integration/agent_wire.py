@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Speaks the sroce agent's control protocol (providers/sroce/agent_proto.hpp)
+as a hostile or careless client would, for test_agent_trust.sh.
+
+  agent_wire.py table SIZE sealed|unsealed [truncate]
+      kOpenDevice for 127.0.29.1 with a QP table memfd of SIZE bytes;
+      prints "err N MSG" or "slot N"; with `truncate`, an accepted table is
+      then cut to 0 bytes while the slot is held, and the slot is held until
+      stdin closes.
+  agent_wire.py channel
+      opens an rdma_cm channel and its commands connection; prints
+      "channel N commands-err E" and holds both until stdin closes.
+  agent_wire.py commands N
+      asks for the commands of channel N; prints "err E".
+The socket is @$SROCE_AGENT_SOCKET (default @sroce-agent)."""
+import array
+import os
+import socket
+import struct
+import sys
+
+PROTO = 2
+OPEN_DEVICE, STOP, CM_CHANNEL, CM_COMMANDS = 1, 3, 5, 6
+REQUEST = struct.Struct("<II64s16sII")
+OPEN_REPLY = struct.Struct("<IiII256s")
+TABLE_BYTES = 4096 * 16
+
+
+def connect():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect("\0" + os.environ.get("SROCE_AGENT_SOCKET", "sroce-agent"))
+    return s
+
+
+def request(op, name=b"", netdev=b"", addr=0, reserved=0):
+    return REQUEST.pack(op, PROTO, name, netdev, addr, reserved)
+
+
+def reply(s):
+    data, fds, _, _ = socket.recv_fds(s, OPEN_REPLY.size, 4)
+    for fd in fds:
+        os.close(fd)
+    if len(data) != OPEN_REPLY.size:
+        return None
+    _, err, slot, _, msg = OPEN_REPLY.unpack(data)
+    return err, slot, msg.split(b"\0")[0].decode()
+
+
+def table(size, sealed, truncate):
+    fd = os.memfd_create("hostile-qps", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if sealed:
+        import fcntl
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    s = connect()
+    addr = struct.unpack("<I", socket.inet_aton("127.0.29.1"))[0]
+    socket.send_fds(s, [request(OPEN_DEVICE, b"trust0", b"lo", addr)], [fd])
+    r = reply(s)
+    if r is None:
+        print("no reply", flush=True)
+        return
+    err, slot, msg = r
+    print(f"err {err} {msg}" if err else f"slot {slot}", flush=True)
+    if not err and truncate:
+        os.ftruncate(fd, 0)
+        sys.stdin.read()
+
+
+def channel():
+    ev = connect()
+    ev.send(request(CM_CHANNEL))
+    err, number, msg = reply(ev)
+    if err:
+        print(f"channel-err {err} {msg}", flush=True)
+        return
+    cmd = connect()
+    cmd.send(request(CM_COMMANDS, reserved=number))
+    err, _, _ = reply(cmd)
+    print(f"channel {number} commands-err {err}", flush=True)
+    sys.stdin.read()
+
+
+def commands(number):
+    s = connect()
+    s.send(request(CM_COMMANDS, reserved=number))
+    r = reply(s)
+    print("no reply" if r is None else f"err {r[0]}", flush=True)
+
+
+def main():
+    cmd = sys.argv[1]
+    if cmd == "table":
+        table(int(sys.argv[2]), sys.argv[3] == "sealed", len(sys.argv) > 4)
+    elif cmd == "channel":
+        channel()
+    elif cmd == "commands":
+        commands(int(sys.argv[2]))
+    else:
+        sys.exit(f"agent_wire.py: unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main()

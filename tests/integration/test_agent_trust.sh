@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# What a client of the sroce agent may not do to it or to another user
+# (docs/shared-device.md), with crafted control messages
+# (tests/integration/agent_wire.py) from root and from a second user
+# (uid 65534, nobody), against a root agent in a network namespace of its
+# own (abstract sockets are per namespace), devices on its lo at
+# 127.0.29.1 and 127.0.29.2:
+#
+#   1. `sroce agent stop` by another user is refused with a message; the
+#      agent serves on; its own user stops it.
+#   2. A QP table that is short (4 KiB) or could be made short (not sealed
+#      against shrinking) is refused with EINVAL and a message, and a
+#      listing afterwards finds the agent alive; a sealed one of the right
+#      size gets a slot.
+#   3. Another user cannot take the commands of a root process's rdma_cm
+#      channel (ENOENT, as for a channel that does not exist), nor can
+#      another process of root; the owner can.
+#   4. ibv_rc_pingpong over the two devices still works afterwards.
+#
+# Usage: test_agent_trust.sh BUILD-DIR
+# Exits 77 without root or network namespaces.
+#
+# ctest: TIMEOUT=300 LABELS=netns
+set -uo pipefail
+
+if [[ -z ${SROCE_TRUST_NETNS:-} ]]; then
+	((EUID == 0)) || { echo "SKIP: needs root (a second user, a network namespace)" >&2; exit 77; }
+	command -v unshare >/dev/null || { echo "SKIP: no unshare(1)" >&2; exit 77; }
+	SROCE_TRUST_NETNS=1 exec unshare --net -- bash "$0" "$@"
+fi
+
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+sroce_init "${1:?usage: $0 BUILD-DIR}"
+require_cmds ip setpriv python3 ibv_rc_pingpong
+WIRE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/agent_wire.py
+# The system's: the second user cannot run one under /root.
+PY=/usr/bin/python3
+[[ -x $PY ]] || skip "no /usr/bin/python3 (Debian's python3)"
+ip link set lo up || skip "cannot bring up lo in a new namespace"
+A=127.0.29.1
+B=127.0.29.2
+export SROCE_CONFIG=$WORK/links.conf
+"$SROCE_BIN" --config "$SROCE_CONFIG" link add trust0 netdev lo addr $A >/dev/null || die "link add"
+"$SROCE_BIN" --config "$SROCE_CONFIG" link add trust1 netdev lo addr $B >/dev/null || die "link add"
+chmod 755 "$WORK"
+chmod 644 "$SROCE_CONFIG"
+"$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log" || die "the agent did not start"
+agent_pid=$("$SROCE_BIN" -j agent status | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+# Stopped by the EXIT trap whatever happens (the namespace's only agent).
+# shellcheck disable=SC2034 # read by lib.sh's clean-up
+SROCE_PRIVATE_AGENT=1
+
+# as_nobody CMD...: CMD as uid/gid 65534 without supplementary groups.
+as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups -- "$@"; }
+alive() { kill -0 "$agent_pid" 2>/dev/null && "$SROCE_BIN" -j agent status >/dev/null 2>&1; }
+
+# --- 1. stop -------------------------------------------------------------------
+out=$(as_nobody "$SROCE_BIN" agent stop 2>&1)
+rc=$?
+if ((rc != 0)) && [[ $out == *"only that user or root may stop it"* ]] && alive; then
+	pass "another user's 'sroce agent stop' is refused (rc $rc: $out); the agent serves on"
+else
+	fail "another user's 'sroce agent stop': rc $rc, '$out', agent $(alive && echo alive || echo gone)"
+	"$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log"
+	agent_pid=$("$SROCE_BIN" -j agent status | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+fi
+
+# --- 2. the QP table -------------------------------------------------------------
+# table SIZE SEALED [truncate]: agent_wire.py's answer, the slot (if any) held
+# (and its table cut to nothing) while the processes are listed.
+table() {
+	local fifo=$WORK/hold.$RANDOM
+	mkfifo "$fifo"
+	"$PY" "$WIRE" table "$@" <"$fifo" >"$WORK/table.out" 2>&1 &
+	local pid=$!
+	exec 7>"$fifo"
+	for _ in $(seq 50); do
+		[[ -s $WORK/table.out ]] && break
+		sleep 0.1
+	done
+	"$SROCE_BIN" resource show qp >/dev/null 2>&1
+	exec 7>&-
+	wait "$pid"
+	rm -f "$fifo"
+	cat "$WORK/table.out"
+}
+for args in "4096 sealed" "65536 unsealed truncate"; do
+	# shellcheck disable=SC2086 # the words are the arguments
+	got=$(table $args)
+	if [[ $got == "err 22 the QP table must be a memfd of 65536 bytes sealed against shrinking" ]] && alive; then
+		pass "a QP table ($args) is refused: $got; the agent lists on"
+	else
+		fail "a QP table ($args): '$got', agent $(alive && echo alive || echo gone)"
+		alive || "$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log"
+		agent_pid=$("$SROCE_BIN" -j agent status | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+	fi
+done
+got=$(table 65536 sealed)
+if [[ $got == "slot "[1-9]* ]] && alive; then
+	pass "a sealed QP table of 65536 bytes gets a slot ($got)"
+else
+	fail "a sealed QP table of 65536 bytes: '$got'"
+fi
+
+# --- 3. rdma_cm channels ----------------------------------------------------------
+fifo=$WORK/channel
+mkfifo "$fifo"
+"$PY" "$WIRE" channel <"$fifo" >"$WORK/channel.out" 2>&1 &
+holder=$!
+exec 8>"$fifo"
+for _ in $(seq 50); do
+	[[ -s $WORK/channel.out ]] && break
+	sleep 0.1
+done
+read -r _ channel _ own <"$WORK/channel.out"
+if [[ ${channel:-} =~ ^[0-9]+$ && ${own:-} == 0 ]]; then
+	pass "the process that opened rdma_cm channel $channel gets its commands"
+	them=$(as_nobody "$PY" "$WIRE" commands "$channel" 2>&1)
+	if [[ $them == "err 2" ]]; then
+		pass "another user asking for channel $channel's commands: ENOENT"
+	else
+		fail "another user asking for channel $channel's commands: '$them' (want err 2)"
+	fi
+	other=$("$PY" "$WIRE" commands "$channel" 2>&1)
+	if [[ $other == "err 2" ]]; then
+		pass "another process of root asking for channel $channel's commands: ENOENT"
+	else
+		fail "another process of root asking for channel $channel's commands: '$other' (want err 2)"
+	fi
+else
+	fail "opening an rdma_cm channel: $(cat "$WORK/channel.out")"
+fi
+exec 8>&-
+wait "$holder"
+
+# --- 4. the device still works ------------------------------------------------------
+if run_pair ibv_rc_pingpong -d trust0 -g 1 -p @PORT@ -n 100 -- \
+	ibv_rc_pingpong -d trust1 -g 1 -p @PORT@ -n 100 $A; then
+	pass "ibv_rc_pingpong trust0 <-> trust1 afterwards"
+else
+	fail "ibv_rc_pingpong trust0 <-> trust1 afterwards"
+fi
+grep -q "may not stop the agent" "$WORK/agent.log" ||
+	fail "the agent's log does not tell of the refused stop"
+finish
