@@ -31,7 +31,9 @@
 # Output: OUT/modules/*.ko and OUT/modules/Module.symvers; OUT/series.txt
 # lists the patches applied.  Needs the kernel group of scripts/setup.sh
 # (linux-source-6.1 / -6.12 and the matching linux-headers).
-# SROCE_RXE_CACHE (default /var/tmp/sroce-rxe-patches) holds the extracts.
+# SROCE_RXE_CACHE (default /var/tmp/sroce-rxe-patches) holds the extracts,
+# and the modules of each series, source and kernel: a build without
+# --each reuses them (the apply, checkpatch and symbol checks still run).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -212,27 +214,48 @@ build_modules() {
 	fi
 }
 
-if ((each)) && ((${#patches[@]} > 1)); then
-	total=${#patches[@]}
-	for ((i = total - 1; i >= 1; i--)); do
-		git_q -C "$src" checkout -q "HEAD~$i"
-		build_modules || die "the series does not build after $(sed -n "$((total - i))p" "$out/series.txt")"
-		echo "build.sh: builds after $(sed -n "$((total - i))p" "$out/series.txt")"
-		git_q -C "$src" checkout -q -
-	done
-fi
-build_modules "$( ((test_module)) && echo with-test)" ||
-	die "the modules do not build (see $out/make.log)"
-
+# Modules of the same series, source, kernel and build.sh are kept in the
+# cache: a build without --each (which is about the steps, not the result)
+# takes them from there.  The checks below run either way.
+key=$({
+	printf '%s\n' "$series" "$src_version" "$kver"
+	cat "$0" "${patches[@]}" "$here/test-module/"*
+} | sha256sum | cut -c1-16)
+kept=$cache/modules-$series-$key
 mods=$out/modules
 rm -rf "$mods" "$out/test-module"
 mkdir -p "$mods"
-find "$bld/drivers" -name '*.ko' -exec cp {} "$mods/" \;
-if ((test_module)); then
-	mkdir -p "$out/test-module"
-	cp "$bld/test-module/"*.ko "$out/test-module/"
+if ((!each)) && [[ -e $kept/.complete ]] && { ((!test_module)) || [[ -d $kept/test-module ]]; }; then
+	cp "$kept/modules/"* "$mods/"
+	if ((test_module)); then cp -r "$kept/test-module" "$out/"; fi
+	echo "build.sh: modules built before from the same series, source and kernel ($kept)"
+else
+	if ((each)) && ((${#patches[@]} > 1)); then
+		total=${#patches[@]}
+		for ((i = total - 1; i >= 1; i--)); do
+			git_q -C "$src" checkout -q "HEAD~$i"
+			build_modules || die "the series does not build after $(sed -n "$((total - i))p" "$out/series.txt")"
+			echo "build.sh: builds after $(sed -n "$((total - i))p" "$out/series.txt")"
+			git_q -C "$src" checkout -q -
+		done
+	fi
+	build_modules "$( ((test_module)) && echo with-test)" ||
+		die "the modules do not build (see $out/make.log)"
+	find "$bld/drivers" -name '*.ko' -exec cp {} "$mods/" \;
+	if ((test_module)); then
+		mkdir -p "$out/test-module"
+		cp "$bld/test-module/"*.ko "$out/test-module/"
+	fi
+	cp "$bld/Module.symvers" "$mods/"
+	# Made aside and moved in whole: another build may be reading it.
+	rm -rf "$kept.$$"
+	mkdir -p "$kept.$$"
+	cp -r "$mods" "$kept.$$/modules"
+	if ((test_module)); then cp -r "$out/test-module" "$kept.$$/"; fi
+	touch "$kept.$$/.complete"
+	rm -rf "$kept"
+	mv -T "$kept.$$" "$kept"
 fi
-cp "$bld/Module.symvers" "$mods/"
 n=$(find "$mods" -name '*.ko' | wc -l)
 ((n == 8)) || die "expected 8 modules, built $n"
 magic=$(modinfo -F vermagic "$mods/rdma_rxe.ko")
