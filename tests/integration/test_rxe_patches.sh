@@ -23,8 +23,10 @@
 #         into rxe's device DAX with IBTA FLUSHes only;
 #       - test_rxe_durable.sh: rxe as the durable target through a power
 #         cut of the guest.
-#   6.12: the stand-alone FLUSH ICRC fix; test_rxe_a19.sh and
-#       test_pmof_rxe.sh against it, IBTA FLUSHes only.
+#   6.12: the stand-alone FLUSH ICRC fix; test_rxe_a19.sh against it, IBTA
+#       FLUSHes only, both ways, every ICRC recomputed.  (test_pmof_rxe.sh
+#       would send the same FLUSHes through pmof, which the 6.1 series,
+#       carrying the same fix, already runs; it cost 4 min here.)
 #
 # Usage: test_rxe_patches.sh BUILD-DIR
 # Each series runs against the Debian kernel whose source, headers and image
@@ -116,7 +118,6 @@ fi
 if ((have612)); then
 	if build 6.12; then
 		sub 6.12 test_rxe_a19.sh SROCE_TEST_RXE_FLUSH_FORM=ibta
-		sub 6.12 test_pmof_rxe.sh SROCE_TEST_RXE_FLUSH_FORM=ibta
 	fi
 else
 	log "the 6.12 fix is not tested: ${why_not[6.12]}"
