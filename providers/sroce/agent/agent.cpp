@@ -40,6 +40,24 @@ namespace {
 
 using nlohmann::json;
 
+// Who is at the other end of a client's connection, as the kernel says;
+// uid and gid -1, which nothing grants anything, when it cannot tell.
+ucred peer_cred(int fd) {
+    ucred c{};
+    socklen_t l = sizeof c;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &l) < 0) c = {0, uid_t(-1), gid_t(-1)};
+    return c;
+}
+
+// Refuses a request: `err` and why, for the client to print.
+void refuse(int fd, int err, const std::string &why) {
+    OpenReply rep{};
+    rep.version = kProtoVersion;
+    rep.err = err;
+    snprintf(rep.msg, sizeof rep.msg, "%s", why.c_str());
+    send(fd, &rep, sizeof rep, MSG_NOSIGNAL);
+}
+
 uint64_t mono_s() {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -312,11 +330,6 @@ void Agent::retry_awaited() {
 void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, uint32_t *slot) {
     OpenReply rep{};
     rep.version = kProtoVersion;
-    auto fail = [&](int err, const std::string &why) {
-        rep.err = err;
-        snprintf(rep.msg, sizeof rep.msg, "%s", why.c_str());
-        send(fd, &rep, sizeof rep, MSG_NOSIGNAL);
-    };
     std::string why;
     std::string netdev(rq.netdev, strnlen(rq.netdev, sizeof rq.netdev));
     // The table is read for listings for as long as the slot lives: one
@@ -327,14 +340,15 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
     if (fstat(table_fd, &st) < 0 || !S_ISREG(st.st_mode) ||
         size_t(st.st_size) < kTableEntries * sizeof(QpEntry) || seals < 0 ||
         !(seals & F_SEAL_SHRINK))
-        return fail(EINVAL, "the QP table must be a memfd of " +
-                                std::to_string(kTableEntries * sizeof(QpEntry)) +
-                                " bytes sealed against shrinking");
+        return refuse(fd, EINVAL,
+                      "the QP table must be a memfd of " +
+                          std::to_string(kTableEntries * sizeof(QpEntry)) +
+                          " bytes sealed against shrinking");
     Dev *d = device(rq.addr, netdev, why);
-    if (!d) return fail(errno ? errno : EADDRINUSE, why);
+    if (!d) return refuse(fd, errno ? errno : EADDRINUSE, why);
     void *table =
         mmap(nullptr, kTableEntries * sizeof(QpEntry), PROT_READ, MAP_SHARED, table_fd, 0);
-    if (table == MAP_FAILED) return fail(EINVAL, "the QP table cannot be mapped");
+    if (table == MAP_FAILED) return refuse(fd, EINVAL, "the QP table cannot be mapped");
     // Next fit over the slots in use and one more: a freed slot is reused as
     // late as possible, so a QPN comes back late too.
     uint32_t n = std::min<uint32_t>(uint32_t(d->socks.size()) + 1, kMaxSlots);
@@ -349,14 +363,15 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
     }
     if (!s) {
         munmap(table, kTableEntries * sizeof(QpEntry));
-        return fail(EMFILE, "all " + std::to_string(kMaxSlots - 1) + " process slots of " +
-                                ip_text(d->addr) + " are in use");
+        return refuse(fd, EMFILE,
+                      "all " + std::to_string(kMaxSlots - 1) + " process slots of " +
+                          ip_text(d->addr) + " are in use");
     }
     if (s == d->socks.size()) {
         int sock = new_socket(d->addr, true, why);
         if (sock < 0) {
             munmap(table, kTableEntries * sizeof(QpEntry));
-            return fail(errno, why);
+            return refuse(fd, errno, why);
         }
         d->socks.push_back(sock);
         steer(*d);
@@ -367,9 +382,7 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
         }
     }
     SlotUse &u = d->use[s];
-    ucred cred{};
-    socklen_t cl = sizeof cred;
-    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+    ucred cred = peer_cred(fd);
     u.pid = cred.pid;
     u.comm.clear();
     std::ifstream(("/proc/" + std::to_string(cred.pid) + "/comm").c_str()) >> u.comm;
@@ -496,14 +509,10 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
     Request rq{};
     std::memcpy(&rq, msg, std::min(sizeof rq, size_t(n)));
     if (size_t(n) < sizeof rq || rq.version != kProtoVersion) {
-        OpenReply rep{};
-        rep.version = kProtoVersion;
-        rep.err = EPROTO;
-        snprintf(rep.msg, sizeof rep.msg,
-                 "the running sroce agent (pid %d) speaks protocol %u; stop it with "
-                 "'sroce agent stop' so that this release's starts",
-                 int(getpid()), kProtoVersion);
-        send(fd, &rep, sizeof rep, MSG_NOSIGNAL);
+        refuse(fd, EPROTO,
+               "the running sroce agent (pid " + std::to_string(getpid()) + ") speaks protocol " +
+                   std::to_string(kProtoVersion) +
+                   "; stop it with 'sroce agent stop' so that this release's starts");
         return Served::kClose;
     }
     switch (rq.op) {
@@ -530,9 +539,7 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
             std::string why;
             if (!device(d.addr, d.name, why)) await(d.addr, d.name, why);
         }
-        ucred cred{};
-        socklen_t cl = sizeof cred;
-        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+        ucred cred = peer_cred(fd);
         OpenReply rep{};
         rep.version = kProtoVersion;
         rep.slot = cm_.open_channel(fd, cred.pid, cred.uid, std::move(devs));
@@ -555,11 +562,8 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
         // A channel is named by a small number anyone can send: its commands
         // are only for the process that opened it, as the kernel's are
         // only for whoever holds the file.
-        ucred cred{};
-        socklen_t cl = sizeof cred;
-        if (known && (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 ||
-                      !cm_.channel_owned_by(rq.reserved, cred.pid, cred.uid)))
-            known = false;
+        ucred cred = peer_cred(fd);
+        if (known && !cm_.channel_owned_by(rq.reserved, cred.pid, cred.uid)) known = false;
         if (!known) rep.err = ENOENT;
         if (send(fd, &rep, sizeof rep, MSG_NOSIGNAL) < 0 || !known) return Served::kClose;
         new_cm_conns_.push_back({fd, rq.reserved, true});
@@ -573,18 +577,11 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
         return Served::kClose;
     case kStop: {
         // Who may stop it: its own user and root, as only they may kill it.
-        ucred cred{};
-        socklen_t cl = sizeof cred;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 ||
-            (cred.uid != 0 && cred.uid != geteuid())) {
-            OpenReply rep{};
-            rep.version = kProtoVersion;
-            rep.err = EPERM;
-            snprintf(rep.msg, sizeof rep.msg,
-                     "the sroce agent (pid %d) runs as uid %u: only that user or root may "
-                     "stop it",
-                     int(getpid()), unsigned(geteuid()));
-            send(fd, &rep, sizeof rep, MSG_NOSIGNAL);
+        ucred cred = peer_cred(fd);
+        if (cred.uid != 0 && cred.uid != geteuid()) {
+            refuse(fd, EPERM,
+                   "the sroce agent (pid " + std::to_string(getpid()) + ") runs as uid " +
+                       std::to_string(geteuid()) + ": only that user or root may stop it");
             log("uid %u (pid %d) may not stop the agent", unsigned(cred.uid), int(cred.pid));
             return Served::kClose;
         }
