@@ -373,7 +373,8 @@ uint32_t Harness::open(unsigned devs) {
     default:
         break;
     }
-    uint32_t ch = cm_.open_channel(event_fd_, pid_t(next_pid_++), getuid(), std::move(d));
+    uint32_t ch =
+        cm_.open_channel(event_fd_, pid_t(next_pid_++), getuid(), devs % 2 == 0, std::move(d));
     chans_.push_back(ch);
     return ch;
 }

@@ -13,6 +13,9 @@ as a hostile or careless client would, for test_agent_trust.sh.
       "channel N commands-err E" and holds both until stdin closes.
   agent_wire.py commands N
       asks for the commands of channel N; prints "err E".
+  agent_wire.py bind PORT
+      opens an rdma_cm channel, creates an RDMA_PS_TCP id and binds it to
+      127.0.29.1:PORT (rdma_bind_addr); prints "err E" of the bind.
 The socket is @$SROCE_AGENT_SOCKET (default @sroce-agent)."""
 import array
 import os
@@ -88,6 +91,44 @@ def commands(number):
     print("no reply" if r is None else f"err {r[0]}", flush=True)
 
 
+CM_COMMAND = struct.Struct("<IIII")
+CM_REPLY = struct.Struct("<iI")
+CMD_CREATE_ID, CMD_BIND_IP = 0, 2
+RDMA_PS_TCP, IBV_QPT_RC = 0x0106, 2
+
+
+def cm_command(s, cmd, body, out_cap):
+    s.send(CM_COMMAND.pack(cmd, len(body), out_cap, 0) + body)
+    data = s.recv(CM_REPLY.size + 4096)
+    err, out_len = CM_REPLY.unpack_from(data)
+    return err, data[CM_REPLY.size:CM_REPLY.size + out_len]
+
+
+def bind(port):
+    ev = connect()
+    ev.send(request(CM_CHANNEL))
+    err, number, msg = reply(ev)
+    if err:
+        print(f"channel-err {err} {msg}", flush=True)
+        return
+    cmd = connect()
+    cmd.send(request(CM_COMMANDS, reserved=number))
+    err, _, _ = reply(cmd)
+    if err:
+        print(f"commands-err {err}", flush=True)
+        return
+    err, out = cm_command(cmd, CMD_CREATE_ID,
+                          struct.pack("<QQHB5x", 1, 0, RDMA_PS_TCP, IBV_QPT_RC), 4)
+    if err:
+        print(f"create-err {err}", flush=True)
+        return
+    (handle,) = struct.unpack_from("<I", out)
+    sin6 = struct.pack("<H", socket.AF_INET) + struct.pack(">H", port) + \
+        socket.inet_aton("127.0.29.1") + bytes(20)
+    err, _ = cm_command(cmd, CMD_BIND_IP, struct.pack("<Q", 0) + sin6 + struct.pack("<I", handle), 0)
+    print(f"err {err}", flush=True)
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "table":
@@ -96,6 +137,8 @@ def main():
         channel()
     elif cmd == "commands":
         commands(int(sys.argv[2]))
+    elif cmd == "bind":
+        bind(int(sys.argv[2]))
     else:
         sys.exit(f"agent_wire.py: unknown command {cmd}")
 

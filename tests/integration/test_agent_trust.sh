@@ -17,7 +17,10 @@
 #   3. Another user cannot take the commands of a root process's rdma_cm
 #      channel (ENOENT, as for a channel that does not exist), nor can
 #      another process of root; the owner can.
-#   4. ibv_rc_pingpong over the two devices still works afterwards.
+#   4. rdma_bind_addr to port 1000 is EACCES for a user without
+#      CAP_NET_BIND_SERVICE, though root runs the agent; root may, and so
+#      may anyone to an unprivileged port.
+#   5. ibv_rc_pingpong over the two devices still works afterwards.
 #
 # Usage: test_agent_trust.sh BUILD-DIR
 # Exits 77 without root or network namespaces.
@@ -135,7 +138,27 @@ fi
 exec 8>&-
 wait "$holder"
 
-# --- 4. the device still works ------------------------------------------------------
+# --- 4. privileged rdma_cm ports ----------------------------------------------------
+# bind_as WHO PORT WANT: agent_wire.py's bind as root or nobody, against WANT.
+bind_as() {
+	local who=$1 port=$2 want=$3 got
+	if [[ $who == nobody ]]; then
+		got=$(as_nobody "$PY" "$WIRE" bind "$port" 2>&1)
+	else
+		got=$("$PY" "$WIRE" bind "$port" 2>&1)
+	fi
+	if [[ $got == "err $want" ]]; then
+		pass "rdma_bind_addr to port $port as $who: err $want"
+	else
+		fail "rdma_bind_addr to port $port as $who: '$got' (want err $want)"
+	fi
+}
+bind_as nobody 1000 13
+bind_as root 1000 0
+next_port
+bind_as nobody "$PORT" 0
+
+# --- 5. the device still works ------------------------------------------------------
 if run_pair ibv_rc_pingpong -d trust0 -g 1 -p @PORT@ -n 100 -- \
 	ibv_rc_pingpong -d trust1 -g 1 -p @PORT@ -n 100 $A; then
 	pass "ibv_rc_pingpong trust0 <-> trust1 afterwards"

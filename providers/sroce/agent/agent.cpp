@@ -49,6 +49,26 @@ ucred peer_cred(int fd) {
     return c;
 }
 
+// Whether process `pid` has CAP_NET_BIND_SERVICE in the user namespace that
+// owns the agent's network namespace, as the kernel's cma asks before a
+// bind below 1024 (approximated: the capability in its own user namespace,
+// counted only when that is the agent's).  Asked when the process opens its
+// rdma_cm channel, while its connection proves it alive.
+bool may_bind_service(pid_t pid) {
+    struct stat mine {
+    }, theirs{};
+    std::string proc = "/proc/" + std::to_string(pid);
+    if (stat("/proc/self/ns/user", &mine) < 0 || stat((proc + "/ns/user").c_str(), &theirs) < 0 ||
+        mine.st_ino != theirs.st_ino || mine.st_dev != theirs.st_dev)
+        return false;
+    std::ifstream status(proc + "/status");
+    std::string line;
+    while (std::getline(status, line))
+        if (line.rfind("CapEff:", 0) == 0)
+            return (std::stoull(line.substr(7), nullptr, 16) >> 10) & 1; // CAP_NET_BIND_SERVICE
+    return false;
+}
+
 // Refuses a request: `err` and why, for the client to print.
 void refuse(int fd, int err, const std::string &why) {
     OpenReply rep{};
@@ -542,7 +562,8 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
         ucred cred = peer_cred(fd);
         OpenReply rep{};
         rep.version = kProtoVersion;
-        rep.slot = cm_.open_channel(fd, cred.pid, cred.uid, std::move(devs));
+        rep.slot =
+            cm_.open_channel(fd, cred.pid, cred.uid, may_bind_service(cred.pid), std::move(devs));
         if (send(fd, &rep, sizeof rep, MSG_NOSIGNAL) < 0) {
             cm_.close_channel(rep.slot);
             return Served::kClose;

@@ -67,12 +67,14 @@ Cm::~Cm() = default;
 
 // ------------------------------------------------------------ channels
 
-uint32_t Cm::open_channel(int event_fd, pid_t pid, uid_t uid, std::vector<CmDevice> devs) {
+uint32_t Cm::open_channel(int event_fd, pid_t pid, uid_t uid, bool bind_service,
+                          std::vector<CmDevice> devs) {
     auto c = std::make_unique<Channel>();
     c->num = next_channel_++;
     c->event_fd = event_fd;
     c->pid = pid;
     c->uid = uid;
+    c->bind_service = bind_service;
     c->devs = std::move(devs);
     uint32_t n = c->num;
     channels_[n] = std::move(c);
@@ -483,7 +485,8 @@ int Cm::bind(Id &id, const sockaddr *sa, size_t len) {
         if (!p) return EADDRNOTAVAIL;
         id.src.sin_port = p;
     } else {
-        if (ntohs(s.sin_port) < 1024 && geteuid() != 0) return EACCES;
+        // The caller's privilege, as the kernel's cma asks it, not the agent's.
+        if (ntohs(s.sin_port) < 1024 && !c.bind_service) return EACCES;
         if (!port_free(id, s.sin_port)) return EADDRINUSE;
     }
     id.bound = true;

@@ -58,8 +58,11 @@ class Cm {
 
     // A process's event channel: `event_fd` gets one byte per event queued
     // (what poll(2) on the rdma_cm file sees), the events themselves are
-    // fetched with GET_EVENT.  Returns the channel's number.
-    uint32_t open_channel(int event_fd, pid_t pid, uid_t uid, std::vector<CmDevice> devs);
+    // fetched with GET_EVENT.  `bind_service`: the process may bind ports
+    // below 1024 (CAP_NET_BIND_SERVICE where the agent's network namespace
+    // lives).  Returns the channel's number.
+    uint32_t open_channel(int event_fd, pid_t pid, uid_t uid, bool bind_service,
+                          std::vector<CmDevice> devs);
     // The process closed the file (or died): its ids go as on close(2).
     void close_channel(uint32_t ch);
     // Whether channel `ch` exists and was opened by process `pid` of `uid`.

@@ -132,6 +132,7 @@ struct Cm::Channel {
     int event_fd = -1;
     pid_t pid = 0;
     uid_t uid = 0;
+    bool bind_service = false; // may bind rdma_cm ports below 1024
     std::vector<CmDevice> devs;
     std::deque<rdma_ucm_event_resp> events;
 };
