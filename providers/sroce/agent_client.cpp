@@ -168,9 +168,38 @@ int start_agent() {
 
 } // namespace
 
+bool trusted_agent(int fd, std::string &why) {
+    ucred cred{};
+    socklen_t l = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &l) < 0) {
+        why = std::string("cannot tell who serves @") + socket_name() + ": " + strerror(errno);
+        return false;
+    }
+    if (cred.uid == 0 || cred.uid == geteuid()) return true;
+    why = "@" + socket_name() + " is served by pid " + std::to_string(cred.pid) + " of uid " +
+          std::to_string(cred.uid) + ", neither root nor this user: not trusting it as the " +
+          "sroce agent";
+    return false;
+}
+
+namespace {
+
+// connect_agent()'s answer for a connection `fd` (-1: none).
+int checked(int fd) {
+    if (fd < 0) return fd;
+    std::string why;
+    if (trusted_agent(fd, why)) return fd;
+    fprintf(stderr, "sroce: %s\n", why.c_str());
+    close(fd);
+    errno = EPERM;
+    return -1;
+}
+
+} // namespace
+
 int connect_agent(bool start) {
     int fd = try_connect();
-    if (fd >= 0 || !start) return fd;
+    if (fd >= 0 || !start) return checked(fd);
     if (int err = start_agent()) {
         errno = err;
         return -1;
@@ -179,7 +208,7 @@ int connect_agent(bool start) {
     // that won the name and is just getting there.
     for (int i = 0; i < 50; i++) {
         fd = try_connect();
-        if (fd >= 0) return fd;
+        if (fd >= 0) return checked(fd);
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     fprintf(stderr, "sroce: the sroce agent started but does not answer on @%s\n",

@@ -32,8 +32,14 @@ ssize_t send_with_fd(int sock, const void *buf, size_t len, int fd);
 ssize_t recv_with_fd(int sock, void *buf, size_t len, int flags, int *fd);
 
 // A connection to the agent, starting one (`sroce agent start`) when none
-// answers and `start` is set; -1 with errno otherwise.
+// answers and `start` is set; -1 with errno otherwise.  An answer from a
+// process that is neither root nor of this process's user is refused
+// (EPERM, the reason printed): it could be anyone's squatting the name.
 int connect_agent(bool start);
+
+// Whether the process at the other end of `fd` may be this process's agent:
+// root's or its own user's.  If not, `why` says who it is.
+bool trusted_agent(int fd, std::string &why);
 
 // Leases a slot on the device at `addr` (network order), sharing the QP
 // table in `table_fd` for listings.  0 or an errno; the reason is printed,

@@ -16,6 +16,9 @@ as a hostile or careless client would, for test_agent_trust.sh.
   agent_wire.py bind PORT
       opens an rdma_cm channel, creates an RDMA_PS_TCP id and binds it to
       127.0.29.1:PORT (rdma_bind_addr); prints "err E" of the bind.
+  agent_wire.py squat FILE
+      binds the agent's name first and listens, as a squatter would; writes
+      "ready" to FILE, then how many bytes clients sent it, after each one.
 The socket is @$SROCE_AGENT_SOCKET (default @sroce-agent)."""
 import array
 import os
@@ -129,6 +132,29 @@ def bind(port):
     print(f"err {err}", flush=True)
 
 
+def squat(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.bind("\0" + os.environ.get("SROCE_AGENT_SOCKET", "sroce-agent"))
+    s.listen(16)
+    with open(path, "w") as f:
+        f.write("ready\n")
+    got = 0
+    while True:
+        c, _ = s.accept()
+        c.settimeout(2)
+        try:
+            while True:
+                b = c.recv(65536)
+                if not b:
+                    break
+                got += len(b)
+        except OSError:
+            pass
+        c.close()
+        with open(path, "w") as f:
+            f.write(f"{got}\n")
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "table":
@@ -139,6 +165,8 @@ def main():
         commands(int(sys.argv[2]))
     elif cmd == "bind":
         bind(int(sys.argv[2]))
+    elif cmd == "squat":
+        squat(sys.argv[2])
     else:
         sys.exit(f"agent_wire.py: unknown command {cmd}")
 

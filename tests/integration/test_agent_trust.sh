@@ -8,6 +8,10 @@
 # own (abstract sockets are per namespace), devices on its lo at
 # 127.0.29.1 and 127.0.29.2:
 #
+#   0. A process of another user that took the agent's name first is
+#      refused, with a message, by root's programs (ibv_devinfo under
+#      `sroce exec`, `sroce agent status`) and by a third user's, and gets
+#      not one byte of their requests.
 #   1. `sroce agent stop` by another user is refused with a message; the
 #      agent serves on; its own user stops it.
 #   2. A QP table that is short (4 KiB) or could be made short (not sealed
@@ -49,14 +53,46 @@ export SROCE_CONFIG=$WORK/links.conf
 "$SROCE_BIN" --config "$SROCE_CONFIG" link add trust1 netdev lo addr $B >/dev/null || die "link add"
 chmod 755 "$WORK"
 chmod 644 "$SROCE_CONFIG"
+# as_nobody CMD...: CMD as uid/gid 65534 without supplementary groups.
+as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups -- "$@"; }
+
+# --- 0. a squatter ------------------------------------------------------------------
+install -d -o 65534 -g 65534 "$WORK/nobody"
+setpriv --reuid=65534 --regid=65534 --clear-groups -- "$PY" "$WIRE" squat "$WORK/nobody/squat" &
+squatter=$!
+for _ in $(seq 50); do
+	[[ -s $WORK/nobody/squat ]] && break
+	sleep 0.1
+done
+# squat_refused WHO CMD...: CMD (as WHO) must fail saying whom it refused.
+squat_refused() {
+	local who=$1 out rc=0
+	shift
+	out=$(timeout 30 "$@" 2>&1) || rc=$?
+	if ((rc != 0 && rc != 124)) && [[ $out == *"neither root nor this user: not trusting it"* ]]; then
+		pass "$who: '$*' refuses the squatter (rc $rc): $(grep -m1 'not trusting' <<<"$out")"
+	else
+		fail "$who: '$*' with a squatter on the agent's name: rc $rc" "$out"
+	fi
+}
+squat_refused root "$SROCE_BIN" exec -- ibv_devinfo
+squat_refused root "$SROCE_BIN" agent status
+squat_refused "uid 65533" setpriv --reuid=65533 --regid=65533 --clear-groups -- "$SROCE_BIN" agent status
+sleep 0.2
+if [[ $(cat "$WORK/nobody/squat") == @(ready|0) ]]; then
+	pass "the squatter got no byte of their requests"
+else
+	fail "the squatter got $(cat "$WORK/nobody/squat") bytes of their requests"
+fi
+kill "$squatter"
+wait "$squatter" 2>/dev/null
+
 "$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log" || die "the agent did not start"
 agent_pid=$("$SROCE_BIN" -j agent status | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
 # Stopped by the EXIT trap whatever happens (the namespace's only agent).
 # shellcheck disable=SC2034 # read by lib.sh's clean-up
 SROCE_PRIVATE_AGENT=1
 
-# as_nobody CMD...: CMD as uid/gid 65534 without supplementary groups.
-as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups -- "$@"; }
 alive() { kill -0 "$agent_pid" 2>/dev/null && "$SROCE_BIN" -j agent status >/dev/null 2>&1; }
 
 # --- 1. stop -------------------------------------------------------------------

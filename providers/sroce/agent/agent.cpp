@@ -853,6 +853,10 @@ std::string query(uint32_t op) {
         close(fd);
         throw std::runtime_error("no sroce agent is running (@" + socket_name() + ")");
     }
+    if (std::string why; !trusted_agent(fd, why)) {
+        close(fd);
+        throw std::runtime_error(why);
+    }
     Request rq{};
     rq.op = op;
     rq.version = kProtoVersion;
