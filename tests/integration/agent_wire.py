@@ -16,6 +16,9 @@ as a hostile or careless client would, for test_agent_trust.sh.
   agent_wire.py bind PORT
       opens an rdma_cm channel, creates an RDMA_PS_TCP id and binds it to
       127.0.29.1:PORT (rdma_bind_addr); prints "err E" of the bind.
+  agent_wire.py ids N
+      opens an rdma_cm channel and creates ids until N or an error; prints
+      "created K err E".
   agent_wire.py squat FILE
       binds the agent's name first and listens, as a squatter would; writes
       "ready" to FILE, then how many bytes clients sent it, after each one.
@@ -107,21 +110,47 @@ def cm_command(s, cmd, body, out_cap):
     return err, data[CM_REPLY.size:CM_REPLY.size + out_len]
 
 
-def bind(port):
+def cm_channel():
+    """An rdma_cm channel's two connections, or None (the reason printed)."""
     ev = connect()
     ev.send(request(CM_CHANNEL))
     err, number, msg = reply(ev)
     if err:
         print(f"channel-err {err} {msg}", flush=True)
-        return
+        return None
     cmd = connect()
     cmd.send(request(CM_COMMANDS, reserved=number))
     err, _, _ = reply(cmd)
     if err:
         print(f"commands-err {err}", flush=True)
+        return None
+    return ev, cmd
+
+
+def create_id(cmd):
+    return cm_command(cmd, CMD_CREATE_ID,
+                      struct.pack("<QQHB5x", 1, 0, RDMA_PS_TCP, IBV_QPT_RC), 4)
+
+
+def ids(n):
+    ch = cm_channel()
+    if not ch:
         return
-    err, out = cm_command(cmd, CMD_CREATE_ID,
-                          struct.pack("<QQHB5x", 1, 0, RDMA_PS_TCP, IBV_QPT_RC), 4)
+    created, err = 0, 0
+    while created < n:
+        err, _ = create_id(ch[1])
+        if err:
+            break
+        created += 1
+    print(f"created {created} err {err}", flush=True)
+
+
+def bind(port):
+    ch = cm_channel()
+    if not ch:
+        return
+    cmd = ch[1]
+    err, out = create_id(cmd)
     if err:
         print(f"create-err {err}", flush=True)
         return
@@ -165,6 +194,8 @@ def main():
         commands(int(sys.argv[2]))
     elif cmd == "bind":
         bind(int(sys.argv[2]))
+    elif cmd == "ids":
+        ids(int(sys.argv[2]))
     elif cmd == "squat":
         squat(sys.argv[2])
     else:

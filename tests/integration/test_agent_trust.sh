@@ -24,7 +24,9 @@
 #   4. rdma_bind_addr to port 1000 is EACCES for a user without
 #      CAP_NET_BIND_SERVICE, though root runs the agent; root may, and so
 #      may anyone to an unprivileged port.
-#   5. ibv_rc_pingpong over the two devices still works afterwards.
+#   5. One user's rdma_cm ids stop at 16384 (EMFILE), a quarter of the
+#      65535 handles librdmacm can index; root still gets one.
+#   6. ibv_rc_pingpong over the two devices still works afterwards.
 #
 # Usage: test_agent_trust.sh BUILD-DIR
 # Exits 77 without root or network namespaces.
@@ -194,7 +196,21 @@ bind_as root 1000 0
 next_port
 bind_as nobody "$PORT" 0
 
-# --- 5. the device still works ------------------------------------------------------
+# --- 5. rdma_cm ids per user --------------------------------------------------------
+got=$(as_nobody "$PY" "$WIRE" ids 20000 2>&1)
+if [[ $got == "created 16384 err 24" ]]; then
+	pass "another user's rdma_cm ids stop at 16384 with EMFILE"
+else
+	fail "another user creating 20000 rdma_cm ids: '$got' (want created 16384 err 24)"
+fi
+got=$("$PY" "$WIRE" ids 1 2>&1)
+if [[ $got == "created 1 err 0" ]]; then
+	pass "root still creates an rdma_cm id"
+else
+	fail "root creating an rdma_cm id after that: '$got'"
+fi
+
+# --- 6. the device still works ------------------------------------------------------
 if run_pair ibv_rc_pingpong -d trust0 -g 1 -p @PORT@ -n 100 -- \
 	ibv_rc_pingpong -d trust1 -g 1 -p @PORT@ -n 100 $A; then
 	pass "ibv_rc_pingpong trust0 <-> trust1 afterwards"

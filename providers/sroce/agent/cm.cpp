@@ -349,17 +349,23 @@ int Cm::create_id(Channel &c, const rdma_ucm_create_id &cmd, uint8_t *out, size_
     default:
         return EINVAL;
     }
-    // librdmacm keeps handles below 65536 in its index map.
-    uint32_t h = 0;
-    for (uint32_t k = 0; k < 65535 && !h; k++) {
-        uint32_t cand = 1 + (next_id_ + k - 1) % 65535;
-        if (!ids_.count(cand)) h = cand;
+    // One user's limit is EMFILE (too many of its own); the space running
+    // out, ENOMEM as in the kernel.
+    if (ids_of_user_[c.uid] >= kIdsPerUser) return EMFILE;
+    uint32_t h;
+    if (next_fresh_id_ <= kMaxIds) {
+        h = next_fresh_id_++;
+    } else if (!free_ids_.empty()) {
+        h = free_ids_.front();
+        free_ids_.pop_front();
+    } else {
+        return ENOMEM;
     }
-    if (!h) return ENOMEM;
-    next_id_ = h + 1;
+    ids_of_user_[c.uid]++;
     auto id = std::make_unique<Id>();
     id->handle = h;
     id->uid = cmd.uid;
+    id->owner = c.uid;
     id->ch = c.num;
     id->ps = cmd.ps;
     id->qp_type = qp_type;
@@ -372,6 +378,9 @@ int Cm::create_id(Channel &c, const rdma_ucm_create_id &cmd, uint8_t *out, size_
 }
 
 void Cm::free_id(Id *id) {
+    if (auto n = ids_of_user_.find(id->owner); n != ids_of_user_.end() && --n->second == 0)
+        ids_of_user_.erase(n);
+    free_ids_.push_back(id->handle);
     ids_.erase(id->handle);
 }
 

@@ -53,6 +53,11 @@ HostRoutes kernel_routes();
 
 class Cm {
   public:
+    // librdmacm keeps id handles below 65536 in its index map, so they are
+    // one space for every process; no user may take more than a quarter.
+    static constexpr uint32_t kMaxIds = 65535;
+    static constexpr uint32_t kIdsPerUser = 16384;
+
     explicit Cm(MadSender send, HostRoutes host = kernel_routes());
     ~Cm();
 
@@ -195,9 +200,14 @@ class Cm {
     Stats stats_;
     std::map<uint32_t, std::unique_ptr<Channel>> channels_;
     std::map<uint32_t, std::unique_ptr<Id>> ids_;
+    // Handles: never used ones first, then freed ones oldest first, so a
+    // handle comes back as late as possible; O(1) either way.
+    uint32_t next_fresh_id_ = 1;
+    std::deque<uint32_t> free_ids_;
+    std::map<uid_t, uint32_t> ids_of_user_; // ids each user holds (kIdsPerUser)
     std::map<uint32_t, McJoin> mcs_;
     uint32_t next_mc_ = 0x10000;
-    uint32_t next_channel_ = 1, next_id_ = 1, next_comm_ = 0;
+    uint32_t next_channel_ = 1, next_comm_ = 0;
     uint32_t comm_xor_ = 0;
 };
 

@@ -139,7 +139,8 @@ struct Cm::Channel {
 
 struct Cm::Id {
     uint32_t handle = 0;
-    uint64_t uid = 0;
+    uint64_t uid = 0; // the process's own (rdma_cm's context)
+    uid_t owner = 0;  // the user of its channel, for kIdsPerUser
     uint32_t ch = 0;
     uint16_t ps = 0;
     uint8_t qp_type = 0;
