@@ -35,6 +35,8 @@ std::string socket_name();
 // Slot 0 is the agent's (QP0, QP1 and anything unroutable).
 constexpr uint32_t kSlotShift = 16;
 constexpr uint32_t kMaxSlots = 256;
+// What one user but root may hold of an address's kMaxSlots - 1.
+constexpr uint32_t kSlotsPerUser = 128;
 inline uint32_t qpn_slot(uint32_t qpn) {
     return (qpn >> kSlotShift) & 0xFF;
 }

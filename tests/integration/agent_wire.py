@@ -16,6 +16,9 @@ as a hostile or careless client would, for test_agent_trust.sh.
   agent_wire.py bind PORT
       opens an rdma_cm channel, creates an RDMA_PS_TCP id and binds it to
       127.0.29.1:PORT (rdma_bind_addr); prints "err E" of the bind.
+  agent_wire.py slots N
+      leases up to N process slots of 127.0.29.2, holding each, until an
+      error; prints "opened K err E MSG".
   agent_wire.py ids N
       opens an rdma_cm channel and creates ids until N or an error; prints
       "created K err E".
@@ -23,7 +26,7 @@ as a hostile or careless client would, for test_agent_trust.sh.
       binds the agent's name first and listens, as a squatter would; writes
       "ready" to FILE, then how many bytes clients sent it, after each one.
 The socket is @$SROCE_AGENT_SOCKET (default @sroce-agent)."""
-import array
+import fcntl
 import os
 import socket
 import struct
@@ -56,16 +59,33 @@ def reply(s):
     return err, slot, msg.split(b"\0")[0].decode()
 
 
-def table(size, sealed, truncate):
+def lease(size, sealed, address="127.0.29.1"):
+    """Asks for a slot with a QP table of `size` bytes: (socket, memfd, reply)."""
     fd = os.memfd_create("hostile-qps", os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, size)
     if sealed:
-        import fcntl
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
     s = connect()
-    addr = struct.unpack("<I", socket.inet_aton("127.0.29.1"))[0]
-    socket.send_fds(s, [request(OPEN_DEVICE, b"trust0", b"lo", addr)], [fd])
-    r = reply(s)
+    addr = struct.unpack("<I", socket.inet_aton(address))[0]
+    socket.send_fds(s, [request(OPEN_DEVICE, b"trust", b"lo", addr)], [fd])
+    return s, fd, reply(s)
+
+
+def slots(n):
+    held = []
+    err, msg = 0, ""
+    while len(held) < n:
+        s, fd, r = lease(TABLE_BYTES, True, "127.0.29.2")
+        os.close(fd)
+        if r is None or r[0]:
+            err, msg = (r[0], r[2]) if r else (-1, "no reply")
+            break
+        held.append(s)
+    print(f"opened {len(held)} err {err} {msg}".rstrip(), flush=True)
+
+
+def table(size, sealed, truncate):
+    s, fd, r = lease(size, sealed)
     if r is None:
         print("no reply", flush=True)
         return
@@ -194,6 +214,8 @@ def main():
         commands(int(sys.argv[2]))
     elif cmd == "bind":
         bind(int(sys.argv[2]))
+    elif cmd == "slots":
+        slots(int(sys.argv[2]))
     elif cmd == "ids":
         ids(int(sys.argv[2]))
     elif cmd == "squat":

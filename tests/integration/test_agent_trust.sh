@@ -26,7 +26,9 @@
 #      may anyone to an unprivileged port.
 #   5. One user's rdma_cm ids stop at 16384 (EMFILE), a quarter of the
 #      65535 handles librdmacm can index; root still gets one.
-#   6. ibv_rc_pingpong over the two devices still works afterwards.
+#   6. One user but root holds at most 128 of an address's 255 process
+#      slots (EMFILE, with a message); root still gets one.
+#   7. ibv_rc_pingpong over the two devices still works afterwards.
 #
 # Usage: test_agent_trust.sh BUILD-DIR
 # Exits 77 without root or network namespaces.
@@ -210,7 +212,21 @@ else
 	fail "root creating an rdma_cm id after that: '$got'"
 fi
 
-# --- 6. the device still works ------------------------------------------------------
+# --- 6. process slots per user -------------------------------------------------------
+got=$(as_nobody "$PY" "$WIRE" slots 200 2>&1)
+if [[ $got == "opened 128 err 24 uid 65534 holds 128 process slots of 127.0.29.2, as many as one user but root may" ]]; then
+	pass "another user's process slots of $B stop at 128 with EMFILE"
+else
+	fail "another user leasing 200 slots of $B: '$got' (want 128, then EMFILE)"
+fi
+got=$("$PY" "$WIRE" slots 1 2>&1)
+if [[ $got == "opened 1 err 0" ]]; then
+	pass "root still leases a slot of $B"
+else
+	fail "root leasing a slot of $B after that: '$got'"
+fi
+
+# --- 7. the device still works ------------------------------------------------------
 if run_pair ibv_rc_pingpong -d trust0 -g 1 -p @PORT@ -n 100 -- \
 	ibv_rc_pingpong -d trust1 -g 1 -p @PORT@ -n 100 $A; then
 	pass "ibv_rc_pingpong trust0 <-> trust1 afterwards"

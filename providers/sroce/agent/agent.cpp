@@ -143,6 +143,7 @@ socklen_t abstract_addr(const std::string &name, sockaddr_un &sa) {
 struct SlotUse {
     int conn = -1;
     pid_t pid = 0;
+    uid_t uid = 0;
     std::string comm, dev_name;
     const QpEntry *table = nullptr;
 };
@@ -366,6 +367,19 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
                           " bytes sealed against shrinking");
     Dev *d = device(rq.addr, netdev, why);
     if (!d) return refuse(fd, errno ? errno : EADDRINUSE, why);
+    // No user but root takes more than half an address's slots, so that
+    // one cannot shut every other out of a device.
+    ucred cred = peer_cred(fd);
+    if (cred.uid != 0) {
+        uint32_t mine = 0;
+        for (uint32_t k = 1; k < kMaxSlots; k++)
+            mine += d->use[k].conn >= 0 && d->use[k].uid == cred.uid;
+        if (mine >= kSlotsPerUser)
+            return refuse(fd, EMFILE,
+                          "uid " + std::to_string(cred.uid) + " holds " + std::to_string(mine) +
+                              " process slots of " + ip_text(d->addr) +
+                              ", as many as one user but root may");
+    }
     void *table =
         mmap(nullptr, kTableEntries * sizeof(QpEntry), PROT_READ, MAP_SHARED, table_fd, 0);
     if (table == MAP_FAILED) return refuse(fd, EINVAL, "the QP table cannot be mapped");
@@ -402,8 +416,8 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
         }
     }
     SlotUse &u = d->use[s];
-    ucred cred = peer_cred(fd);
     u.pid = cred.pid;
+    u.uid = cred.uid;
     u.comm.clear();
     std::ifstream(("/proc/" + std::to_string(cred.pid) + "/comm").c_str()) >> u.comm;
     u.dev_name.assign(rq.name, strnlen(rq.name, sizeof rq.name));
