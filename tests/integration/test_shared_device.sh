@@ -41,52 +41,66 @@ fi
 # --- four perftest pairs at once on one pair of devices ----------------------
 # Timed runs: counted ones finish (at ~3 GB/s) before the last pair starts,
 # and the listing below would find nothing left to list.
-pids=() logs=()
-for i in 1 2 3 4; do
-	next_port
-	p=$PORT
-	sroce_bg "$WORK/bw$i.server" ib_write_bw -d sroce0 -x 1 -s 65536 -D 4 -p "$p"
-	spid=$BG_PID
-	wait_listen "$p" "$spid" || die "ib_write_bw server $i did not listen"
-	sroce_bg "$WORK/bw$i.client" ib_write_bw -d sroce1 -x 1 -s 65536 -D 4 -p "$p" 127.0.0.1
-	pids+=("$spid" "$BG_PID")
-	logs+=("$WORK/bw$i.server" "$WORK/bw$i.client")
-done
-# All eight processes hold slots while the pairs run; their QPs show up
-# once the clients have connected.
-for ((t = 0; t < 100; t++)); do
-	out=$("$SROCE_BIN" resource show qp 2>&1 || true)
-	rcqps=$(grep -c ' type RC .*comm ib_write_bw' <<<"$out" || true)
-	((rcqps >= 8)) && break
-	sleep 0.1
-done
-# QPNs are unique per device (each has its own QP1).
-dupes=$(awk '{ for (i = 1; i < NF; i++) if ($i == "lqpn") print $2, $(i + 1) }' <<<"$out" | sort | uniq -d)
-if [[ -z $dupes ]] && ((rcqps >= 8)); then
-	pass "sroce resource show qp: $rcqps RC QPs listed, every QPN unique"
-else
-	fail "sroce resource show qp" "duplicate QPNs '$dupes' or no RC QP in:"$'\n'"$out"
-fi
-if grep -q 'comm ib_write_bw' <<<"$out"; then
-	pass "resource show names the processes"
-else
-	fail "resource show names the processes" "in:"$'\n'"$out"
-fi
-bad=0
-for k in "${!pids[@]}"; do
-	bg_wait "${pids[$k]}"
-	if ((BG_RC != 0)); then
-		bad=1
-		log "--- ${logs[$k]} (exit $BG_RC)"
-		cat "${logs[$k]}" >&2
+# four_pairs: the four pairs and their checks; fails (1) only when perftest
+# itself could not calibrate its clock, the runs being otherwise fine (it
+# samples the cycle counter and gives up with "Can't produce a report" when
+# a loaded machine makes the samples scatter: r^2 < 0.9).
+four_pairs() {
+	local pids=() logs=() clock=0 i k p spid t out rcqps dupes bad
+	for i in 1 2 3 4; do
+		next_port
+		p=$PORT
+		sroce_bg "$WORK/bw$i.server" ib_write_bw -d sroce0 -x 1 -s 65536 -D 4 -p "$p"
+		spid=$BG_PID
+		wait_listen "$p" "$spid" || die "ib_write_bw server $i did not listen"
+		sroce_bg "$WORK/bw$i.client" ib_write_bw -d sroce1 -x 1 -s 65536 -D 4 -p "$p" 127.0.0.1
+		pids+=("$spid" "$BG_PID")
+		logs+=("$WORK/bw$i.server" "$WORK/bw$i.client")
+	done
+	# All eight processes hold slots while the pairs run; their QPs show up
+	# once the clients have connected.
+	for ((t = 0; t < 100; t++)); do
+		out=$("$SROCE_BIN" resource show qp 2>&1 || true)
+		rcqps=$(grep -c ' type RC .*comm ib_write_bw' <<<"$out" || true)
+		((rcqps >= 8)) && break
+		sleep 0.1
+	done
+	# QPNs are unique per device (each has its own QP1).
+	dupes=$(awk '{ for (i = 1; i < NF; i++) if ($i == "lqpn") print $2, $(i + 1) }' <<<"$out" | sort | uniq -d)
+	if [[ -z $dupes ]] && ((rcqps >= 8)); then
+		pass "sroce resource show qp: $rcqps RC QPs listed, every QPN unique"
+	else
+		fail "sroce resource show qp" "duplicate QPNs '$dupes' or no RC QP in:"$'\n'"$out"
 	fi
-done
-if ((!bad)); then
-	figs=$(for i in 1 2 3 4; do perftest_result "$WORK/bw$i.client"; done | tr '\n' ' ')
-	pass "four ib_write_bw pairs at once: $figs MB/s"
-else
-	fail "four ib_write_bw pairs at once"
-fi
+	if grep -q 'comm ib_write_bw' <<<"$out"; then
+		pass "resource show names the processes"
+	else
+		fail "resource show names the processes" "in:"$'\n'"$out"
+	fi
+	bad=0
+	for k in "${!pids[@]}"; do
+		bg_wait "${pids[$k]}"
+		if ((BG_RC != 0)); then
+			bad=1
+			log "--- ${logs[$k]} (exit $BG_RC)"
+			cat "${logs[$k]}" >&2
+			grep -q "Can't produce a report" "${logs[$k]}" && clock=1
+		fi
+	done
+	if ((bad && clock && !${1:-0})); then
+		log "perftest could not calibrate its clock on this loaded machine: the four pairs again"
+		return 1
+	fi
+	if ((!bad)); then
+		local figs
+		figs=$(for i in 1 2 3 4; do perftest_result "$WORK/bw$i.client"; done | tr '\n' ' ')
+		pass "four ib_write_bw pairs at once: $figs MB/s"
+	else
+		fail "four ib_write_bw pairs at once"
+	fi
+	return 0
+}
+four_pairs || four_pairs 1
 
 # long_pair NAME SECONDS: an ib_write_bw pair (sroce0 serving sroce1) that
 # runs for SECONDS in the background, under way when this returns; leaves
