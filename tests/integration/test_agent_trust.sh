@@ -99,6 +99,24 @@ SROCE_PRIVATE_AGENT=1
 
 alive() { kill -0 "$agent_pid" 2>/dev/null && "$SROCE_BIN" -j agent status >/dev/null 2>&1; }
 
+# wire WHAT WANT [as_nobody] ARGS...: agent_wire.py ARGS (as uid 65534 with
+# as_nobody) must print exactly WANT.
+wire() {
+	local what=$1 want=$2 got
+	shift 2
+	if [[ $1 == as_nobody ]]; then
+		shift
+		got=$(as_nobody "$PY" "$WIRE" "$@" 2>&1)
+	else
+		got=$("$PY" "$WIRE" "$@" 2>&1)
+	fi
+	if [[ $got == "$want" ]]; then
+		pass "$what: $got"
+	else
+		fail "$what: '$got' (want '$want')"
+	fi
+}
+
 # --- 1. stop -------------------------------------------------------------------
 out=$(as_nobody "$SROCE_BIN" agent stop 2>&1)
 rc=$?
@@ -160,18 +178,10 @@ done
 read -r _ channel _ own <"$WORK/channel.out"
 if [[ ${channel:-} =~ ^[0-9]+$ && ${own:-} == 0 ]]; then
 	pass "the process that opened rdma_cm channel $channel gets its commands"
-	them=$(as_nobody "$PY" "$WIRE" commands "$channel" 2>&1)
-	if [[ $them == "err 2" ]]; then
-		pass "another user asking for channel $channel's commands: ENOENT"
-	else
-		fail "another user asking for channel $channel's commands: '$them' (want err 2)"
-	fi
-	other=$("$PY" "$WIRE" commands "$channel" 2>&1)
-	if [[ $other == "err 2" ]]; then
-		pass "another process of root asking for channel $channel's commands: ENOENT"
-	else
-		fail "another process of root asking for channel $channel's commands: '$other' (want err 2)"
-	fi
+	wire "another user asking for channel $channel's commands (ENOENT)" "err 2" \
+		as_nobody commands "$channel"
+	wire "another process of root asking for channel $channel's commands (ENOENT)" "err 2" \
+		commands "$channel"
 else
 	fail "opening an rdma_cm channel: $(cat "$WORK/channel.out")"
 fi
@@ -179,52 +189,20 @@ exec 8>&-
 wait "$holder"
 
 # --- 4. privileged rdma_cm ports ----------------------------------------------------
-# bind_as WHO PORT WANT: agent_wire.py's bind as root or nobody, against WANT.
-bind_as() {
-	local who=$1 port=$2 want=$3 got
-	if [[ $who == nobody ]]; then
-		got=$(as_nobody "$PY" "$WIRE" bind "$port" 2>&1)
-	else
-		got=$("$PY" "$WIRE" bind "$port" 2>&1)
-	fi
-	if [[ $got == "err $want" ]]; then
-		pass "rdma_bind_addr to port $port as $who: err $want"
-	else
-		fail "rdma_bind_addr to port $port as $who: '$got' (want err $want)"
-	fi
-}
-bind_as nobody 1000 13
-bind_as root 1000 0
+wire "rdma_bind_addr to port 1000 as uid 65534" "err 13" as_nobody bind 1000
+wire "rdma_bind_addr to port 1000 as root" "err 0" bind 1000
 next_port
-bind_as nobody "$PORT" 0
+wire "rdma_bind_addr to port $PORT as uid 65534" "err 0" as_nobody bind "$PORT"
 
 # --- 5. rdma_cm ids per user --------------------------------------------------------
-got=$(as_nobody "$PY" "$WIRE" ids 20000 2>&1)
-if [[ $got == "created 16384 err 24" ]]; then
-	pass "another user's rdma_cm ids stop at 16384 with EMFILE"
-else
-	fail "another user creating 20000 rdma_cm ids: '$got' (want created 16384 err 24)"
-fi
-got=$("$PY" "$WIRE" ids 1 2>&1)
-if [[ $got == "created 1 err 0" ]]; then
-	pass "root still creates an rdma_cm id"
-else
-	fail "root creating an rdma_cm id after that: '$got'"
-fi
+wire "another user's rdma_cm ids stop at 16384 (EMFILE)" "created 16384 err 24" as_nobody ids 20000
+wire "root still creates an rdma_cm id" "created 1 err 0" ids 1
 
 # --- 6. process slots per user -------------------------------------------------------
-got=$(as_nobody "$PY" "$WIRE" slots 200 2>&1)
-if [[ $got == "opened 128 err 24 uid 65534 holds 128 process slots of 127.0.29.2, as many as one user but root may" ]]; then
-	pass "another user's process slots of $B stop at 128 with EMFILE"
-else
-	fail "another user leasing 200 slots of $B: '$got' (want 128, then EMFILE)"
-fi
-got=$("$PY" "$WIRE" slots 1 2>&1)
-if [[ $got == "opened 1 err 0" ]]; then
-	pass "root still leases a slot of $B"
-else
-	fail "root leasing a slot of $B after that: '$got'"
-fi
+wire "another user's process slots of $B stop at 128 (EMFILE)" \
+	"opened 128 err 24 uid 65534 holds 128 process slots of $B, as many as one user but root may" \
+	as_nobody slots 200
+wire "root still leases a slot of $B" "opened 1 err 0" slots 1
 
 # --- 7. the device still works ------------------------------------------------------
 if run_pair ibv_rc_pingpong -d trust0 -g 1 -p @PORT@ -n 100 -- \
