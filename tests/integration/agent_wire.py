@@ -97,17 +97,10 @@ def table(size, sealed, truncate):
 
 
 def channel():
-    ev = connect()
-    ev.send(request(CM_CHANNEL))
-    err, number, msg = reply(ev)
-    if err:
-        print(f"channel-err {err} {msg}", flush=True)
-        return
-    cmd = connect()
-    cmd.send(request(CM_COMMANDS, reserved=number))
-    err, _, _ = reply(cmd)
-    print(f"channel {number} commands-err {err}", flush=True)
-    sys.stdin.read()
+    ch = cm_channel()
+    if ch:
+        print(f"channel {ch[2]} commands-err 0", flush=True)
+        sys.stdin.read()
 
 
 def commands(number):
@@ -131,20 +124,22 @@ def cm_command(s, cmd, body, out_cap):
 
 
 def cm_channel():
-    """An rdma_cm channel's two connections, or None (the reason printed)."""
+    """An rdma_cm channel's two connections and its number, or None (the
+    reason printed)."""
     ev = connect()
     ev.send(request(CM_CHANNEL))
-    err, number, msg = reply(ev)
-    if err:
-        print(f"channel-err {err} {msg}", flush=True)
+    r = reply(ev)
+    if r is None or r[0]:
+        print("channel-err " + ("no reply" if r is None else f"{r[0]} {r[2]}"), flush=True)
         return None
+    number = r[1]
     cmd = connect()
     cmd.send(request(CM_COMMANDS, reserved=number))
-    err, _, _ = reply(cmd)
-    if err:
-        print(f"commands-err {err}", flush=True)
+    r = reply(cmd)
+    if r is None or r[0]:
+        print("commands-err " + ("no reply" if r is None else str(r[0])), flush=True)
         return None
-    return ev, cmd
+    return ev, cmd, number
 
 
 def create_id(cmd):

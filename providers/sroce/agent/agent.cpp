@@ -598,7 +598,7 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
         // are only for the process that opened it, as the kernel's are
         // only for whoever holds the file.
         ucred cred = peer_cred(fd);
-        if (known && !cm_.channel_owned_by(rq.reserved, cred.pid, cred.uid)) known = false;
+        known = known && cm_.channel_owned_by(rq.reserved, cred.pid, cred.uid);
         if (!known) rep.err = ENOENT;
         if (send(fd, &rep, sizeof rep, MSG_NOSIGNAL) < 0 || !known) return Served::kClose;
         new_cm_conns_.push_back({fd, rq.reserved, true});
