@@ -84,6 +84,19 @@ uint32_t ack_below(Qp *qp, uint32_t psn) {
     return i;
 }
 
+// A response's data goes to the WQE's local memory as checked when it was
+// posted; whenever the key table changed since, that memory must still be
+// registered under the same lkeys (rxe looks them up for every response
+// packet), so nothing lands after ibv_dereg_mr() returns.
+bool local_still_there(Qp *qp, SendWqe &w) {
+    uint64_t now = qp->nic->mrs.epoch();
+    if (now == w.mr_epoch) return true;
+    if (!sges_still_registered(qp->nic, qp->pd, w.sge, w.num_sge, IBV_ACCESS_LOCAL_WRITE))
+        return false;
+    w.mr_epoch = now;
+    return true;
+}
+
 void fail_at(Qp *qp, uint32_t psn, ibv_wc_status status) {
     uint32_t i = ack_below(qp, psn);
     retire(qp);
@@ -291,6 +304,10 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     uint32_t off = w->read_next * qp->attr.mtu;
     bool last = w->read_next + 1 == w->npkts;
     uint32_t want = last ? w->length - off : qp->attr.mtu;
+    if (!local_still_there(qp, *w)) {
+        fail_at(qp, pkt.psn, IBV_WC_LOC_PROT_ERR);
+        return;
+    }
     if (pkt.payload_len != want ||
         !sg_copy_to(w->sge, w->num_sge, off, pkt.payload, pkt.payload_len)) {
         fail_at(qp, pkt.psn, IBV_WC_BAD_RESP_ERR);
@@ -335,6 +352,10 @@ void on_single_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx, bool atomi
     }
     if (wire::psn_diff(pkt.psn, qp->comp.una_psn) < 0) return;
     uint32_t first_open = ack_below(qp, w->first_psn);
+    if (atomic && !local_still_there(qp, *w)) {
+        fail_at(qp, pkt.psn, IBV_WC_LOC_PROT_ERR);
+        return;
+    }
     if (atomic) {
         uint64_t orig = pkt.orig();
         std::memcpy(reinterpret_cast<void *>(uintptr_t(w->sge[0].addr)), &orig, 8);

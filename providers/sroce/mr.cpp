@@ -84,6 +84,7 @@ void MrTable::erase(Mr *mr) {
     std::lock_guard<std::mutex> g(mu_);
     slots_[slot_of(mr->key.load(std::memory_order_relaxed))].store(nullptr,
                                                                    std::memory_order_release);
+    changed();
 }
 
 uint8_t *mr_range(const Mr *mr, uint64_t va, uint64_t len, unsigned access) {
@@ -105,6 +106,19 @@ Mr *lookup_mr(Nic *nic, Pd *pd, uint32_t key) {
 uint8_t *check_lkey(Nic *nic, Pd *pd, const ibv_sge &s, unsigned access) {
     Mr *mr = lookup_mr(nic, pd, s.lkey);
     return mr ? mr_range(mr, s.addr, s.length, access) : nullptr;
+}
+
+bool sges_still_registered(Nic *nic, Pd *pd, const ibv_sge *host_sge, uint32_t n, unsigned access) {
+    for (uint32_t i = 0; i < n; i++) {
+        const ibv_sge &s = host_sge[i];
+        if (!s.length) continue;
+        Mr *mr = lookup_mr(nic, pd, s.lkey);
+        if (!mr || (mr->access & access) != access) return false;
+        uintptr_t lo = uintptr_t(mr->addr), p = uintptr_t(s.addr);
+        if (p < lo || p - lo > mr->length || s.length > mr->length - (p - lo)) return false;
+        if (mr->implicit && !mapped(reinterpret_cast<uint8_t *>(p), s.length)) return false;
+    }
+    return true;
 }
 
 } // namespace sroce
@@ -250,6 +264,8 @@ int sroce_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *pd, void *addr
         ibmr->addr = addr;
         ibmr->length = length;
     }
+    // Messages in progress check their ranges again before the next byte.
+    nic->mrs.changed();
     return 0;
 } catch (const std::bad_alloc &) {
     errno = ENOMEM;

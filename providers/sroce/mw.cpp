@@ -23,12 +23,14 @@ constexpr unsigned kWindowAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_RE
                                    IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC |
                                    IBV_ACCESS_ZERO_BASED;
 
-// Takes the window out of service; caller holds mw->mu.
-void unbind(Mw *mw) {
+// Takes the window out of service; caller holds mw->mu.  A message in
+// progress through it learns of it from the key table's epoch.
+void unbind(Nic *nic, Mw *mw) {
     if (mw->bound && mw->parent) mw->parent->windows--;
     mw->bound = false;
     mw->parent = nullptr;
     mw->qp = nullptr;
+    nic->mrs.changed();
 }
 
 } // namespace
@@ -80,7 +82,7 @@ ibv_wc_status mw_bind(Qp *qp, const SendWqe &wqe) {
     bool type2 = mw->ibmw.type == IBV_MW_TYPE_2;
     // A type 2 window must be invalidated before it is bound again.
     if (type2 && mw->bound) return IBV_WC_MW_BIND_ERR;
-    unbind(mw);
+    unbind(qp->nic, mw);
     // A type 1 window bound with length 0 is the way to invalidate it.
     mw->bound = b.length || type2;
     if (mw->bound && mr) {
@@ -106,7 +108,7 @@ int invalidate_window(Qp *qp, Pd *pd, uint32_t rkey) {
     if (!mw || e->pd != pd) return EINVAL;
     std::lock_guard<std::mutex> g(mw->mu);
     if (mw->ibmw.type != IBV_MW_TYPE_2 || !mw->bound) return EINVAL;
-    unbind(mw);
+    unbind(qp->nic, mw);
     return 0;
 }
 
@@ -122,7 +124,7 @@ void unbind_windows_of(Qp *qp) {
     qp->nic->mrs.for_each([qp](Mr *e) {
         if (Mw *w = window_of(e)) {
             std::lock_guard<std::mutex> g(w->mu);
-            if (w->qp == qp) unbind(w);
+            if (w->qp == qp) unbind(qp->nic, w);
         }
     });
 }
@@ -173,7 +175,7 @@ int dealloc_mw(ibv_mw *ibmw) {
     }
     {
         std::lock_guard<std::mutex> g(mw->mu);
-        unbind(mw);
+        unbind(nic, mw);
     }
     delete mw;
     return 0;

@@ -471,6 +471,7 @@ bool req_fill_sges(Qp *qp, SendWqe &w, const ibv_sge *sg, size_t n) {
     Pd *pd = qp->pd;
     uint64_t total = 0;
     w.num_sge = uint32_t(n);
+    w.mr_epoch = qp->nic->mrs.epoch();
     for (size_t i = 0; i < n; i++) {
         uint8_t *host = check_lkey(qp->nic, pd, sg[i], need);
         if (!host && sg[i].length) w.status = IBV_WC_LOC_PROT_ERR;

@@ -68,6 +68,8 @@ struct Rx {
     Srq *srq;   // where SENDs take receive WQEs (nullptr: the QP's queue)
     Mr *mr = nullptr;
     uint8_t *mem = nullptr; // checked target/source of an RDMA operation
+    unsigned need = 0;      // the access `mem` was checked for
+    uint64_t epoch = 0;     // the key table's epoch when it was
     uint32_t n_resp = 1;    // READ: response packets
     uint64_t orig = 0;      // ATOMIC: the original value
 };
@@ -160,6 +162,7 @@ bool tm_classify(Rx &rx) {
             r.recv_taken = true;
             r.recv_srq = rx.srq;
             r.recv_bad = false;
+            r.recv_epoch = ~uint64_t(0); // checked when posted: again before placing
             if (rndv) {
                 r.rvh_va = get64(tmh + kTmhLen);
                 r.rvh_rkey = get32(tmh + kTmhLen + 8);
@@ -194,6 +197,7 @@ bool take_recv(Rx &rx) {
     // The lkeys are checked now, against the MRs as they are now.
     Pd *pd = rx.srq ? rx.srq->pd : rx.qp->pd;
     r.recv_bad = false;
+    r.recv_epoch = rx.qp->nic->mrs.epoch();
     for (uint32_t i = 0; i < w.num_sge; i++) {
         uint8_t *host = check_lkey(rx.qp->nic, pd, w.sge[i], IBV_ACCESS_LOCAL_WRITE);
         if (!host && w.sge[i].length) r.recv_bad = true;
@@ -294,21 +298,28 @@ void make_grh(uint8_t grh[kGrhLen], const Packet &pkt) {
 // then persists a little more than it must) or the oldest is persisted now.
 constexpr size_t kMaxDirty = 32;
 
+// Persists the range through what its MR maps now: after rereg_mr moved
+// the translation, the old host addresses are no longer the MR's (and may
+// no longer be mapped), so they are never flushed.
 int persist_entry(Qp *qp, const DirtyRange &d) {
-    Mr *mr = qp->nic->mrs.lookup(d.rkey);
-    if (mr && mr->window) mr = window_parent(mr->window);
-    if (!mr) return 0; // deregistered or unbound: nothing left to make durable
-    return persist_range(mr->cls, reinterpret_cast<const void *>(uintptr_t(d.lo)), d.hi - d.lo);
+    Mr *mr = qp->nic->mrs.lookup(d.mr_key);
+    if (!mr || mr->window) return 0; // deregistered: nothing left to make durable
+    uint64_t lo = std::max(d.lo, mr->iova), hi = std::min(d.hi, mr->iova + mr->length);
+    if (lo >= hi) return 0;
+    const uint8_t *p = mr_range(mr, lo, hi - lo, 0);
+    return p ? persist_range(mr->cls, p, hi - lo) : 0;
 }
 
-// Returns false when a range had to be made durable early and could not be:
-// the data it covers can no longer be promised, so the caller fails the QP.
-[[nodiscard]] bool note_dirty(Qp *qp, uint32_t rkey, const uint8_t *p, uint32_t len) {
+// Notes `len` bytes written through `rkey` at `lo` in the iova space of the
+// MR `mr_key`.  Returns false when a range had to be made durable early and
+// could not be: the data it covers can no longer be promised, so the caller
+// fails the QP.
+[[nodiscard]] bool note_dirty(Qp *qp, uint32_t rkey, uint32_t mr_key, uint64_t lo, uint32_t len) {
     std::vector<DirtyRange> &dirty = qp->commit.dirty;
-    uint64_t lo = uintptr_t(p), hi = lo + len;
+    uint64_t hi = lo + len;
     DirtyRange *same = nullptr;
     for (DirtyRange &d : dirty) {
-        if (d.rkey != rkey) continue;
+        if (d.rkey != rkey || d.mr_key != mr_key) continue;
         if (lo <= d.hi && hi >= d.lo) {
             d.lo = std::min(d.lo, lo);
             d.hi = std::max(d.hi, hi);
@@ -317,18 +328,23 @@ int persist_entry(Qp *qp, const DirtyRange &d) {
         same = &d;
     }
     if (dirty.size() < kMaxDirty) {
-        dirty.push_back({rkey, lo, hi});
+        dirty.push_back({rkey, mr_key, lo, hi});
     } else if (same) {
         same->lo = std::min(same->lo, lo);
         same->hi = std::max(same->hi, hi);
     } else {
         if (persist_entry(qp, dirty.front())) return false;
-        dirty.front() = {rkey, lo, hi};
+        dirty.front() = {rkey, mr_key, lo, hi};
     }
     return true;
 }
 
 // Makes every write to `rkey` placed so far durable.  Returns 0 or an errno.
+// The iova of host address `p` in `mr`.
+uint64_t mr_va(const Mr *mr, const uint8_t *p) {
+    return mr->iova + uint64_t(p - mr->addr);
+}
+
 int persist_dirty(Qp *qp, uint32_t rkey) {
     std::vector<DirtyRange> &dirty = qp->commit.dirty;
     int err = 0;
@@ -507,9 +523,24 @@ bool needs_recv(const Rx &rx) {
     return imm_last || commit_imm;
 }
 
+// The receive WQE's SGEs were checked when the message took it (a tag's
+// when it was posted); whenever the key table changed since, they are checked
+// again before the next byte is placed, so nothing lands in memory that was
+// deregistered or re-registered in the meantime.
+Outcome recheck_recv(Rx &rx) {
+    Responder &r = R(rx);
+    uint64_t now = rx.qp->nic->mrs.epoch();
+    if (!r.recv_taken || r.recv_bad || now == r.recv_epoch) return Outcome::kNext;
+    Pd *pd = r.recv_srq ? r.recv_srq->pd : rx.qp->pd;
+    if (!sges_still_registered(rx.qp->nic, pd, r.recv.sge, r.recv.num_sge, IBV_ACCESS_LOCAL_WRITE))
+        return Outcome::kRecvProtection;
+    r.recv_epoch = now;
+    return Outcome::kNext;
+}
+
 Outcome check_resource(Rx &rx) {
     Responder &r = R(rx);
-    if ((rx.f & kOpSend) && !(rx.f & kOpFirst)) return Outcome::kNext; // taken at FIRST
+    if ((rx.f & kOpSend) && !(rx.f & kOpFirst)) return recheck_recv(rx); // taken at FIRST
     if (!needs_recv(rx)) return Outcome::kNext;
     if (!(rx.f & kOpSend)) {
         // Only checked here: a WRITE's WQE is taken when the message ends.
@@ -527,7 +558,7 @@ Outcome check_resource(Rx &rx) {
         return Outcome::kRnr;
     if (tm && !r.recv_taken && !tm_classify(rx)) {
         r.msg_offset = 0;
-        return Outcome::kNext;
+        return recheck_recv(rx);
     }
     if (!take_recv(rx)) return rx.qp->reliable() ? Outcome::kRnr : Outcome::kDrop;
     r.msg_offset = 0;
@@ -535,7 +566,7 @@ Outcome check_resource(Rx &rx) {
     // re-registered) fails the message, as rxe does (a malformed WQE).
     if (r.recv_bad && (rx.pkt.payload_len || rx.qp->type == IBV_QPT_UD))
         return Outcome::kRecvProtection;
-    return Outcome::kNext;
+    return recheck_recv(rx);
 }
 
 Outcome check_length(Rx &rx) {
@@ -559,11 +590,34 @@ Outcome check_length(Rx &rx) {
 
 // The rkey names an MR of the QP's protection domain that grants the access
 // and covers the range.
+// A WRITE's later packets: its range was checked at the FIRST packet, and
+// again whenever the key table changed since (a deregistration, rereg_mr, a
+// window's invalidation), as rxe holds the MR for the whole message.  What
+// is no longer granted, or no longer maps where the message began, ends it
+// with a remote access error.
+Outcome recheck_write(Rx &rx) {
+    Responder &r = R(rx);
+    uint32_t len = rx.pkt.payload_len;
+    uint64_t now = rx.qp->nic->mrs.epoch();
+    if (!len || now == r.write_epoch) return Outcome::kNext;
+    Mr *mr = nullptr;
+    uint8_t *p = remote_access(rx.qp, rx.pd, r.write_rkey, r.write_va, len, r.write_access, &mr);
+    if (!p || p != r.write_ptr || (rx.qp->attr.access & r.write_access) != r.write_access)
+        return Outcome::kRemoteAccess;
+    r.write_epoch = now;
+    r.write_mr_key = mr->key.load(std::memory_order_relaxed);
+    r.write_mr_va = mr_va(mr, p);
+    r.write_tracked = mr->cls != MemClass::kVolatile;
+    r.write_uncached = mr->uncached;
+    return Outcome::kNext;
+}
+
 Outcome check_rkey(Rx &rx) {
     const Packet &pkt = rx.pkt;
     uint32_t rkey, len;
     uint64_t va;
     unsigned need;
+    if ((rx.f & kOpWrite) && !(rx.f & kOpFirst)) return recheck_write(rx);
     if ((rx.f & kOpWrite) && (rx.f & kOpFirst)) {
         rkey = pkt.rkey();
         va = pkt.va();
@@ -610,6 +664,8 @@ Outcome check_rkey(Rx &rx) {
     }
     // The QP must grant the remote access as well as the MR or window.
     if ((rx.qp->attr.access & need) != need) return Outcome::kRemoteAccess;
+    rx.need = need;
+    rx.epoch = rx.qp->nic->mrs.epoch();
     rx.mem = remote_access(rx.qp, rx.pd, rkey, va, len, need, &rx.mr);
     return rx.mem ? Outcome::kNext : Outcome::kRemoteAccess;
 }
@@ -671,6 +727,11 @@ Outcome exec_write(Rx &rx) {
         // before this write's data is placed.
         if ((ce & ceth::kOrdered) && persist_dirty(qp, pkt.rkey())) return Outcome::kRemoteOp;
         r.write_ptr = rx.mem;
+        r.write_va = pkt.va();
+        r.write_mr_key = rx.mr ? rx.mr->key.load(std::memory_order_relaxed) : 0;
+        r.write_mr_va = rx.mr ? mr_va(rx.mr, rx.mem) : 0;
+        r.write_access = rx.need;
+        r.write_epoch = rx.epoch;
         r.write_remaining = pkt.dma_len();
         r.msg_offset = 0;
         r.write_rkey = pkt.rkey();
@@ -684,10 +745,13 @@ Outcome exec_write(Rx &rx) {
             copy_nontemporal(r.write_ptr, pkt.payload, pkt.payload_len);
         else
             std::memcpy(r.write_ptr, pkt.payload, pkt.payload_len);
-        if (r.write_tracked && !note_dirty(qp, r.write_rkey, r.write_ptr, pkt.payload_len))
+        if (r.write_tracked &&
+            !note_dirty(qp, r.write_rkey, r.write_mr_key, r.write_mr_va, pkt.payload_len))
             return Outcome::kRemoteOp;
     }
     r.write_ptr += pkt.payload_len;
+    r.write_va += pkt.payload_len;
+    r.write_mr_va += pkt.payload_len;
     r.write_remaining -= pkt.payload_len;
     r.msg_offset += pkt.payload_len;
     if (!(rx.f & kOpLast)) {
@@ -747,7 +811,9 @@ Outcome exec_atomic_write(Rx &rx) {
     std::memcpy(&v, rx.pkt.payload, 8);
     __atomic_store_n(reinterpret_cast<uint64_t *>(rx.mem), v, __ATOMIC_RELEASE);
     // A later commit to this rkey must make the word durable too.
-    if (rx.mr->cls != MemClass::kVolatile && !note_dirty(rx.qp, rx.pkt.rkey(), rx.mem, 8))
+    if (rx.mr->cls != MemClass::kVolatile &&
+        !note_dirty(rx.qp, rx.pkt.rkey(), rx.mr->key.load(std::memory_order_relaxed),
+                    mr_va(rx.mr, rx.mem), 8))
         return Outcome::kRemoteOp;
     new_resource(rx.qp, rx.pkt.psn, rx.pkt.psn).ack_only = true;
     return Outcome::kNext;

@@ -184,9 +184,17 @@ class MrTable {
         for (auto &s : slots_)
             if (Mr *m = s.load(std::memory_order_relaxed)) fn(m);
     }
+    // Counts every change that can take memory away from a key: erase,
+    // rereg, a window's bind, unbind or invalidation.  A message in
+    // progress keeps the host addresses it checked at its first packet and
+    // checks them again only when this moved (wire-protocol.md §5.12), so
+    // the common case costs one load per packet.
+    uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
+    void changed() { epoch_.fetch_add(1, std::memory_order_acq_rel); }
 
   private:
     std::atomic<Mr *> slots_[kSlots] = {};
+    std::atomic<uint64_t> epoch_{0};
     std::mutex mu_;
 };
 
@@ -204,6 +212,10 @@ uint8_t *remote_access(Qp *qp, Pd *pd, uint32_t rkey, uint64_t va, uint64_t len,
 // The host address of a local SGE whose lkey names an MR of `pd` that covers
 // it and grants `access`, or nullptr.
 uint8_t *check_lkey(Nic *nic, Pd *pd, const ibv_sge &s, unsigned access);
+// Whether SGEs already translated to host addresses (by check_lkey) still
+// lie in the MRs their lkeys name now, with `access`: false once one was
+// deregistered, moved by rereg_mr or lost the access.
+bool sges_still_registered(Nic *nic, Pd *pd, const ibv_sge *host_sge, uint32_t n, unsigned access);
 
 // Calls fn(host_pointer, n) for the bytes [off, off+len) of a scatter/gather
 // list whose addresses are host addresses (checked when posted); stops at
@@ -279,6 +291,7 @@ struct SendWqe {
     unsigned flags = 0;
     uint32_t num_sge = 0;
     ibv_sge *sge = nullptr; // points into SendQueue::sge
+    uint64_t mr_epoch = 0;  // the key table's epoch when its SGEs were checked
     uint32_t length = 0;    // total payload
     uint64_t remote_addr = 0;
     uint32_t rkey = 0;
@@ -340,9 +353,12 @@ constexpr uint32_t kCommitImmFlag = 1u << 31;
 
 // Bytes written but not yet made durable, per rkey, so a commit persists what
 // it must (earlier writes to its rkey) and no more.
+// Kept in the MR's own address space, not as host addresses: a commit
+// after rereg_mr persists what the MR maps now.
 struct DirtyRange {
-    uint32_t rkey;
-    uint64_t lo, hi; // host addresses [lo, hi)
+    uint32_t rkey;   // the key the writes came through (an MR's or a window's)
+    uint32_t mr_key; // the MR that holds the memory
+    uint64_t lo, hi; // [lo, hi) in that MR's iova space
 };
 
 struct RecvWqe {
@@ -535,6 +551,7 @@ struct Responder {
     ibv_sge recv_sge[kMaxSge]; // its SGEs with host addresses, checked when taken
     Srq *recv_srq = nullptr;   // where `recv` came from (nullptr: the QP's own queue)
     bool recv_bad = false;     // an SGE of `recv` failed its lkey check
+    uint64_t recv_epoch = 0;   // the key table's epoch when recv_sge was checked
     // Tag matching on a TM SRQ: what the message in progress is.
     uint8_t tm_mode = 0; // kTmMsg* (resp.cpp)
     uint32_t skip = 0;   // leading message bytes not placed (a matched EAGER's TMH)
@@ -542,9 +559,18 @@ struct Responder {
     uint32_t tm_priv = 0;
     uint64_t rvh_va = 0; // a matched rendezvous's source
     uint32_t rvh_rkey = 0, rvh_len = 0;
+    // The WRITE in progress: where its next byte goes, as checked at the
+    // FIRST packet (epoch `write_epoch` of the key table); when the table
+    // changed since, the next packet checks its range again through
+    // write_rkey at write_va, so no byte lands after a deregistration.
     uint8_t *write_ptr = nullptr;
+    uint64_t write_va = 0;    // in the rkey's space
+    uint64_t write_mr_va = 0; // the same byte in the MR's iova space
+    uint64_t write_epoch = 0;
     uint64_t write_remaining = 0;
     uint32_t write_rkey = 0;
+    uint32_t write_mr_key = 0;   // the MR behind write_rkey
+    unsigned write_access = 0;   // what the message needs of it
     bool write_tracked = false;  // its MR keeps dirty ranges (not volatile)
     bool write_uncached = false; // its MR asked for non-temporal placement
     std::vector<RdResource> rd_res;

@@ -233,6 +233,27 @@ TEST_P(Commit, CoversEarlierWritesToTheRkeyOnly) {
     EXPECT_FALSE(g_log.touches(r2.data(), 65536)) << "a commit on one rkey persisted another";
 }
 
+// Earlier writes are kept for a commit as places in the MR, not as host
+// addresses: after rereg_mr moves the translation, the commit persists what
+// the MR maps now and never flushes memory that is no longer the MR's.
+TEST_P(Commit, PersistsThroughTheMappingTheMrHasNow) {
+    make();
+    FileMr r1(p.b.pd, 65536, kAllAccess | kFlushAccess), moved(65536);
+    ASSERT_TRUE(r1.ok() && moved.data());
+    Buf src(p.a.pd, 65536);
+    src.fill(4);
+    ASSERT_EQ(post_rdma(p.a.qp, 1, IBV_WR_RDMA_WRITE, {src.sge(0, 1000)}, r1.addr(0), r1.rkey()),
+              0);
+    expect_one(p.a.scq, {1, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, p.a.qpn(), 1000});
+    ASSERT_EQ(
+        ibv_rereg_mr(r1.mr(), IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, moved.data(), 65536, 0), 0);
+    g_log.clear();
+    ASSERT_EQ(commit(src, 0, 64, moved.addr(40000), r1.rkey(), 0, 2), 0);
+    expect_one(p.a.scq, {2, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE_COMMIT, p.a.qpn(), 64});
+    EXPECT_TRUE(g_log.covers(moved.data() + 40000, 64));
+    EXPECT_FALSE(g_log.touches(r1.data(), 65536)) << "a commit flushed the MR's old mapping";
+}
+
 // IMMED: the target learns, through a receive completion carrying the
 // immediate data, that the write is durable.
 TEST_P(Commit, ImmediateArrivesOnlyAfterDurability) {
