@@ -1091,22 +1091,19 @@ class MidMessage : public FakePeer {
     static constexpr size_t kLen = 8 * kMtu;
     Bytes data = pattern(kLen, 0x5A);
 
-    // Waits until [p, p+n) holds what the first packet carried.
-    void wait_landed(const uint8_t *p, size_t n) {
-        auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(kReplyMs);
-        do {
-            fence();
-            if (std::memcmp(p, data.data(), n) == 0) return;
-            usleep(200);
-        } while (std::chrono::steady_clock::now() < end);
-        FAIL() << "the first packet never landed";
+    // [p, p+n) holds what the first packet carried.  Callers first see an
+    // answer to a later packet, so the first one has been placed.
+    void expect_landed(const uint8_t *p, size_t n) {
+        fence();
+        ASSERT_EQ(std::memcmp(p, data.data(), n), 0) << "the first packet did not land";
     }
 
-    // WRITE FIRST of `data` to `va` through `rkey`; returns once it landed.
+    // WRITE FIRST of `data` through `rkey`, acknowledged, so it has landed.
     void write_first(SideMr &m, uint32_t rkey) {
         send(packet(kWriteFirst, qpn, kRqPsn, reth(m.va(), rkey, uint32_t(kLen)),
-                    Bytes(data.begin(), data.begin() + kMtu), false));
-        ASSERT_NO_FATAL_FAILURE(wait_landed(m.mem.data(), kMtu));
+                    Bytes(data.begin(), data.begin() + kMtu), true));
+        ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn));
+        ASSERT_NO_FATAL_FAILURE(expect_landed(m.mem.data(), kMtu));
     }
 
     // The rest of the WRITE: six MIDDLE packets and the LAST.
@@ -1210,8 +1207,9 @@ TEST_F(MidMessage, SendStopsWhenTheReceiveBuffersMrIsDeregistered) {
     wr.num_sge = 1;
     ibv_recv_wr *bad = nullptr;
     ASSERT_EQ(ibv_post_recv(qp, &wr, &bad), 0);
-    send(packet(kSendFirst, qpn, kRqPsn, {}, Bytes(data.begin(), data.begin() + kMtu), false));
-    ASSERT_NO_FATAL_FAILURE(wait_landed(m.mem.data(), kMtu));
+    send(packet(kSendFirst, qpn, kRqPsn, {}, Bytes(data.begin(), data.begin() + kMtu), true));
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn));
+    ASSERT_NO_FATAL_FAILURE(expect_landed(m.mem.data(), kMtu));
     ASSERT_NO_FATAL_FAILURE(m.dereg());
     std::memset(m.mem.data(), 0x55, kLen);
     send(packet(kSendMiddle, qpn, kRqPsn + 1, {},
@@ -1249,7 +1247,10 @@ TEST_F(MidMessage, ReadResponseAfterLocalDeregistrationIsAProtectionError) {
     ASSERT_EQ(r->opcode, kReadRequest) << r->str();
     send(packet(kReadRespFirst, qpn, kSqPsn, aeth_bytes(aeth::kAck | aeth::kNoCredits, 1),
                 Bytes(data.begin(), data.begin() + kMtu), false));
-    ASSERT_NO_FATAL_FAILURE(wait_landed(m.mem.data(), kMtu));
+    // A request to this QP's responder, answered after the response before it.
+    send(write_only(kRqPsn, 0x8000, pattern(8, 1)));
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn));
+    ASSERT_NO_FATAL_FAILURE(expect_landed(m.mem.data(), kMtu));
     ASSERT_NO_FATAL_FAILURE(m.dereg());
     std::memset(m.mem.data(), 0x55, 2 * kMtu);
     send(packet(kReadRespLast, qpn, kSqPsn + 1, aeth_bytes(aeth::kAck | aeth::kNoCredits, 1),
