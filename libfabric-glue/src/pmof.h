@@ -163,6 +163,9 @@ int pmof_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric, vo
 
 /* --------------------------------------------------------------- domain */
 
+/* Buckets of a domain's table of regions by key. */
+#define PMOF_MR_BUCKETS 64
+
 /* How FI_COMMIT and fi_commit reach the target on this device. */
 enum pmof_commit_path {
     PMOF_COMMIT_NONE,  /* no remote persistence: say so (-FI_EOPNOTSUPP) */
@@ -202,6 +205,10 @@ struct pmof_domain {
     /* FI_COMMIT_MANUAL's control thread, started by the first endpoint */
     pthread_mutex_t manual_lock;
     struct pmof_mdom *manual;
+    /* The regions a peer can name, by key: what the ranges of a manual
+     * commit are checked against before the application sees them */
+    pthread_mutex_t mr_lock;
+    struct pmof_mr *mr_table[PMOF_MR_BUCKETS];
 };
 
 int pmof_domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **domain,
@@ -213,6 +220,12 @@ int pmof_mr_regv(struct fid *fid, const struct iovec *iov, size_t count, uint64_
                  void *context);
 int pmof_mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t flags,
                     struct fid_mr **mr);
+/* A range of a manual commit from a peer: 0 if it lies inside a region of
+ * the domain that is registered now, under that region's key, with remote
+ * write access, and then the region's FI_PMEM is added to *flags;
+ * -FI_EACCES otherwise. */
+int pmof_mr_check_range(struct pmof_domain *dom, uint64_t addr, uint64_t len, uint64_t key,
+                        uint64_t *flags);
 /* Commit paths of a device, from what it reports. */
 enum pmof_commit_path pmof_device_commit_path(struct ibv_context *verbs,
                                               struct ibv_commit_caps *caps);
@@ -233,6 +246,9 @@ struct pmof_mr {
     void *bounce;
     uintptr_t dev_base;
     size_t len;
+    /* in dom->mr_table: a region of host memory a peer can name */
+    struct pmof_mr *table_next;
+    bool in_table;
 };
 
 /* A receive or read into device memory: copied there at completion. */

@@ -16,11 +16,74 @@
 
 /* ------------------------------------------------------------------- MR */
 
+/*
+ * The regions of host memory a peer can name, by key, so that a manual
+ * commit's ranges are checked against what the application registered: a
+ * region leaves the table before it is deregistered, so a commit that
+ * arrives after fi_close finds nothing.
+ */
+static struct pmof_mr **mr_bucket(struct pmof_domain *dom, uint64_t key) {
+    return &dom->mr_table[((uint32_t)key * 0x9e3779b1u) >> 26];
+}
+
+_Static_assert(PMOF_MR_BUCKETS == 1 << (32 - 26), "mr_bucket takes the top 6 bits");
+
+static void mr_table_add(struct pmof_mr *mr) {
+    struct pmof_domain *dom = mr->dom;
+    struct pmof_mr **b;
+
+    pthread_mutex_lock(&dom->mr_lock);
+    b = mr_bucket(dom, mr->mr_fid.key);
+    mr->table_next = *b;
+    *b = mr;
+    mr->in_table = true;
+    pthread_mutex_unlock(&dom->mr_lock);
+}
+
+static void mr_table_del(struct pmof_mr *mr) {
+    struct pmof_domain *dom = mr->dom;
+
+    pthread_mutex_lock(&dom->mr_lock);
+    for (struct pmof_mr **pp = mr_bucket(dom, mr->mr_fid.key); *pp; pp = &(*pp)->table_next) {
+        if (*pp != mr) continue;
+        *pp = mr->table_next;
+        break;
+    }
+    mr->in_table = false;
+    pthread_mutex_unlock(&dom->mr_lock);
+}
+
+int pmof_mr_check_range(struct pmof_domain *dom, uint64_t addr, uint64_t len, uint64_t key,
+                        uint64_t *flags) {
+    int ret = -FI_EACCES;
+
+    pthread_mutex_lock(&dom->mr_lock);
+    for (struct pmof_mr *mr = *mr_bucket(dom, key); mr; mr = mr->table_next) {
+        /* The whole key: one whose class bits differ names no region. */
+        if (mr->mr_fid.key != key) continue;
+        uint64_t base = (uintptr_t)mr->ibv->addr, size = mr->ibv->length;
+        if ((mr->access & IBV_ACCESS_REMOTE_WRITE) && addr >= base && len <= size &&
+            addr - base <= size - len) {
+            *flags |= mr->flags & FI_PMEM;
+            ret = 0;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&dom->mr_lock);
+    return ret;
+}
+
 static int mr_close(struct fid *fid) {
     struct pmof_mr *mr = container_of(fid, struct pmof_mr, mr_fid.fid);
-    int ret = mr->ibv ? ibv_dereg_mr(mr->ibv) : 0;
+    bool listed = mr->in_table;
+    int ret;
 
-    if (ret) return pmof_errno(ret);
+    if (listed) mr_table_del(mr);
+    ret = mr->ibv ? ibv_dereg_mr(mr->ibv) : 0;
+    if (ret) {
+        if (listed) mr_table_add(mr);
+        return pmof_errno(ret);
+    }
     free(mr->bounce);
     atomic_fetch_sub(&mr->dom->refs, 1);
     free(mr);
@@ -140,6 +203,8 @@ static int mr_register(struct pmof_domain *dom, const struct fi_mr_attr *attr, u
     if (mr->flags & FI_PMEM) mr->mr_fid.key |= PMOF_KEY_PMEM;
     if (mr->flags & FI_UNCACHED) mr->mr_fid.key |= PMOF_KEY_UNCACHED;
     mr->mr_fid.mem_desc = mr;
+    /* Device memory is reached through its host copy, never by a peer. */
+    if (mr->ibv && !mr->bounce) mr_table_add(mr);
     atomic_fetch_add(&dom->refs, 1);
     *out = &mr->mr_fid;
     return 0;
@@ -252,6 +317,7 @@ static int domain_close(struct fid *fid) {
     if (ret) return pmof_errno(ret);
     rdma_free_devices(dom->dev_list);
     fi_freeinfo(dom->info);
+    pthread_mutex_destroy(&dom->mr_lock);
     atomic_fetch_sub(&dom->fab->refs, 1);
     free(dom);
     return 0;
@@ -424,6 +490,7 @@ int pmof_domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid
                   (dom->dev_attr.device_cap_flags_ex & IB_UVERBS_DEVICE_ATOMIC_WRITE));
     if (dom->dev_attr.orig_attr.atomic_cap != IBV_ATOMIC_NONE && scratch_open(dom)) goto nodev;
     pthread_mutex_init(&dom->manual_lock, NULL);
+    pthread_mutex_init(&dom->mr_lock, NULL);
     dom->thread_safe = info->domain_attr->threading == FI_THREAD_SAFE ||
                        info->domain_attr->threading == FI_THREAD_UNSPEC;
     dom->fab = fab;

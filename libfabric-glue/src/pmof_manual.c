@@ -613,17 +613,45 @@ static void ctl_failed(struct pmof_mctl *m) {
 
 /* -------------------------------------------------------- the target */
 
+/* A peer's ranges, before the application sees any of them: each inside
+ * a region of the endpoint's domain that is registered now with remote
+ * write access, named by that region's key.  FI_PMEM comes from those
+ * regions, never from the peer.  0, or -FI_EACCES for the whole commit. */
+static int check_ranges(struct pmof_mctl *m, struct pmof_ep *ep, const struct pmof_manual_msg *msg,
+                        uint64_t *flags) {
+    for (uint32_t i = 0; i < msg->count; i++) {
+        const struct pmof_manual_range *r = &msg->ranges[i];
+        int ret = pmof_mr_check_range(ep->dom, r->addr, r->len, r->key, flags);
+
+        if (!ret) continue;
+        PMOF_WARN(FI_LOG_EP_DATA,
+                  "control QP %u: commit refused: range %u (key %#llx, addr %#llx, %llu bytes) "
+                  "is not inside a region the peer may write\n",
+                  m->qp->qp_num, i, (unsigned long long)r->key, (unsigned long long)r->addr,
+                  (unsigned long long)r->len);
+        return ret;
+    }
+    return 0;
+}
+
 static void on_req(struct pmof_mctl *m, const struct pmof_manual_msg *msg) {
     struct pmof_mpend *p;
     struct pmof_ep *ep = mctl_pin(m);
     struct pmof_eq *eq;
     fi_eq_event_handler_t handler;
+    uint64_t flags = FI_COMMIT;
     void *hctx;
     fid_t fid;
+    int err;
 
     if (!ep) {
         send_ack(m, msg->cookie, -FI_ENOTCONN);
         return;
+    }
+    err = check_ranges(m, ep, msg, &flags);
+    if (err) {
+        send_ack(m, msg->cookie, err);
+        goto out;
     }
     eq = target_eq(ep, &fid);
     p = eq ? calloc(1, sizeof(*p)) : NULL;
@@ -636,12 +664,10 @@ static void on_req(struct pmof_mctl *m, const struct pmof_manual_msg *msg) {
     p->entry.fid = fid;
     p->entry.iov = p->iov;
     p->entry.count = msg->count;
-    p->entry.flags = FI_COMMIT;
-    for (uint32_t i = 0; i < msg->count; i++) {
+    p->entry.flags = flags;
+    for (uint32_t i = 0; i < msg->count; i++)
         p->iov[i] =
             (struct fi_rma_iov){msg->ranges[i].addr, msg->ranges[i].len, msg->ranges[i].key};
-        if (msg->ranges[i].key & PMOF_KEY_PMEM) p->entry.flags |= FI_PMEM;
-    }
     pmof_lock(&eq->lock);
     handler = eq->commit_handler;
     hctx = eq->commit_handler_ctx;
@@ -753,11 +779,16 @@ static void handle_wc(struct pmof_mdom *md, const struct ibv_wc *wc) {
         if (wc->status != IBV_WC_WR_FLUSH_ERR) ctl_failed(m);
         goto out;
     }
-    bool ok = pmof_manual_parse(slot_buf(m, slot, true), wc->byte_len, &msg);
+    const uint8_t *buf = slot_buf(m, slot, true);
+    bool ok = pmof_manual_parse(buf, wc->byte_len, &msg);
+    /* A malformed commit request is answered, or its sender would wait. */
+    uint64_t cookie = 0;
+    bool req = !ok && pmof_manual_req_cookie(buf, wc->byte_len, &cookie);
     if (post_recv(m, slot)) ctl_failed(m);
     if (!ok) {
-        PMOF_WARN(FI_LOG_EP_DATA, "control QP %u: malformed message (%u bytes) dropped\n",
-                  m->qp->qp_num, wc->byte_len);
+        PMOF_WARN(FI_LOG_EP_DATA, "control QP %u: malformed %s (%u bytes) %s\n", m->qp->qp_num,
+                  req ? "commit request" : "message", wc->byte_len, req ? "refused" : "dropped");
+        if (req) send_ack(m, cookie, -FI_EINVAL);
         goto out;
     }
     if (msg.type == PMOF_MANUAL_REQ)

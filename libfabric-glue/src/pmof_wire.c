@@ -181,6 +181,16 @@ bool pmof_manual_parse(const void *data, size_t len, struct pmof_manual_msg *out
     }
 }
 
+bool pmof_manual_req_cookie(const void *data, size_t len, uint64_t *cookie) {
+    const uint8_t *d = data;
+
+    if (!d || len < PMOF_MANUAL_HDR_LEN || get32(d) != PMOF_MANUAL_MAGIC ||
+        d[4] != PMOF_MANUAL_REQ || d[5] != PMOF_MANUAL_VERSION)
+        return false;
+    *cookie = get64(d + 8);
+    return true;
+}
+
 /* ------------------------------------------------ headed messages (tags) */
 
 /*

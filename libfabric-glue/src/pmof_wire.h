@@ -165,6 +165,10 @@ size_t pmof_manual_encode_ping(uint8_t out[PMOF_MANUAL_MSG_MAX]);
  * length those imply, ranges whose end does not wrap, an ACK status that is
  * 0 or negative. */
 bool pmof_manual_parse(const void *data, size_t len, struct pmof_manual_msg *out);
+/* For a message pmof_manual_parse refused: true, with its cookie, if it
+ * starts with a REQ's header (magic, version, type), so that its sender
+ * can be answered instead of waiting for an ACK that never comes. */
+bool pmof_manual_req_cookie(const void *data, size_t len, uint64_t *cookie);
 
 #ifdef __cplusplus
 }

@@ -682,6 +682,218 @@ out:
     return ft_rma_close(r, &e, ret);
 }
 
+/* ------------------------------------------------- manual-commit ranges */
+
+/*
+ * fi_pmof(7): the ranges a commit handler is given lie inside regions the
+ * target registered in the endpoint's domain, live, with FI_REMOTE_WRITE,
+ * each named by its own key, and FI_PMEM is set only for a region
+ * registered with it.  A commit that names anything else is refused
+ * (FI_EACCES; FI_EINVAL for a malformed request) before the application
+ * hears of it.
+ */
+enum { RG_PMEM, RG_VOL, RG_NREGIONS };
+
+/* A target application that trusts what it is handed, and a record of
+ * everything it was handed that fi_pmof(7) says it never is. */
+struct range_guard {
+    const struct ft_buf *regions[RG_NREGIONS];
+    atomic_int calls;
+    atomic_int outside;  /* ranges in none of the regions, under its key */
+    atomic_int bad_pmem; /* FI_PMEM other than the regions say */
+    atomic_int bad_type;
+};
+
+static int guard_region(const struct range_guard *g, const struct fi_rma_iov *v) {
+    for (int i = 0; i < RG_NREGIONS; i++) {
+        const struct ft_buf *b = g->regions[i];
+        if (v->key == b->key && v->addr >= b->raddr && v->len <= b->len &&
+            v->addr - b->raddr <= b->len - v->len)
+            return i;
+    }
+    return -1;
+}
+
+static ssize_t guard_handler(struct fid_eq *eq, uint64_t type, void *data, uint64_t len,
+                             void *context) {
+    struct range_guard *g = context;
+    const struct fi_eq_commit_entry *ce = data;
+    bool pmem = false;
+
+    (void)eq;
+    atomic_fetch_add(&g->calls, 1);
+    if (type != FI_COMMIT_EVENT || len != sizeof(*ce)) {
+        atomic_fetch_add(&g->bad_type, 1);
+        return 0;
+    }
+    for (size_t i = 0; i < ce->count; i++) {
+        int k = guard_region(g, &ce->iov[i]);
+        if (k < 0) atomic_fetch_add(&g->outside, 1);
+        pmem |= k == RG_PMEM;
+    }
+    if (pmem != ((ce->flags & FI_PMEM) != 0)) atomic_fetch_add(&g->bad_pmem, 1);
+    return 0;
+}
+
+struct bad_commit {
+    const char *what;
+    struct fi_rma_iov iov[3];
+    size_t count;
+    int err; /* the initiator's completion: FI_EACCES or FI_EINVAL */
+};
+
+/* One refused commit: the error reaches the initiator, nothing the
+ * target application. */
+static int refused(struct ft_rma *e, struct range_guard *g, const struct bad_commit *b) {
+    struct ft_run *r = e->p.r;
+    struct fi_context2 ctx;
+    struct ft_comp comp;
+    int ret = FT_OK, before = atomic_load(&g->calls);
+
+    FT_POST(&e->p, fi_commit(e->c->ep, b->iov, b->count, e->c->peer, 0, &ctx));
+    FT_TRY(ft_expect_err(&e->p, &e->c->tx, &ctx, &comp));
+    FT_EXPECT(comp.err == b->err, "commit of %s: the initiator got err %d (%s), expected %d (%s)",
+              b->what, comp.err, fi_strerror(comp.err), b->err, fi_strerror(b->err));
+    FT_EXPECT(comp.e.op_context == &ctx, "commit of %s: the error names another context", b->what);
+    FT_EXPECT(atomic_load(&g->calls) == before,
+              "commit of %s: the target's handler was called (%d ranges outside its regions)",
+              b->what, atomic_load(&g->outside));
+out:
+    return ret;
+}
+
+/* Writes [off, off+len) of the pattern `seed` to `b` at the same offset. */
+static int write_region(struct ft_rma *e, const struct ft_buf *b, size_t off, size_t len,
+                        unsigned seed) {
+    struct ft_run *r = e->p.r;
+    struct fi_context2 ctx;
+    int ret = FT_OK;
+
+    ft_fill(e->loc.buf + off, len, seed);
+    FT_POST(&e->p, fi_write(e->c->ep, e->loc.buf + off, len, e->loc.desc, e->c->peer,
+                            b->raddr + off, b->key, &ctx));
+    FT_TRY(ft_expect_comp(&e->p, &e->c->tx, &ctx, FI_RMA | FI_WRITE, SIZE_MAX, NULL));
+out:
+    return ret;
+}
+
+/* A valid commit after the refused ones: the handler gets exactly it, with
+ * FI_PMEM as the regions say, and the data is there, byte for byte. */
+static int accepted(struct ft_rma *e, struct range_guard *g, const struct ft_buf *vol,
+                    bool with_pmem, unsigned seed) {
+    struct ft_run *r = e->p.r;
+    struct fi_rma_iov rma[2];
+    struct fi_context2 ctx;
+    size_t n = 0;
+    int ret = FT_OK, before = atomic_load(&g->calls);
+
+    if (with_pmem) {
+        FT_TRY(write_region(e, &e->tgt, 0, 4096, seed));
+        rma[n++] = (struct fi_rma_iov){e->tgt.raddr, 4096, e->tgt.key};
+    }
+    FT_TRY(write_region(e, vol, 64, 64, seed + 1));
+    rma[n++] = (struct fi_rma_iov){vol->raddr + 64, 64, vol->key};
+    FT_POST(&e->p, fi_commit(e->c->ep, rma, n, e->c->peer, 0, &ctx));
+    FT_TRY(expect_commit_done(e, &ctx));
+    FT_EXPECT(atomic_load(&g->calls) == before + 1, "a valid commit called the handler %d times",
+              atomic_load(&g->calls) - before);
+    if (with_pmem) FT_TRY(durable(e, 0, 4096, seed, "persistent region at the commit"));
+    FT_TRY(ft_expect_pattern(r, vol->buf + 64, 64, seed + 1, "volatile region at the commit"));
+out:
+    return ret;
+}
+
+static int t_manual_ranges(struct ft_run *r) {
+    struct ft_buf vol = {0}, ro = {0}, gone = {0};
+    struct range_guard g = {0};
+    struct fi_rma_iov over[33];
+    struct fi_context2 ctx;
+    struct ft_eqev ev;
+    struct ft_rma e;
+    int ret = manual_open(r, &e);
+
+    FT_TRY(ret);
+    /* Regions of the target: the FI_PMEM one of the fixture, a volatile
+     * one, one peers may only read, and one closed before the commits. */
+    FT_TRY(ft_buf_alloc(&e.p, e.s, 4096, FT_ACC_REMOTE | FT_ACC_LOCAL, 0, &vol));
+    FT_TRY(ft_buf_alloc(&e.p, e.s, 4096, FI_REMOTE_READ | FT_ACC_LOCAL, 0, &ro));
+    FT_TRY(ft_buf_alloc(&e.p, e.s, 4096, FT_ACC_REMOTE | FT_ACC_LOCAL, 0, &gone));
+    FT_CHK(fi_close(&gone.mr->fid));
+    gone.mr = NULL;
+    g.regions[RG_PMEM] = &e.tgt;
+    g.regions[RG_VOL] = &vol;
+    FT_CHK(fi_eq_register_handler(e.s->eq.eq, FI_COMMIT_EVENT, guard_handler, &g));
+
+    /* fi_pmof(7): a key is the rkey with the region's class above it. */
+    const uint64_t t = e.tgt.raddr, len = e.tgt.len, tk = e.tgt.key, vk = vol.key;
+    const uint64_t pmem_class = tk & ~0xffffffffULL, nokey = tk + 12345;
+    FT_EXPECT(pmem_class && !(vk & ~0xffffffffULL),
+              "keys %#llx (FI_PMEM) and %#llx carry no class above the rkey",
+              (unsigned long long)tk, (unsigned long long)vk);
+    FT_EXPECT(nokey != vk && nokey != ro.key && nokey != gone.key, "key %#llx is taken",
+              (unsigned long long)nokey);
+    const struct bad_commit bad[] = {
+        {"a range partly past the region's end", {{t + len - 64, 128, tk}}, 1, FI_EACCES},
+        {"a range partly before the region", {{t - 64, 128, tk}}, 1, FI_EACCES},
+        {"a range one byte longer than the region", {{t, len + 1, tk}}, 1, FI_EACCES},
+        {"a range to the end of the address space", {{t, UINT64_MAX - t, tk}}, 1, FI_EACCES},
+        {"a range whose address + length wraps", {{t + 64, UINT64_MAX - 8, tk}}, 1, FI_EINVAL},
+        {"a key of no region", {{t, 64, nokey}}, 1, FI_EACCES},
+        {"key 0", {{t, 64, 0}}, 1, FI_EACCES},
+        {"the key of a closed region", {{gone.raddr, 64, gone.key}}, 1, FI_EACCES},
+        {"a region without FI_REMOTE_WRITE", {{ro.raddr, 64, ro.key}}, 1, FI_EACCES},
+        {"a volatile region's key with FI_PMEM", {{vol.raddr, 64, vk | pmem_class}}, 1, FI_EACCES},
+        {"a persistent region's key without FI_PMEM", {{t, 64, tk & 0xffffffffULL}}, 1, FI_EACCES},
+        {"one region's memory under another's key", {{t, 64, vk}}, 1, FI_EACCES},
+        {"one bad range after good ones",
+         {{t, 100, tk}, {vol.raddr, 64, vk}, {t + len - 8, 16, tk}},
+         3,
+         FI_EACCES},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        FT_TRY(refused(&e, &g, &bad[i]));
+        /* The connection serves the next commit as before. */
+        if (i % 4 == 3) FT_TRY(accepted(&e, &g, &vol, true, 60 + (unsigned)i));
+    }
+    /* More ranges than a request holds: refused at the call. */
+    for (int i = 0; i < 33; i++)
+        over[i] = (struct fi_rma_iov){t + 64 * (uint64_t)i, 64, tk};
+    ssize_t rc = fi_commit(e.c->ep, over, 33, e.c->peer, 0, &ctx);
+    FT_EXPECT(rc == -FI_EINVAL, "fi_commit of 33 ranges = %zd (%s), expected -FI_EINVAL", rc,
+              fi_strerror((int)-rc));
+    FT_TRY(accepted(&e, &g, &vol, true, 80));
+    FT_TRY(accepted(&e, &g, &vol, false, 82));
+    FT_EXPECT(!atomic_load(&g.outside) && !atomic_load(&g.bad_pmem) && !atomic_load(&g.bad_type),
+              "the handler was given %d ranges outside the regions, %d wrong FI_PMEM flags",
+              atomic_load(&g.outside), atomic_load(&g.bad_pmem));
+
+    /* Without a handler: a refused commit queues no FI_COMMIT_EVENT, so
+     * the first one read is the valid commit's. */
+    FT_CHK(fi_eq_register_handler(e.s->eq.eq, FI_COMMIT_EVENT, NULL, NULL));
+    FT_TRY(refused(&e, &g, &bad[0]));
+    FT_TRY(refused(&e, &g, &bad[9])); /* the forged FI_PMEM class */
+    FT_TRY(write_region(&e, &vol, 0, 512, 90));
+    struct fi_rma_iov ok = {vol.raddr, 512, vk};
+    FT_POST(&e.p, fi_commit(e.c->ep, &ok, 1, e.c->peer, 0, &ctx));
+    FT_TRY(ft_wait_event(&e.p, &e.s->eq, FI_COMMIT_EVENT, &ev));
+    struct commit_check want = {.want = &ok, .count = 1};
+    FT_EXPECT(same_ranges(&want, &ev.u.commit),
+              "the first FI_COMMIT_EVENT is not the valid commit's (%zu ranges, key %#llx)",
+              ev.u.commit.count,
+              ev.u.commit.count ? (unsigned long long)ev.u.commit.iov[0].key : 0ULL);
+    FT_EXPECT(!(ev.u.commit.flags & FI_PMEM), "FI_PMEM on a commit of a volatile region");
+    FT_CHK(fi_eq_commit_ack(e.s->eq.eq, &ev.u.commit, 0));
+    FT_TRY(expect_commit_done(&e, &ctx));
+    FT_TRY(ft_expect_pattern(r, vol.buf, 512, 90, "volatile region at the commit"));
+    FT_TRY(ft_expect_quiet(&e.p, &e.c->tx, 50, "after the commits"));
+out:
+    ret = ft_pair_stop(&e.p, ret);
+    if (ft_buf_free(r, &vol)) ret = FT_FAIL;
+    if (ft_buf_free(r, &ro)) ret = FT_FAIL;
+    if (ft_buf_free(r, &gone)) ret = FT_FAIL;
+    return ft_rma_close(r, &e, ret);
+}
+
 /* ------------------------------------------------- mixed connections */
 
 /*
@@ -947,6 +1159,7 @@ const struct ft_test ft_pmof_tests[] = {
     {"pmof.manual_immed", t_manual_immed},
     {"pmof.manual_fenced", t_manual_fenced},
     {"pmof.manual_errors", t_manual_errors},
+    {"pmof.manual_ranges", t_manual_ranges},
     {"pmof.mixed_manual_initiator", t_mixed_manual_initiator},
     {"pmof.mixed_manual_target", t_mixed_manual_target},
     {"pmof.wrappers_enosys", t_wrappers_enosys},
