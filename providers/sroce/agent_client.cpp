@@ -255,6 +255,7 @@ int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int tabl
     out.conn = fd;
     out.udp = udp;
     out.slot = rep.slot;
+    out.relayed = rep.flags & kOpenRelayed;
     return 0;
 }
 

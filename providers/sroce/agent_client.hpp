@@ -19,6 +19,7 @@ struct Lease {
     int conn = -1;
     int udp = -1;
     uint32_t slot = 0;
+    bool relayed = false; // `udp` is the agent's relay (OpenReply::flags)
 };
 
 // The options every device socket gets, whoever makes it (the agent, or a

@@ -23,7 +23,7 @@ namespace sroce::agent {
 // Bumped whenever a message's layout or meaning changes: a process and an
 // agent from different builds then refuse each other with a clear message
 // instead of misreading.
-constexpr uint32_t kProtoVersion = 2; // 2: the QP table is sealed against shrinking
+constexpr uint32_t kProtoVersion = 3; // 3: relayed slots (OpenReply::flags)
 
 // The agent listens on an abstract Unix socket, so there is one per network
 // namespace, which is exactly the scope of the addresses it serves.
@@ -92,16 +92,33 @@ struct Request {
 };
 
 // kOpenDevice carries one descriptor, the process's QP table (below).  The
-// reply, when err == 0, carries the slot's UDP socket: bound to addr:4791,
-// in the address's reuseport group, so the kernel delivers it every packet
-// whose destination QPN has this slot.
+// reply, when err == 0, carries one descriptor for the slot:
+// - a process of the agent's own user gets the slot's UDP socket: bound to
+//   addr:4791, in the address's reuseport group, so the kernel delivers it
+//   every packet whose destination QPN has this slot;
+// - any other user's process (kOpenRelayed) gets the end of a Unix
+//   SOCK_SEQPACKET pair on which the agent relays those packets, each behind
+//   a RelayHdr, and sends from a socket of its own.  Whoever holds a member
+//   of a reuseport group can reprogram or detach the group's steering
+//   (SO_ATTACH_REUSEPORT_CBPF, SO_DETACH_REUSEPORT_BPF) or connect(2) it to
+//   take a peer's packets; only the agent's own user may hold one
+//   (docs/shared-device.md, "Who receives what").
+constexpr uint32_t kOpenRelayed = 1;
 struct OpenReply {
     uint32_t version;
     int32_t err; // an errno, 0 on success
     uint32_t slot;
-    uint32_t reserved;
-    char msg[256]; // why not, for the process to print
+    uint32_t flags; // kOpenRelayed
+    char msg[256];  // why not, for the process to print
 };
+
+// What precedes each relayed datagram: where it came from.
+struct RelayHdr {
+    uint32_t from_addr; // IPv4, network order
+    uint16_t from_port; // network order
+    uint16_t reserved;
+};
+static_assert(sizeof(RelayHdr) == 8);
 
 // The table a process shares with the agent (a memfd it sends with
 // kOpenDevice): one entry per QP slot of the process, written by the

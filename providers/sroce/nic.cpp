@@ -284,6 +284,7 @@ Nic::~Nic() {
         thread_.join();
     }
     if (fd_ >= 0) close(fd_);
+    if (rx_fd_ >= 0) close(rx_fd_);
     for (auto &table : peers_)
         for (PeerSocket &p : table)
             if (p.fd >= 0) close(p.fd);
@@ -312,6 +313,8 @@ int Nic::open_socket() {
     // ever arrives.  bind_socket() puts the real one in its place.
     fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd_ < 0) return errno;
+    rx_fd_ = fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+    if (rx_fd_ < 0) return errno;
     // A device whose address is not on the host opens, with its port down,
     // as an RNIC whose net device lost its address does; the socket comes
     // with the first QP or SRQ made once the address is back.
@@ -335,18 +338,37 @@ int Nic::bind_socket() {
         fd = lease_.udp;
         slot = lease_.slot;
     }
-    // Into the stand-in's number: a thread polling or receiving meanwhile
+    int rx = fd;
+    if (lease_.relayed) {
+        // Packets come through the agent; this process sends from a
+        // socket of its own on the address (any source port is RoCEv2's).
+        fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_addr.s_addr = dev_->addr;
+        if (fd >= 0) agent::roce_socket_options(fd, dev_->addr);
+        if (fd < 0 || bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0) {
+            int err = errno;
+            if (fd >= 0) close(fd);
+            close(rx);
+            return err;
+        }
+    }
+    // Into the stand-ins' numbers: a thread polling or receiving meanwhile
     // never meets a closed descriptor.
-    if (dup2(fd, fd_) < 0) {
+    if (dup2(fd, fd_) < 0 || dup2(rx, rx_fd_) < 0) {
         int err = errno;
         close(fd);
+        if (rx != fd) close(rx);
         return err;
     }
     close(fd);
+    if (rx != fd) close(rx);
+    relayed_ = lease_.relayed;
     lease_.udp = fd_;
     // Every socket of the address's group has its own setting: this
     // process's coalesced receives are its own choice.
-    int gro = gro_ ? 1 : 0;
+    int gro = gro_ && !relayed_ ? 1 : 0;
     if (setsockopt(fd_, IPPROTO_UDP, UDP_GRO, &gro, sizeof gro) < 0) gro_ = false;
     qpn_base_ = slot << agent::kSlotShift | kQpnBase;
     srqn_base_ = slot << agent::kSlotShift | kSrqnBase;
@@ -435,6 +457,7 @@ void Nic::lose_device() {
     // ever uses a closed descriptor number.
     if (int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0); s >= 0) {
         dup2(s, fd_);
+        dup2(s, rx_fd_); // a relay whose agent is gone would poll readable forever
         close(s);
     }
 }
@@ -1063,7 +1086,7 @@ void Nic::receive_one(const uint8_t *d, size_t len, const sockaddr_in &from, in_
 int Nic::rx_pass() {
     // Until then fd_ is the stand-in (open_socket), and no QP exists.
     if (!bound_.load(std::memory_order_acquire)) return 0;
-    int n = rx_from(fd_, dev_->addr, true);
+    int n = rx_from(rx_fd_, dev_->addr, true);
     if (mc_count_.load(std::memory_order_relaxed)) {
         // The caller holds rx_mu_, so no group socket closes meanwhile.
         for (McGroup &m : mc_)
@@ -1109,6 +1132,17 @@ int Nic::rx_from(int fd, in_addr_t dst, bool adaptive) {
         if (mh.msg_flags & MSG_TRUNC) continue;
         const uint8_t *d = rx.bufs.get() + size_t(i) * RxState::kBufLen;
         size_t len = rx.msgs[i].msg_len;
+        if (relayed_ && fd == rx_fd_) {
+            // The agent says where the datagram came from, ahead of it.
+            agent::RelayHdr h;
+            if (len < sizeof h) continue;
+            std::memcpy(&h, d, sizeof h);
+            rx.froms[i].sin_family = AF_INET;
+            rx.froms[i].sin_addr.s_addr = h.from_addr;
+            rx.froms[i].sin_port = h.from_port;
+            d += sizeof h;
+            len -= sizeof h;
+        }
         // A coalesced buffer holds packets of one segment size, the last
         // possibly shorter, each with its place in the send as its IP ID.
         size_t seg = RxState::segment_size(mh);
@@ -1179,7 +1213,7 @@ void Nic::wait_for_work(uint64_t spin_until) {
         // most that much.
         nap(kParkNs);
     } else if (now >= spin_until) {
-        pollfd p[2 + kMaxMcGroups] = {{wake_fd_, POLLIN, 0}, {fd_, POLLIN, 0}};
+        pollfd p[2 + kMaxMcGroups] = {{wake_fd_, POLLIN, 0}, {rx_fd_, POLLIN, 0}};
         nfds_t n = 2;
         if (mc_count_.load(std::memory_order_relaxed))
             for (McGroup &m : mc_)

@@ -253,7 +253,11 @@ class Nic {
 
     Device *dev_;
     int refs_ = 0;
-    int fd_ = -1;
+    int fd_ = -1; // sends; and receives, unless the slot is relayed
+    // Where this process's packets arrive: fd_'s socket, or the agent's relay
+    // (agent_proto.hpp, kOpenRelayed), whose datagrams start with a RelayHdr.
+    int rx_fd_ = -1;
+    bool relayed_ = false;
     agent::Lease lease_;
     agent::QpEntry *table_ = nullptr; // shared with the agent
     int table_fd_ = -1;

@@ -22,17 +22,27 @@ as a hostile or careless client would, for test_agent_trust.sh.
   agent_wire.py ids N
       opens an rdma_cm channel and creates ids until N or an error; prints
       "created K err E".
+  agent_wire.py steal SECONDS
+      leases a slot of 127.0.29.1 and turns what it got against the
+      address's other users: steers the whole reuseport group to its slot
+      (SO_ATTACH_REUSEPORT_CBPF), detaches the group's program
+      (SO_DETACH_REUSEPORT_BPF) and connects to 127.0.29.2:4791; prints
+      "ready" and then, after SECONDS, "attacks K received N": how many of
+      the three the kernel took, and how many datagrams came in meanwhile
+      (the slot has no QP, so every one is another's).
   agent_wire.py squat FILE
       binds the agent's name first and listens, as a squatter would; writes
       "ready" to FILE, then how many bytes clients sent it, after each one.
 The socket is @$SROCE_AGENT_SOCKET (default @sroce-agent)."""
+import ctypes
 import fcntl
 import os
 import socket
 import struct
 import sys
+import time
 
-PROTO = 2
+PROTO = 3
 OPEN_DEVICE, STOP, CM_CHANNEL, CM_COMMANDS = 1, 3, 5, 6
 REQUEST = struct.Struct("<II64s16sII")
 OPEN_REPLY = struct.Struct("<IiII256s")
@@ -176,6 +186,51 @@ def bind(port):
     print(f"err {err}", flush=True)
 
 
+SO_ATTACH_REUSEPORT_CBPF, SO_DETACH_REUSEPORT_BPF = 51, 68
+BPF_RET_K = 0x06
+
+
+def steal(seconds):
+    fd = os.memfd_create("hostile-qps", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, TABLE_BYTES)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    s = connect()
+    addr = struct.unpack("<I", socket.inet_aton("127.0.29.1"))[0]
+    socket.send_fds(s, [request(OPEN_DEVICE, b"thief", b"lo", addr)], [fd])
+    data, fds, _, _ = socket.recv_fds(s, OPEN_REPLY.size, 4)
+    if len(data) != OPEN_REPLY.size or not fds:
+        print("lease-err no reply", flush=True)
+        return
+    _, err, slot, _, _ = OPEN_REPLY.unpack(data)
+    if err:
+        print(f"lease-err {err}", flush=True)
+        return
+    got = socket.socket(fileno=fds[0])
+    attacks = 0
+    # "return SLOT": every packet of the address to this slot.
+    code = ctypes.create_string_buffer(struct.pack("<HBBI", BPF_RET_K, 0, 0, slot))
+    prog = struct.pack("<H6xQ", 1, ctypes.addressof(code))
+    for attack in (lambda: got.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, prog),
+                   lambda: got.setsockopt(socket.SOL_SOCKET, SO_DETACH_REUSEPORT_BPF, 0),
+                   lambda: got.connect(("127.0.29.2", 4791))):
+        try:
+            attack()
+            attacks += 1
+        except (OSError, TypeError):  # TypeError: no inet address for a Unix socket
+            pass
+    print("ready", flush=True)
+    got.settimeout(0.2)
+    received = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            if got.recv(65536):
+                received += 1
+        except OSError:
+            pass
+    print(f"attacks {attacks} received {received}", flush=True)
+
+
 def squat(path):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.bind("\0" + os.environ.get("SROCE_AGENT_SOCKET", "sroce-agent"))
@@ -213,6 +268,8 @@ def main():
         slots(int(sys.argv[2]))
     elif cmd == "ids":
         ids(int(sys.argv[2]))
+    elif cmd == "steal":
+        steal(float(sys.argv[2]))
     elif cmd == "squat":
         squat(sys.argv[2])
     else:

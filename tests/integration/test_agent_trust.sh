@@ -28,7 +28,14 @@
 #      65535 handles librdmacm can index; root still gets one.
 #   6. One user but root holds at most 128 of an address's 255 process
 #      slots (EMFILE, with a message); root still gets one.
-#   7. ibv_rc_pingpong over the two devices still works afterwards.
+#   7. Steering: a slot's descriptor given to another user is no member of
+#      the address's reuseport group, so neither steering the group to
+#      itself, detaching its program nor connecting to a peer takes a byte
+#      of root's ibv_rc_pingpong, which runs meanwhile.  That user's own
+#      programs work through the agent's relay: ibv_rc_pingpong (buffers
+#      checked) between two relayed processes and between a relayed and a
+#      direct one, ibv_ud_pingpong too.
+#   8. ibv_rc_pingpong over the two devices still works afterwards.
 #
 # Usage: test_agent_trust.sh BUILD-DIR
 # Exits 77 without root or network namespaces.
@@ -44,7 +51,7 @@ fi
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 sroce_init "${1:?usage: $0 BUILD-DIR}"
-require_cmds ip setpriv python3 ibv_rc_pingpong
+require_cmds ip setpriv python3 ibv_rc_pingpong ibv_ud_pingpong
 WIRE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/agent_wire.py
 # The system's: the second user cannot run one under /root.
 PY=/usr/bin/python3
@@ -204,7 +211,55 @@ wire "another user's process slots of $B stop at 128 (EMFILE)" \
 	as_nobody slots 200
 wire "root still leases a slot of $B" "opened 1 err 0" slots 1
 
-# --- 7. the device still works ------------------------------------------------------
+# --- 7. steering ---------------------------------------------------------------------
+as_nobody "$PY" "$WIRE" steal 10 >"$WORK/steal.out" 2>&1 &
+thief=$!
+for _ in $(seq 50); do
+	grep -q ready "$WORK/steal.out" && break
+	sleep 0.1
+done
+if run_pair ibv_rc_pingpong -d trust0 -g 1 -p @PORT@ -n 2000 -c -- \
+	ibv_rc_pingpong -d trust1 -g 1 -p @PORT@ -n 2000 -c $A; then
+	pass "root's ibv_rc_pingpong trust0 <-> trust1 while another user attacks the steering"
+else
+	fail "root's ibv_rc_pingpong trust0 <-> trust1 while another user attacks the steering"
+fi
+wait "$thief"
+got=$(tail -n 1 "$WORK/steal.out")
+if [[ $got == "attacks 0 received 0" ]]; then
+	pass "another user's slot cannot steer, detach or connect the group, and gets nothing ($got)"
+else
+	fail "another user's slot against the steering: '$(tr '\n' ' ' <"$WORK/steal.out")'"
+fi
+nobody=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+if run_pair "${nobody[@]}" ibv_rc_pingpong -d trust0 -g 1 -p @PORT@ -n 500 -c -- \
+	"${nobody[@]}" ibv_rc_pingpong -d trust1 -g 1 -p @PORT@ -n 500 -c $A; then
+	pass "ibv_rc_pingpong between two relayed processes of another user"
+else
+	fail "ibv_rc_pingpong between two relayed processes of another user"
+fi
+if run_pair "${nobody[@]}" ibv_rc_pingpong -d trust0 -g 1 -p @PORT@ -n 500 -c -- \
+	ibv_rc_pingpong -d trust1 -g 1 -p @PORT@ -n 500 -c $A; then
+	pass "ibv_rc_pingpong between a relayed process and a direct one"
+else
+	fail "ibv_rc_pingpong between a relayed process and a direct one"
+fi
+if run_pair "${nobody[@]}" ibv_ud_pingpong -d trust0 -g 1 -p @PORT@ -n 500 -- \
+	ibv_ud_pingpong -d trust1 -g 1 -p @PORT@ -n 500 $A; then
+	pass "ibv_ud_pingpong between a relayed process and a direct one"
+else
+	fail "ibv_ud_pingpong between a relayed process and a direct one"
+fi
+relayed=$("$SROCE_BIN" -j agent status | python3 -c '
+import json, sys
+print(sum(d.get("rx_relayed", 0) for d in json.load(sys.stdin)["devices"]))')
+if ((relayed > 1000)); then
+	pass "the agent relayed $relayed datagrams"
+else
+	fail "the agent relayed $relayed datagrams"
+fi
+
+# --- 8. the device still works ------------------------------------------------------
 if run_pair ibv_rc_pingpong -d trust0 -g 1 -p @PORT@ -n 100 -- \
 	ibv_rc_pingpong -d trust1 -g 1 -p @PORT@ -n 100 $A; then
 	pass "ibv_rc_pingpong trust0 <-> trust1 afterwards"

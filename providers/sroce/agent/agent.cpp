@@ -21,6 +21,7 @@
 #include <linux/filter.h>
 #include <memory>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <stdexcept>
 #include <sys/mman.h>
@@ -142,6 +143,7 @@ socklen_t abstract_addr(const std::string &name, sockaddr_un &sa) {
 
 struct SlotUse {
     int conn = -1;
+    int relay = -1; // the agent's end of a relayed slot's pair, or -1
     pid_t pid = 0;
     uid_t uid = 0;
     std::string comm, dev_name;
@@ -162,13 +164,16 @@ struct Dev {
     uint32_t next = 1;
     uint32_t gsi_psn = 0; // QP1's send PSN, counting every MAD sent
     uint64_t rx_gsi = 0, rx_unroutable = 0, rx_gsi_bad = 0;
+    uint64_t rx_relayed = 0, rx_relay_dropped = 0; // for relayed slots (Agent::relay)
 
     ~Dev() {
         for (int fd : socks)
             close(fd);
         if (lock >= 0) close(lock);
-        for (SlotUse &u : use)
+        for (SlotUse &u : use) {
             if (u.table) munmap(const_cast<QpEntry *>(u.table), kTableEntries * sizeof(QpEntry));
+            if (u.relay >= 0) close(u.relay);
+        }
     }
 };
 
@@ -216,6 +221,7 @@ class Agent {
     int new_socket(in_addr_t addr, bool reuseport, std::string &why);
     void steer(Dev &d);
     void release(Dev &d, uint32_t slot);
+    void relay(Dev &d, uint32_t slot);
     void drain_gsi(Dev &d);
     json resources() const;
     json status() const;
@@ -238,6 +244,17 @@ class Agent {
     static constexpr uint64_t kAwaitRetryMs = 1000;
     Cm cm_;
     bool stop_ = false;
+    // relay()'s buffers, allocated at its first use.
+    struct RelayBufs {
+        static constexpr int kBatch = 32;
+        static constexpr size_t kLen = 16 << 10; // past any MTU; longer is cut
+        std::unique_ptr<uint8_t[]> data{new uint8_t[kBatch * kLen]};
+        RelayHdr hdr[kBatch];
+        sockaddr_in from[kBatch];
+        iovec in[kBatch], out[kBatch][2];
+        mmsghdr rx[kBatch], tx[kBatch];
+    };
+    std::unique_ptr<RelayBufs> relay_bufs_;
 };
 
 int Agent::listen_socket() {
@@ -415,6 +432,29 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
         while (recv(d->socks[s], b, sizeof b, MSG_DONTWAIT) >= 0) {
         }
     }
+    // A member of the group could reprogram its steering or connect(2)
+    // itself to a peer and take every user's packets: only the agent's own
+    // user's processes hold one; any other's get their packets relayed.
+    int give = d->socks[s], pair[2] = {-1, -1};
+    bool relayed = cred.uid != geteuid();
+    if (relayed) {
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) {
+            int err = errno;
+            munmap(table, kTableEntries * sizeof(QpEntry));
+            return refuse(fd, err, std::string("socketpair: ") + strerror(err));
+        }
+        // A relayed burst waits in the pair as it would in a UDP socket.
+        int buf = 16 << 20;
+        if (setsockopt(pair[0], SOL_SOCKET, SO_SNDBUFFORCE, &buf, sizeof buf) < 0)
+            setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+        fcntl(pair[0], F_SETFL, O_NONBLOCK);
+        // A process of the agent's user that held the slot before may have
+        // asked for coalesced receives; relay() takes datagrams one by one.
+        int off = 0;
+        setsockopt(d->socks[s], IPPROTO_UDP, UDP_GRO, &off, sizeof off);
+        give = pair[1];
+        rep.flags = kOpenRelayed;
+    }
     SlotUse &u = d->use[s];
     u.pid = cred.pid;
     u.uid = cred.uid;
@@ -423,16 +463,67 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
     u.dev_name.assign(rq.name, strnlen(rq.name, sizeof rq.name));
     u.table = static_cast<const QpEntry *>(table);
     rep.slot = s;
-    if (send_with_fd(fd, &rep, sizeof rep, d->socks[s]) < 0) {
+    ssize_t sent = send_with_fd(fd, &rep, sizeof rep, give);
+    if (pair[1] >= 0) close(pair[1]);
+    if (sent < 0) {
         munmap(table, kTableEntries * sizeof(QpEntry));
+        if (pair[0] >= 0) close(pair[0]);
         u = SlotUse{};
         return;
     }
     u.conn = fd;
+    u.relay = pair[0];
     d->next = s + 1;
     *owner = d;
     *slot = s;
-    log("%s slot %u: pid %d (%s)", ip_text(d->addr).c_str(), s, int(u.pid), u.comm.c_str());
+    log("%s slot %u: pid %d (%s)%s", ip_text(d->addr).c_str(), s, int(u.pid), u.comm.c_str(),
+        relayed ? ", relayed" : "");
+}
+
+// A relayed slot's packets, from the group's socket the agent keeps to the
+// process's end of the pair, each behind where it came from.  Bounded per
+// call, so that a flood to one slot delays the agent's other work little;
+// what the process has no room for is dropped, as a full UDP socket would.
+void Agent::relay(Dev &d, uint32_t slot) {
+    SlotUse &u = d.use[slot];
+    if (!relay_bufs_) relay_bufs_ = std::make_unique<RelayBufs>();
+    RelayBufs &b = *relay_bufs_;
+    for (int round = 0; round < 8; round++) {
+        for (int i = 0; i < RelayBufs::kBatch; i++) {
+            b.in[i] = {b.data.get() + size_t(i) * RelayBufs::kLen, RelayBufs::kLen};
+            b.rx[i].msg_hdr = {};
+            b.rx[i].msg_hdr.msg_name = &b.from[i];
+            b.rx[i].msg_hdr.msg_namelen = sizeof b.from[i];
+            b.rx[i].msg_hdr.msg_iov = &b.in[i];
+            b.rx[i].msg_hdr.msg_iovlen = 1;
+        }
+        int n = recvmmsg(d.socks[slot], b.rx, RelayBufs::kBatch, MSG_DONTWAIT, nullptr);
+        if (n <= 0) return;
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            if (b.rx[i].msg_hdr.msg_flags & MSG_TRUNC) {
+                d.rx_relay_dropped++; // longer than any RoCE packet
+                continue;
+            }
+            b.hdr[k] = {b.from[i].sin_addr.s_addr, b.from[i].sin_port, 0};
+            b.out[k][0] = {&b.hdr[k], sizeof b.hdr[k]};
+            b.out[k][1] = {b.in[i].iov_base, b.rx[i].msg_len};
+            b.tx[k].msg_hdr = {};
+            b.tx[k].msg_hdr.msg_iov = b.out[k];
+            b.tx[k].msg_hdr.msg_iovlen = 2;
+            k++;
+        }
+        for (int off = 0; off < k;) {
+            int m = sendmmsg(u.relay, b.tx + off, unsigned(k - off), MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (m <= 0) {
+                d.rx_relay_dropped += uint64_t(k - off);
+                break;
+            }
+            d.rx_relayed += uint64_t(m);
+            off += m;
+        }
+        if (n < RelayBufs::kBatch) return;
+    }
 }
 
 void Agent::release(Dev &d, uint32_t slot) {
@@ -440,6 +531,7 @@ void Agent::release(Dev &d, uint32_t slot) {
     log("%s slot %u: pid %d left", ip_text(d.addr).c_str(), slot, int(u.pid));
     if (u.table) munmap(const_cast<QpEntry *>(u.table), kTableEntries * sizeof(QpEntry));
     close(u.conn);
+    if (u.relay >= 0) close(u.relay);
     u = SlotUse{};
 }
 
@@ -502,7 +594,9 @@ json Agent::status() const {
                         {"processes", used},
                         {"rx_gsi", d->rx_gsi},
                         {"rx_gsi_dropped", d->rx_gsi_bad},
-                        {"rx_unroutable", d->rx_unroutable}});
+                        {"rx_unroutable", d->rx_unroutable},
+                        {"rx_relayed", d->rx_relayed},
+                        {"rx_relay_dropped", d->rx_relay_dropped}});
     }
     json listeners = json::array();
     for (const Cm::Listener &l : cm_.listeners())
@@ -727,7 +821,7 @@ int Agent::loop() {
     uint64_t idle_since = mono_s();
     std::vector<pollfd> pfds;
     // What each pollfd past the first is.
-    enum class Kind { kConn, kDevice, kSlot, kCm };
+    enum class Kind { kConn, kDevice, kSlot, kRelay, kCm };
     struct Ref {
         Kind kind;
         Dev *dev;
@@ -748,6 +842,10 @@ int Agent::loop() {
                 if (d->use[s].conn >= 0) {
                     pfds.push_back({d->use[s].conn, POLLIN, 0});
                     refs.push_back({Kind::kSlot, d.get(), s});
+                    if (d->use[s].relay >= 0) {
+                        pfds.push_back({d->socks[s], POLLIN, 0});
+                        refs.push_back({Kind::kRelay, d.get(), s});
+                    }
                 }
         }
         for (uint32_t i = 0; i < cm_conns_.size(); i++) {
@@ -785,6 +883,11 @@ int Agent::loop() {
                     release(*ref.dev, ref.index);
                 break;
             }
+            case Kind::kRelay:
+                // Released above in this pass: the slot's packets are no
+                // one's until it is leased again.
+                if (ref.dev->use[ref.index].relay >= 0) relay(*ref.dev, ref.index);
+                break;
             case Kind::kCm: {
                 CmConn &c = cm_conns_[ref.index];
                 if (c.commands) {
