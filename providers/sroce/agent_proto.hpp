@@ -37,6 +37,10 @@ constexpr uint32_t kSlotShift = 16;
 constexpr uint32_t kMaxSlots = 256;
 // What one user but root may hold of an address's kMaxSlots - 1.
 constexpr uint32_t kSlotsPerUser = 128;
+// How many addresses one user but root may have the agent serve at once
+// (devices opened, and devices its rdma_cm channels name): each costs the
+// agent descriptors, and any of 127.0.0.0/8 is an address of the host.
+constexpr uint32_t kAddrsPerUser = 32;
 inline uint32_t qpn_slot(uint32_t qpn) {
     return (qpn >> kSlotShift) & 0xFF;
 }

@@ -19,6 +19,9 @@ as a hostile or careless client would, for test_agent_trust.sh.
   agent_wire.py slots N
       leases up to N process slots of 127.0.29.2, holding each, until an
       error; prints "opened K err E MSG".
+  agent_wire.py addrs N
+      leases a slot on each of 127.0.30.1, 127.0.30.2, ... (N addresses),
+      holding each, until an error; prints "served K err E MSG".
   agent_wire.py ids N
       opens an rdma_cm channel and creates ids until N or an error; prints
       "created K err E".
@@ -92,6 +95,19 @@ def slots(n):
             break
         held.append(s)
     print(f"opened {len(held)} err {err} {msg}".rstrip(), flush=True)
+
+
+def addrs(n):
+    held = []
+    err, msg = 0, ""
+    while len(held) < n:
+        s, fd, r = lease(TABLE_BYTES, True, f"127.0.30.{len(held) + 1}")
+        os.close(fd)
+        if r is None or r[0]:
+            err, msg = (r[0], r[2]) if r else (-1, "no reply")
+            break
+        held.append(s)
+    print(f"served {len(held)} err {err} {msg}".rstrip(), flush=True)
 
 
 def table(size, sealed, truncate):
@@ -266,6 +282,8 @@ def main():
         bind(int(sys.argv[2]))
     elif cmd == "slots":
         slots(int(sys.argv[2]))
+    elif cmd == "addrs":
+        addrs(int(sys.argv[2]))
     elif cmd == "ids":
         ids(int(sys.argv[2]))
     elif cmd == "steal":

@@ -28,6 +28,10 @@
 #      65535 handles librdmacm can index; root still gets one.
 #   6. One user but root holds at most 128 of an address's 255 process
 #      slots (EMFILE, with a message); root still gets one.
+#   6b. One user but root has the agent serve at most 32 addresses at once
+#      (EMFILE, with a message; any of 127.0.0.0/8 is the host's); root
+#      still gets another; once that user's processes are gone, the agent
+#      serves none of them any more.
 #   7. Steering: a slot's descriptor given to another user is no member of
 #      the address's reuseport group, so neither steering the group to
 #      itself, detaching its program nor connecting to a peer takes a byte
@@ -210,6 +214,20 @@ wire "another user's process slots of $B stop at 128 (EMFILE)" \
 	"opened 128 err 24 uid 65534 holds 128 process slots of $B, as many as one user but root may" \
 	as_nobody slots 200
 wire "root still leases a slot of $B" "opened 1 err 0" slots 1
+
+# --- 6b. addresses per user ------------------------------------------------------------
+wire "another user has the agent serve at most 32 addresses (EMFILE)" \
+	"served 32 err 24 uid 65534 has the agent serve 32 addresses, as many as one user but root may; 127.0.30.33 is not served" \
+	as_nobody addrs 40
+served=$("$SROCE_BIN" -j agent status | python3 -c '
+import json, sys
+print(sum(d["addr"].startswith("127.0.30.") for d in json.load(sys.stdin)["devices"]))')
+if [[ $served == 0 ]]; then
+	pass "the addresses that user had served are released once its processes are gone"
+else
+	fail "$served of the addresses that user had served are still served"
+fi
+wire "root still has the agent serve a new address" "served 1 err 0" addrs 1
 
 # --- 7. steering ---------------------------------------------------------------------
 as_nobody "$PY" "$WIRE" steal 10 >"$WORK/steal.out" 2>&1 &

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <array>
 #include <cerrno>
@@ -158,6 +159,10 @@ struct SlotUse {
 struct Dev {
     in_addr_t addr = 0;
     std::string netdev;
+    // Who had the agent serve it.  Another user's address goes when no slot
+    // and no rdma_cm channel uses it any more (Agent::release_unused);
+    // root's stay, as they always have.
+    uid_t creator = 0;
     int lock = -1;
     std::vector<int> socks;
     std::array<SlotUse, kMaxSlots> use;
@@ -188,6 +193,7 @@ struct CmConn {
     int fd = -1;
     uint32_t channel = 0;
     bool commands = false;
+    std::vector<in_addr_t> addrs; // the wake-up end: the devices the channel named
 };
 
 class Agent {
@@ -212,11 +218,13 @@ class Agent {
     void cm_command(CmConn &c);
     void send_mad(uint32_t local, uint32_t remote, const uint8_t *mad);
     void open_device(int fd, const Request &rq, int table_fd, Dev **owner, uint32_t *slot);
-    Dev *device(in_addr_t addr, const std::string &netdev, std::string &why);
+    Dev *device(in_addr_t addr, const std::string &netdev, uid_t uid, std::string &why);
+    uint32_t addrs_of(uid_t uid) const;
+    void release_unused();
     // A device whose address is not on the host yet (its port is down):
     // retried every kAwaitRetryMs, so that its QP1 answers once the
     // address is back.  Other failures are logged only.
-    void await(in_addr_t addr, const std::string &netdev, const std::string &why);
+    void await(in_addr_t addr, const std::string &netdev, uid_t uid, const std::string &why);
     void retry_awaited();
     int new_socket(in_addr_t addr, bool reuseport, std::string &why);
     void steer(Dev &d);
@@ -237,6 +245,7 @@ class Agent {
     struct Awaited {
         in_addr_t addr;
         std::string netdev;
+        uid_t uid;
     };
     std::vector<Awaited> awaited_;
     uint64_t awaited_at_ = 0; // mono_ms() of the last retry
@@ -310,20 +319,43 @@ void Agent::steer(Dev &d) {
         log("%s: cannot attach the steering program: %s", ip_text(d.addr).c_str(), strerror(errno));
 }
 
-Dev *Agent::device(in_addr_t addr, const std::string &netdev, std::string &why) {
+uint32_t Agent::addrs_of(uid_t uid) const {
+    uint32_t n = 0;
+    for (const auto &d : devs_)
+        n += d->creator == uid;
+    for (const Awaited &w : awaited_)
+        n += w.uid == uid;
+    return n;
+}
+
+Dev *Agent::device(in_addr_t addr, const std::string &netdev, uid_t uid, std::string &why) {
     for (auto &d : devs_)
         if (d->addr == addr) return d.get();
+    if (uid != 0 && addrs_of(uid) >= kAddrsPerUser) {
+        why = "uid " + std::to_string(uid) + " has the agent serve " +
+              std::to_string(kAddrsPerUser) + " addresses, as many as one user but root may; " +
+              ip_text(addr) + " is not served";
+        errno = EMFILE;
+        return nullptr;
+    }
     auto d = std::make_unique<Dev>();
     d->addr = addr;
     d->netdev = netdev;
+    d->creator = uid;
     // Two agents (SROCE_AGENT_SOCKET) must never build one group together:
     // an address is locked by name in the namespace, released by death.
     d->lock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (d->lock < 0) {
+        why = "cannot serve " + ip_text(addr) + ": socket: " + strerror(errno);
+        return nullptr;
+    }
     sockaddr_un sa;
     socklen_t len = abstract_addr("sroce-addr:" + ip_text(addr), sa);
-    if (d->lock < 0 || bind(d->lock, reinterpret_cast<sockaddr *>(&sa), len) < 0) {
-        why = ip_text(addr) + " is served by another sroce agent";
-        errno = EADDRINUSE;
+    if (bind(d->lock, reinterpret_cast<sockaddr *>(&sa), len) < 0) {
+        int err = errno;
+        why = err == EADDRINUSE ? ip_text(addr) + " is served by another sroce agent"
+                                : "cannot serve " + ip_text(addr) + ": " + strerror(err);
+        errno = err;
         return nullptr;
     }
     // Bound without SO_REUSEPORT first: that fails if anyone else has the
@@ -341,15 +373,42 @@ Dev *Agent::device(in_addr_t addr, const std::string &netdev, std::string &why) 
     return devs_.back().get();
 }
 
-void Agent::await(in_addr_t addr, const std::string &netdev, const std::string &why) {
+void Agent::await(in_addr_t addr, const std::string &netdev, uid_t uid, const std::string &why) {
     if (errno != EADDRNOTAVAIL) {
         log("%s", why.c_str());
         return;
     }
     for (const Awaited &w : awaited_)
         if (w.addr == addr) return;
+    if (uid != 0 && addrs_of(uid) >= kAddrsPerUser) {
+        log("uid %u has the agent serve or await %u addresses: not waiting for %s", unsigned(uid),
+            kAddrsPerUser, ip_text(addr).c_str());
+        return;
+    }
     log("%s (%s) is not on the host: waiting for it", ip_text(addr).c_str(), netdev.c_str());
-    awaited_.push_back({addr, netdev});
+    awaited_.push_back({addr, netdev, uid});
+}
+
+// Another user's address goes when nothing uses it: no slot is leased and
+// no open rdma_cm channel named it (whose QP1 must answer).  So what a user
+// had served costs nothing once that user's processes are gone.
+void Agent::release_unused() {
+    auto named = [this](in_addr_t a) {
+        for (const auto *v : {&cm_conns_, &new_cm_conns_})
+            for (const CmConn &c : *v)
+                if (c.fd >= 0 && std::find(c.addrs.begin(), c.addrs.end(), a) != c.addrs.end())
+                    return true;
+        return false;
+    };
+    std::erase_if(awaited_, [&](const Awaited &w) { return w.uid != 0 && !named(w.addr); });
+    std::erase_if(devs_, [&](const std::unique_ptr<Dev> &d) {
+        if (d->creator == 0 || named(d->addr)) return false;
+        for (uint32_t s = 1; s < kMaxSlots; s++)
+            if (d->use[s].conn >= 0) return false;
+        log("no longer serving %s (uid %u's, unused)", ip_text(d->addr).c_str(),
+            unsigned(d->creator));
+        return true;
+    });
 }
 
 void Agent::retry_awaited() {
@@ -358,7 +417,7 @@ void Agent::retry_awaited() {
     awaited_at_ = now;
     std::erase_if(awaited_, [this](const Awaited &w) {
         std::string why;
-        if (device(w.addr, w.netdev, why)) return true;
+        if (device(w.addr, w.netdev, w.uid, why)) return true;
         if (errno == EADDRNOTAVAIL) return false;
         log("%s", why.c_str());
         return true;
@@ -382,11 +441,11 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
                       "the QP table must be a memfd of " +
                           std::to_string(kTableEntries * sizeof(QpEntry)) +
                           " bytes sealed against shrinking");
-    Dev *d = device(rq.addr, netdev, why);
+    ucred cred = peer_cred(fd);
+    Dev *d = device(rq.addr, netdev, cred.uid, why);
     if (!d) return refuse(fd, errno ? errno : EADDRINUSE, why);
     // No user but root takes more than half an address's slots, so that
     // one cannot shut every other out of a device.
-    ucred cred = peer_cred(fd);
     if (cred.uid != 0) {
         uint32_t mine = 0;
         for (uint32_t k = 1; k < kMaxSlots; k++)
@@ -650,7 +709,9 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
         return *owner ? Served::kSlot : Served::kClose;
     case kCmChannel: {
         size_t ndev = (size_t(n) - sizeof rq) / sizeof(CmDeviceInfo);
+        ucred cred = peer_cred(fd);
         std::vector<CmDevice> devs;
+        std::vector<in_addr_t> addrs;
         for (size_t i = 0; i < ndev; i++) {
             CmDeviceInfo di;
             std::memcpy(&di, msg + sizeof rq + i * sizeof di, sizeof di);
@@ -664,10 +725,10 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
             devs.push_back(d);
             // QP1 of every device the process may connect through must
             // answer, whether or not a process has the device open.
+            addrs.push_back(d.addr);
             std::string why;
-            if (!device(d.addr, d.name, why)) await(d.addr, d.name, why);
+            if (!device(d.addr, d.name, cred.uid, why)) await(d.addr, d.name, cred.uid, why);
         }
-        ucred cred = peer_cred(fd);
         OpenReply rep{};
         rep.version = kProtoVersion;
         rep.slot =
@@ -676,7 +737,7 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
             cm_.close_channel(rep.slot);
             return Served::kClose;
         }
-        new_cm_conns_.push_back({fd, rep.slot, false});
+        new_cm_conns_.push_back({fd, rep.slot, false, std::move(addrs)});
         return Served::kCm;
     }
     case kCmCommands: {
@@ -695,7 +756,7 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
         known = known && cm_.channel_owned_by(rq.reserved, cred.pid, cred.uid);
         if (!known) rep.err = ENOENT;
         if (send(fd, &rep, sizeof rep, MSG_NOSIGNAL) < 0 || !known) return Served::kClose;
-        new_cm_conns_.push_back({fd, rq.reserved, true});
+        new_cm_conns_.push_back({fd, rq.reserved, true, {}});
         return Served::kCm;
     }
     case kResources:
@@ -829,6 +890,7 @@ int Agent::loop() {
     };
     std::vector<Ref> refs;
     while (!stop_) {
+        release_unused();
         pfds.assign(1, {listen_, POLLIN, 0});
         refs.assign(1, {Kind::kConn, nullptr, 0});
         for (uint32_t i = 0; i < conns_.size(); i++) {
