@@ -33,6 +33,12 @@ as a hostile or careless client would, for test_agent_trust.sh.
       "ready" and then, after SECONDS, "attacks K received N": how many of
       the three the kernel took, and how many datagrams came in meanwhile
       (the slot has no QP, so every one is another's).
+  agent_wire.py malformed
+      sends, each on a connection of its own, requests that are short,
+      oversized, of another version, of an unknown kind, with a
+      descriptor where none belongs, an open without its descriptor, and
+      an rdma_cm channel whose device list is cut; prints one line per
+      request: its name and the answer ("err E", or "no reply").
   agent_wire.py squat FILE
       binds the agent's name first and listens, as a squatter would; writes
       "ready" to FILE, then how many bytes clients sent it, after each one.
@@ -46,7 +52,7 @@ import sys
 import time
 
 PROTO = 3
-OPEN_DEVICE, STOP, CM_CHANNEL, CM_COMMANDS = 1, 3, 5, 6
+OPEN_DEVICE, STOP, STATUS, CM_CHANNEL, CM_COMMANDS = 1, 3, 4, 5, 6
 REQUEST = struct.Struct("<II64s16sII")
 OPEN_REPLY = struct.Struct("<IiII256s")
 TABLE_BYTES = 4096 * 16
@@ -247,6 +253,24 @@ def steal(seconds):
     print(f"attacks {attacks} received {received}", flush=True)
 
 
+def malformed():
+    def answer(name, data, fds=()):
+        s = connect()
+        socket.send_fds(s, [data], list(fds)) if fds else s.send(data)
+        r = reply(s)
+        print(f"{name} " + ("no reply" if r is None else f"err {r[0]}"), flush=True)
+
+    memfd = os.memfd_create("stray")
+    answer("short", request(STATUS)[:12])
+    answer("oversized", request(CM_CHANNEL) + bytes(20000))
+    answer("version", REQUEST.pack(STATUS, PROTO + 1, b"", b"", 0, 0))
+    answer("unknown", request(99))
+    answer("stray-descriptor", request(STATUS), [memfd])
+    answer("open-without-table", request(OPEN_DEVICE, b"x", b"lo", 0x011D007F))
+    answer("cut-device-list", request(CM_CHANNEL) + bytes(40))
+    os.close(memfd)
+
+
 def squat(path):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.bind("\0" + os.environ.get("SROCE_AGENT_SOCKET", "sroce-agent"))
@@ -288,6 +312,8 @@ def main():
         ids(int(sys.argv[2]))
     elif cmd == "steal":
         steal(float(sys.argv[2]))
+    elif cmd == "malformed":
+        malformed()
     elif cmd == "squat":
         squat(sys.argv[2])
     else:

@@ -18,6 +18,10 @@
 #      against shrinking) is refused with EINVAL and a message, and a
 #      listing afterwards finds the agent alive; a sealed one of the right
 #      size gets a slot.
+#   2b. Malformed requests (short, oversized, of another version or an
+#      unknown kind, a descriptor where none belongs, an open without its
+#      table, a cut rdma_cm device list) each get an error reply, and the
+#      agent serves on.
 #   3. Another user cannot take the commands of a root process's rdma_cm
 #      channel (ENOENT, as for a channel that does not exist), nor can
 #      another process of root; the owner can.
@@ -174,6 +178,15 @@ if [[ $got == "slot "[1-9]* ]] && alive; then
 	pass "a sealed QP table of 65536 bytes gets a slot ($got)"
 else
 	fail "a sealed QP table of 65536 bytes: '$got'"
+fi
+
+# --- 2b. malformed requests ------------------------------------------------------------
+got=$(as_nobody "$PY" "$WIRE" malformed 2>&1 | tr '\n' ' ')
+want="short err 22 oversized err 90 version err 71 unknown err 22 stray-descriptor err 22 open-without-table err 22 cut-device-list err 22 "
+if [[ $got == "$want" ]] && alive; then
+	pass "malformed requests each get an error reply; the agent serves on ($got)"
+else
+	fail "malformed requests: '$got' (want '$want'), agent $(alive && echo alive || echo gone)"
 fi
 
 # --- 3. rdma_cm channels ----------------------------------------------------------

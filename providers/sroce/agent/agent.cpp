@@ -682,7 +682,9 @@ json Agent::status() const {
 }
 
 Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
-    alignas(8) uint8_t msg[16384];
+    // One byte more than a request may have: a longer one shows as such.
+    constexpr size_t kMaxRequest = 16384;
+    alignas(8) uint8_t msg[kMaxRequest + 1];
     int table_fd;
     ssize_t n = recv_with_fd(fd, msg, sizeof msg, MSG_DONTWAIT, &table_fd);
     if (n < 0) return errno == EAGAIN ? Served::kKeep : Served::kClose;
@@ -695,16 +697,38 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
     if (n == 0) return Served::kClose;
     Request rq{};
     std::memcpy(&rq, msg, std::min(sizeof rq, size_t(n)));
-    if (size_t(n) < sizeof rq || rq.version != kProtoVersion) {
+    // Another release's request may have another size; its version is
+    // always the second word.
+    if (size_t(n) >= 2 * sizeof(uint32_t) && rq.version != kProtoVersion) {
         refuse(fd, EPROTO,
                "the running sroce agent (pid " + std::to_string(getpid()) + ") speaks protocol " +
                    std::to_string(kProtoVersion) +
                    "; stop it with 'sroce agent stop' so that this release's starts");
         return Served::kClose;
     }
+    // What is not a well-formed request is answered with why, never with
+    // silence, a crash or a leaked descriptor.
+    std::string bad;
+    bool op_known = rq.op == kOpenDevice || rq.op == kResources || rq.op == kStop ||
+                    rq.op == kStatus || rq.op == kCmChannel || rq.op == kCmCommands;
+    if (size_t(n) > kMaxRequest)
+        bad = "a request is at most " + std::to_string(kMaxRequest) + " bytes";
+    else if (size_t(n) < sizeof rq)
+        bad = "a request of " + std::to_string(n) + " bytes";
+    else if (!op_known)
+        bad = "unknown request " + std::to_string(rq.op);
+    else if ((rq.op == kOpenDevice) != (table_fd >= 0))
+        bad = rq.op == kOpenDevice ? "an open carries the QP table's descriptor"
+                                   : "no descriptor belongs with request " + std::to_string(rq.op);
+    else if (rq.op == kCmChannel ? (size_t(n) - sizeof rq) % sizeof(CmDeviceInfo) != 0
+                                 : size_t(n) != sizeof rq)
+        bad = "request " + std::to_string(rq.op) + " of " + std::to_string(n) + " bytes";
+    if (!bad.empty()) {
+        refuse(fd, size_t(n) > kMaxRequest ? EMSGSIZE : EINVAL, bad);
+        return Served::kClose;
+    }
     switch (rq.op) {
     case kOpenDevice:
-        if (size_t(n) != sizeof rq || table_fd < 0) return Served::kClose;
         open_device(fd, rq, table_fd, owner, slot);
         return *owner ? Served::kSlot : Served::kClose;
     case kCmChannel: {
