@@ -25,6 +25,23 @@ as a hostile or careless client would, for test_agent_trust.sh.
   agent_wire.py ids N
       opens an rdma_cm channel and creates ids until N or an error; prints
       "created K err E".
+  agent_wire.py joins N
+      opens an rdma_cm channel naming 127.0.29.1, binds an RDMA_PS_UDP id
+      there and joins groups 239.29.x.y with it until N or an error, never
+      reading an event; prints "joined K err E".
+  agent_wire.py resolve N
+      opens an rdma_cm channel naming 127.0.29.1 and resolves one id's
+      address to 127.0.29.1 (RESOLVE_IP) until N or an error, never reading
+      an event; then reads one and resolves once more; prints
+      "resolved K err E, after reading one err E2".
+  agent_wire.py listen PORT BACKLOG
+      listens on 127.0.29.1:PORT with BACKLOG on a channel naming
+      127.0.29.1, prints "listening", reads no event until stdin closes,
+      then reads them all; prints "requests K": the connection requests
+      that were queued.
+  agent_wire.py connect PORT N
+      N ids, each resolved (its events read) and connected to
+      127.0.29.1:PORT (RDMA_PS_TCP); prints "connecting K err E".
   agent_wire.py steal SECONDS
       leases a slot of 127.0.29.1 and turns what it got against the
       address's other users: steers the whole reuseport group to its slot
@@ -144,8 +161,13 @@ def commands(number):
 
 CM_COMMAND = struct.Struct("<IIII")
 CM_REPLY = struct.Struct("<iI")
-CMD_CREATE_ID, CMD_BIND_IP = 0, 2
-RDMA_PS_TCP, IBV_QPT_RC = 0x0106, 2
+CMD_CREATE_ID, CMD_BIND_IP, CMD_RESOLVE_IP, CMD_RESOLVE_ROUTE = 0, 2, 3, 4
+CMD_CONNECT, CMD_LISTEN, CMD_GET_EVENT, CMD_JOIN_MCAST = 6, 7, 12, 22
+RDMA_PS_TCP, RDMA_PS_UDP, IBV_QPT_RC, IBV_QPT_UD = 0x0106, 0x0111, 2, 4
+EVENT_CONNECT_REQUEST = 4
+EAGAIN = 11
+# CmDeviceInfo: address, index, GUID, MTU, name.
+DEVICE_INFO = struct.Struct("<IIQB7x64s")
 
 
 def cm_command(s, cmd, body, out_cap):
@@ -155,11 +177,16 @@ def cm_command(s, cmd, body, out_cap):
     return err, data[CM_REPLY.size:CM_REPLY.size + out_len]
 
 
-def cm_channel():
+def cm_channel(device=False):
     """An rdma_cm channel's two connections and its number, or None (the
-    reason printed)."""
+    reason printed).  With `device`, the process says it has trust0
+    (127.0.29.1), which ids can then bind, join and connect through."""
     ev = connect()
-    ev.send(request(CM_CHANNEL))
+    devices = b""
+    if device:
+        devices = DEVICE_INFO.pack(struct.unpack("<I", socket.inet_aton("127.0.29.1"))[0], 0,
+                                   0x0200_0000_0000_0001, 3, b"trust0")
+    ev.send(request(CM_CHANNEL) + devices)
     r = reply(ev)
     if r is None or r[0]:
         print("channel-err " + ("no reply" if r is None else f"{r[0]} {r[2]}"), flush=True)
@@ -174,9 +201,34 @@ def cm_channel():
     return ev, cmd, number
 
 
-def create_id(cmd):
-    return cm_command(cmd, CMD_CREATE_ID,
-                      struct.pack("<QQHB5x", 1, 0, RDMA_PS_TCP, IBV_QPT_RC), 4)
+def create_id(cmd, ps=RDMA_PS_TCP, qp_type=IBV_QPT_RC):
+    return cm_command(cmd, CMD_CREATE_ID, struct.pack("<QQHB5x", 1, 0, ps, qp_type), 4)
+
+
+def new_id(cmd, ps=RDMA_PS_TCP, qp_type=IBV_QPT_RC):
+    """A new id's handle, or None (the reason printed)."""
+    err, out = create_id(cmd, ps, qp_type)
+    if err:
+        print(f"create-err {err}", flush=True)
+        return None
+    return struct.unpack_from("<I", out)[0]
+
+
+def sin6(address, port):
+    """A sockaddr_in (family AF_INET) in a sockaddr_in6-sized field."""
+    return struct.pack("<H", socket.AF_INET) + struct.pack(">H", port) + \
+        socket.inet_aton(address) + bytes(20)
+
+
+def get_event(cmd):
+    """(errno, event number)."""
+    err, out = cm_command(cmd, CMD_GET_EVENT, struct.pack("<Q", 0), 4096)
+    return err, (struct.unpack_from("<I", out, 12)[0] if not err else None)
+
+
+def resolve_ip(cmd, handle, port=0):
+    return cm_command(cmd, CMD_RESOLVE_IP, sin6("0.0.0.0", 0) + sin6("127.0.29.1", port) +
+                      struct.pack("<II", handle, 2000), 0)[0]
 
 
 def ids(n):
@@ -202,10 +254,111 @@ def bind(port):
         print(f"create-err {err}", flush=True)
         return
     (handle,) = struct.unpack_from("<I", out)
-    sin6 = struct.pack("<H", socket.AF_INET) + struct.pack(">H", port) + \
-        socket.inet_aton("127.0.29.1") + bytes(20)
-    err, _ = cm_command(cmd, CMD_BIND_IP, struct.pack("<Q", 0) + sin6 + struct.pack("<I", handle), 0)
+    err, _ = cm_command(cmd, CMD_BIND_IP, struct.pack("<Q", 0) + sin6("127.0.29.1", port) +
+                        struct.pack("<I", handle), 0)
     print(f"err {err}", flush=True)
+
+
+def bound_id(cmd, port, ps=RDMA_PS_TCP, qp_type=IBV_QPT_RC):
+    """A new id bound to 127.0.29.1:PORT, or None (the reason printed)."""
+    handle = new_id(cmd, ps, qp_type)
+    if handle is None:
+        return None
+    err, _ = cm_command(cmd, CMD_BIND_IP, struct.pack("<Q", 0) + sin6("127.0.29.1", port) +
+                        struct.pack("<I", handle), 0)
+    if err:
+        print(f"bind-err {err}", flush=True)
+        return None
+    return handle
+
+
+def joins(n):
+    ch = cm_channel(device=True)
+    if not ch:
+        return
+    cmd = ch[1]
+    handle = bound_id(cmd, 0, RDMA_PS_UDP, IBV_QPT_UD)
+    if handle is None:
+        return
+    joined, err = 0, 0
+    while joined < n:
+        group = socket.inet_aton(f"239.29.{joined >> 8 & 255}.{joined & 255}")
+        addr = struct.pack("<HH", socket.AF_INET, 0) + group + bytes(120)
+        # uid, id, addr_size (sockaddr_in), join_flags (full member), addr.
+        err, _ = cm_command(cmd, CMD_JOIN_MCAST,
+                            struct.pack("<QQIHH", 0, 1, handle, 16, 0) + addr, 4)
+        if err:
+            break
+        joined += 1
+    print(f"joined {joined} err {err}", flush=True)
+
+
+def resolve(n):
+    ch = cm_channel(device=True)
+    if not ch:
+        return
+    cmd = ch[1]
+    handle = new_id(cmd)
+    if handle is None:
+        return
+    resolved, err = 0, 0
+    while resolved < n:
+        err = resolve_ip(cmd, handle)
+        if err:
+            break
+        resolved += 1
+    read, _ = get_event(cmd)
+    again = resolve_ip(cmd, handle) if not read else f"read-err {read}"
+    print(f"resolved {resolved} err {err}, after reading one err {again}", flush=True)
+
+
+def listen(port, backlog):
+    ch = cm_channel(device=True)
+    if not ch:
+        return
+    cmd = ch[1]
+    handle = bound_id(cmd, port)
+    if handle is None:
+        return
+    err, _ = cm_command(cmd, CMD_LISTEN, struct.pack("<II", handle, backlog), 0)
+    if err:
+        print(f"listen-err {err}", flush=True)
+        return
+    print("listening", flush=True)
+    sys.stdin.read()
+    requests = 0
+    while True:
+        err, event = get_event(cmd)
+        if err:
+            break
+        requests += event == EVENT_CONNECT_REQUEST
+    print(f"requests {requests}" + (f" err {err}" if err != EAGAIN else ""), flush=True)
+
+
+def connect_ids(port, n):
+    ch = cm_channel(device=True)
+    if not ch:
+        return
+    cmd = ch[1]
+    connecting, err = 0, 0
+    while connecting < n and not err:
+        handle = new_id(cmd)
+        if handle is None:
+            return
+        # What rdma_resolve_addr and rdma_resolve_route do, their events read.
+        err = resolve_ip(cmd, handle, port) or get_event(cmd)[0] or \
+            cm_command(cmd, CMD_RESOLVE_ROUTE, struct.pack("<II", handle, 2000), 0)[0] or \
+            get_event(cmd)[0]
+        if err:
+            break
+        # conn_param: a QP number of its own each (the same one from one
+        # GUID twice would be a stale connection), responder resources,
+        # initiator depth, retry counts, valid; then the id, ECE.
+        param = struct.pack("<II256sBBBBBBBB", 0x100 + connecting, 0, b"", 0, 0, 1, 1, 0, 7, 7, 1)
+        err, _ = cm_command(cmd, CMD_CONNECT, param + struct.pack("<IIII", handle, 0, 0, 0), 0)
+        if not err:
+            connecting += 1
+    print(f"connecting {connecting} err {err}", flush=True)
 
 
 SO_ATTACH_REUSEPORT_CBPF, SO_DETACH_REUSEPORT_BPF = 51, 68
@@ -310,6 +463,14 @@ def main():
         addrs(int(sys.argv[2]))
     elif cmd == "ids":
         ids(int(sys.argv[2]))
+    elif cmd == "joins":
+        joins(int(sys.argv[2]))
+    elif cmd == "resolve":
+        resolve(int(sys.argv[2]))
+    elif cmd == "listen":
+        listen(int(sys.argv[2]), int(sys.argv[3]))
+    elif cmd == "connect":
+        connect_ids(int(sys.argv[2]), int(sys.argv[3]))
     elif cmd == "steal":
         steal(float(sys.argv[2]))
     elif cmd == "malformed":

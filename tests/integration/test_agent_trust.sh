@@ -43,7 +43,14 @@
 #      programs work through the agent's relay: ibv_rc_pingpong (buffers
 #      checked) between two relayed processes and between a relayed and a
 #      direct one, ibv_ud_pingpong too.
-#   8. ibv_rc_pingpong over the two devices still works afterwards.
+#   8. One user's multicast joins stop at 4096 (ENOBUFS) and come back
+#      when its channel closes; root still joins.  A channel that never
+#      reads takes at most 16384 undelivered events (ENOBUFS for a command
+#      that would queue more, room again once it reads one); root's still
+#      takes them.  A listener of backlog 8 that reads nothing gets 8 of
+#      200 connection requests, the rest dropped as the kernel's CM drops
+#      them past the backlog, and the agent serves others meanwhile.
+#   9. ibv_rc_pingpong over the two devices still works afterwards.
 #
 # Usage: test_agent_trust.sh BUILD-DIR
 # Exits 77 without root or network namespaces.
@@ -290,7 +297,46 @@ else
 	fail "the agent relayed $relayed datagrams"
 fi
 
-# --- 8. the device still works ------------------------------------------------------
+# --- 8. multicast joins and queued events ----------------------------------------------
+wire "another user's multicast joins stop at 4096 (ENOBUFS)" "joined 4096 err 105" \
+	as_nobody joins 5000
+wire "uid 65534's joins came back when its channel closed" "joined 4096 err 105" \
+	as_nobody joins 5000
+wire "root still joins a group" "joined 1 err 0" joins 1
+wire "a channel that never reads holds 16384 undelivered events (ENOBUFS beyond)" \
+	"resolved 16384 err 105, after reading one err 0" as_nobody resolve 20000
+wire "root's channel still takes events" "resolved 1 err 0, after reading one err 0" resolve 1
+next_port
+fifo=$WORK/listener
+mkfifo "$fifo"
+as_nobody "$PY" "$WIRE" listen "$PORT" 8 <"$fifo" >"$WORK/listen.out" 2>&1 &
+listener=$!
+exec 8>"$fifo"
+for _ in $(seq 50); do
+	[[ -s $WORK/listen.out ]] && break
+	sleep 0.1
+done
+if [[ $(cat "$WORK/listen.out") == listening ]]; then
+	wire "root sends 200 connection requests to uid 65534's listener (backlog 8)" \
+		"connecting 200 err 0" connect "$PORT" 200
+	# Every request reached the agent long before the first retry (6 s).
+	sleep 1
+	wire "the agent serves others meanwhile" "created 1 err 0" ids 1
+	exec 8>&-
+	wait "$listener"
+	got=$(tail -n 1 "$WORK/listen.out")
+	if [[ $got == "requests 8" ]] && alive; then
+		pass "a listener that reads nothing had 8 connection requests queued, its backlog ($got)"
+	else
+		fail "a listener of backlog 8 that reads nothing: '$(tr '\n' ' ' <"$WORK/listen.out")'"
+	fi
+else
+	fail "listening on 127.0.29.1:$PORT as uid 65534: $(cat "$WORK/listen.out")"
+	exec 8>&-
+	wait "$listener"
+fi
+
+# --- 9. the device still works ------------------------------------------------------
 if run_pair ibv_rc_pingpong -d trust0 -g 1 -p @PORT@ -n 100 -- \
 	ibv_rc_pingpong -d trust1 -g 1 -p @PORT@ -n 100 $A; then
 	pass "ibv_rc_pingpong trust0 <-> trust1 afterwards"

@@ -143,6 +143,22 @@ void Cm::push_event(Channel &c, const rdma_ucm_event_resp &e) {
     }
 }
 
+bool Cm::event_room(Channel &c, size_t n) {
+    // Only what the process asks for is refused: what the network brings to
+    // a connection it holds (response, establishment, rejection,
+    // disconnection, timewait's end) is a handful of events in an id's life,
+    // bounded with the ids, and cannot be refused without losing the state.
+    if (c.events.size() + n <= kEventsPerChannel) return true;
+    if (!c.told_full)
+        fprintf(stderr,
+                "sroce agent: rdma_cm channel %u (pid %d, uid %u) holds %zu undelivered events, "
+                "the most a channel may; its commands that would queue more get ENOBUFS "
+                "until it reads some\n",
+                c.num, int(c.pid), unsigned(c.uid), c.events.size());
+    c.told_full = true;
+    return false;
+}
+
 int Cm::get_event(Channel &c, uint8_t *out, size_t cap, size_t *out_len) {
     if (cap < offsetof(rdma_ucm_event_resp, reserved)) return ENOSPC;
     if (c.events.empty()) return EAGAIN;
@@ -511,6 +527,9 @@ int Cm::resolve_addr(Id &id, const sockaddr *srcp, const sockaddr *dstp, uint32_
         id.state != IdState::kAddrResolved)
         return EINVAL;
     Channel &c = *channels_.at(id.ch);
+    // Every resolution queues an event, and an id may resolve again and
+    // again: checked before anything changes.
+    if (!event_room(c)) return ENOBUFS;
     if (id.state == IdState::kIdle) {
         sockaddr_in src{};
         src.sin_family = AF_INET;
@@ -545,6 +564,7 @@ int Cm::resolve_addr(Id &id, const sockaddr *srcp, const sockaddr *dstp, uint32_
 int Cm::resolve_route(Id &id) {
     if (id.state != IdState::kAddrResolved) return EINVAL;
     if (!id.dev) return ENODEV;
+    if (!event_room(*channels_.at(id.ch))) return ENOBUFS;
     CmDevice *d = device_of(*channels_.at(id.ch), id.dev);
     id.path_mtu = d ? d->mtu : 3;
     id.state = IdState::kRouteResolved;
@@ -730,6 +750,7 @@ int Cm::set_option(Id &id, uint32_t level, uint32_t name, const uint8_t *val, ui
         if (len == 0 || len % sizeof(ib_path_rec_data)) return EINVAL;
         if (id.state != IdState::kAddrResolved) return EINVAL;
         if (!id.dev) return ENODEV;
+        if (!event_room(*channels_.at(id.ch))) return ENOBUFS;
         id.state = IdState::kRouteResolved;
         queue_event(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
         return 0;
@@ -760,6 +781,15 @@ int Cm::migrate(Channel &to, uint32_t from_ch, uint32_t h, uint8_t *out, size_t 
     if (!id) return ENOENT;
     if (id->ch != from_ch) return EINVAL;
     Channel &from = *fit->second;
+    // What moves must fit where it lands: a full channel takes no events by
+    // migration either.
+    size_t moving = 0;
+    for (const rdma_ucm_event_resp &e : from.events) {
+        auto mc = mcs_.find(e.id);
+        moving += (e.id == h || (mc != mcs_.end() && mc->second.id == h)) &&
+                  e.event != RDMA_CM_EVENT_CONNECT_REQUEST;
+    }
+    if (&from != &to && !event_room(to, moving)) return ENOBUFS;
     // Its queued events move with it (the old channel keeps a stale wake-up
     // byte per event, which GET_EVENT there then finds empty).  Onto its own
     // channel nothing moves (ucma_migrate_id), and the loop would meet the
@@ -1202,7 +1232,10 @@ void Cm::recv_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
     if (!d || dst_ip != local) return issue_rej(kRejConsumerDefined);
     uint8_t tst = uint8_t(m.field(req::kTransportServiceType));
     if ((tst == 0 ? 2 : tst == 1 ? 3 : 0) != lis->qp_type) return issue_rej(kRejConsumerDefined);
-    if (lis->pending >= lis->backlog) return; // as the kernel: silently, the peer retries
+    // Past the backlog, or with the listener's channel full, as the kernel
+    // past the backlog (cm.c keeps quiet on ucma's ENOMEM): silently, the
+    // peer's CM retries.
+    if (lis->pending >= lis->backlog || c.events.size() >= kEventsPerChannel) return;
     Id *idp = new_conn_id(c, *lis, mt);
     if (!idp) return;
     Id &id = *idp;

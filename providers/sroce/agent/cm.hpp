@@ -57,6 +57,19 @@ class Cm {
     // one space for every process; no user may take more than a quarter.
     static constexpr uint32_t kMaxIds = 65535;
     static constexpr uint32_t kIdsPerUser = 16384;
+    // Multicast joins one user may hold: as many groups as its processes
+    // could attach on one address (kSlotsPerUser processes, 32 groups each:
+    // the device's max_mcast_grp).  The kernel's rdma_cm sets none of its
+    // own, so beyond it the answer is the IP stack's for a socket past
+    // net.ipv4.igmp_max_memberships, ENOBUFS: EMFILE would send the user to
+    // ulimit -n, which has nothing to do with it.
+    static constexpr uint32_t kJoinsPerUser = kSlotsPerUser * 32;
+    // Undelivered events one channel may hold: as many as its user may hold
+    // ids, so a process that starts a resolution on each id before reading
+    // any is never refused.  A command that would queue past it gets
+    // ENOBUFS, as a netlink socket whose reader fell behind; a connection
+    // request to one of its listeners is dropped as past the backlog.
+    static constexpr uint32_t kEventsPerChannel = kIdsPerUser;
 
     explicit Cm(MadSender send, HostRoutes host = kernel_routes());
     ~Cm();
@@ -146,6 +159,9 @@ class Cm {
     int leave(Channel &c, uint32_t mc, uint8_t *out, size_t out_cap, size_t *out_len);
     // The id's joins end with it, their queued events too.
     void drop_joins(Channel &c, uint32_t id);
+    // Ends join `it` (its events already gone) and gives it back to its
+    // user's kJoinsPerUser; the next join.
+    std::map<uint32_t, McJoin>::iterator erase_join(std::map<uint32_t, McJoin>::iterator it);
     static uint32_t qkey_of(const Id &id);
 
     Id *find_id(uint32_t handle);
@@ -156,6 +172,9 @@ class Cm {
     // connection request's new one) and wakes the channel's file.
     void queue_event(const Id &id, uint32_t event, int status, rdma_ucm_event_resp e = {});
     void push_event(Channel &c, const rdma_ucm_event_resp &e);
+    // Whether the process may queue `n` more events on `c` by a command
+    // (kEventsPerChannel); the agent's log says so the first time it may not.
+    bool event_room(Channel &c, size_t n = 1);
     void free_id(Id *id);
 
     // InfiniBand CM layer
@@ -206,6 +225,7 @@ class Cm {
     std::deque<uint32_t> free_ids_;
     std::map<uid_t, uint32_t> ids_of_user_; // ids each user holds (kIdsPerUser)
     std::map<uint32_t, McJoin> mcs_;
+    std::map<uid_t, uint32_t> joins_of_user_; // joins each user holds (kJoinsPerUser)
     uint32_t next_mc_ = 0x10000;
     uint32_t next_channel_ = 1, next_comm_ = 0;
     uint32_t comm_xor_ = 0;

@@ -135,6 +135,8 @@ struct Cm::Channel {
     bool bind_service = false; // may bind rdma_cm ports below 1024
     std::vector<CmDevice> devs;
     std::deque<rdma_ucm_event_resp> events;
+    // The log said the channel stopped taking events, or its user joins.
+    bool told_full = false, told_joins = false;
 };
 
 struct Cm::Id {
@@ -185,6 +187,7 @@ constexpr uint32_t kMcHandleBase = 0x10000;
 struct Cm::McJoin {
     uint32_t handle = 0, id = 0;
     uint64_t uid = 0;
+    uid_t owner = 0;    // the user of its channel, for kJoinsPerUser
     uint32_t group = 0; // IPv4, network order
     bool send_only = false;
     uint32_t events_reported = 0;

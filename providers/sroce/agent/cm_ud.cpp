@@ -117,7 +117,8 @@ void Cm::recv_sidr_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
     if (!lis || lis->qp_type != 4 || mt.dst_ip != local || lis->pending >= lis->backlog)
         return answer(kSidrReject);
     Channel &c = *channels_.at(lis->ch);
-    if (!device_of(c, local)) return answer(kSidrReject);
+    // A full channel refuses as a full backlog does.
+    if (!device_of(c, local) || c.events.size() >= kEventsPerChannel) return answer(kSidrReject);
     Id *idp = new_conn_id(c, *lis, mt);
     if (!idp) return answer(kSidrReject);
     Id &id = *idp;
@@ -187,9 +188,26 @@ int Cm::join(Channel &c, const rdma_ucm_join_mcast &cmd, size_t out_cap, uint8_t
     sockaddr_in group{};
     ipv4_of(&cmd.addr, group);
     if (is_any(group.sin_addr.s_addr)) return EINVAL;
+    if (auto n = joins_of_user_.find(c.uid);
+        n != joins_of_user_.end() && n->second >= kJoinsPerUser) {
+        if (!c.told_joins)
+            fprintf(stderr,
+                    "sroce agent: uid %u holds %u multicast joins, the most one user may; "
+                    "rdma_join_multicast on rdma_cm channel %u (pid %d) gets ENOBUFS\n",
+                    unsigned(c.uid), n->second, c.num, int(c.pid));
+        c.told_joins = true;
+        return ENOBUFS;
+    }
+    // The join's event.
+    if (!event_room(c)) return ENOBUFS;
     McJoin mc;
-    mc.handle = next_mc_;
-    next_mc_ = next_mc_ == 0xFFFFFFFE ? kMcHandleBase : next_mc_ + 1;
+    // After a wrap a handle may still be held: never two joins on one.
+    do {
+        mc.handle = next_mc_;
+        next_mc_ = next_mc_ == 0xFFFFFFFE ? kMcHandleBase : next_mc_ + 1;
+    } while (mcs_.contains(mc.handle));
+    joins_of_user_[c.uid]++;
+    mc.owner = c.uid;
     mc.id = id->handle;
     mc.uid = cmd.uid;
     mc.group = group.sin_addr.s_addr;
@@ -221,7 +239,7 @@ int Cm::leave(Channel &c, uint32_t handle, uint8_t *out, size_t out_cap, size_t 
     // Its events not yet fetched go with it (ucma_cleanup_mc_events).
     std::erase_if(c.events, [&](const rdma_ucm_event_resp &e) { return e.id == handle; });
     rdma_ucm_destroy_id_resp r{it->second.events_reported};
-    mcs_.erase(it);
+    erase_join(it);
     std::memcpy(out, &r, sizeof r);
     *out_len = sizeof r;
     return 0;
@@ -247,8 +265,15 @@ void Cm::drop_joins(Channel &c, uint32_t id) {
         }
         uint32_t handle = it->first;
         std::erase_if(c.events, [&](const rdma_ucm_event_resp &e) { return e.id == handle; });
-        it = mcs_.erase(it);
+        it = erase_join(it);
     }
+}
+
+std::map<uint32_t, Cm::McJoin>::iterator Cm::erase_join(std::map<uint32_t, McJoin>::iterator it) {
+    if (auto n = joins_of_user_.find(it->second.owner);
+        n != joins_of_user_.end() && --n->second == 0)
+        joins_of_user_.erase(n);
+    return mcs_.erase(it);
 }
 
 } // namespace sroce::agent
