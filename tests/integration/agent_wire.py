@@ -107,30 +107,29 @@ def lease(size, sealed, address="127.0.29.1"):
     return s, fd, reply(s)
 
 
-def slots(n):
+def hold_leases(n, address_of):
+    """Leases slots, the k-th on address_of(k), holding each, until n or an
+    error: (how many, errno, message)."""
     held = []
     err, msg = 0, ""
     while len(held) < n:
-        s, fd, r = lease(TABLE_BYTES, True, "127.0.29.2")
+        s, fd, r = lease(TABLE_BYTES, True, address_of(len(held)))
         os.close(fd)
         if r is None or r[0]:
             err, msg = (r[0], r[2]) if r else (-1, "no reply")
             break
         held.append(s)
-    print(f"opened {len(held)} err {err} {msg}".rstrip(), flush=True)
+    return len(held), err, msg
+
+
+def slots(n):
+    k, err, msg = hold_leases(n, lambda _: "127.0.29.2")
+    print(f"opened {k} err {err} {msg}".rstrip(), flush=True)
 
 
 def addrs(n):
-    held = []
-    err, msg = 0, ""
-    while len(held) < n:
-        s, fd, r = lease(TABLE_BYTES, True, f"127.0.30.{len(held) + 1}")
-        os.close(fd)
-        if r is None or r[0]:
-            err, msg = (r[0], r[2]) if r else (-1, "no reply")
-            break
-        held.append(s)
-    print(f"served {len(held)} err {err} {msg}".rstrip(), flush=True)
+    k, err, msg = hold_leases(n, lambda i: f"127.0.30.{i + 1}")
+    print(f"served {k} err {err} {msg}".rstrip(), flush=True)
 
 
 def table(size, sealed, truncate):
