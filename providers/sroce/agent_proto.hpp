@@ -41,6 +41,9 @@ constexpr uint32_t kSlotsPerUser = 128;
 // (devices opened, and devices its rdma_cm channels name): each costs the
 // agent descriptors, and any of 127.0.0.0/8 is an address of the host.
 constexpr uint32_t kAddrsPerUser = 32;
+// How many rdma_cm channels one user but root may have open at once: each
+// costs the agent two descriptors and may queue Cm::kEventsPerChannel events.
+constexpr uint32_t kChannelsPerUser = 512;
 inline uint32_t qpn_slot(uint32_t qpn) {
     return (qpn >> kSlotShift) & 0xFF;
 }

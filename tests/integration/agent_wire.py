@@ -22,6 +22,9 @@ as a hostile or careless client would, for test_agent_trust.sh.
   agent_wire.py addrs N
       leases a slot on each of 127.0.30.1, 127.0.30.2, ... (N addresses),
       holding each, until an error; prints "served K err E MSG".
+  agent_wire.py channels N
+      opens up to N rdma_cm channels (their event connections), holding
+      each, until an error; prints "opened K err E MSG".
   agent_wire.py ids N
       opens an rdma_cm channel and creates ids until N or an error; prints
       "created K err E".
@@ -63,6 +66,7 @@ The socket is @$SROCE_AGENT_SOCKET (default @sroce-agent)."""
 import ctypes
 import fcntl
 import os
+import resource
 import socket
 import struct
 import sys
@@ -228,6 +232,22 @@ def get_event(cmd):
 def resolve_ip(cmd, handle, port=0):
     return cm_command(cmd, CMD_RESOLVE_IP, sin6("0.0.0.0", 0) + sin6("127.0.29.1", port) +
                       struct.pack("<II", handle, 2000), 0)[0]
+
+
+def channels(n):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, n + 64)), hard))
+    held = []
+    err, msg = 0, ""
+    while len(held) < n:
+        ev = connect()
+        ev.send(request(CM_CHANNEL))
+        r = reply(ev)
+        if r is None or r[0]:
+            err, msg = (r[0], r[2]) if r else (-1, "no reply")
+            break
+        held.append(ev)
+    print(f"opened {len(held)} err {err} {msg}".rstrip(), flush=True)
 
 
 def ids(n):
@@ -460,6 +480,8 @@ def main():
         slots(int(sys.argv[2]))
     elif cmd == "addrs":
         addrs(int(sys.argv[2]))
+    elif cmd == "channels":
+        channels(int(sys.argv[2]))
     elif cmd == "ids":
         ids(int(sys.argv[2]))
     elif cmd == "joins":

@@ -30,6 +30,8 @@
 #      may anyone to an unprivileged port.
 #   5. One user's rdma_cm ids stop at 16384 (EMFILE), a quarter of the
 #      65535 handles librdmacm can index; root still gets one.
+#   5b. One user but root has at most 512 rdma_cm channels open (EMFILE,
+#      with a message); root still opens one.
 #   6. One user but root holds at most 128 of an address's 255 process
 #      slots (EMFILE, with a message); root still gets one.
 #   6b. One user but root has the agent serve at most 32 addresses at once
@@ -228,6 +230,12 @@ wire "rdma_bind_addr to port $PORT as uid 65534" "err 0" as_nobody bind "$PORT"
 # --- 5. rdma_cm ids per user --------------------------------------------------------
 wire "another user's rdma_cm ids stop at 16384 (EMFILE)" "created 16384 err 24" as_nobody ids 20000
 wire "root still creates an rdma_cm id" "created 1 err 0" ids 1
+
+# --- 5b. rdma_cm channels per user ---------------------------------------------------
+wire "another user's rdma_cm channels stop at 512 (EMFILE)" \
+	"opened 512 err 24 uid 65534 has 512 rdma_cm channels open, as many as one user but root may" \
+	as_nobody channels 600
+wire "root still opens an rdma_cm channel" "opened 1 err 0" channels 1
 
 # --- 6. process slots per user -------------------------------------------------------
 wire "another user's process slots of $B stop at 128 (EMFILE)" \

@@ -194,6 +194,7 @@ struct CmConn {
     uint32_t channel = 0;
     bool commands = false;
     std::vector<in_addr_t> addrs; // the wake-up end: the devices the channel named
+    uid_t uid = 0;                // the wake-up end: its owner, for kChannelsPerUser
 };
 
 class Agent {
@@ -734,6 +735,18 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
     case kCmChannel: {
         size_t ndev = (size_t(n) - sizeof rq) / sizeof(CmDeviceInfo);
         ucred cred = peer_cred(fd);
+        if (cred.uid != 0) {
+            uint32_t open = 0;
+            for (const auto *v : {&cm_conns_, &new_cm_conns_})
+                for (const CmConn &c : *v)
+                    open += c.fd >= 0 && !c.commands && c.uid == cred.uid;
+            if (open >= kChannelsPerUser) {
+                refuse(fd, EMFILE,
+                       "uid " + std::to_string(cred.uid) + " has " + std::to_string(open) +
+                           " rdma_cm channels open, as many as one user but root may");
+                return Served::kClose;
+            }
+        }
         std::vector<CmDevice> devs;
         std::vector<in_addr_t> addrs;
         for (size_t i = 0; i < ndev; i++) {
@@ -761,7 +774,7 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
             cm_.close_channel(rep.slot);
             return Served::kClose;
         }
-        new_cm_conns_.push_back({fd, rep.slot, false, std::move(addrs)});
+        new_cm_conns_.push_back({fd, rep.slot, false, std::move(addrs), cred.uid});
         return Served::kCm;
     }
     case kCmCommands: {
@@ -780,7 +793,7 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
         known = known && cm_.channel_owned_by(rq.reserved, cred.pid, cred.uid);
         if (!known) rep.err = ENOENT;
         if (send(fd, &rep, sizeof rep, MSG_NOSIGNAL) < 0 || !known) return Served::kClose;
-        new_cm_conns_.push_back({fd, rq.reserved, true, {}});
+        new_cm_conns_.push_back({fd, rq.reserved, true, {}, cred.uid});
         return Served::kCm;
     }
     case kResources:
