@@ -254,6 +254,10 @@ class Agent {
     static constexpr uint64_t kAwaitRetryMs = 1000;
     Cm cm_;
     bool stop_ = false;
+    // Something another user's address may have been kept for went away (a
+    // slot, a channel) or such an address was added: release_unused() looks
+    // at the next pass, and only then, as a relayed packet wakes the loop.
+    bool recheck_unused_ = false;
     // relay()'s buffers, allocated at its first use.
     struct RelayBufs {
         static constexpr int kBatch = 32;
@@ -343,6 +347,7 @@ Dev *Agent::device(in_addr_t addr, const std::string &netdev, uid_t uid, std::st
     d->addr = addr;
     d->netdev = netdev;
     d->creator = uid;
+    recheck_unused_ |= uid != 0;
     // Two agents (SROCE_AGENT_SOCKET) must never build one group together:
     // an address is locked by name in the namespace, released by death.
     d->lock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -587,6 +592,7 @@ void Agent::relay(Dev &d, uint32_t slot) {
 }
 
 void Agent::release(Dev &d, uint32_t slot) {
+    recheck_unused_ = true;
     SlotUse &u = d.use[slot];
     log("%s slot %u: pid %d left", ip_text(d.addr).c_str(), slot, int(u.pid));
     if (u.table) munmap(const_cast<QpEntry *>(u.table), kTableEntries * sizeof(QpEntry));
@@ -828,6 +834,7 @@ void Agent::cm_command(CmConn &c) {
         if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
             close(c.fd);
             c.fd = -1;
+            recheck_unused_ = true;
         }
         return;
     }
@@ -927,7 +934,10 @@ int Agent::loop() {
     };
     std::vector<Ref> refs;
     while (!stop_) {
-        release_unused();
+        if (recheck_unused_) {
+            recheck_unused_ = false;
+            release_unused();
+        }
         pfds.assign(1, {listen_, POLLIN, 0});
         refs.assign(1, {Kind::kConn, nullptr, 0});
         for (uint32_t i = 0; i < conns_.size(); i++) {
@@ -1000,6 +1010,7 @@ int Agent::loop() {
                         cm_.close_channel(c.channel);
                         close(c.fd);
                         c.fd = -1;
+                        recheck_unused_ = true;
                     }
                 }
                 break;
