@@ -39,22 +39,34 @@ void roce_socket_options(int fd, uint32_t addr) {
 }
 
 ssize_t send_with_fd(int sock, const void *buf, size_t len, int fd) {
-    char ctl[CMSG_SPACE(sizeof(int))] = {};
+    return send_with_fds(sock, buf, len, &fd, 1);
+}
+
+ssize_t send_with_fds(int sock, const void *buf, size_t len, const int *fds, int nfds) {
+    char ctl[CMSG_SPACE(sizeof(int) * 2)] = {};
+    if (nfds < 1 || nfds > 2) {
+        errno = EINVAL;
+        return -1;
+    }
     iovec iov{const_cast<void *>(buf), len};
     msghdr m{};
     m.msg_iov = &iov;
     m.msg_iovlen = 1;
     m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * size_t(nfds));
     cmsghdr *c = CMSG_FIRSTHDR(&m);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    c->cmsg_len = CMSG_LEN(sizeof(int) * size_t(nfds));
+    std::memcpy(CMSG_DATA(c), fds, sizeof(int) * size_t(nfds));
     return sendmsg(sock, &m, MSG_NOSIGNAL);
 }
 
 ssize_t recv_with_fd(int sock, void *buf, size_t len, int flags, int *fd) {
+    return recv_with_fds(sock, buf, len, flags, fd, 1);
+}
+
+ssize_t recv_with_fds(int sock, void *buf, size_t len, int flags, int *fds, int max) {
     char ctl[CMSG_SPACE(sizeof(int) * 4)];
     iovec iov{buf, len};
     msghdr m{};
@@ -65,15 +77,17 @@ ssize_t recv_with_fd(int sock, void *buf, size_t len, int flags, int *fd) {
     ssize_t n;
     while ((n = recvmsg(sock, &m, flags | MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
     }
-    *fd = -1;
+    int got = 0;
+    for (int i = 0; i < max; i++)
+        fds[i] = -1;
     for (cmsghdr *c = n >= 0 ? CMSG_FIRSTHDR(&m) : nullptr; c; c = CMSG_NXTHDR(&m, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
         size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
         for (size_t i = 0; i < k; i++) {
             int f;
             std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
-            if (*fd < 0)
-                *fd = f;
+            if (got < max)
+                fds[got++] = f;
             else
                 close(f);
         }
@@ -217,16 +231,22 @@ int connect_agent(bool start) {
     return -1;
 }
 
-int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int table_fd, Lease &out) {
-    int fd = connect_agent(true);
+int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int table_fd, Lease &out,
+               Resume *resume) {
+    int fd = connect_agent(!resume || resume->may_start);
     if (fd < 0) return errno;
+    ucred cred{};
+    socklen_t cl = sizeof cred;
+    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
     Request rq{};
     rq.op = kOpenDevice;
     rq.version = kProtoVersion;
     snprintf(rq.name, sizeof rq.name, "%s", dev_name);
     snprintf(rq.netdev, sizeof rq.netdev, "%s", netdev);
     rq.addr = addr;
-    if (send_with_fd(fd, &rq, sizeof rq, table_fd) < 0) {
+    rq.arg = resume ? resume->slot : 0;
+    int fds[2] = {table_fd, resume ? resume->sock : -1};
+    if (send_with_fds(fd, &rq, sizeof rq, fds, fds[1] >= 0 ? 2 : 1) < 0) {
         int err = errno;
         close(fd);
         return err;
@@ -242,8 +262,12 @@ int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int tabl
         err = rep.err;
         rep.msg[sizeof rep.msg - 1] = 0;
         // A missing address is the caller's news to give (a port that is down).
-        if (err != EADDRNOTAVAIL) fprintf(stderr, "sroce: %s: %s\n", dev_name, rep.msg);
-    } else if (udp < 0 || rep.slot == 0 || rep.slot >= kMaxSlots) {
+        if (resume)
+            resume->why = rep.msg;
+        else if (err != EADDRNOTAVAIL)
+            fprintf(stderr, "sroce: %s: %s\n", dev_name, rep.msg);
+    } else if ((udp < 0 && !(resume && resume->sock >= 0)) || rep.slot == 0 ||
+               rep.slot >= kMaxSlots || (resume && rep.slot != resume->slot)) {
         err = EPROTO;
         fprintf(stderr, "sroce: %s: the sroce agent sent no usable socket\n", dev_name);
     }
@@ -256,6 +280,8 @@ int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int tabl
     out.udp = udp;
     out.slot = rep.slot;
     out.relayed = rep.flags & kOpenRelayed;
+    out.steering_kept = rep.flags & kOpenSteeringKept;
+    out.agent_uid = cred.uid;
     return 0;
 }
 
@@ -295,7 +321,7 @@ int open_cm_channel(CmChannel &out) {
     int ev = agent_request(msg.data(), msg.size(), rep);
     if (ev < 0) return errno;
     rq.op = kCmCommands;
-    rq.reserved = rep.slot;
+    rq.arg = rep.slot;
     int cmd = agent_request(&rq, sizeof rq, rep);
     if (cmd < 0) {
         int err = errno;

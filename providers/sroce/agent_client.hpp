@@ -5,9 +5,7 @@
 
 #include "agent_proto.hpp"
 
-#include <sys/types.h>
-#include <vector>
-
+#include <string>
 #include <sys/types.h>
 #include <vector>
 
@@ -19,7 +17,9 @@ struct Lease {
     int conn = -1;
     int udp = -1;
     uint32_t slot = 0;
-    bool relayed = false; // `udp` is the agent's relay (OpenReply::flags)
+    bool relayed = false;       // `udp` is the agent's relay (OpenReply::flags)
+    bool steering_kept = false; // kOpenSteeringKept: the slot outlives the agent
+    uid_t agent_uid = 0;        // whose agent granted it (SO_PEERCRED)
 };
 
 // The options every device socket gets, whoever makes it (the agent, or a
@@ -28,9 +28,13 @@ void roce_socket_options(int fd, uint32_t addr);
 
 // One message with one descriptor attached (SCM_RIGHTS); -1 with errno.
 ssize_t send_with_fd(int sock, const void *buf, size_t len, int fd);
+// The same with one or two.
+ssize_t send_with_fds(int sock, const void *buf, size_t len, const int *fds, int nfds);
 // One message (retried on EINTR); *fd gets the first descriptor attached
 // (close-on-exec), the others are closed, -1 when none came.
 ssize_t recv_with_fd(int sock, void *buf, size_t len, int flags, int *fd);
+// The same for the first `max` (at most 4) descriptors, -1 past those that came.
+ssize_t recv_with_fds(int sock, void *buf, size_t len, int flags, int *fds, int max);
 
 // A connection to the agent, starting one (`sroce agent start`) when none
 // answers and `start` is set; -1 with errno otherwise.  An answer from a
@@ -42,10 +46,20 @@ int connect_agent(bool start);
 // root's or its own user's.  If not, `why` says who it is.
 bool trusted_agent(int fd, std::string &why);
 
+// Taking back, under a new agent, the slot held under one that died.
+struct Resume {
+    uint32_t slot;
+    int sock;        // the slot's socket, kept; -1 for a relayed slot
+    bool may_start;  // start an agent when none answers
+    std::string why; // the agent's reason for a refusal (not printed)
+};
+
 // Leases a slot on the device at `addr` (network order), sharing the QP
-// table in `table_fd` for listings.  0 or an errno; the reason is printed,
-// but for EADDRNOTAVAIL (the address is not on the host).
-int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int table_fd, Lease &out);
+// table in `table_fd` for listings, or resumes one.  0 or an errno; the
+// reason is printed, but for EADDRNOTAVAIL (the address is not on the host).
+// A resumed slot of the agent's user comes without a socket (out.udp -1).
+int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int table_fd, Lease &out,
+               Resume *resume = nullptr);
 
 // An rdma_cm event channel at the agent: `events` is the file the process
 // polls (one byte per event), `commands` carries the channel's commands.

@@ -23,7 +23,8 @@ namespace sroce::agent {
 // Bumped whenever a message's layout or meaning changes: a process and an
 // agent from different builds then refuse each other with a clear message
 // instead of misreading.
-constexpr uint32_t kProtoVersion = 3; // 3: relayed slots (OpenReply::flags)
+// 3: relayed slots (OpenReply::flags); 4: slots resumed under a new agent
+constexpr uint32_t kProtoVersion = 4;
 
 // The agent listens on an abstract Unix socket, so there is one per network
 // namespace, which is exactly the scope of the addresses it serves.
@@ -95,7 +96,9 @@ struct Request {
     char name[64];   // kOpenDevice: the device's name, for listings
     char netdev[16]; // kOpenDevice: its interface
     uint32_t addr;   // kOpenDevice: IPv4 address, network order
-    uint32_t reserved;
+    // kOpenDevice: 0, or the slot this process held under an agent that
+    // died (resuming it); kCmCommands: the channel's number.
+    uint32_t arg;
 };
 
 // kOpenDevice carries one descriptor, the process's QP table (below).  The
@@ -110,12 +113,20 @@ struct Request {
 //   (SO_ATTACH_REUSEPORT_CBPF, SO_DETACH_REUSEPORT_BPF) or connect(2) it to
 //   take a peer's packets; only the agent's own user may hold one
 //   (docs/shared-device.md, "Who receives what").
+//
+// The agent steers the address by a slot map (kOpenSteeringKept), which
+// outlives it: when it dies, a process keeps its socket, or its relay
+// stops, and resumes the slot under the agent that follows (kOpenDevice
+// with `arg` = the slot; a process of the agent's user attaches the slot's
+// socket after the QP table, and gets no descriptor back; another user's
+// gets a new relay).
 constexpr uint32_t kOpenRelayed = 1;
+constexpr uint32_t kOpenSteeringKept = 2;
 struct OpenReply {
     uint32_t version;
     int32_t err; // an errno, 0 on success
     uint32_t slot;
-    uint32_t flags; // kOpenRelayed
+    uint32_t flags; // kOpenRelayed, kOpenSteeringKept
     char msg[256];  // why not, for the process to print
 };
 

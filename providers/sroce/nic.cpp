@@ -276,8 +276,9 @@ Nic::Nic(Device *dev)
 
 Nic::~Nic() {
     if (stats_wanted()) print_stats();
+    stop_ = true;
+    if (resumer_.joinable()) resumer_.join();
     if (thread_.joinable()) {
-        stop_ = true;
         uint64_t one = 1;
         if (write(wake_fd_, &one, sizeof one) < 0) { /* the thread also polls stop_ */
         }
@@ -430,12 +431,78 @@ int Nic::open_exclusive() {
 }
 
 void Nic::watch_agent() {
-    if (!bound_.load(std::memory_order_acquire) || lease_.conn < 0 || lost()) return;
+    if (!bound_.load(std::memory_order_acquire) || resuming_.load(std::memory_order_acquire) ||
+        lease_.conn < 0 || lost())
+        return;
     pollfd p = {lease_.conn, POLLIN, 0};
     if (poll(&p, 1, 0) <= 0) return;
     char b;
-    if (recv(lease_.conn, &b, 1, MSG_DONTWAIT) == 0 || (p.revents & (POLLHUP | POLLERR)))
+    if (recv(lease_.conn, &b, 1, MSG_DONTWAIT) != 0 && !(p.revents & (POLLHUP | POLLERR))) return;
+    if (lease_.steering_kept)
+        begin_resume();
+    else
         lose_device();
+}
+
+// The agent died, but the kernel steers on by its slot map: this process's
+// socket (or, relayed, nothing until a new relay comes) keeps the QPs'
+// traffic, and the slot goes back to it under the next agent.
+void Nic::begin_resume() {
+    close(lease_.conn);
+    lease_.conn = -1;
+    resuming_.store(true, std::memory_order_release);
+    if (relayed_) {
+        // A relay whose agent is gone would poll readable forever.
+        if (int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0); s >= 0) {
+            dup2(s, rx_fd_);
+            close(s);
+        }
+    }
+    fprintf(stderr,
+            "sroce: %s: the sroce agent exited; the device's QPs go on%s while slot %u "
+            "is taken back under a new agent\n",
+            dev_->ibdev.name, relayed_ ? " (receiving nothing)" : "", lease_.slot);
+    if (resumer_.joinable()) resumer_.join(); // the last one, finished
+    resumer_ = std::thread([this] { resume_slot(); });
+}
+
+void Nic::resume_slot() {
+    unsigned wait_s = kAgentWaitS;
+    if (const char *w = getenv("SROCE_AGENT_WAIT"); w && *w) wait_s = unsigned(atoi(w));
+    uint64_t deadline = now_ns() + uint64_t(wait_s) * 1000000000;
+    // Only an agent of the user that ran the last one may take its place
+    // (connect_agent checks it is root's or ours); a process of another
+    // user waits for it rather than start one of its own.
+    agent::Resume r{lease_.slot, relayed_ ? -1 : fd_, lease_.agent_uid == geteuid(), {}};
+    uint64_t delay_ms = 10;
+    int err = 0;
+    while (!stop_.load(std::memory_order_relaxed)) {
+        agent::Lease got;
+        r.why.clear();
+        err = agent::lease_slot(dev_->ibdev.name, dev_->link.netdev.c_str(), dev_->addr, table_fd_,
+                                got, &r);
+        if (!err) {
+            if (relayed_) {
+                dup2(got.udp, rx_fd_);
+                close(got.udp);
+            }
+            lease_.conn = got.conn;
+            lease_.agent_uid = got.agent_uid;
+            lease_.steering_kept = got.steering_kept;
+            resuming_.store(false, std::memory_order_release);
+            fprintf(stderr, "sroce: %s: slot %u resumed under the new sroce agent\n",
+                    dev_->ibdev.name, lease_.slot);
+            return;
+        }
+        if (now_ns() >= deadline) break;
+        for (uint64_t t = 0; t < delay_ms && !stop_.load(std::memory_order_relaxed); t += 10)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        delay_ms = std::min<uint64_t>(delay_ms * 2, 500);
+    }
+    if (stop_.load(std::memory_order_relaxed)) return;
+    fprintf(stderr, "sroce: %s: no sroce agent took slot %u back within %u s (%s)\n",
+            dev_->ibdev.name, lease_.slot, wait_s, r.why.empty() ? strerror(err) : r.why.c_str());
+    lose_device();
 }
 
 void Nic::lose_device() {

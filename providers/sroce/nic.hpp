@@ -214,8 +214,15 @@ class Nic {
     // contexts, as the kernel does.  The progress thread looks every
     // kPortCheckNs.
     void port_seen(int reason);
-    // Checks the agent connection; on its end, loses the device.
+    // Checks the agent connection; on its end, resumes the slot under a new
+    // agent when the steering outlives the agent (kOpenSteeringKept), else
+    // loses the device.
     void watch_agent();
+    void begin_resume();
+    // resumer_'s work: the slot back under a new agent, retried until
+    // SROCE_AGENT_WAIT seconds (default kAgentWaitS) have passed; then the
+    // device is lost.
+    void resume_slot();
     void lose_device();
     void run();
     // Sleeps until the socket may hold something (or not at all while the
@@ -258,7 +265,12 @@ class Nic {
     // (agent_proto.hpp, kOpenRelayed), whose datagrams start with a RelayHdr.
     int rx_fd_ = -1;
     bool relayed_ = false;
+    // conn, agent_uid and steering_kept change only in resume_slot() while
+    // resuming_ is set, when the progress thread does not look at them.
     agent::Lease lease_;
+    std::atomic<bool> resuming_{false};
+    std::thread resumer_;
+    static constexpr unsigned kAgentWaitS = 30;
     agent::QpEntry *table_ = nullptr; // shared with the agent
     int table_fd_ = -1;
     uint32_t qpn_base_ = 0, srqn_base_ = 0;

@@ -56,9 +56,14 @@ as a hostile or careless client would, for test_agent_trust.sh.
   agent_wire.py malformed
       sends, each on a connection of its own, requests that are short,
       oversized, of another version, of an unknown kind, with a
-      descriptor where none belongs, an open without its descriptor, and
-      an rdma_cm channel whose device list is cut; prints one line per
-      request: its name and the answer ("err E", or "no reply").
+      descriptor where none belongs, an open without its descriptor, an
+      rdma_cm channel whose device list is cut, a new open with a second
+      descriptor, and a claim to resume slot 1 of 127.0.29.1, which no
+      dead agent left to it; prints one line per request: its name and
+      the answer ("err E", or "no reply").
+  agent_wire.py resume ADDRESS SLOT
+      claims SLOT of ADDRESS as held under an agent that died; prints
+      "err E MESSAGE" (0 when granted).
   agent_wire.py squat FILE
       binds the agent's name first and listens, as a squatter would; writes
       "ready" to FILE, then how many bytes clients sent it, after each one.
@@ -72,7 +77,7 @@ import struct
 import sys
 import time
 
-PROTO = 3
+PROTO = 4
 OPEN_DEVICE, STOP, STATUS, CM_CHANNEL, CM_COMMANDS = 1, 3, 4, 5, 6
 REQUEST = struct.Struct("<II64s16sII")
 OPEN_REPLY = struct.Struct("<IiII256s")
@@ -440,7 +445,29 @@ def malformed():
     answer("stray-descriptor", request(STATUS), [memfd])
     answer("open-without-table", request(OPEN_DEVICE, b"x", b"lo", 0x011D007F))
     answer("cut-device-list", request(CM_CHANNEL) + bytes(40))
+    table = sealed_table()
+    answer("two-descriptors", request(OPEN_DEVICE, b"x", b"lo", 0x011D007F), [table, memfd])
+    answer("resume-unheld", request(OPEN_DEVICE, b"x", b"lo", 0x011D007F, 1), [table])
+    os.close(table)
     os.close(memfd)
+
+
+def sealed_table():
+    fd = os.memfd_create("qps", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, TABLE_BYTES)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    return fd
+
+
+def resume(address, slot):
+    """Claims `slot` of `address` as one's own to resume after an agent's
+    death; prints the answer."""
+    s = connect()
+    fd = sealed_table()
+    addr = struct.unpack("<I", socket.inet_aton(address))[0]
+    socket.send_fds(s, [request(OPEN_DEVICE, b"trust", b"lo", addr, slot)], [fd])
+    r = reply(s)
+    print("no reply" if r is None else f"err {r[0]} {r[2]}", flush=True)
 
 
 def squat(path):
@@ -496,6 +523,8 @@ def main():
         steal(float(sys.argv[2]))
     elif cmd == "malformed":
         malformed()
+    elif cmd == "resume":
+        resume(sys.argv[2], int(sys.argv[3]))
     elif cmd == "squat":
         squat(sys.argv[2])
     else:

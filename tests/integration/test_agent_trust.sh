@@ -53,6 +53,12 @@
 #      200 connection requests, the rest dropped as the kernel's CM drops
 #      them past the backlog, and the agent serves others meanwhile.
 #   9. ibv_rc_pingpong over the two devices still works afterwards.
+#   10. The agent's death: with a relayed server of uid 65534 stopped
+#      (SIGSTOP) and root's waiting, the agent is killed; root's server
+#      starts the next agent and resumes its slot; the stopped process's
+#      slot is held over for it, and neither a third user nor another
+#      process of root may claim it (EPERM); continued, it resumes through
+#      a new relay, and both servers then serve ibv_rc_pingpong -c.
 #
 # Usage: test_agent_trust.sh BUILD-DIR
 # Exits 77 without root or network namespaces.
@@ -191,7 +197,7 @@ fi
 
 # --- 2b. malformed requests ------------------------------------------------------------
 got=$(as_nobody "$PY" "$WIRE" malformed 2>&1 | tr '\n' ' ')
-want="short err 22 oversized err 90 version err 71 unknown err 22 stray-descriptor err 22 open-without-table err 22 cut-device-list err 22 "
+want="short err 22 oversized err 90 version err 71 unknown err 22 stray-descriptor err 22 open-without-table err 22 cut-device-list err 22 two-descriptors err 22 resume-unheld err 1 "
 if [[ $got == "$want" ]] && alive; then
 	pass "malformed requests each get an error reply; the agent serves on ($got)"
 else
@@ -359,4 +365,82 @@ else
 fi
 grep -q "may not stop the agent" "$WORK/agent.log" ||
 	fail "the agent's log does not tell of the refused stop"
+
+# --- 10. the agent's death ----------------------------------------------------------
+# Two servers wait for their clients: uid 65534's, relayed, on trust0, and
+# root's on trust1.  The relayed one is stopped (SIGSTOP) and the agent
+# killed; root's server starts the next agent and takes its slot back.
+next_port
+vport=$PORT
+sroce_bg "$WORK/victim.server" "${nobody[@]}" ibv_rc_pingpong -d trust0 -g 1 -p "$vport" -n 2000 -c
+victim_bg=$BG_PID
+wait_listen "$vport" "$victim_bg" || die "uid 65534's ibv_rc_pingpong server did not listen"
+next_port
+rport=$PORT
+sroce_bg "$WORK/root.server" ibv_rc_pingpong -d trust1 -g 1 -p "$rport" -n 2000 -c
+root_bg=$BG_PID
+wait_listen "$rport" "$root_bg" || die "root's ibv_rc_pingpong server did not listen"
+read -r vpid vslot < <("$SROCE_BIN" -j resource show | python3 -c '
+import json, sys
+for d in json.load(sys.stdin)["devices"]:
+    for p in d["processes"]:
+        if d["addr"] == "127.0.29.1" and p["comm"] == "ibv_rc_pingpong":
+            print(p["pid"], p["slot"])')
+[[ -n ${vslot:-} ]] || die "uid 65534's server holds no slot of $A"
+kill -STOP "$vpid"
+old=$("$SROCE_BIN" -j agent status | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+kill -9 "$old"
+for _ in $(seq 100); do
+	grep -q 'resumed under the new sroce agent' "$WORK/root.server" && break
+	sleep 0.1
+done
+new=$("$SROCE_BIN" -j agent status 2>/dev/null |
+	python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null)
+if grep -q 'resumed under the new sroce agent' "$WORK/root.server" && [[ -n $new && $new != "$old" ]]; then
+	pass "root's waiting server started agent $new after $old's SIGKILL and took its slot back"
+else
+	fail "no new agent took root's slot back" "$(cat "$WORK/root.server")"
+fi
+got=$(setpriv --reuid=65533 --regid=65533 --clear-groups -- "$PY" "$WIRE" resume $A "$vslot" 2>&1)
+if [[ $got == "err 1 "* ]]; then
+	pass "a third user cannot resume uid 65534's slot ($got)"
+else
+	fail "a third user resuming uid 65534's slot: '$got' (want err 1)"
+fi
+got=$("$PY" "$WIRE" resume $A "$vslot" 2>&1)
+if [[ $got == "err 1 "* ]]; then
+	pass "nor can another process of root ($got)"
+else
+	fail "root's other process resuming uid 65534's slot: '$got' (want err 1)"
+fi
+held=$("$SROCE_BIN" -j agent status | python3 -c '
+import json, sys
+print(sum(d["slots_held_over"] for d in json.load(sys.stdin)["devices"] if d["addr"] == "127.0.29.1"))')
+if [[ $held == 1 ]]; then
+	pass "the stopped process's slot $vslot is held over for it, and given to no one else"
+else
+	fail "slots held over on $A: '$held' (want 1)"
+fi
+kill -CONT "$vpid"
+for _ in $(seq 100); do
+	grep -q 'resumed under the new sroce agent' "$WORK/victim.server" && break
+	sleep 0.1
+done
+if grep -q 'resumed under the new sroce agent' "$WORK/victim.server"; then
+	pass "the relayed process, continued, took its slot back"
+else
+	fail "the relayed process did not take its slot back" "$(cat "$WORK/victim.server")"
+fi
+if timeout -k 5 60 "$SROCE_BIN" exec -- ibv_rc_pingpong -d trust1 -g 1 -p "$vport" -n 2000 -c $A \
+	>"$WORK/victim.client" 2>&1 && bg_wait "$victim_bg" && ((BG_RC == 0)); then
+	pass "ibv_rc_pingpong -c to the relayed server through the new agent's relay"
+else
+	fail "ibv_rc_pingpong to the resumed relayed server" "$(cat "$WORK/victim.client" "$WORK/victim.server")"
+fi
+if timeout -k 5 60 "$SROCE_BIN" exec -- ibv_rc_pingpong -d trust0 -g 1 -p "$rport" -n 2000 -c $B \
+	>"$WORK/root.client" 2>&1 && bg_wait "$root_bg" && ((BG_RC == 0)); then
+	pass "ibv_rc_pingpong -c to root's resumed server"
+else
+	fail "ibv_rc_pingpong to root's resumed server" "$(cat "$WORK/root.client" "$WORK/root.server")"
+fi
 finish

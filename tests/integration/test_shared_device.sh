@@ -4,8 +4,10 @@
 # One sroce device, many processes (docs/shared-device.md): servers and
 # clients of Debian's unmodified programs on the same device address, four
 # perftest pairs at once, `sroce resource show`, a process killed mid-run
-# that disturbs nobody, and the agent killed under running programs (they
-# fail with a clear message, never hang; the next program restarts it).
+# that disturbs nobody, and the agent killed under running programs: with
+# root's agent (a slot map) ib_write_bw, ibv_rc_pingpong -c and a
+# write-commit stream run on and a new agent takes over; with the classic
+# program they fail with a clear message, never hang.
 #
 # Usage: test_shared_device.sh BUILD-DIR
 # ctest: TIMEOUT=400 RESOURCE_LOCK=lo-127.0.18.1,lo-127.0.18.2
@@ -140,22 +142,126 @@ bg_wait "$a_cli"
 bg_wait "$a_srv"
 
 # --- the agent dies under running programs ------------------------------------
-long_pair b 30
+# agent_pid: the running agent's pid, or nothing.
+agent_pid() {
+	"$SROCE_BIN" -j agent status 2>/dev/null | sed -n 's/.*"pid":\([0-9]*\).*/\1/p'
+}
+# kill_agent: SIGKILL to the running agent; sets KILLED (its pid).
+kill_agent() {
+	KILLED=$(agent_pid)
+	[[ -n $KILLED ]] || die "agent pid not found"
+	kill -9 "$KILLED"
+}
+
+# Root's agent steers by a slot map, which outlives it: the programs keep
+# their traffic, and each takes its slot back under the agent the first of
+# them starts.
+"$SROCE_BIN" -j agent status | grep -q '"steering":"slot map"' ||
+	die "root's agent does not steer by a slot map: $("$SROCE_BIN" -j agent status)"
+long_pair b 10
 b_srv=$LP_SRV b_cli=$LP_CLI
-agent_pid=$("$SROCE_BIN" -j agent status | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
-[[ -n $agent_pid ]] || die "agent pid not found"
-start=$(now)
-kill -9 "$agent_pid"
+# ibv_rc_pingpong -c compares every buffer it receives.
+next_port
+pp_port=$PORT
+sroce_bg "$WORK/pp.server" ibv_rc_pingpong -d sroce0 -g 1 -n 60000 -c -p "$pp_port"
+pp_srv=$BG_PID
+wait_listen "$pp_port" "$pp_srv" || die "ibv_rc_pingpong's server did not listen"
+sroce_bg "$WORK/pp.client" ibv_rc_pingpong -d sroce1 -g 1 -n 60000 -c -p "$pp_port" 127.0.0.1
+pp_cli=$BG_PID
+# A write-commit stream whose log is checked record by record afterwards.
+log_file=$(mktemp /var/tmp/sroce-agent-kill.XXXXXX)
+trap 'rm -f "$log_file"; _sroce_cleanup' EXIT
+sroce_bg "$WORK/rl.server" "$BUILD_DIR/tests/compile/remote_log" --server -d sroce0 -g 1 -p 0 \
+	--file "$log_file" --size 64M
+rl_srv=$BG_PID
+wait_for "$WORK/rl.server" 30 "listening on port" "$rl_srv" || die "remote_log did not start"
+rl_port=$(sed -n 's/^remote_log: listening on port \([0-9]*\)$/\1/p' "$WORK/rl.server")
+rl_n=30000
+sroce_bg "$WORK/rl.client" "$BUILD_DIR/tests/compile/remote_log" -d sroce1 -g 1 -p "$rl_port" \
+	-n "$rl_n" --record-size 32 127.0.0.1
+rl_cli=$BG_PID
+sleep 1
+kill_agent
+old_agent=$KILLED
+# survived NAME LOG...: the program exited 0 (BG_RC) and each LOG tells of
+# the agent's death and of its slot taken back.
+survived() {
+	local name=$1 f
+	shift
+	if ((BG_RC != 0)); then
+		fail "$name after the agent's SIGKILL" "exit $BG_RC:"$'\n'"$(cat "$@")"
+		return
+	fi
+	for f in "$@"; do
+		if ! grep -q 'the sroce agent exited; the device.s QPs go on' "$f" ||
+			! grep -q 'resumed under the new sroce agent' "$f"; then
+			fail "$name: $f tells of no resumed slot" "$(cat "$f")"
+			return
+		fi
+	done
+	pass "$name survives SIGKILL of the agent"
+}
 bg_wait "$b_cli"
-cli_rc=$BG_RC
+survived "ib_write_bw -D 10 ($(perftest_result "$WORK/b.client") MB/s)" "$WORK/b.client" "$WORK/b.server"
 bg_wait "$b_srv"
+((BG_RC == 0)) || fail "ib_write_bw's server after the agent's SIGKILL" "$(cat "$WORK/b.server")"
+bg_wait "$pp_cli"
+survived "ibv_rc_pingpong -c (60000 exchanges, buffers checked)" "$WORK/pp.client" "$WORK/pp.server"
+bg_wait "$pp_srv"
+((BG_RC == 0)) || fail "ibv_rc_pingpong's server after the agent's SIGKILL" "$(cat "$WORK/pp.server")"
+bg_wait "$rl_cli"
+survived "a write-commit stream (remote_log)" "$WORK/rl.client" "$WORK/rl.server"
+bg_wait "$rl_srv"
+if grep -q "^remote_log: $rl_n records committed" "$WORK/rl.client" &&
+	"$BUILD_DIR/tests/compile/remote_log" --verify "$log_file" >"$WORK/rl.verify" 2>&1 &&
+	grep -qx "log ok: $rl_n records" "$WORK/rl.verify"; then
+	pass "the stream's $rl_n records are all durable and valid in the target's log"
+else
+	fail "the write-commit stream's log" "$(cat "$WORK/rl.client" "$WORK/rl.verify")"
+fi
+new_agent=$(agent_pid)
+if [[ -n $new_agent && $new_agent != "$old_agent" ]]; then
+	pass "a program started a new agent (pid $old_agent, then $new_agent)"
+else
+	fail "no new agent after pid $old_agent was killed: ${new_agent:-none}"
+fi
+if run_pair ib_write_bw -d sroce0 -x 1 -n 2000 -p @PORT@ -- \
+	ib_write_bw -d sroce1 -x 1 -n 2000 -p @PORT@ 127.0.0.1; then
+	pass "new programs after the agent's restart: $(perftest_result "$RP_CLIENT_LOG") MB/s"
+else
+	fail "new programs after the agent's restart"
+fi
+next_port
+perftest_cm write_bw_cm "$PORT" 'RDMA_CM_EVENT_REJECTED; error: 8' \
+	"new rdma_cm connections after the agent's restart (ib_write_bw -R)" \
+	ib_write_bw -R -d sroce0 -x 1 -n 2000 -p "$PORT" -- \
+	ib_write_bw -R -d sroce1 -x 1 -n 2000 -p "$PORT" 127.0.18.1
+
+# Under the classic program (an agent that cannot load a slot map: not
+# root's) the group cannot outlive the agent: the programs lose the device
+# with a message and end; the next programs start a new agent.
+"$SROCE_BIN" agent stop
+for _ in $(seq 100); do
+	[[ -z $(agent_pid) ]] && break
+	sleep 0.1
+done
+SROCE_AGENT_STEERING=classic "$SROCE_BIN" agent start
+long_pair c 30
+c_srv=$LP_SRV c_cli=$LP_CLI
+"$SROCE_BIN" -j agent status | grep -q '"steering":"classic"' ||
+	die "SROCE_AGENT_STEERING=classic: $("$SROCE_BIN" -j agent status)"
+start=$(now)
+kill_agent
+bg_wait "$c_cli"
+cli_rc=$BG_RC
+bg_wait "$c_srv"
 srv_rc=$BG_RC
 secs=$(elapsed "$start")
 if ((cli_rc != 0 && cli_rc != 124 && srv_rc != 0 && srv_rc != 124)) &&
-	grep -q 'the sroce agent exited' "$WORK/b.client" && num_between "$secs" 0 20; then
-	pass "killing the agent ends both programs with an error in ${secs}s"
+	grep -q 'the sroce agent exited; the device is lost' "$WORK/c.client" && num_between "$secs" 0 20; then
+	pass "classic steering: killing the agent ends both programs with an error in ${secs}s"
 else
-	fail "killing the agent" "client $cli_rc, server $srv_rc after ${secs}s:"$'\n'"$(cat "$WORK/b.client" "$WORK/b.server")"
+	fail "killing the agent (classic steering)" "client $cli_rc, server $srv_rc after ${secs}s:"$'\n'"$(cat "$WORK/c.client" "$WORK/c.server")"
 fi
 if run_pair ib_write_bw -d sroce0 -x 1 -n 2000 -p @PORT@ -- \
 	ib_write_bw -d sroce1 -x 1 -n 2000 -p @PORT@ 127.0.0.1; then

@@ -4,7 +4,9 @@
 #include "agent_client.hpp"
 #include "agent_proto.hpp"
 #include "cm.hpp"
+#include "handover.hpp"
 #include "icrc.hpp"
+#include "steering.hpp"
 #include "wire.hpp"
 
 #include <nlohmann/json.hpp>
@@ -19,7 +21,6 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
-#include <linux/filter.h>
 #include <memory>
 #include <netinet/in.h>
 #include <netinet/udp.h>
@@ -152,10 +153,11 @@ struct SlotUse {
 };
 
 // One device address: its reuseport group, in slot order, and who uses which
-// slot.  Sockets join the group in slot order and are never closed while the
-// agent lives, because the kernel keeps a group in join order and fills a
-// leaving socket's place with the last one: closing one would re-steer
-// another process's QPs.
+// slot.  Sockets are never closed while the agent lives: under the classic
+// program (steering.hpp) they join the group in slot order, and the kernel
+// fills a leaving socket's place with the last one, which would re-steer
+// another process's QPs; under a slot map, a slot's socket is put back
+// only when the slot is leased again.
 struct Dev {
     in_addr_t addr = 0;
     std::string netdev;
@@ -164,8 +166,14 @@ struct Dev {
     // root's stay, as they always have.
     uid_t creator = 0;
     int lock = -1;
+    // Slot -> socket; -1 for a slot a dead agent's process holds and has not
+    // resumed yet (only under a slot map).
     std::vector<int> socks;
+    int slot_map = -1; // steering.hpp; -1 under the classic program
     std::array<SlotUse, kMaxSlots> use;
+    // Slots a dead agent's processes hold: kept for them while they live
+    // (handover.hpp), resumed only by them.
+    std::array<SlotOwner, kMaxSlots> heldover{};
     uint32_t next = 1;
     uint32_t gsi_psn = 0; // QP1's send PSN, counting every MAD sent
     uint64_t rx_gsi = 0, rx_unroutable = 0, rx_gsi_bad = 0;
@@ -173,7 +181,8 @@ struct Dev {
 
     ~Dev() {
         for (int fd : socks)
-            close(fd);
+            if (fd >= 0) close(fd);
+        if (slot_map >= 0) close(slot_map);
         if (lock >= 0) close(lock);
         for (SlotUse &u : use) {
             if (u.table) munmap(const_cast<QpEntry *>(u.table), kTableEntries * sizeof(QpEntry));
@@ -218,7 +227,8 @@ class Agent {
     Served serve(int fd, Dev **owner, uint32_t *slot);
     void cm_command(CmConn &c);
     void send_mad(uint32_t local, uint32_t remote, const uint8_t *mad);
-    void open_device(int fd, const Request &rq, int table_fd, Dev **owner, uint32_t *slot);
+    void open_device(int fd, const Request &rq, int table_fd, int sock, Dev **owner,
+                     uint32_t *slot);
     Dev *device(in_addr_t addr, const std::string &netdev, uid_t uid, std::string &why);
     uint32_t addrs_of(uid_t uid) const;
     void release_unused();
@@ -228,7 +238,11 @@ class Agent {
     void await(in_addr_t addr, const std::string &netdev, uid_t uid, const std::string &why);
     void retry_awaited();
     int new_socket(in_addr_t addr, bool reuseport, std::string &why);
-    void steer(Dev &d);
+    // Steers `slot`'s packets to d.socks[slot]; 0 or an errno.
+    int steer(Dev &d, uint32_t slot);
+    bool slot_free(Dev &d, uint32_t slot);
+    int resume(const ucred &cred, Dev &d, uint32_t s, int sock, std::string &why);
+    void record_owners();
     void release(Dev &d, uint32_t slot);
     void relay(Dev &d, uint32_t slot);
     void drain_gsi(Dev &d);
@@ -254,6 +268,9 @@ class Agent {
     static constexpr uint64_t kAwaitRetryMs = 1000;
     Cm cm_;
     bool stop_ = false;
+    // What a dead predecessor's record (handover.hpp) says of addresses not
+    // served yet: their slots' owners, moved to the Dev when it is made.
+    std::vector<SlotOwner> inherited_ = load_owners();
     // Something another user's address may have been kept for went away (a
     // slot, a channel) or such an address was added: release_unused() looks
     // at the next pass, and only then, as a relayed packet wakes the loop.
@@ -308,20 +325,41 @@ int Agent::new_socket(in_addr_t addr, bool reuseport, std::string &why) {
     return fd;
 }
 
-// The group's program: the destination QPN's bits 16-23 (byte 5 of the BTH,
-// which starts the UDP payload the program sees) are the slot; anything past
-// the group, and a datagram too short to have the byte (the load fails and
-// the program returns 0), goes to the agent's socket.
-void Agent::steer(Dev &d) {
-    sock_filter code[] = {
-        BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 5),
-        BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, uint32_t(d.socks.size()), 1, 0),
-        BPF_STMT(BPF_RET | BPF_A, 0),
-        BPF_STMT(BPF_RET | BPF_K, 0),
-    };
-    sock_fprog prog{uint16_t(sizeof code / sizeof code[0]), code};
-    if (setsockopt(d.socks[0], SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog) < 0)
-        log("%s: cannot attach the steering program: %s", ip_text(d.addr).c_str(), strerror(errno));
+int Agent::steer(Dev &d, uint32_t slot) {
+    int err = d.slot_map >= 0 ? map_slot(d.slot_map, slot, d.socks[slot])
+                              : attach_classic(d.socks[0], uint32_t(d.socks.size()));
+    if (err) log("%s: cannot steer slot %u: %s", ip_text(d.addr).c_str(), slot, strerror(err));
+    return err;
+}
+
+// A slot nobody holds: not leased, and not held over for a live process of
+// a dead agent (whose exit frees it).
+bool Agent::slot_free(Dev &d, uint32_t slot) {
+    if (d.use[slot].conn >= 0) return false;
+    SlotOwner &h = d.heldover[slot];
+    if (h.pid && proc_start(h.pid) == h.start) return false;
+    h = {};
+    return true;
+}
+
+// The record a successor reads (handover.hpp): every leased slot of every
+// address under a slot map.
+void Agent::record_owners() {
+    std::vector<SlotOwner> owners;
+    for (const SlotOwner &o : inherited_)
+        if (proc_start(o.pid) == o.start) owners.push_back(o);
+    for (const auto &d : devs_) {
+        if (d->slot_map < 0) continue;
+        for (uint32_t s = 1; s < kMaxSlots; s++) {
+            const SlotUse &u = d->use[s];
+            if (u.conn >= 0)
+                owners.push_back({d->addr, s, u.pid, u.uid, proc_start(u.pid)});
+            else if (d->heldover[s].pid)
+                owners.push_back(d->heldover[s]);
+        }
+    }
+    if (int err = save_owners(owners); err && err != EPERM)
+        log("cannot record the slots' owners for a successor: %s", strerror(err));
 }
 
 uint32_t Agent::addrs_of(uid_t uid) const {
@@ -365,16 +403,53 @@ Dev *Agent::device(in_addr_t addr, const std::string &netdev, uid_t uid, std::st
         return nullptr;
     }
     // Bound without SO_REUSEPORT first: that fails if anyone else has the
-    // port, where a reuseport bind would silently join their group.
+    // port, where a reuseport bind would silently join their group.  The
+    // one group this agent joins is the one a dead predecessor left to the
+    // processes of its user it served (its address lock is free), which a
+    // slot map lets it take over.  Its relayed processes held no member:
+    // their slots are theirs again all the same.
+    std::vector<SlotOwner> owners;
+    std::erase_if(inherited_, [&](const SlotOwner &o) {
+        if (o.addr != addr) return false;
+        owners.push_back(o);
+        return true;
+    });
     int probe = new_socket(addr, false, why);
-    if (probe < 0) return nullptr;
-    close(probe);
+    if (probe < 0) {
+        if (errno != EADDRINUSE || owners.empty()) return nullptr;
+    } else {
+        close(probe);
+    }
+    bool adopting = probe < 0;
+    std::string busy = why;
     int fd = new_socket(addr, true, why);
     if (fd < 0) return nullptr;
     fcntl(fd, F_SETFL, O_NONBLOCK);
     d->socks.push_back(fd);
-    steer(*d);
-    log("serving %s (%s)", ip_text(addr).c_str(), netdev.c_str());
+    std::string no_map;
+    d->slot_map = attach_slot_map(fd, no_map);
+    if (d->slot_map < 0 && adopting) {
+        why = busy;
+        errno = EADDRINUSE;
+        return nullptr;
+    }
+    if (d->slot_map < 0) owners.clear();
+    if (d->slot_map < 0 && steer(*d, 0)) {
+        why = "cannot serve " + ip_text(addr) + ": the steering program does not attach";
+        errno = EIO;
+        return nullptr;
+    }
+    for (const SlotOwner &o : owners) {
+        d->heldover[o.slot] = o;
+        d->next = std::max(d->next, o.slot + 1);
+    }
+    if (d->slot_map >= 0) d->socks.resize(kMaxSlots, -1);
+    log("serving %s (%s), steering by %s%s", ip_text(addr).c_str(), netdev.c_str(),
+        d->slot_map >= 0 ? "slot map" : ("the classic program: " + no_map).c_str(),
+        owners.empty() ? ""
+                       : (std::string(adopting ? ", its group taken over" : "") + " from a " +
+                          "dead agent, " + std::to_string(owners.size()) + " slots held over")
+                             .c_str());
     devs_.push_back(std::move(d));
     return devs_.back().get();
 }
@@ -396,7 +471,8 @@ void Agent::await(in_addr_t addr, const std::string &netdev, uid_t uid, const st
 }
 
 // Another user's address goes when nothing uses it: no slot is leased and
-// no open rdma_cm channel named it (whose QP1 must answer).  So what a user
+// no open rdma_cm channel named it (whose QP1 must answer), and no slot is
+// held over for a live process of a dead agent.  So what a user
 // had served costs nothing once that user's processes are gone.
 void Agent::release_unused() {
     auto named = [this](in_addr_t a) {
@@ -410,7 +486,7 @@ void Agent::release_unused() {
     std::erase_if(devs_, [&](const std::unique_ptr<Dev> &d) {
         if (d->creator == 0 || named(d->addr)) return false;
         for (uint32_t s = 1; s < kMaxSlots; s++)
-            if (d->use[s].conn >= 0) return false;
+            if (!slot_free(*d, s)) return false;
         log("no longer serving %s (uid %u's, unused)", ip_text(d->addr).c_str(),
             unsigned(d->creator));
         return true;
@@ -430,7 +506,8 @@ void Agent::retry_awaited() {
     });
 }
 
-void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, uint32_t *slot) {
+void Agent::open_device(int fd, const Request &rq, int table_fd, int sock, Dev **owner,
+                        uint32_t *slot) {
     OpenReply rep{};
     rep.version = kProtoVersion;
     std::string why;
@@ -462,19 +539,32 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
                               " process slots of " + ip_text(d->addr) +
                               ", as many as one user but root may");
     }
+    if (rq.arg && (rq.arg >= kMaxSlots || d->slot_map < 0))
+        return refuse(fd, EINVAL,
+                      d->slot_map < 0 ? ip_text(d->addr) + " is not steered by a slot map: "
+                                                           "no slot is taken back"
+                                      : "no slot " + std::to_string(rq.arg));
+    bool direct = cred.uid == geteuid();
     void *table =
         mmap(nullptr, kTableEntries * sizeof(QpEntry), PROT_READ, MAP_SHARED, table_fd, 0);
     if (table == MAP_FAILED) return refuse(fd, EINVAL, "the QP table cannot be mapped");
-    // Next fit over the slots in use and one more: a freed slot is reused as
-    // late as possible, so a QPN comes back late too.
-    uint32_t n = std::min<uint32_t>(uint32_t(d->socks.size()) + 1, kMaxSlots);
-    uint32_t s = 0;
-    for (uint32_t k = 0; k < n; k++) {
-        uint32_t c = d->next + k;
-        c = 1 + (c - 1) % (n - 1);
-        if (d->use[c].conn < 0) {
-            s = c;
-            break;
+    uint32_t s = rq.arg;
+    if (s) {
+        if (int err = resume(cred, *d, s, sock, why)) {
+            munmap(table, kTableEntries * sizeof(QpEntry));
+            return refuse(fd, err, why);
+        }
+    } else {
+        // Next fit over the slots in use and one more: a freed slot is
+        // reused as late as possible, so a QPN comes back late too.
+        uint32_t n = std::min<uint32_t>(uint32_t(d->socks.size()) + 1, kMaxSlots);
+        for (uint32_t k = 0; k < n; k++) {
+            uint32_t c = d->next + k;
+            c = 1 + (c - 1) % (n - 1);
+            if (slot_free(*d, c)) {
+                s = c;
+                break;
+            }
         }
     }
     if (!s) {
@@ -483,15 +573,24 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
                       "all " + std::to_string(kMaxSlots - 1) + " process slots of " +
                           ip_text(d->addr) + " are in use");
     }
-    if (s == d->socks.size()) {
-        int sock = new_socket(d->addr, true, why);
-        if (sock < 0) {
-            munmap(table, kTableEntries * sizeof(QpEntry));
-            return refuse(fd, errno, why);
+    if (s >= d->socks.size() || d->socks[s] < 0) {
+        int fresh = new_socket(d->addr, true, why);
+        if (fresh >= 0) {
+            if (s >= d->socks.size())
+                d->socks.push_back(fresh);
+            else
+                d->socks[s] = fresh;
         }
-        d->socks.push_back(sock);
-        steer(*d);
-    } else {
+        if (fresh < 0 || steer(*d, s)) {
+            int err = fresh < 0 ? errno : EIO;
+            if (fresh >= 0 && d->slot_map >= 0) {
+                close(fresh);
+                d->socks[s] = -1;
+            }
+            munmap(table, kTableEntries * sizeof(QpEntry));
+            return refuse(fd, err, fresh < 0 ? why : "the slot cannot be steered");
+        }
+    } else if (!rq.arg) {
         // What a previous owner left unread is not for the next one.
         char b[64];
         while (recv(d->socks[s], b, sizeof b, MSG_DONTWAIT) >= 0) {
@@ -501,7 +600,7 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
     // itself to a peer and take every user's packets: only the agent's own
     // user's processes hold one; any other's get their packets relayed.
     int give = d->socks[s], pair[2] = {-1, -1};
-    bool relayed = cred.uid != geteuid();
+    bool relayed = !direct;
     if (relayed) {
         if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) {
             int err = errno;
@@ -528,7 +627,10 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
     u.dev_name.assign(rq.name, strnlen(rq.name, sizeof rq.name));
     u.table = static_cast<const QpEntry *>(table);
     rep.slot = s;
-    ssize_t sent = send_with_fd(fd, &rep, sizeof rep, give);
+    if (d->slot_map >= 0) rep.flags |= kOpenSteeringKept;
+    // A resuming process of the agent's user has its socket.
+    ssize_t sent = rq.arg && direct ? send(fd, &rep, sizeof rep, MSG_NOSIGNAL)
+                                    : send_with_fd(fd, &rep, sizeof rep, give);
     if (pair[1] >= 0) close(pair[1]);
     if (sent < 0) {
         munmap(table, kTableEntries * sizeof(QpEntry));
@@ -538,11 +640,59 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, Dev **owner, ui
     }
     u.conn = fd;
     u.relay = pair[0];
-    d->next = s + 1;
+    d->heldover[s] = {};
+    if (!rq.arg) d->next = s + 1;
     *owner = d;
     *slot = s;
-    log("%s slot %u: pid %d (%s)%s", ip_text(d->addr).c_str(), s, int(u.pid), u.comm.c_str(),
-        relayed ? ", relayed" : "");
+    log("%s slot %u: pid %d (%s)%s%s", ip_text(d->addr).c_str(), s, int(u.pid), u.comm.c_str(),
+        relayed ? ", relayed" : "", rq.arg ? ", resumed" : "");
+    record_owners();
+}
+
+// Slot `s` back to the process that held it under a dead agent: the one
+// the record names (handover.hpp), with the socket it kept when it is of
+// the agent's user (its traffic never stopped), through a new relay
+// otherwise.  0 or an errno, with `why`.
+int Agent::resume(const ucred &cred, Dev &d, uint32_t s, int sock, std::string &why) {
+    const SlotOwner &h = d.heldover[s];
+    if (d.use[s].conn >= 0 || !h.pid || h.pid != cred.pid || h.uid != cred.uid ||
+        proc_start(h.pid) != h.start) {
+        why = "slot " + std::to_string(s) + " of " + ip_text(d.addr) +
+              " is not this process's to resume";
+        return EPERM;
+    }
+    bool direct = cred.uid == geteuid();
+    if (direct != (sock >= 0)) {
+        why = direct ? "a process of the agent's user resumes with its slot's socket"
+                     : "a relayed process resumes without a socket";
+        return EINVAL;
+    }
+    if (sock < 0) return 0; // relayed: open_device makes the slot's socket
+    // The socket must be the slot's member of this address's group: bound
+    // here, and taken by the map (which refuses a socket in no group).
+    sockaddr_in sa{};
+    socklen_t l = sizeof sa;
+    int type = 0;
+    socklen_t tl = sizeof type;
+    if (getsockname(sock, reinterpret_cast<sockaddr *>(&sa), &l) < 0 || sa.sin_family != AF_INET ||
+        sa.sin_addr.s_addr != d.addr || sa.sin_port != htons(wire::kRoceV2Port) ||
+        getsockopt(sock, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_DGRAM) {
+        why = "the socket is not one of " + ip_text(d.addr) + ":4791";
+        return EINVAL;
+    }
+    int own = fcntl(sock, F_DUPFD_CLOEXEC, 0);
+    if (own < 0) {
+        why = std::string("dup: ") + strerror(errno);
+        return errno;
+    }
+    if (int err = map_slot(d.slot_map, s, own)) {
+        close(own);
+        why = std::string("the socket cannot be steered: ") + strerror(err);
+        return EINVAL;
+    }
+    if (d.socks[s] >= 0) close(d.socks[s]);
+    d.socks[s] = own;
+    return 0;
 }
 
 // A relayed slot's packets, from the group's socket the agent keeps to the
@@ -599,6 +749,7 @@ void Agent::release(Dev &d, uint32_t slot) {
     close(u.conn);
     if (u.relay >= 0) close(u.relay);
     u = SlotUse{};
+    if (d.slot_map >= 0) record_owners();
 }
 
 void Agent::send_json(int fd, const json &j) {
@@ -651,12 +802,17 @@ json Agent::resources() const {
 json Agent::status() const {
     json devs = json::array();
     for (auto &d : devs_) {
-        unsigned used = 0;
-        for (uint32_t s = 1; s < kMaxSlots; s++)
+        unsigned used = 0, made = 0, held = 0;
+        for (uint32_t s = 1; s < kMaxSlots; s++) {
             used += d->use[s].conn >= 0;
+            made += s < d->socks.size() && d->socks[s] >= 0;
+            held += d->heldover[s].pid != 0;
+        }
         devs.push_back({{"addr", ip_text(d->addr)},
                         {"netdev", d->netdev},
-                        {"slots", d->socks.size() - 1},
+                        {"steering", d->slot_map >= 0 ? "slot map" : "classic"},
+                        {"slots", made},
+                        {"slots_held_over", held},
                         {"processes", used},
                         {"rx_gsi", d->rx_gsi},
                         {"rx_gsi_dropped", d->rx_gsi_bad},
@@ -692,15 +848,17 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
     // One byte more than a request may have: a longer one shows as such.
     constexpr size_t kMaxRequest = 16384;
     alignas(8) uint8_t msg[kMaxRequest + 1];
-    int table_fd;
-    ssize_t n = recv_with_fd(fd, msg, sizeof msg, MSG_DONTWAIT, &table_fd);
+    int fds[2];
+    ssize_t n = recv_with_fds(fd, msg, sizeof msg, MSG_DONTWAIT, fds, 2);
     if (n < 0) return errno == EAGAIN ? Served::kKeep : Served::kClose;
     struct Closer {
-        int fd;
+        int *fds;
         ~Closer() {
-            if (fd >= 0) close(fd);
+            for (int i = 0; i < 2; i++)
+                if (fds[i] >= 0) close(fds[i]);
         }
-    } closer{table_fd};
+    } closer{fds};
+    int table_fd = fds[0];
     if (n == 0) return Served::kClose;
     Request rq{};
     std::memcpy(&rq, msg, std::min(sizeof rq, size_t(n)));
@@ -727,6 +885,8 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
     else if ((rq.op == kOpenDevice) != (table_fd >= 0))
         bad = rq.op == kOpenDevice ? "an open carries the QP table's descriptor"
                                    : "no descriptor belongs with request " + std::to_string(rq.op);
+    else if (fds[1] >= 0 && (rq.op != kOpenDevice || !rq.arg))
+        bad = "a second descriptor belongs only with a resumed slot";
     else if (rq.op == kCmChannel ? (size_t(n) - sizeof rq) % sizeof(CmDeviceInfo) != 0
                                  : size_t(n) != sizeof rq)
         bad = "request " + std::to_string(rq.op) + " of " + std::to_string(n) + " bytes";
@@ -736,7 +896,7 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
     }
     switch (rq.op) {
     case kOpenDevice:
-        open_device(fd, rq, table_fd, owner, slot);
+        open_device(fd, rq, table_fd, fds[1], owner, slot);
         return *owner ? Served::kSlot : Served::kClose;
     case kCmChannel: {
         size_t ndev = (size_t(n) - sizeof rq) / sizeof(CmDeviceInfo);
@@ -786,20 +946,20 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
     case kCmCommands: {
         OpenReply rep{};
         rep.version = kProtoVersion;
-        rep.slot = rq.reserved;
+        rep.slot = rq.arg;
         bool known = false;
         for (const CmConn &c : cm_conns_)
-            known |= !c.commands && c.channel == rq.reserved;
+            known |= !c.commands && c.channel == rq.arg;
         for (const CmConn &c : new_cm_conns_)
-            known |= !c.commands && c.channel == rq.reserved;
+            known |= !c.commands && c.channel == rq.arg;
         // A channel is named by a small number anyone can send: its commands
         // are only for the process that opened it, as the kernel's are
         // only for whoever holds the file.
         ucred cred = peer_cred(fd);
-        known = known && cm_.channel_owned_by(rq.reserved, cred.pid, cred.uid);
+        known = known && cm_.channel_owned_by(rq.arg, cred.pid, cred.uid);
         if (!known) rep.err = ENOENT;
         if (send(fd, &rep, sizeof rep, MSG_NOSIGNAL) < 0 || !known) return Served::kClose;
-        new_cm_conns_.push_back({fd, rq.reserved, true, {}, cred.uid});
+        new_cm_conns_.push_back({fd, rq.arg, true, {}, cred.uid});
         return Served::kCm;
     }
     case kResources:

@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: MIT
+#include "handover.hpp"
+
+#include "agent_proto.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace sroce::agent {
+namespace {
+
+constexpr const char *kDir = "/run/sroce";
+
+std::string path() {
+    struct stat ns {};
+    stat("/proc/self/ns/net", &ns);
+    std::string name;
+    for (char c : socket_name())
+        name += isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ? c : '.';
+    return std::string(kDir) + "/slots-" + std::to_string(ns.st_ino) + "-" + name;
+}
+
+} // namespace
+
+uint64_t proc_start(pid_t pid) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    // The command name may hold spaces and parentheses: fields count from
+    // the last ')'.  Field 22 is the start time, the 20th after it.
+    size_t p = s.rfind(')');
+    if (p == std::string::npos) return 0;
+    std::istringstream in(s.substr(p + 1));
+    std::string field;
+    for (int i = 0; i < 20 && in >> field; i++) {
+    }
+    return in ? std::strtoull(field.c_str(), nullptr, 10) : 0;
+}
+
+int save_owners(const std::vector<SlotOwner> &owners) {
+    if (geteuid() != 0) return EPERM;
+    std::string p = path(), tmp = p + ".new";
+    if (owners.empty()) return unlink(p.c_str()) < 0 && errno != ENOENT ? errno : 0;
+    if (mkdir(kDir, 0700) < 0 && errno != EEXIST) return errno;
+    FILE *f = fopen(tmp.c_str(), "we");
+    if (!f) return errno;
+    for (const SlotOwner &o : owners)
+        fprintf(f, "%u %u %d %u %llu\n", unsigned(o.addr), o.slot, int(o.pid), unsigned(o.uid),
+                static_cast<unsigned long long>(o.start));
+    int err = ferror(f) ? EIO : 0;
+    if (fclose(f) != 0 && !err) err = errno;
+    if (!err && rename(tmp.c_str(), p.c_str()) < 0) err = errno;
+    if (err) unlink(tmp.c_str());
+    return err;
+}
+
+std::vector<SlotOwner> load_owners() {
+    std::vector<SlotOwner> out;
+    if (geteuid() != 0) return out;
+    std::ifstream f(path());
+    unsigned a, slot, uid;
+    int pid;
+    unsigned long long start;
+    while (f >> a >> slot >> pid >> uid >> start)
+        if (slot > 0 && slot < kMaxSlots && pid > 0 && proc_start(pid) == start)
+            out.push_back({in_addr_t(a), slot, pid_t(pid), uid_t(uid), start});
+    return out;
+}
+
+} // namespace sroce::agent

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: MIT
+//
+// What an agent leaves for the one that takes over after it dies: who holds
+// which slot of each address it serves with a slot map (steering.hpp).  The
+// programs keep their sockets, and with them their traffic, when the agent
+// dies; a new agent takes each slot back only from the process that held
+// it, and gives it to nobody else while that process lives.
+//
+// Root's agent keeps the record in /run/sroce (0700), one file per network
+// namespace and agent socket name; others keep none (they cannot load a
+// slot map either).
+#pragma once
+
+#include <cstdint>
+#include <netinet/in.h>
+#include <string>
+#include <sys/types.h>
+#include <vector>
+
+namespace sroce::agent {
+
+struct SlotOwner {
+    in_addr_t addr;
+    uint32_t slot;
+    pid_t pid;
+    uid_t uid;
+    uint64_t start; // the process's start time (proc_start), against pid reuse
+};
+
+// When `pid` started, in clock ticks since boot (/proc/PID/stat); 0 when
+// no such process is alive.
+uint64_t proc_start(pid_t pid);
+
+// Replaces the record with `owners`.  0 or an errno.
+int save_owners(const std::vector<SlotOwner> &owners);
+
+// The record's entries whose process still lives.
+std::vector<SlotOwner> load_owners();
+
+} // namespace sroce::agent

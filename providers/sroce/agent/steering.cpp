@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: MIT
+#include "steering.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <linux/bpf.h>
+#include <linux/filter.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace sroce::agent {
+namespace {
+
+long bpf(int cmd, bpf_attr &attr) {
+    return syscall(__NR_bpf, cmd, &attr, sizeof attr);
+}
+
+constexpr bpf_insn insn(uint8_t code, uint8_t dst, uint8_t src, int16_t off, int32_t imm) {
+    bpf_insn i{};
+    i.code = code;
+    i.dst_reg = dst & 0xF;
+    i.src_reg = src & 0xF;
+    i.off = off;
+    i.imm = imm;
+    return i;
+}
+
+// The BTH follows the 8-byte UDP header the program's data starts with;
+// its byte 5 is bits 16-23 of the destination QPN.
+constexpr int32_t kSlotByte = 8 + 5;
+
+} // namespace
+
+int attach_slot_map(int member, std::string &why) {
+    if (const char *s = getenv("SROCE_AGENT_STEERING"); s && !strcmp(s, "classic")) {
+        why = "SROCE_AGENT_STEERING=classic";
+        return -1;
+    }
+    bpf_attr a{};
+    a.map_type = BPF_MAP_TYPE_REUSEPORT_SOCKARRAY;
+    a.key_size = sizeof(uint32_t);
+    a.value_size = sizeof(uint64_t);
+    a.max_entries = 256;
+    int map = int(bpf(BPF_MAP_CREATE, a));
+    if (map < 0) {
+        why = std::string("no slot map (") + strerror(errno) + ")";
+        return -1;
+    }
+    // r6 = ctx; key = slot byte, or 0 when the datagram is too short;
+    // select map[key], else map[0] (the agent), else drop: a slot without
+    // a socket is no one's, and with the agent gone nobody answers QP1.
+    enum : uint8_t { kR0, kR1, kR2, kR3, kR4, kR6 = 6, kFp = 10 };
+    constexpr uint8_t kMov = BPF_ALU64 | BPF_MOV, kAdd = BPF_ALU64 | BPF_ADD;
+    bpf_insn p[] = {
+        insn(kMov | BPF_X, kR6, kR1, 0, 0),
+        insn(BPF_ST | BPF_MEM | BPF_DW, kFp, 0, -8, 0),
+        insn(kMov | BPF_K, kR2, 0, 0, kSlotByte),
+        insn(kMov | BPF_X, kR3, kFp, 0, 0),
+        insn(kAdd | BPF_K, kR3, 0, 0, -8),
+        insn(kMov | BPF_K, kR4, 0, 0, 1),
+        insn(BPF_JMP | BPF_CALL, 0, 0, 0, BPF_FUNC_skb_load_bytes),
+        // 7: select map[key]
+        insn(kMov | BPF_X, kR1, kR6, 0, 0),
+        insn(BPF_LD | BPF_DW | BPF_IMM, kR2, BPF_PSEUDO_MAP_FD, 0, map),
+        insn(0, 0, 0, 0, 0),
+        insn(kMov | BPF_X, kR3, kFp, 0, 0),
+        insn(kAdd | BPF_K, kR3, 0, 0, -8),
+        insn(kMov | BPF_K, kR4, 0, 0, 0),
+        insn(BPF_JMP | BPF_CALL, 0, 0, 0, BPF_FUNC_sk_select_reuseport),
+        insn(BPF_JMP | BPF_JEQ | BPF_K, kR0, 0, 11, 0), // chosen: to 26
+        // 15: select map[0]
+        insn(BPF_ST | BPF_MEM | BPF_DW, kFp, 0, -8, 0),
+        insn(kMov | BPF_X, kR1, kR6, 0, 0),
+        insn(BPF_LD | BPF_DW | BPF_IMM, kR2, BPF_PSEUDO_MAP_FD, 0, map),
+        insn(0, 0, 0, 0, 0),
+        insn(kMov | BPF_X, kR3, kFp, 0, 0),
+        insn(kAdd | BPF_K, kR3, 0, 0, -8),
+        insn(kMov | BPF_K, kR4, 0, 0, 0),
+        insn(BPF_JMP | BPF_CALL, 0, 0, 0, BPF_FUNC_sk_select_reuseport),
+        insn(BPF_JMP | BPF_JEQ | BPF_K, kR0, 0, 2, 0), // chosen: to 26
+        // 24: nobody's
+        insn(kMov | BPF_K, kR0, 0, 0, SK_DROP),
+        insn(BPF_JMP | BPF_EXIT, 0, 0, 0, 0),
+        // 26
+        insn(kMov | BPF_K, kR0, 0, 0, SK_PASS),
+        insn(BPF_JMP | BPF_EXIT, 0, 0, 0, 0),
+    };
+    a = {};
+    a.prog_type = BPF_PROG_TYPE_SK_REUSEPORT;
+    a.insns = reinterpret_cast<uintptr_t>(p);
+    a.insn_cnt = sizeof p / sizeof p[0];
+    a.license = reinterpret_cast<uintptr_t>("MIT");
+    int prog = int(bpf(BPF_PROG_LOAD, a));
+    if (prog < 0) {
+        why = std::string("no steering program (") + strerror(errno) + ")";
+        close(map);
+        return -1;
+    }
+    int err = map_slot(map, 0, member);
+    if (!err && setsockopt(member, SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, &prog, sizeof prog) < 0)
+        err = errno;
+    // The group holds the program, and the program the map.
+    close(prog);
+    if (err) {
+        why = std::string("cannot attach the slot map (") + strerror(err) + ")";
+        close(map);
+        return -1;
+    }
+    return map;
+}
+
+int map_slot(int map, uint32_t slot, int sock) {
+    uint64_t value = uint64_t(sock);
+    bpf_attr a{};
+    a.map_fd = uint32_t(map);
+    a.key = reinterpret_cast<uintptr_t>(&slot);
+    a.value = reinterpret_cast<uintptr_t>(&value);
+    a.flags = BPF_ANY;
+    return bpf(BPF_MAP_UPDATE_ELEM, a) < 0 ? errno : 0;
+}
+
+int attach_classic(int member, uint32_t members) {
+    // An index past the group, and a datagram too short to have the byte
+    // (the load fails and the program returns 0), go to slot 0.
+    sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 5),
+        BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, members, 1, 0),
+        BPF_STMT(BPF_RET | BPF_A, 0),
+        BPF_STMT(BPF_RET | BPF_K, 0),
+    };
+    sock_fprog prog{uint16_t(sizeof code / sizeof code[0]), code};
+    return setsockopt(member, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog) < 0 ? errno
+                                                                                            : 0;
+}
+
+} // namespace sroce::agent
