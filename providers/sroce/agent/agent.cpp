@@ -21,6 +21,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <netinet/in.h>
 #include <netinet/udp.h>
@@ -42,15 +43,6 @@ namespace sroce::agent {
 namespace {
 
 using nlohmann::json;
-
-// Who is at the other end of a client's connection, as the kernel says;
-// uid and gid -1, which nothing grants anything, when it cannot tell.
-ucred peer_cred(int fd) {
-    ucred c{};
-    socklen_t l = sizeof c;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &l) < 0) c = {0, uid_t(-1), gid_t(-1)};
-    return c;
-}
 
 // Whether process `pid` has CAP_NET_BIND_SERVICE in the user namespace that
 // owns the agent's network namespace, as the kernel's cma asks before a
@@ -220,6 +212,16 @@ class Agent {
     // 0, EADDRINUSE when another agent listens, or another errno.
     int listen_socket();
     int loop();
+    // One round: what is ready is served, waiting at most `max_wait_ms` (or
+    // less, for the CM's timers).  False when poll(2) fails.
+    bool pass(int max_wait_ms);
+    bool stopped() const { return stop_; }
+    // A client connection made in this process (Session): its credentials
+    // are `cred`, not the process's.
+    void add_conn(int fd, const ucred &cred) {
+        conns_.push_back({fd});
+        creds_[fd] = cred;
+    }
 
   private:
     void accept_conns();
@@ -251,7 +253,27 @@ class Agent {
     void send_json(int fd, const json &j);
     bool busy() const;
 
+    // Who is at the other end of a client's connection, as the kernel says
+    // (SO_PEERCRED), or as a Session said; uid and gid -1, which nothing
+    // grants anything, when it cannot tell.
+    ucred cred(int fd) const {
+        if (auto it = creds_.find(fd); it != creds_.end()) return it->second;
+        ucred c{};
+        socklen_t l = sizeof c;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &l) < 0) c = {0, uid_t(-1), gid_t(-1)};
+        return c;
+    }
+
     Options opts_;
+    std::map<int, ucred> creds_; // Session's connections
+    // pass()'s, kept between calls: what each pollfd past the first is.
+    struct PassRef {
+        enum class Kind { kConn, kDevice, kSlot, kRelay, kCm } kind;
+        Dev *dev;
+        uint32_t index; // conns_, a slot, or cm_conns_
+    };
+    std::vector<pollfd> pass_pfds_;
+    std::vector<PassRef> pass_refs_;
     int listen_ = -1;
     std::vector<Conn> conns_; // admin and not-yet-identified connections
     std::vector<std::unique_ptr<Dev>> devs_;
@@ -270,7 +292,7 @@ class Agent {
     bool stop_ = false;
     // What a dead predecessor's record (handover.hpp) says of addresses not
     // served yet: their slots' owners, moved to the Dev when it is made.
-    std::vector<SlotOwner> inherited_ = load_owners();
+    std::vector<SlotOwner> inherited_ = opts_.handover ? load_owners() : std::vector<SlotOwner>{};
     // Something another user's address may have been kept for went away (a
     // slot, a channel) or such an address was added: release_unused() looks
     // at the next pass, and only then, as a relayed packet wakes the loop.
@@ -358,6 +380,7 @@ void Agent::record_owners() {
                 owners.push_back(d->heldover[s]);
         }
     }
+    if (!opts_.handover) return;
     if (int err = save_owners(owners); err && err != EPERM)
         log("cannot record the slots' owners for a successor: %s", strerror(err));
 }
@@ -524,7 +547,7 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, int sock, Dev *
                       "the QP table must be a memfd of " +
                           std::to_string(kTableEntries * sizeof(QpEntry)) +
                           " bytes sealed against shrinking");
-    ucred cred = peer_cred(fd);
+    ucred cred = this->cred(fd);
     Dev *d = device(rq.addr, netdev, cred.uid, why);
     if (!d) return refuse(fd, errno ? errno : EADDRINUSE, why);
     // No user but root takes more than half an address's slots, so that
@@ -900,7 +923,7 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
         return *owner ? Served::kSlot : Served::kClose;
     case kCmChannel: {
         size_t ndev = (size_t(n) - sizeof rq) / sizeof(CmDeviceInfo);
-        ucred cred = peer_cred(fd);
+        ucred cred = this->cred(fd);
         if (cred.uid != 0) {
             uint32_t open = 0;
             for (const auto *v : {&cm_conns_, &new_cm_conns_})
@@ -955,7 +978,7 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
         // A channel is named by a small number anyone can send: its commands
         // are only for the process that opened it, as the kernel's are
         // only for whoever holds the file.
-        ucred cred = peer_cred(fd);
+        ucred cred = this->cred(fd);
         known = known && cm_.channel_owned_by(rq.arg, cred.pid, cred.uid);
         if (!known) rep.err = ENOENT;
         if (send(fd, &rep, sizeof rep, MSG_NOSIGNAL) < 0 || !known) return Served::kClose;
@@ -970,7 +993,7 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
         return Served::kClose;
     case kStop: {
         // Who may stop it: its own user and root, as only they may kill it.
-        ucred cred = peer_cred(fd);
+        ucred cred = this->cred(fd);
         if (cred.uid != 0 && cred.uid != geteuid()) {
             refuse(fd, EPERM,
                    "the sroce agent (pid " + std::to_string(getpid()) + ") runs as uid " +
@@ -1084,16 +1107,23 @@ bool Agent::busy() const {
 
 int Agent::loop() {
     uint64_t idle_since = mono_s();
-    std::vector<pollfd> pfds;
-    // What each pollfd past the first is.
-    enum class Kind { kConn, kDevice, kSlot, kRelay, kCm };
-    struct Ref {
-        Kind kind;
-        Dev *dev;
-        uint32_t index; // conns_, a slot, or cm_conns_
-    };
-    std::vector<Ref> refs;
     while (!stop_) {
+        if (!pass(1000)) return 1;
+        uint64_t now = mono_s();
+        if (busy()) idle_since = now;
+        if (opts_.idle_exit && now - idle_since >= opts_.idle_exit) {
+            log("idle for %u s, exiting", opts_.idle_exit);
+            break;
+        }
+    }
+    return 0;
+}
+
+bool Agent::pass(int max_wait_ms) {
+    std::vector<pollfd> &pfds = pass_pfds_;
+    std::vector<PassRef> &refs = pass_refs_;
+    using Kind = PassRef::Kind;
+    {
         if (recheck_unused_) {
             recheck_unused_ = false;
             release_unused();
@@ -1123,15 +1153,16 @@ int Agent::loop() {
         }
         retry_awaited();
         int timeout = cm_.timers(mono_ms());
-        int r = poll(pfds.data(), pfds.size(), timeout < 0 || timeout > 1000 ? 1000 : timeout);
+        int r = poll(pfds.data(), pfds.size(),
+                     timeout < 0 || timeout > max_wait_ms ? max_wait_ms : timeout);
         if (r < 0 && errno != EINTR) {
             log("poll: %s", strerror(errno));
-            return 1;
+            return false;
         }
         std::vector<uint32_t> done; // conns_ entries finished with
         for (size_t i = 1; r > 0 && i < pfds.size(); i++) {
             if (!pfds[i].revents) continue;
-            Ref ref = refs[i];
+            PassRef ref = refs[i];
             switch (ref.kind) {
             case Kind::kConn: {
                 Dev *owner = nullptr;
@@ -1183,14 +1214,8 @@ int Agent::loop() {
         cm_conns_.insert(cm_conns_.end(), new_cm_conns_.begin(), new_cm_conns_.end());
         new_cm_conns_.clear();
         if (pfds[0].revents & POLLIN) accept_conns();
-        uint64_t now = mono_s();
-        if (busy()) idle_since = now;
-        if (opts_.idle_exit && now - idle_since >= opts_.idle_exit) {
-            log("idle for %u s, exiting", opts_.idle_exit);
-            break;
-        }
     }
-    return 0;
+    return true;
 }
 
 } // namespace
@@ -1229,6 +1254,26 @@ int run(const Options &opts) {
     }
     log("pid %d listening on @%s", int(getpid()), socket_name().c_str());
     return agent->loop();
+}
+
+struct Session::Impl {
+    Agent agent;
+    explicit Impl(const Options &o) : agent(o) {}
+};
+
+Session::Session(const Options &opts) : impl_(std::make_unique<Impl>(opts)) {}
+Session::~Session() = default;
+
+int Session::connect(pid_t pid, uid_t uid, gid_t gid) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) return -1;
+    fcntl(sv[1], F_SETFL, O_NONBLOCK);
+    impl_->agent.add_conn(sv[1], ucred{pid, uid, gid});
+    return sv[0];
+}
+
+bool Session::pass(int max_wait_ms) {
+    return impl_->agent.pass(max_wait_ms) && !impl_->agent.stopped();
 }
 
 std::string query(uint32_t op) {

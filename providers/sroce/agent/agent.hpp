@@ -9,7 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <sys/types.h>
 
 namespace sroce::agent {
 
@@ -20,12 +22,34 @@ struct Options {
     // calling process exits 0 then, or non-zero with the reason on stderr.
     bool detach = false;
     std::string log; // where a detached agent writes its messages
+    // Read and keep the record of slot owners a successor needs
+    // (handover.hpp).
+    bool handover = true;
 };
 
 // Runs the agent until it is stopped or idle.  Returns the exit status;
 // 0 also when another agent already serves this namespace (`start` then has
 // nothing to do).
 int run(const Options &opts);
+
+// An agent inside the calling process, with no socket of its own: the
+// caller makes its clients' connections and runs its loop one pass at a
+// time.  For the control protocol's fuzz target (tests/fuzz/fuzz_agent.cpp).
+class Session {
+  public:
+    explicit Session(const Options &opts);
+    ~Session();
+    // A client's connection, the agent taking its credentials to be `pid`,
+    // `uid` and `gid`: the client's end (a SOCK_SEQPACKET socket), or -1.
+    int connect(pid_t pid, uid_t uid, gid_t gid);
+    // One pass of the agent's loop, waiting at most `max_wait_ms`.  False
+    // once the agent stopped (kStop) or failed.
+    bool pass(int max_wait_ms);
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
 
 // Asks the running agent for `op`'s JSON (kResources, kStatus).  Throws
 // std::runtime_error when no agent answers.
