@@ -13,6 +13,7 @@
 #include <spawn.h>
 #include <string>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <thread>
@@ -95,9 +96,54 @@ ssize_t recv_with_fds(int sock, void *buf, size_t len, int flags, int *fds, int 
     return n;
 }
 
-std::string socket_name() {
-    const char *s = getenv("SROCE_AGENT_SOCKET");
-    return s && *s ? s : "sroce-agent";
+namespace {
+
+Endpoint abstract_endpoint(const std::string &name) {
+    Endpoint e;
+    e.sa.sun_family = AF_UNIX;
+    size_t n = std::min(name.size(), sizeof e.sa.sun_path - 1);
+    std::memcpy(e.sa.sun_path + 1, name.data(), n);
+    e.len = socklen_t(offsetof(sockaddr_un, sun_path) + 1 + n);
+    e.text = "@" + name.substr(0, n);
+    return e;
+}
+
+Endpoint system_endpoint() {
+    struct stat ns {};
+    stat("/proc/self/ns/net", &ns);
+    Endpoint e;
+    e.sa.sun_family = AF_UNIX;
+    e.text = std::string(kSystemDir) + "/agent-" + std::to_string(ns.st_ino) + ".sock";
+    snprintf(e.sa.sun_path, sizeof e.sa.sun_path, "%s", e.text.c_str());
+    e.len = socklen_t(offsetof(sockaddr_un, sun_path) + strlen(e.sa.sun_path) + 1);
+    e.system = true;
+    return e;
+}
+
+} // namespace
+
+namespace {
+
+// Whether this process could make the system agent's socket: root of the
+// host (not of a user namespace, nor with /run read-only).
+bool system_capable() {
+    if (geteuid() != 0) return false;
+    if (access(kSystemDir, W_OK) == 0) return true;
+    return errno == ENOENT && access("/run", W_OK) == 0;
+}
+
+} // namespace
+
+std::vector<Endpoint> agent_endpoints() {
+    if (const char *s = getenv("SROCE_AGENT_SOCKET"); s && *s) return {abstract_endpoint(s)};
+    // Root that can have a system agent never asks a name anyone may take.
+    if (system_capable()) return {system_endpoint()};
+    return {system_endpoint(), abstract_endpoint("sroce-agent-" + std::to_string(geteuid()))};
+}
+
+Endpoint own_endpoint() {
+    std::vector<Endpoint> e = agent_endpoints();
+    return geteuid() == 0 ? e.front() : e.back();
 }
 
 namespace {
@@ -134,19 +180,20 @@ std::string agent_binary() {
     return "sroce";
 }
 
-int try_connect() {
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    sockaddr_un sa{};
-    sa.sun_family = AF_UNIX;
-    std::string name = socket_name();
-    size_t n = std::min(name.size(), sizeof sa.sun_path - 1);
-    std::memcpy(sa.sun_path + 1, name.data(), n);
-    if (connect(fd, reinterpret_cast<sockaddr *>(&sa),
-                socklen_t(offsetof(sockaddr_un, sun_path) + 1 + n)) == 0)
-        return fd;
-    int err = errno;
-    close(fd);
+// The first agent that answers, in agent_endpoints()'s order; `which` says
+// where.  -1 with errno (of the last) when none does.
+int try_connect(Endpoint *which) {
+    int err = ECONNREFUSED;
+    for (const Endpoint &e : agent_endpoints()) {
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (fd < 0) return -1;
+        if (connect(fd, reinterpret_cast<const sockaddr *>(&e.sa), e.len) == 0) {
+            if (which) *which = e;
+            return fd;
+        }
+        err = errno;
+        close(fd);
+    }
     errno = err;
     return -1;
 }
@@ -182,15 +229,15 @@ int start_agent() {
 
 } // namespace
 
-bool trusted_agent(int fd, std::string &why) {
+bool trusted_agent(int fd, const std::string &where, std::string &why) {
     ucred cred{};
     socklen_t l = sizeof cred;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &l) < 0) {
-        why = std::string("cannot tell who serves @") + socket_name() + ": " + strerror(errno);
+        why = "cannot tell who serves " + where + ": " + strerror(errno);
         return false;
     }
     if (cred.uid == 0 || cred.uid == geteuid()) return true;
-    why = "@" + socket_name() + " is served by pid " + std::to_string(cred.pid) + " of uid " +
+    why = where + " is served by pid " + std::to_string(cred.pid) + " of uid " +
           std::to_string(cred.uid) + ", neither root nor this user: not trusting it as the " +
           "sroce agent";
     return false;
@@ -198,11 +245,11 @@ bool trusted_agent(int fd, std::string &why) {
 
 namespace {
 
-// connect_agent()'s answer for a connection `fd` (-1: none).
-int checked(int fd) {
+// connect_agent()'s answer for a connection `fd` to `where` (-1: none).
+int checked(int fd, const Endpoint &where) {
     if (fd < 0) return fd;
     std::string why;
-    if (trusted_agent(fd, why)) return fd;
+    if (trusted_agent(fd, where.text, why)) return fd;
     fprintf(stderr, "sroce: %s\n", why.c_str());
     close(fd);
     errno = EPERM;
@@ -212,8 +259,9 @@ int checked(int fd) {
 } // namespace
 
 int connect_agent(bool start) {
-    int fd = try_connect();
-    if (fd >= 0 || !start) return checked(fd);
+    Endpoint where;
+    int fd = try_connect(&where);
+    if (fd >= 0 || !start) return checked(fd, where);
     if (int err = start_agent()) {
         errno = err;
         return -1;
@@ -221,12 +269,12 @@ int connect_agent(bool start) {
     // It listens before `start` returns; a few tries cover a rival agent
     // that won the name and is just getting there.
     for (int i = 0; i < 50; i++) {
-        fd = try_connect();
-        if (fd >= 0) return checked(fd);
+        fd = try_connect(&where);
+        if (fd >= 0) return checked(fd, where);
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    fprintf(stderr, "sroce: the sroce agent started but does not answer on @%s\n",
-            socket_name().c_str());
+    fprintf(stderr, "sroce: the sroce agent started but does not answer on %s\n",
+            own_endpoint().text.c_str());
     errno = ECONNREFUSED;
     return -1;
 }

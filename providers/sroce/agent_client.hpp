@@ -7,6 +7,7 @@
 
 #include <string>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <vector>
 
 namespace sroce::agent {
@@ -36,15 +37,36 @@ ssize_t recv_with_fd(int sock, void *buf, size_t len, int flags, int *fd);
 // The same for the first `max` (at most 4) descriptors, -1 past those that came.
 ssize_t recv_with_fds(int sock, void *buf, size_t len, int flags, int *fds, int max);
 
+// Where agents listen (docs/shared-device.md, "Who the agent is"): the
+// system agent (root's) on a socket file in kSystemDir, one per network
+// namespace, which only root can make; a user's own agent on an abstract
+// name of that user's; or the abstract name $SROCE_AGENT_SOCKET says
+// alone (tests).
+constexpr const char *kSystemDir = "/run/sroce";
+struct Endpoint {
+    sockaddr_un sa{};
+    socklen_t len = 0;
+    std::string text; // a path, or "@name"
+    bool system = false;
+};
+// Where this process looks for its agent, in order: $SROCE_AGENT_SOCKET
+// alone, or the system agent's and then this user's own.
+std::vector<Endpoint> agent_endpoints();
+// Where an agent of this process's user listens: root's on the system
+// socket (or, where it cannot make one — root of a user namespace, a
+// read-only /run — on root's own name), anyone else's on its own name.
+Endpoint own_endpoint();
+
 // A connection to the agent, starting one (`sroce agent start`) when none
 // answers and `start` is set; -1 with errno otherwise.  An answer from a
 // process that is neither root nor of this process's user is refused
 // (EPERM, the reason printed): it could be anyone's squatting the name.
 int connect_agent(bool start);
 
-// Whether the process at the other end of `fd` may be this process's agent:
-// root's or its own user's.  If not, `why` says who it is.
-bool trusted_agent(int fd, std::string &why);
+// Whether the process at the other end of `fd` (connected to `where`) may
+// be this process's agent: root's or its own user's.  If not, `why` says
+// who it is.
+bool trusted_agent(int fd, const std::string &where, std::string &why);
 
 // Taking back, under a new agent, the slot held under one that died.
 struct Resume {

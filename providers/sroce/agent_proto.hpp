@@ -26,10 +26,9 @@ namespace sroce::agent {
 // 3: relayed slots (OpenReply::flags); 4: slots resumed under a new agent
 constexpr uint32_t kProtoVersion = 4;
 
-// The agent listens on an abstract Unix socket, so there is one per network
-// namespace, which is exactly the scope of the addresses it serves.
-// $SROCE_AGENT_SOCKET names another (tests that must not share the host's).
-std::string socket_name();
+// There is one agent per network namespace, which is exactly the scope of
+// the addresses it serves; where it listens is agent_client.hpp's
+// agent_endpoints().
 
 // A QPN's bits 16-23 are its slot: the steering program reads that byte of
 // the BTH and returns it as the index into the address's reuseport group.

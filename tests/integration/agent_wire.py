@@ -64,14 +64,20 @@ as a hostile or careless client would, for test_agent_trust.sh.
   agent_wire.py resume ADDRESS SLOT
       claims SLOT of ADDRESS as held under an agent that died; prints
       "err E MESSAGE" (0 when granted).
-  agent_wire.py squat FILE
-      binds the agent's name first and listens, as a squatter would; writes
-      "ready" to FILE, then how many bytes clients sent it, after each one.
-The socket is @$SROCE_AGENT_SOCKET (default @sroce-agent)."""
+  agent_wire.py squat FILE UID...
+      binds the names the agents of UIDs would listen on (@sroce-agent-UID)
+      and listens, as a squatter would, and tries to bind the system
+      agent's socket file; writes "ready system E" to FILE (E: the errno
+      of that try, or "bound"), then how many bytes clients sent it, after
+      each one.
+The socket is @$SROCE_AGENT_SOCKET, else the system agent's
+(/run/sroce/agent-NETNS.sock)."""
 import ctypes
+import errno
 import fcntl
 import os
 import resource
+import select
 import socket
 import struct
 import sys
@@ -84,9 +90,16 @@ OPEN_REPLY = struct.Struct("<IiII256s")
 TABLE_BYTES = 4096 * 16
 
 
+def system_socket():
+    return f"/run/sroce/agent-{os.stat('/proc/self/ns/net').st_ino}.sock"
+
+
 def connect():
+    """To the agent a process would use: $SROCE_AGENT_SOCKET, else the
+    system agent's socket file."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.connect("\0" + os.environ.get("SROCE_AGENT_SOCKET", "sroce-agent"))
+    name = os.environ.get("SROCE_AGENT_SOCKET")
+    s.connect("\0" + name if name else system_socket())
     return s
 
 
@@ -470,15 +483,28 @@ def resume(address, slot):
     print("no reply" if r is None else f"err {r[0]} {r[2]}", flush=True)
 
 
-def squat(path):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.bind("\0" + os.environ.get("SROCE_AGENT_SOCKET", "sroce-agent"))
-    s.listen(16)
+def squat(path, uids):
+    """Binds the names agents of `uids` would listen on, and tries the
+    system agent's socket file; writes "ready system E" (E: the errno name
+    of that try, or "bound") to `path`, then how many bytes clients sent."""
+    socks = []
+    for uid in uids:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.bind(f"\0sroce-agent-{uid}")
+        s.listen(16)
+        socks.append(s)
+    system = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        system.bind(system_socket())
+        tried = "bound"
+    except OSError as e:
+        tried = errno.errorcode.get(e.errno, str(e.errno))
     with open(path, "w") as f:
-        f.write("ready\n")
+        f.write(f"ready system {tried}\n")
     got = 0
     while True:
-        c, _ = s.accept()
+        ready, _, _ = select.select(socks, [], [])
+        c, _ = ready[0].accept()
         c.settimeout(2)
         try:
             while True:
@@ -526,7 +552,7 @@ def main():
     elif cmd == "resume":
         resume(sys.argv[2], int(sys.argv[3]))
     elif cmd == "squat":
-        squat(sys.argv[2])
+        squat(sys.argv[2], [int(u) for u in sys.argv[3:]])
     else:
         sys.exit(f"agent_wire.py: unknown command {cmd}")
 

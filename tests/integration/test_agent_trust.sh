@@ -5,13 +5,16 @@
 # (docs/shared-device.md), with crafted control messages
 # (tests/integration/agent_wire.py) from root and from a second user
 # (uid 65534, nobody), against a root agent in a network namespace of its
-# own (abstract sockets are per namespace), devices on its lo at
+# own (one agent per namespace), devices on its lo at
 # 127.0.29.1 and 127.0.29.2:
 #
-#   0. A process of another user that took the agent's name first is
-#      refused, with a message, by root's programs (ibv_devinfo under
-#      `sroce exec`, `sroce agent status`) and by a third user's, and gets
-#      not one byte of their requests.
+#   0. A process of another user cannot make the system agent's socket
+#      file (EACCES).  Having taken the names a third user's and root's own
+#      agents would listen on, it is refused, with a message, by the third
+#      user's programs (`sroce agent status`, ibv_devinfo under `sroce
+#      exec`, `sroce agent start`, which exits 1); root's programs never ask
+#      it; once root's agent runs, the third user's programs use it; and
+#      the squatter gets not one byte of anyone's requests.
 #   1. `sroce agent stop` by another user is refused with a message; the
 #      agent serves on; its own user stops it.
 #   2. A QP table that is short (4 KiB) or could be made short (not sealed
@@ -91,13 +94,22 @@ chmod 644 "$SROCE_CONFIG"
 as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups -- "$@"; }
 
 # --- 0. a squatter ------------------------------------------------------------------
+# uid 65534 takes the names uid 65533's and root's own agents would listen
+# on, and tries the system agent's socket file.
 install -d -o 65534 -g 65534 "$WORK/nobody"
-setpriv --reuid=65534 --regid=65534 --clear-groups -- "$PY" "$WIRE" squat "$WORK/nobody/squat" &
+setpriv --reuid=65534 --regid=65534 --clear-groups -- "$PY" "$WIRE" squat "$WORK/nobody/squat" \
+	65533 0 &
 squatter=$!
 for _ in $(seq 50); do
 	[[ -s $WORK/nobody/squat ]] && break
 	sleep 0.1
 done
+got=$(head -n 1 "$WORK/nobody/squat")
+if [[ $got == "ready system EACCES" ]]; then
+	pass "another user cannot make the system agent's socket ($got)"
+else
+	fail "the squatter on the system agent's socket: '$got' (want 'ready system EACCES')"
+fi
 # squat_refused WHO CMD...: CMD (as WHO) must fail saying whom it refused.
 squat_refused() {
 	local who=$1 out rc=0
@@ -109,20 +121,34 @@ squat_refused() {
 		fail "$who: '$*' with a squatter on the agent's name: rc $rc" "$out"
 	fi
 }
-squat_refused root "$SROCE_BIN" exec -- ibv_devinfo
-squat_refused root "$SROCE_BIN" agent status
-squat_refused "uid 65533" setpriv --reuid=65533 --regid=65533 --clear-groups -- "$SROCE_BIN" agent status
-sleep 0.2
-if [[ $(cat "$WORK/nobody/squat") == @(ready|0) ]]; then
-	pass "the squatter got no byte of their requests"
+# A user without a system agent looks for its own, on a name anyone can
+# take first: refused, with a message, and its `agent start` says so too.
+as_65533=(setpriv --reuid=65533 --regid=65533 --clear-groups --)
+squat_refused "uid 65533" "${as_65533[@]}" "$SROCE_BIN" agent status
+squat_refused "uid 65533" "${as_65533[@]}" "$SROCE_BIN" exec -- ibv_devinfo -d trust0
+squat_refused "uid 65533" "${as_65533[@]}" "$SROCE_BIN" agent start
+# Root's programs never look at a name anyone could take.
+out=$("$SROCE_BIN" agent status 2>&1)
+if [[ $out == *"no sroce agent is running (/run/sroce/agent-"* ]]; then
+	pass "root's 'sroce agent status' asks the system agent only: $out"
 else
-	fail "the squatter got $(cat "$WORK/nobody/squat") bytes of their requests"
+	fail "root's 'sroce agent status' with a squatter on root's own name" "$out"
+fi
+"$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log" || die "the agent did not start"
+agent_pid=$("$SROCE_BIN" -j agent status | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+if "${as_65533[@]}" "$SROCE_BIN" -j agent status 2>&1 | grep -q "\"pid\":$agent_pid,"; then
+	pass "with root's system agent running, uid 65533's programs use it, squatter or not"
+else
+	fail "uid 65533's 'sroce agent status' with root's agent running" \
+		"$("${as_65533[@]}" "$SROCE_BIN" -j agent status 2>&1)"
 fi
 kill "$squatter"
 wait "$squatter" 2>/dev/null
-
-"$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log" || die "the agent did not start"
-agent_pid=$("$SROCE_BIN" -j agent status | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+if [[ $(tail -n 1 "$WORK/nobody/squat") == @(ready*|0) ]]; then
+	pass "the squatter got no byte of anyone's requests"
+else
+	fail "the squatter got $(tail -n 1 "$WORK/nobody/squat") bytes of requests"
+fi
 # Stopped by the EXIT trap whatever happens (the namespace's only agent).
 # shellcheck disable=SC2034 # read by lib.sh's clean-up
 SROCE_PRIVATE_AGENT=1

@@ -27,6 +27,7 @@
 #include <netinet/udp.h>
 #include <poll.h>
 #include <stdexcept>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -208,9 +209,16 @@ class Agent {
         for (CmConn &c : cm_conns_)
             close(c.fd);
         if (listen_ >= 0) close(listen_);
+        // Whatever its end, a socket file left behind is replaced by the
+        // next agent; a clean exit leaves none.
+        if (!path_.empty()) unlink(path_.c_str());
+        if (lock_ >= 0) close(lock_);
     }
     // 0, EADDRINUSE when another agent listens, or another errno.
     int listen_socket();
+    // The system agent's socket file; EACCES, EPERM or EROFS where this
+    // process cannot make it.
+    int listen_system(const Endpoint &e);
     int loop();
     // One round: what is ready is served, waiting at most `max_wait_ms` (or
     // less, for the CM's timers).  False when poll(2) fails.
@@ -265,6 +273,11 @@ class Agent {
     }
 
     Options opts_;
+    std::string where_; // where it listens (Endpoint::text)
+    // The system agent's socket file, removed at exit under the lock.  The
+    // lock file stays: removing it would let two agents lock two files.
+    std::string path_;
+    int lock_ = -1;
     std::map<int, ucred> creds_; // Session's connections
     // pass()'s, kept between calls: what each pollfd past the first is.
     struct PassRef {
@@ -311,12 +324,65 @@ class Agent {
 };
 
 int Agent::listen_socket() {
+    Endpoint e = own_endpoint();
+    if (e.system) {
+        int err = listen_system(e);
+        if (err != EACCES && err != EPERM && err != EROFS) return err;
+        if (lock_ >= 0) close(lock_);
+        lock_ = -1;
+        log("cannot make %s (%s): listening on root's own name", e.text.c_str(), strerror(err));
+        e = agent_endpoints().back();
+    }
     listen_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (listen_ < 0) return errno;
-    sockaddr_un sa;
-    socklen_t len = abstract_addr(socket_name(), sa);
-    if (bind(listen_, reinterpret_cast<sockaddr *>(&sa), len) < 0 || listen(listen_, 64) < 0)
+    if (bind(listen_, reinterpret_cast<const sockaddr *>(&e.sa), e.len) < 0 ||
+        listen(listen_, 64) < 0)
         return errno;
+    where_ = e.text;
+    return 0;
+}
+
+// Only root may make a file in kSystemDir, so whoever listens on one there
+// is root: no one can squat the system agent's socket.  A lock that only
+// root can open orders two agents starting at once; a socket file whose
+// lock nobody holds is a dead agent's, and is replaced.
+int Agent::listen_system(const Endpoint &e) {
+    if (mkdir(kSystemDir, 0755) < 0 && errno != EEXIST) return errno;
+    struct stat st {};
+    if (lstat(kSystemDir, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0) return EPERM;
+    if ((st.st_mode & 07777) != 0755 && chmod(kSystemDir, 0755) < 0) return errno;
+    std::string lock = e.text.substr(0, e.text.size() - 5) + ".lock";
+    lock_ = open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (lock_ < 0) return errno;
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return errno;
+    // An agent that answers serves; one that holds the lock without
+    // answering is starting or exiting: its lock is waited for, a while.
+    if (connect(fd, reinterpret_cast<const sockaddr *>(&e.sa), e.len) == 0 || errno == EAGAIN) {
+        close(fd);
+        return EADDRINUSE;
+    }
+    close(fd);
+    bool locked = false;
+    for (int i = 0; i < 200 && !locked; i++) {
+        locked = flock(lock_, LOCK_EX | LOCK_NB) == 0;
+        if (!locked && errno != EWOULDBLOCK) return errno;
+        if (!locked) usleep(10000);
+    }
+    if (!locked) return EADDRINUSE;
+    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return errno;
+    unlink(e.text.c_str());
+    if (bind(fd, reinterpret_cast<const sockaddr *>(&e.sa), e.len) < 0 || listen(fd, 64) < 0) {
+        int err = errno;
+        close(fd);
+        return err;
+    }
+    // Anyone may connect, as anyone may open an RNIC's device file.
+    chmod(e.text.c_str(), 0666);
+    listen_ = fd;
+    where_ = e.text;
+    path_ = e.text;
     return 0;
 }
 
@@ -858,7 +924,7 @@ json Agent::status() const {
             {"listeners", listeners},
             {"multicast", joins},
             {"protocol", kProtoVersion},
-            {"socket", socket_name()},
+            {"socket", where_},
             {"cm",
              {{"rx_mads", cm_.stats().rx_mads},
               {"rx_bad_mads", cm_.stats().rx_bad},
@@ -1224,8 +1290,21 @@ int run(const Options &opts) {
     signal(SIGPIPE, SIG_IGN);
     auto agent = std::make_unique<Agent>(opts);
     if (int err = agent->listen_socket()) {
-        if (err == EADDRINUSE) return 0; // another agent serves this namespace
-        fprintf(stderr, "sroce agent: cannot listen on @%s: %s\n", socket_name().c_str(),
+        if (err == EADDRINUSE) {
+            // Another agent serves the namespace: nothing to do, unless it
+            // is someone else's squatting the name.
+            Endpoint e = own_endpoint();
+            int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+            std::string why;
+            bool squatted = fd >= 0 &&
+                            connect(fd, reinterpret_cast<const sockaddr *>(&e.sa), e.len) == 0 &&
+                            !trusted_agent(fd, e.text, why);
+            if (fd >= 0) close(fd);
+            if (!squatted) return 0;
+            fprintf(stderr, "sroce agent: %s\n", why.c_str());
+            return 1;
+        }
+        fprintf(stderr, "sroce agent: cannot listen on %s: %s\n", own_endpoint().text.c_str(),
                 strerror(err));
         return 1;
     }
@@ -1252,7 +1331,7 @@ int run(const Options &opts) {
         if (out != null) close(out);
         close(null);
     }
-    log("pid %d listening on @%s", int(getpid()), socket_name().c_str());
+    log("pid %d listening on %s", int(getpid()), own_endpoint().text.c_str());
     return agent->loop();
 }
 
@@ -1277,18 +1356,23 @@ bool Session::pass(int max_wait_ms) {
 }
 
 std::string query(uint32_t op) {
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (fd < 0) throw std::runtime_error(std::string("socket: ") + strerror(errno));
-    sockaddr_un sa;
-    socklen_t len = abstract_addr(socket_name(), sa);
-    if (connect(fd, reinterpret_cast<sockaddr *>(&sa), len) < 0) {
+    int fd = -1;
+    std::string tried;
+    for (const Endpoint &e : agent_endpoints()) {
+        fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (fd < 0) throw std::runtime_error(std::string("socket: ") + strerror(errno));
+        if (connect(fd, reinterpret_cast<const sockaddr *>(&e.sa), e.len) == 0) {
+            if (std::string why; !trusted_agent(fd, e.text, why)) {
+                close(fd);
+                throw std::runtime_error(why);
+            }
+            break;
+        }
         close(fd);
-        throw std::runtime_error("no sroce agent is running (@" + socket_name() + ")");
+        fd = -1;
+        tried += (tried.empty() ? "" : ", ") + e.text;
     }
-    if (std::string why; !trusted_agent(fd, why)) {
-        close(fd);
-        throw std::runtime_error(why);
-    }
+    if (fd < 0) throw std::runtime_error("no sroce agent is running (" + tried + ")");
     Request rq{};
     rq.op = op;
     rq.version = kProtoVersion;

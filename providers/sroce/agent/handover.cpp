@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT
 #include "handover.hpp"
 
+#include "agent_client.hpp"
 #include "agent_proto.hpp"
 
 #include <cerrno>
 #include <cstdio>
+#include <fcntl.h>
 #include <fstream>
 #include <sstream>
 #include <sys/stat.h>
@@ -13,15 +15,20 @@
 namespace sroce::agent {
 namespace {
 
-constexpr const char *kDir = "/run/sroce";
+constexpr const char *kDir = kSystemDir;
 
+// One record per agent: per network namespace, and per abstract name for an
+// agent of root's on one ($SROCE_AGENT_SOCKET).
 std::string path() {
     struct stat ns {};
     stat("/proc/self/ns/net", &ns);
+    Endpoint e = own_endpoint();
     std::string name;
-    for (char c : socket_name())
-        name += isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ? c : '.';
-    return std::string(kDir) + "/slots-" + std::to_string(ns.st_ino) + "-" + name;
+    if (!e.system)
+        for (char c : e.text.substr(1))
+            name += isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ? c : '.';
+    return std::string(kDir) + "/slots-" + std::to_string(ns.st_ino) + (name.empty() ? "" : "-") +
+           name;
 }
 
 } // namespace
@@ -44,9 +51,14 @@ int save_owners(const std::vector<SlotOwner> &owners) {
     if (geteuid() != 0) return EPERM;
     std::string p = path(), tmp = p + ".new";
     if (owners.empty()) return unlink(p.c_str()) < 0 && errno != ENOENT ? errno : 0;
-    if (mkdir(kDir, 0700) < 0 && errno != EEXIST) return errno;
-    FILE *f = fopen(tmp.c_str(), "we");
-    if (!f) return errno;
+    if (mkdir(kDir, 0755) < 0 && errno != EEXIST) return errno;
+    int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    FILE *f = fd < 0 ? nullptr : fdopen(fd, "w");
+    if (!f) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        return err;
+    }
     for (const SlotOwner &o : owners)
         fprintf(f, "%u %u %d %u %llu\n", unsigned(o.addr), o.slot, int(o.pid), unsigned(o.uid),
                 static_cast<unsigned long long>(o.start));
