@@ -2,8 +2,9 @@
 //
 // libFuzzer target for what the pmof libfabric provider reads from a peer
 // (libfabric-glue/src/pmof_wire.c): the header of CM private data, the RDM
-// connector's hello, the FI_COMMIT_MANUAL control messages and the headers
-// of an FI_TAGGED endpoint's messages.  The first byte picks the parser.
+// connector's hello, the FI_COMMIT_MANUAL control messages (and the cookie
+// read from a malformed request, to answer it) and the headers of an
+// FI_TAGGED endpoint's messages.  The first byte picks the parser.
 // The oracle is the sanitizers, plus: whatever a parser accepts is
 // consistent with its input (user bytes inside it, a nonzero control QP
 // when the flag says so, an address family it knows, a message that
@@ -62,8 +63,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     default: {
+        // The cookie of a malformed REQ, by which its sender is answered:
+        // read only from a whole header, and a well-formed REQ's own.
+        uint64_t cookie = 0;
+        bool req = pmof_manual_req_cookie(in, n, &cookie);
+        if (req && n < PMOF_MANUAL_HDR_LEN) abort();
         pmof_manual_msg m;
         if (!pmof_manual_parse(in, n, &m)) return 0;
+        if ((m.type == PMOF_MANUAL_REQ) != req || (req && cookie != m.cookie)) abort();
         uint8_t out[PMOF_MANUAL_MSG_MAX];
         size_t len = m.type == PMOF_MANUAL_REQ
                          ? pmof_manual_encode_req(out, m.cookie, m.ranges, m.count)
