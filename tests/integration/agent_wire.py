@@ -61,6 +61,14 @@ as a hostile or careless client would, for test_agent_trust.sh.
       descriptor, and a claim to resume slot 1 of 127.0.29.1, which no
       dead agent left to it; prints one line per request: its name and
       the answer ("err E", or "no reply").
+  agent_wire.py full PORT
+      a channel naming 127.0.29.1 listens on PORT and fills with
+      undelivered events; an id of another channel with one event
+      migrates onto it (MIGRATE_ID), and an id of a third connects to
+      the listener; then it reads every event, migrates again and waits
+      for the connection request the connecting CM sends again; prints
+      "queued N migrate err E requests K, after reading them migrate err
+      E2 requests K2".
   agent_wire.py resume ADDRESS SLOT
       claims SLOT of ADDRESS as held under an agent that died; prints
       "err E MESSAGE" (0 when granted).
@@ -372,7 +380,7 @@ def listen(port, backlog):
     print(f"requests {requests}" + (f" err {err}" if err != EAGAIN else ""), flush=True)
 
 
-def connect_ids(port, n):
+def connect_ids(port, n, quiet=False):
     ch = cm_channel(device=True)
     if not ch:
         return
@@ -395,7 +403,65 @@ def connect_ids(port, n):
         err, _ = cm_command(cmd, CMD_CONNECT, param + struct.pack("<IIII", handle, 0, 0, 0), 0)
         if not err:
             connecting += 1
-    print(f"connecting {connecting} err {err}", flush=True)
+    if not quiet:
+        print(f"connecting {connecting} err {err}", flush=True)
+    return ch
+
+
+CMD_MIGRATE_ID = 18
+
+
+def full(port):
+    """A channel filled with undelivered events: an id migrating onto it,
+    and a connection request to its listener, are refused until it reads."""
+    ch = cm_channel(device=True)
+    if not ch:
+        return
+    ev, cmd, _ = ch
+    listener = bound_id(cmd, port)
+    if listener is None:
+        return
+    err, _ = cm_command(cmd, CMD_LISTEN, struct.pack("<II", listener, 8), 0)
+    handle = new_id(cmd)
+    if err or handle is None:
+        print(f"listen-err {err}", flush=True)
+        return
+    queued = 0
+    while not resolve_ip(cmd, handle):
+        queued += 1
+    other = cm_channel(device=True)
+    moving = new_id(other[1]) if other else None
+    if moving is None or resolve_ip(other[1], moving):
+        print("other-channel-err", flush=True)
+        return
+
+    def migrate():
+        return cm_command(cmd, CMD_MIGRATE_ID, struct.pack("<QII", 0, moving, other[2]), 4)[0]
+
+    refused = migrate()
+    connecting = connect_ids(port, 1, quiet=True)  # held: its id retries
+    time.sleep(1)
+
+    def drain():
+        requests = 0
+        while True:
+            err, event = get_event(cmd)
+            if err:
+                return requests
+            requests += event == EVENT_CONNECT_REQUEST
+
+    dropped = drain()
+    again = migrate()
+    # The connecting side's CM sends its REQ again after its timeout.
+    later = 0
+    for _ in range(150):
+        later += drain()
+        if later:
+            break
+        time.sleep(0.1)
+    print(f"queued {queued} migrate err {refused} requests {dropped}, after reading them "
+          f"migrate err {again} requests {later}", flush=True)
+    del connecting
 
 
 SO_ATTACH_REUSEPORT_CBPF, SO_DETACH_REUSEPORT_BPF = 51, 68
@@ -549,6 +615,8 @@ def main():
         steal(float(sys.argv[2]))
     elif cmd == "malformed":
         malformed()
+    elif cmd == "full":
+        full(int(sys.argv[2]))
     elif cmd == "resume":
         resume(sys.argv[2], int(sys.argv[3]))
     elif cmd == "squat":
