@@ -225,12 +225,17 @@ if [[ -n $new_agent && $new_agent != "$old_agent" ]]; then
 else
 	fail "no new agent after pid $old_agent was killed: ${new_agent:-none}"
 fi
-if run_pair ib_write_bw -d sroce0 -x 1 -n 2000 -p @PORT@ -- \
-	ib_write_bw -d sroce1 -x 1 -n 2000 -p @PORT@ 127.0.0.1; then
-	pass "new programs after the agent's restart: $(perftest_result "$RP_CLIENT_LOG") MB/s"
-else
-	fail "new programs after the agent's restart"
-fi
+# new_pair WHAT: a new ib_write_bw pair runs, under the agent one of its
+# processes starts if none runs.
+new_pair() {
+	if run_pair ib_write_bw -d sroce0 -x 1 -n 2000 -p @PORT@ -- \
+		ib_write_bw -d sroce1 -x 1 -n 2000 -p @PORT@ 127.0.0.1; then
+		pass "$1: $(perftest_result "$RP_CLIENT_LOG") MB/s"
+	else
+		fail "$1"
+	fi
+}
+new_pair "new programs after the agent's restart"
 next_port
 perftest_cm write_bw_cm "$PORT" 'RDMA_CM_EVENT_REJECTED; error: 8' \
 	"new rdma_cm connections after the agent's restart (ib_write_bw -R)" \
@@ -263,11 +268,6 @@ if ((cli_rc != 0 && cli_rc != 124 && srv_rc != 0 && srv_rc != 124)) &&
 else
 	fail "killing the agent (classic steering)" "client $cli_rc, server $srv_rc after ${secs}s:"$'\n'"$(cat "$WORK/c.client" "$WORK/c.server")"
 fi
-if run_pair ib_write_bw -d sroce0 -x 1 -n 2000 -p @PORT@ -- \
-	ib_write_bw -d sroce1 -x 1 -n 2000 -p @PORT@ 127.0.0.1; then
-	pass "the next programs restart the agent: $(perftest_result "$RP_CLIENT_LOG") MB/s"
-else
-	fail "restart after the agent died"
-fi
+new_pair "the next programs restart the agent"
 
 finish

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <vector>
 
 namespace sroce::agent {
 namespace {
@@ -53,7 +54,7 @@ int attach_slot_map(int member, std::string &why) {
     // a socket is no one's, and with the agent gone nobody answers QP1.
     enum : uint8_t { kR0, kR1, kR2, kR3, kR4, kR6 = 6, kFp = 10 };
     constexpr uint8_t kMov = BPF_ALU64 | BPF_MOV, kAdd = BPF_ALU64 | BPF_ADD;
-    bpf_insn p[] = {
+    std::vector<bpf_insn> p = {
         insn(kMov | BPF_X, kR6, kR1, 0, 0),
         insn(BPF_ST | BPF_MEM | BPF_DW, kFp, 0, -8, 0),
         insn(kMov | BPF_K, kR2, 0, 0, kSlotByte),
@@ -61,36 +62,34 @@ int attach_slot_map(int member, std::string &why) {
         insn(kAdd | BPF_K, kR3, 0, 0, -8),
         insn(kMov | BPF_K, kR4, 0, 0, 1),
         insn(BPF_JMP | BPF_CALL, 0, 0, 0, BPF_FUNC_skb_load_bytes),
-        // 7: select map[key]
-        insn(kMov | BPF_X, kR1, kR6, 0, 0),
-        insn(BPF_LD | BPF_DW | BPF_IMM, kR2, BPF_PSEUDO_MAP_FD, 0, map),
-        insn(0, 0, 0, 0, 0),
-        insn(kMov | BPF_X, kR3, kFp, 0, 0),
-        insn(kAdd | BPF_K, kR3, 0, 0, -8),
-        insn(kMov | BPF_K, kR4, 0, 0, 0),
-        insn(BPF_JMP | BPF_CALL, 0, 0, 0, BPF_FUNC_sk_select_reuseport),
-        insn(BPF_JMP | BPF_JEQ | BPF_K, kR0, 0, 11, 0), // chosen: to 26
-        // 15: select map[0]
-        insn(BPF_ST | BPF_MEM | BPF_DW, kFp, 0, -8, 0),
-        insn(kMov | BPF_X, kR1, kR6, 0, 0),
-        insn(BPF_LD | BPF_DW | BPF_IMM, kR2, BPF_PSEUDO_MAP_FD, 0, map),
-        insn(0, 0, 0, 0, 0),
-        insn(kMov | BPF_X, kR3, kFp, 0, 0),
-        insn(kAdd | BPF_K, kR3, 0, 0, -8),
-        insn(kMov | BPF_K, kR4, 0, 0, 0),
-        insn(BPF_JMP | BPF_CALL, 0, 0, 0, BPF_FUNC_sk_select_reuseport),
-        insn(BPF_JMP | BPF_JEQ | BPF_K, kR0, 0, 2, 0), // chosen: to 26
-        // 24: nobody's
-        insn(kMov | BPF_K, kR0, 0, 0, SK_DROP),
-        insn(BPF_JMP | BPF_EXIT, 0, 0, 0, 0),
-        // 26
-        insn(kMov | BPF_K, kR0, 0, 0, SK_PASS),
-        insn(BPF_JMP | BPF_EXIT, 0, 0, 0, 0),
     };
+    // bpf_sk_select_reuseport(ctx, map, &key, 0), then to `pass` (the
+    // program's last two instructions) when it chose a socket.
+    std::vector<size_t> to_pass;
+    auto select = [&] {
+        p.push_back(insn(kMov | BPF_X, kR1, kR6, 0, 0));
+        p.push_back(insn(BPF_LD | BPF_DW | BPF_IMM, kR2, BPF_PSEUDO_MAP_FD, 0, map));
+        p.push_back(insn(0, 0, 0, 0, 0));
+        p.push_back(insn(kMov | BPF_X, kR3, kFp, 0, 0));
+        p.push_back(insn(kAdd | BPF_K, kR3, 0, 0, -8));
+        p.push_back(insn(kMov | BPF_K, kR4, 0, 0, 0));
+        p.push_back(insn(BPF_JMP | BPF_CALL, 0, 0, 0, BPF_FUNC_sk_select_reuseport));
+        to_pass.push_back(p.size());
+        p.push_back(insn(BPF_JMP | BPF_JEQ | BPF_K, kR0, 0, 0, 0));
+    };
+    select();
+    p.push_back(insn(BPF_ST | BPF_MEM | BPF_DW, kFp, 0, -8, 0)); // key 0
+    select();
+    p.push_back(insn(kMov | BPF_K, kR0, 0, 0, SK_DROP));
+    p.push_back(insn(BPF_JMP | BPF_EXIT, 0, 0, 0, 0));
+    for (size_t j : to_pass)
+        p[j].off = int16_t(p.size() - j - 1);
+    p.push_back(insn(kMov | BPF_K, kR0, 0, 0, SK_PASS));
+    p.push_back(insn(BPF_JMP | BPF_EXIT, 0, 0, 0, 0));
     a = {};
     a.prog_type = BPF_PROG_TYPE_SK_REUSEPORT;
-    a.insns = reinterpret_cast<uintptr_t>(p);
-    a.insn_cnt = sizeof p / sizeof p[0];
+    a.insns = reinterpret_cast<uintptr_t>(p.data());
+    a.insn_cnt = uint32_t(p.size());
     a.license = reinterpret_cast<uintptr_t>("MIT");
     int prog = int(bpf(BPF_PROG_LOAD, a));
     if (prog < 0) {
@@ -98,6 +97,9 @@ int attach_slot_map(int member, std::string &why) {
         close(map);
         return -1;
     }
+    // A group taken over from a dead agent drops its old program, and with
+    // it the old map, which frees the sockets in it for this one (a socket
+    // is in one map at most).
     int err = map_slot(map, 0, member);
     if (!err && setsockopt(member, SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, &prog, sizeof prog) < 0)
         err = errno;
