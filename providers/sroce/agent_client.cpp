@@ -134,11 +134,15 @@ bool system_capable() {
 
 } // namespace
 
+Endpoint user_endpoint() {
+    return abstract_endpoint("sroce-agent-" + std::to_string(geteuid()));
+}
+
 std::vector<Endpoint> agent_endpoints() {
     if (const char *s = getenv("SROCE_AGENT_SOCKET"); s && *s) return {abstract_endpoint(s)};
     // Root that can have a system agent never asks a name anyone may take.
     if (system_capable()) return {system_endpoint()};
-    return {system_endpoint(), abstract_endpoint("sroce-agent-" + std::to_string(geteuid()))};
+    return {system_endpoint(), user_endpoint()};
 }
 
 Endpoint own_endpoint() {
@@ -283,6 +287,13 @@ int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int tabl
                Resume *resume) {
     int fd = connect_agent(!resume || resume->may_start);
     if (fd < 0) return errno;
+    if (resume) {
+        // A resumption runs while the device is open and its close waits
+        // for it: an agent that accepts but never answers must not hold it.
+        timeval tv{2, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    }
     ucred cred{};
     socklen_t cl = sizeof cred;
     getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);

@@ -56,6 +56,8 @@ std::vector<Endpoint> agent_endpoints();
 // socket (or, where it cannot make one — root of a user namespace, a
 // read-only /run — on root's own name), anyone else's on its own name.
 Endpoint own_endpoint();
+// This user's own agent's abstract name (sroce-agent-UID).
+Endpoint user_endpoint();
 
 // A connection to the agent, starting one (`sroce agent start`) when none
 // answers and `start` is set; -1 with errno otherwise.  An answer from a

@@ -277,13 +277,14 @@ Nic::Nic(Device *dev)
 Nic::~Nic() {
     if (stats_wanted()) print_stats();
     stop_ = true;
-    if (resumer_.joinable()) resumer_.join();
+    // The progress thread first: it is what starts a resumer.
     if (thread_.joinable()) {
         uint64_t one = 1;
         if (write(wake_fd_, &one, sizeof one) < 0) { /* the thread also polls stop_ */
         }
         thread_.join();
     }
+    if (resumer_.joinable()) resumer_.join();
     if (fd_ >= 0) close(fd_);
     if (rx_fd_ >= 0) close(rx_fd_);
     for (auto &table : peers_)
@@ -482,10 +483,8 @@ void Nic::resume_slot() {
         err = agent::lease_slot(dev_->ibdev.name, dev_->link.netdev.c_str(), dev_->addr, table_fd_,
                                 got, &r);
         if (!err) {
-            if (relayed_) {
-                dup2(got.udp, rx_fd_);
-                close(got.udp);
-            }
+            if (relayed_) dup2(got.udp, rx_fd_);
+            if (got.udp >= 0) close(got.udp);
             lease_.conn = got.conn;
             lease_.agent_uid = got.agent_uid;
             lease_.steering_kept = got.steering_kept;

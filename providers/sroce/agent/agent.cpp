@@ -127,6 +127,22 @@ const char *state_name(uint32_t s) {
     return s < 7 ? names[s] : "UNKNOWN";
 }
 
+// Root's lock on serving `addr` in this network namespace: a descriptor,
+// -2 when another agent holds it, -1 where root cannot make the file (a
+// user namespace, /run read-only) or for an agent not of root's.
+int address_file_lock(in_addr_t addr) {
+    if (geteuid() != 0 || (mkdir(kSystemDir, 0755) < 0 && errno != EEXIST)) return -1;
+    struct stat ns {};
+    stat("/proc/self/ns/net", &ns);
+    std::string path = std::string(kSystemDir) + "/addr-" + std::to_string(ns.st_ino) + "-" +
+                       ip_text(addr) + ".lock";
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) return -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+    close(fd);
+    return -2;
+}
+
 // An abstract Unix address: the name is a byte string after a NUL.
 socklen_t abstract_addr(const std::string &name, sockaddr_un &sa) {
     sa = {};
@@ -159,6 +175,7 @@ struct Dev {
     // root's stay, as they always have.
     uid_t creator = 0;
     int lock = -1;
+    int file_lock = -1; // address_file_lock()
     // Slot -> socket; -1 for a slot a dead agent's process holds and has not
     // resumed yet (only under a slot map).
     std::vector<int> socks;
@@ -177,6 +194,7 @@ struct Dev {
             if (fd >= 0) close(fd);
         if (slot_map >= 0) close(slot_map);
         if (lock >= 0) close(lock);
+        if (file_lock >= 0) close(file_lock);
         for (SlotUse &u : use) {
             if (u.table) munmap(const_cast<QpEntry *>(u.table), kTableEntries * sizeof(QpEntry));
             if (u.relay >= 0) close(u.relay);
@@ -331,7 +349,7 @@ int Agent::listen_socket() {
         if (lock_ >= 0) close(lock_);
         lock_ = -1;
         log("cannot make %s (%s): listening on root's own name", e.text.c_str(), strerror(err));
-        e = agent_endpoints().back();
+        e = user_endpoint();
     }
     listen_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (listen_ < 0) return errno;
@@ -476,7 +494,17 @@ Dev *Agent::device(in_addr_t addr, const std::string &netdev, uid_t uid, std::st
     d->creator = uid;
     recheck_unused_ |= uid != 0;
     // Two agents (SROCE_AGENT_SOCKET) must never build one group together:
-    // an address is locked by name in the namespace, released by death.
+    // an address is locked in the namespace, released by death.  Root's
+    // agents lock a file only root can open, so that nobody can keep the
+    // next one from taking over; an abstract name, which anyone can bind,
+    // tells agents of other users (who lock only that), and a real one of
+    // those also holds the port, which the probe below finds.
+    d->file_lock = address_file_lock(addr);
+    if (d->file_lock == -2) {
+        why = ip_text(addr) + " is served by another sroce agent";
+        errno = EADDRINUSE;
+        return nullptr;
+    }
     d->lock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (d->lock < 0) {
         why = "cannot serve " + ip_text(addr) + ": socket: " + strerror(errno);
@@ -484,7 +512,7 @@ Dev *Agent::device(in_addr_t addr, const std::string &netdev, uid_t uid, std::st
     }
     sockaddr_un sa;
     socklen_t len = abstract_addr("sroce-addr:" + ip_text(addr), sa);
-    if (bind(d->lock, reinterpret_cast<sockaddr *>(&sa), len) < 0) {
+    if (bind(d->lock, reinterpret_cast<sockaddr *>(&sa), len) < 0 && d->file_lock < 0) {
         int err = errno;
         why = err == EADDRINUSE ? ip_text(addr) + " is served by another sroce agent"
                                 : "cannot serve " + ip_text(addr) + ": " + strerror(err);
@@ -503,6 +531,15 @@ Dev *Agent::device(in_addr_t addr, const std::string &netdev, uid_t uid, std::st
         owners.push_back(o);
         return true;
     });
+    // Back where they were if the address cannot be served now (a port
+    // that is down is retried): they are still owed their slots.
+    struct Restore {
+        std::vector<SlotOwner> &from, &to;
+        bool done = false;
+        ~Restore() {
+            if (!done) to.insert(to.end(), from.begin(), from.end());
+        }
+    } restore{owners, inherited_};
     int probe = new_socket(addr, false, why);
     if (probe < 0) {
         if (errno != EADDRINUSE || owners.empty()) return nullptr;
@@ -528,6 +565,7 @@ Dev *Agent::device(in_addr_t addr, const std::string &netdev, uid_t uid, std::st
         errno = EIO;
         return nullptr;
     }
+    restore.done = true;
     for (const SlotOwner &o : owners) {
         d->heldover[o.slot] = o;
         d->next = std::max(d->next, o.slot + 1);
@@ -621,7 +659,8 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, int sock, Dev *
     if (cred.uid != 0) {
         uint32_t mine = 0;
         for (uint32_t k = 1; k < kMaxSlots; k++)
-            mine += d->use[k].conn >= 0 && d->use[k].uid == cred.uid;
+            mine += (d->use[k].conn >= 0 && d->use[k].uid == cred.uid) ||
+                    (d->use[k].conn < 0 && !slot_free(*d, k) && d->heldover[k].uid == cred.uid);
         if (mine >= kSlotsPerUser)
             return refuse(fd, EMFILE,
                           "uid " + std::to_string(cred.uid) + " holds " + std::to_string(mine) +
@@ -716,7 +755,14 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, int sock, Dev *
     u.dev_name.assign(rq.name, strnlen(rq.name, sizeof rq.name));
     u.table = static_cast<const QpEntry *>(table);
     rep.slot = s;
-    if (d->slot_map >= 0) rep.flags |= kOpenSteeringKept;
+    // A slot outlives this agent only where the next can tell whose it is.
+    if (d->slot_map >= 0 && opts_.handover && geteuid() == 0) rep.flags |= kOpenSteeringKept;
+    // Recorded before the process hears of it: an agent killed in between
+    // leaves a record its successor honours.
+    u.conn = fd;
+    SlotOwner held = d->heldover[s];
+    d->heldover[s] = {};
+    record_owners();
     // A resuming process of the agent's user has its socket.
     ssize_t sent = rq.arg && direct ? send(fd, &rep, sizeof rep, MSG_NOSIGNAL)
                                     : send_with_fd(fd, &rep, sizeof rep, give);
@@ -725,17 +771,23 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, int sock, Dev *
         munmap(table, kTableEntries * sizeof(QpEntry));
         if (pair[0] >= 0) close(pair[0]);
         u = SlotUse{};
+        d->heldover[s] = held;
+        // Its socket back out of the map, so that it may try again (a
+        // socket is in one map at most).
+        if (rq.arg && direct) {
+            unmap_slot(d->slot_map, s);
+            close(d->socks[s]);
+            d->socks[s] = -1;
+        }
+        record_owners();
         return;
     }
-    u.conn = fd;
     u.relay = pair[0];
-    d->heldover[s] = {};
     if (!rq.arg) d->next = s + 1;
     *owner = d;
     *slot = s;
     log("%s slot %u: pid %d (%s)%s%s", ip_text(d->addr).c_str(), s, int(u.pid), u.comm.c_str(),
         relayed ? ", relayed" : "", rq.arg ? ", resumed" : "");
-    record_owners();
 }
 
 // Slot `s` back to the process that held it under a dead agent: the one

@@ -6,7 +6,8 @@
 // dies; a new agent takes each slot back only from the process that held
 // it, and gives it to nobody else while that process lives.
 //
-// Root's agent keeps the record in /run/sroce (0700), one file per network
+// Root's agent keeps the record in /run/sroce (a directory of root's, 0755;
+// the file 0600), one file per network
 // namespace and agent socket name; others keep none (they cannot load a
 // slot map either).
 #pragma once

@@ -99,7 +99,8 @@ int attach_slot_map(int member, std::string &why) {
     }
     // A group taken over from a dead agent drops its old program, and with
     // it the old map, which frees the sockets in it for this one (a socket
-    // is in one map at most).
+    // is in one map at most; the kernel frees the old map a moment later,
+    // and a socket resumed before that is refused, EBUSY, and tries again).
     int err = map_slot(map, 0, member);
     if (!err && setsockopt(member, SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, &prog, sizeof prog) < 0)
         err = errno;
@@ -121,6 +122,13 @@ int map_slot(int map, uint32_t slot, int sock) {
     a.value = reinterpret_cast<uintptr_t>(&value);
     a.flags = BPF_ANY;
     return bpf(BPF_MAP_UPDATE_ELEM, a) < 0 ? errno : 0;
+}
+
+void unmap_slot(int map, uint32_t slot) {
+    bpf_attr a{};
+    a.map_fd = uint32_t(map);
+    a.key = reinterpret_cast<uintptr_t>(&slot);
+    bpf(BPF_MAP_DELETE_ELEM, a);
 }
 
 int attach_classic(int member, uint32_t members) {

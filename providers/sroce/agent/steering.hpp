@@ -29,6 +29,9 @@ int attach_slot_map(int member, std::string &why);
 // EINVAL for a socket that is not a bound member of a reuseport group.
 int map_slot(int map, uint32_t slot, int sock);
 
+// Takes `slot` out of the map (a socket no longer there).
+void unmap_slot(int map, uint32_t slot);
+
 // The classic program for a group of `members` sockets, attached through
 // `member`; 0 or an errno.
 int attach_classic(int member, uint32_t members);
