@@ -10,7 +10,7 @@
 # program they fail with a clear message, never hang.
 #
 # Usage: test_shared_device.sh BUILD-DIR
-# ctest: TIMEOUT=400 RESOURCE_LOCK=lo-127.0.18.1,lo-127.0.18.2
+# ctest: TIMEOUT=600 RESOURCE_LOCK=lo-127.0.18.1,lo-127.0.18.2
 set -euo pipefail
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -160,24 +160,27 @@ kill_agent() {
 	die "root's agent does not steer by a slot map: $("$SROCE_BIN" -j agent status)"
 long_pair b 10
 b_srv=$LP_SRV b_cli=$LP_CLI
-# ibv_rc_pingpong -c compares every buffer it receives.
+# ibv_rc_pingpong -c compares every buffer it receives.  60000 exchanges
+# outlast the kill on an idle machine; on a loaded 2-core one
+# an exchange has taken 1 ms, hence the timeout.
 next_port
 pp_port=$PORT
-sroce_bg "$WORK/pp.server" ibv_rc_pingpong -d sroce0 -g 1 -n 60000 -c -p "$pp_port"
+RP_TIMEOUT=240 sroce_bg "$WORK/pp.server" ibv_rc_pingpong -d sroce0 -g 1 -n 60000 -c -p "$pp_port"
 pp_srv=$BG_PID
 wait_listen "$pp_port" "$pp_srv" || die "ibv_rc_pingpong's server did not listen"
-sroce_bg "$WORK/pp.client" ibv_rc_pingpong -d sroce1 -g 1 -n 60000 -c -p "$pp_port" 127.0.0.1
+RP_TIMEOUT=240 sroce_bg "$WORK/pp.client" ibv_rc_pingpong -d sroce1 -g 1 -n 60000 -c -p "$pp_port" \
+	127.0.0.1
 pp_cli=$BG_PID
 # A write-commit stream whose log is checked record by record afterwards.
 log_file=$(mktemp /var/tmp/sroce-agent-kill.XXXXXX)
 trap 'rm -f "$log_file"; _sroce_cleanup' EXIT
-sroce_bg "$WORK/rl.server" "$BUILD_DIR/tests/compile/remote_log" --server -d sroce0 -g 1 -p 0 \
+RP_TIMEOUT=240 sroce_bg "$WORK/rl.server" "$BUILD_DIR/tests/compile/remote_log" --server -d sroce0 -g 1 -p 0 \
 	--file "$log_file" --size 64M
 rl_srv=$BG_PID
 wait_for "$WORK/rl.server" 30 "listening on port" "$rl_srv" || die "remote_log did not start"
 rl_port=$(sed -n 's/^remote_log: listening on port \([0-9]*\)$/\1/p' "$WORK/rl.server")
 rl_n=30000
-sroce_bg "$WORK/rl.client" "$BUILD_DIR/tests/compile/remote_log" -d sroce1 -g 1 -p "$rl_port" \
+RP_TIMEOUT=240 sroce_bg "$WORK/rl.client" "$BUILD_DIR/tests/compile/remote_log" -d sroce1 -g 1 -p "$rl_port" \
 	-n "$rl_n" --record-size 32 127.0.0.1
 rl_cli=$BG_PID
 sleep 1
