@@ -163,7 +163,7 @@ uint32_t compute(const Ipv4Header &ip, size_t udp_len, const uint8_t *covered, s
 }
 
 bool verify(Ipv4Header ip, size_t udp_len, const uint8_t *covered, size_t len, uint16_t *ip_id,
-            int32_t likely_id, int likely_count) {
+            int32_t likely_id, int likely_count, int likely_behind) {
     uint32_t want = icrc_load(covered + len - wire::kIcrcLen);
     bool sroce = ip.sport == wire::kRoceV2Port;
     // A position past what one send holds cannot be a sroce packet's ID.
@@ -176,8 +176,9 @@ bool verify(Ipv4Header ip, size_t udp_len, const uint8_t *covered, size_t len, u
         return true;
     }
     size_t n = kPseudoLen + len - wire::kBthLen - wire::kIcrcLen;
-    for (int i = 0; likely_id >= 0 && i < likely_count; i++) {
-        uint16_t id = uint16_t(likely_id + i);
+    // The IDs ahead first: one the receive path reordered is the exception.
+    for (int i = 0; likely_id >= 0 && i < likely_count + likely_behind; i++) {
+        uint16_t id = uint16_t(likely_id + (i < likely_count ? i : likely_count - 1 - i));
         if ((got ^ want) == icrc_id_delta(n - kIpIdOffset - 2, uint16_t(expected ^ id))) {
             if (ip_id) *ip_id = id;
             return true;
@@ -241,9 +242,9 @@ uint32_t icrc_compute(const Ipv4Header &ip, const uint8_t *pkt, size_t len) {
 }
 
 bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id, int32_t likely_id,
-                 int likely_count) {
+                 int likely_count, int likely_behind) {
     if (len < wire::kBthLen + wire::kIcrcLen) return false;
-    return verify(ip, len, pkt, len, ip_id, likely_id, likely_count);
+    return verify(ip, len, pkt, len, ip_id, likely_id, likely_count, likely_behind);
 }
 
 bool icrc_verify_flush_legacy(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id) {
@@ -252,7 +253,7 @@ bool icrc_verify_flush_legacy(Ipv4Header ip, const uint8_t *pkt, size_t len, uin
     uint8_t covered[2 * kMaxLegacyLen];
     std::memcpy(covered, pkt, body);
     std::memcpy(covered + body, pkt, len);
-    return verify(ip, len, covered, body + len, ip_id, -1, 0);
+    return verify(ip, len, covered, body + len, ip_id, -1, 0, 0);
 }
 
 } // namespace sroce

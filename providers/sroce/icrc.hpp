@@ -71,12 +71,13 @@ inline void icrc_store(uint8_t *p, uint32_t v) {
 // path; other ports (sroce's connected sockets, Linux rxe) any ID with DF set
 // or clear (2^-15).  The expected ID alone
 // keeps the full 2^-32.  Returns true when the ICRC is valid; *ip_id gets
-// the ID used.  `likely_id`, when not negative, and the likely_count - 1
-// IDs after it are IDs the caller expects too (the next of a connected
-// socket's counter, wire-protocol.md §4.3): each checked in constant time,
-// at full strength, before solving.
+// the ID used.  `likely_id`, when not negative, the likely_count - 1 IDs
+// after it and the likely_behind IDs before it are IDs the caller expects
+// too (the next of a connected socket's counter, or one a little older that
+// the receive path reordered: wire-protocol.md §4.3), checked in that order,
+// each in constant time and at full strength, before solving.
 bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id = nullptr,
-                 int32_t likely_id = -1, int likely_count = 1);
+                 int32_t likely_id = -1, int likely_count = 1, int likely_behind = 0);
 
 // Linux rxe from 6.2 on gives FLUSH no payload offset in its opcode table, so
 // the ICRC it sends and expects for a FLUSH continues, after the standard

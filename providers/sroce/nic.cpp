@@ -934,19 +934,30 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_
     // process, Linux rxe): its next ID is most likely one more than its last
     // datagram's — or a few more, when datagrams went to other processes of
     // this address or to the sender's own reads of its counter — and a
-    // packet of a coalesced run its buffer's first one plus its place.
+    // packet of a coalesced run its buffer's first one plus its place.  The
+    // sender's threads on two CPUs reach the socket through two backlogs
+    // (loopback, RPS), so a datagram may also come a little behind the
+    // highest ID seen.
     IdGuess *guess = nullptr;
     int32_t likely = -1;
     if (sport != wire::kRoceV2Port) {
         guess = &id_guess_[(ntohl(from.sin_addr.s_addr) * 31u + sport) % std::size(id_guess_)];
         if (guess->addr == from.sin_addr.s_addr && guess->port == sport)
-            likely = uint16_t(guess->base + (pos ? pos : 1));
+            likely = uint16_t(pos ? guess->base + pos : guess->high + 1);
     }
     uint16_t id = pos;
-    if (icrc_verify(ip, data, len, &id, likely, pos ? 1 : kLikelyIds)) {
-        if (id != pos && int32_t(id) != likely)
-            stats.rx_ip_id_solved.fetch_add(1, std::memory_order_relaxed);
-        if (guess) *guess = {from.sin_addr.s_addr, sport, uint16_t(id - pos)};
+    const int ahead = pos ? 1 : kLikelyIds, behind = pos ? 0 : kLikelyBehind;
+    if (icrc_verify(ip, data, len, &id, likely, ahead, behind)) {
+        bool guessed = likely >= 0 && uint16_t(id - likely + behind) < ahead + behind;
+        if (id != pos && !guessed) stats.rx_ip_id_solved.fetch_add(1, std::memory_order_relaxed);
+        if (guess) {
+            // A run's segments take the IDs after its datagram's (renumber),
+            // so the datagram's own ID is what the next one follows.
+            uint16_t base = uint16_t(id - pos);
+            bool known = guess->addr == from.sin_addr.s_addr && guess->port == sport;
+            uint16_t high = known && int16_t(base - guess->high) < 0 ? guess->high : base;
+            *guess = {from.sin_addr.s_addr, sport, base, high};
+        }
     } else {
         if (pkt.opcode != wire::kFlush || !icrc_verify_flush_legacy(ip, data, len)) {
             stats.rx_bad_icrc.fetch_add(1, std::memory_order_relaxed);

@@ -307,9 +307,13 @@ class Nic {
         in_addr_t addr = 0;
         uint16_t port = 0;
         uint16_t base = 0; // ID of the last datagram, less its place in a run
+        // The highest such ID seen: a datagram that two CPUs' receive queues
+        // put behind a later one must not move the next one's guess back.
+        uint16_t high = 0;
     };
     IdGuess id_guess_[64];
-    static constexpr int kLikelyIds = 4; // checked for a datagram's first packet
+    static constexpr int kLikelyIds = 4;    // ahead, checked for a datagram's first packet
+    static constexpr int kLikelyBehind = 4; // and behind the highest, after those
     std::atomic<int> mc_count_{0};
     std::mutex qp_alloc_mu_;
     uint32_t qp_next_ = 0;

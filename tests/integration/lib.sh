@@ -420,12 +420,13 @@ cm_pair() {
 # stat_counter LOG DEV NAME: the counter NAME of the line SROCE_STATS printed
 # for DEV (a sed pattern: "sroce_x[01]" matches either of two devices).
 stat_counter() {
-	sed -n "s/^sroce: $2: .* $3 \([0-9]*\).*/\1/p" "$1" | head -n 1
+	sed -n "s/^sroce: $2:.* $3 \([0-9]*\).*/\1/p" "$1" | head -n 1
 }
 
 # check_counters NAME DEV SERVER-LOG CLIENT-LOG EXPR...: each EXPR is "SIDE
-# COUNTER OP VALUE" (SIDE server or client, OP == or >), held against that
-# side's SROCE_STATS line for DEV.  One check: passed with the client's
+# COUNTER OP VALUE" (SIDE server or client, OP ==, >, <= or <=%: at most
+# VALUE per cent of the packets that side received), held against that side's
+# SROCE_STATS line for DEV.  One check: passed with the client's
 # "xfer: ... OK" line, or failed naming every counter that missed.
 check_counters() {
 	local name=$1 dev=$2 slog=$3 clog=$4 side counter op want log got bad=
@@ -441,6 +442,7 @@ check_counters() {
 			'==') ((got == want)) ;;
 			'>') ((got > want)) ;;
 			'<=') ((got <= want)) ;;
+			'<=%') ((got * 100 <= want * $(stat_counter "$log" "$dev" rx_pkts))) ;;
 			*) die "check_counters: unknown operator $op" ;;
 			esac then
 			bad+=" $side $counter $got (want $op $want);"

@@ -10,8 +10,11 @@
 #   coalesced  defaults: both sides send runs (tx_segmented) from a connected
 #              socket (tx_connected) and receive them whole (rx_coalesced),
 #              every packet verified with the ID its socket's counter gives
-#              it (wire-protocol.md §4.3): solved for only at the first
-#              datagram from each socket (rx_ip_id_solved <= 2).
+#              it (wire-protocol.md §4.3), not solved for but at the first
+#              datagram from each socket and where a loaded host reorders
+#              more than the receiver's window: rx_ip_id_solved at most 20 %
+#              of what a side receives (all of it when prediction fails;
+#              2 alone on an idle host, 4.5 % seen under load).
 #   device     the same from the device socket (SROCE_CONNECTED=0): each
 #              packet verified with its place in the buffer as its IP ID
 #              (rx_ip_id_solved 0).
@@ -20,7 +23,8 @@
 #              starting one above the last one's first, which the server
 #              verifies by solving for the ID (rx_ip_id_solved > 2).
 #   single     neither side sends runs (SROCE_GSO=0): tx_segmented 0, and
-#              every datagram's ID the next of its socket's counter.
+#              every datagram's ID the next of its socket's counter, or a
+#              few behind it (the same 20 %).
 #   lossy      both sides drop 1 % of what they receive (SROCE_FAULT), inside
 #              runs too: the lost packets are resent (selectively: sroce_xfer
 #              agrees on it in ECE), bytes still checked.
@@ -63,7 +67,7 @@ xfer "coalesced" "" "" \
 	"client tx_segmented > 0" "server tx_segmented > 0" \
 	"client tx_connected > 0" "server tx_connected > 0" \
 	"server rx_coalesced > 0" "client rx_coalesced > 0" \
-	"server rx_ip_id_solved <= 2" "client rx_ip_id_solved <= 2"
+	"server rx_ip_id_solved <=% 20" "client rx_ip_id_solved <=% 20"
 xfer "device socket (SROCE_CONNECTED=0)" "SROCE_CONNECTED=0" "SROCE_CONNECTED=0" \
 	"client tx_segmented > 0" "client tx_connected == 0" "server tx_connected == 0" \
 	"server rx_coalesced > 0" "client rx_coalesced > 0" \
@@ -72,7 +76,7 @@ xfer "cut up (server SROCE_GRO=0)" "SROCE_GRO=0" "" \
 	"client tx_segmented > 0" "server rx_coalesced == 0" "server rx_ip_id_solved > 2"
 xfer "single datagrams (SROCE_GSO=0)" "SROCE_GSO=0" "SROCE_GSO=0" \
 	"client tx_segmented == 0" "server tx_segmented == 0" \
-	"server rx_coalesced == 0" "server rx_ip_id_solved <= 2"
+	"server rx_coalesced == 0" "server rx_ip_id_solved <=% 20"
 xfer "1 % loss inside runs" "SROCE_FAULT=drop=0.01,seed=3" "SROCE_FAULT=drop=0.01,seed=4" \
 	"client tx_segmented > 0" "server rx_coalesced > 0" "server rx_dropped_fault > 0" \
 	"client tx_resent_selective > 0"

@@ -954,6 +954,16 @@ TEST(IcrcVerify, LikelyIdAcceptedExactlyOthersSolved) {
     got = 0;
     EXPECT_TRUE(icrc_verify(from_device, q.data(), q.size(), &got, 0x8121, 4));
     EXPECT_EQ(got, 0x8123);
+
+    // A datagram the receive path reordered comes behind the likely ID: the
+    // window behind reaches it, ahead first, and only as far as it goes.
+    EXPECT_FALSE(icrc_verify(from_device, q.data(), q.size(), &got, 0x8125, 4, 1));
+    got = 0;
+    EXPECT_TRUE(icrc_verify(from_device, q.data(), q.size(), &got, 0x8125, 4, 2));
+    EXPECT_EQ(got, 0x8123);
+    Bytes bad_q = q;
+    bad_q[kBthLen + 20] ^= 0x01;
+    EXPECT_FALSE(icrc_verify(from_device, bad_q.data(), bad_q.size(), &got, 0x8125, 4, 4));
 }
 
 TEST(IcrcVerify, RejectsWrongAddressesOrPorts) {
