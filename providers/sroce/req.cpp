@@ -20,7 +20,15 @@ constexpr uint32_t kRecoveryMaxDoublings = 6;
 // Ask for an ACK at least this often inside long messages.
 constexpr uint32_t kAckReqEvery = 32;
 
-thread_local TxBatch t_tx;
+// Each posting thread's batch (48 KiB), made on its first post: a static
+// thread_local would be reserved in every thread of every process the
+// library is preloaded into, most of which never post.
+TxBatch &thread_tx() {
+    thread_local std::unique_ptr<TxBatch> t_tx;
+    if (!t_tx) [[unlikely]]
+        t_tx = std::make_unique<TxBatch>();
+    return *t_tx;
+}
 
 bool is_read(const SendWqe &w) {
     return w.opcode == IBV_WR_RDMA_READ;
@@ -572,9 +580,10 @@ void req_kick(Qp *qp) {
         qp_flush_queues(qp);
         return;
     }
-    t_tx.order = &qp->tx_mu;
-    req_run(qp, t_tx);
-    t_tx.order = nullptr;
+    TxBatch &tx = thread_tx();
+    tx.order = &qp->tx_mu;
+    req_run(qp, tx);
+    tx.order = nullptr;
 }
 
 void send_and_unlock(Qp *qp, TxBatch &tx, std::unique_lock<std::mutex> &held) {
@@ -606,7 +615,7 @@ void req_retire_sent(Qp *qp) {
 
 void req_send_and_unlock(Qp *qp) {
     std::unique_lock<std::mutex> held(qp->mu, std::adopt_lock);
-    send_and_unlock(qp, t_tx, held);
+    send_and_unlock(qp, thread_tx(), held);
     // The payload left from the application's memory: only now may it reuse
     // the buffers of an unacknowledged transport.
     if (!qp->reliable()) req_retire_sent(qp);
