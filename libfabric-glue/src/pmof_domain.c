@@ -5,8 +5,8 @@
  *
  * A key is the verbs rkey with the region's durability class above it
  * (PMOF_KEY_PMEM): the initiator of a commit asks for persistence or global
- * visibility from the key alone, as the PMEM proposal wants keys to carry
- * the region's attributes.
+ * visibility from the key alone, as Intel's libfabric persistent-memory
+ * proposal (version 0.63) wants keys to carry the region's attributes.
  */
 #include "pmof.h"
 
@@ -356,7 +356,9 @@ static int domain_ops_open(struct fid *fid, const char *name, uint64_t flags, vo
     return -FI_ENOSYS;
 }
 
-/* Seed 002's override ops through libfabric's FI_SET_OPS_HMEM_OVERRIDE. */
+/* The application's device-memory copy routines, set through libfabric's
+ * FI_SET_OPS_HMEM_OVERRIDE (the OFIWG proposal "API for Libfabric Overrides",
+ * May 2020, as libfabric adopted it). */
 static int domain_ops_set(struct fid *fid, const char *name, uint64_t flags, void *ops,
                           void *context) {
     struct pmof_domain *dom = container_of(fid, struct pmof_domain, domain_fid.fid);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * FI_COMMIT_MANUAL: software-emulated persistence, where the target
- * application makes the ranges durable itself (seed 000's fi_commit
- * proposal).
+ * application makes the ranges durable itself, as the OFIWG proposal
+ * "Proposal for enhancement to support additional Persistent Memory use
+ * cases" (2020) defines it with fi_commit() and EQ event handlers.
  *
  * Each connection between two manual endpoints gets a second RC QP, the
  * control QP, whose number travels in the CM private data.  A commit is

@@ -8,8 +8,9 @@
  * a CM thread accepts peers' connections and follows their state.  All of
  * an endpoint's operations to one peer go over one connection, so the
  * persistence scope of FI_COMMIT - endpoint, peer, key - is the QP's, as
- * the proposal has it.  Simultaneous connections need no tie-break: each
- * side sends on the first of them that came up, and receives on any.
+ * Intel's libfabric persistent-memory proposal (version 0.63) has it.
+ * Simultaneous connections need no tie-break: each side sends on the first
+ * of them that came up, and receives on any.
  *
  * Receives go to a shared receive queue that every connection's QP uses,
  * so a receive posted before any peer connects matches whichever sends

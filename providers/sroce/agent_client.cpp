@@ -26,7 +26,7 @@ namespace sroce::agent {
 void roce_socket_options(int fd, uint32_t addr) {
     // DF set: an unconnected socket then makes Linux write IP ID 0, which
     // keeps the IPv4 header (covered by the ICRC) predictable; a connected
-    // one numbers its datagrams, which sroce follows (wire-protocol.md §4.2).
+    // one numbers its datagrams, which sroce follows (design.md §7.3).
     int pmtu = IP_PMTUDISC_DO;
     setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
     // Multicast datagrams leave through the device's own interface.

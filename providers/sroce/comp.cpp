@@ -238,7 +238,7 @@ void resend_gaps(Qp *qp, const wire::Packet &pkt, uint32_t cum, uint32_t high, T
     if (sent && !qp->comp.timer_deadline_ns) req_arm_timer(qp);
 }
 
-// Selective repeat (wire-protocol.md §5.6): a cumulative ACK, then the
+// Selective repeat (wire-protocol.md §5.6.1): a cumulative ACK, then the
 // gaps the responder holds requests beyond; each missing PSN is resent once,
 // and again only when something sent after its resend has arrived.
 void on_sack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {

@@ -74,7 +74,7 @@ inline void icrc_store(uint8_t *p, uint32_t v) {
 // the ID used.  `likely_id`, when not negative, the likely_count - 1 IDs
 // after it and the likely_behind IDs before it are IDs the caller expects
 // too (the next of a connected socket's counter, or one a little older that
-// the receive path reordered: wire-protocol.md §4.3), checked in that order,
+// the receive path reordered: design.md §7.4), checked in that order,
 // each in constant time and at full strength, before solving.
 bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id = nullptr,
                  int32_t likely_id = -1, int likely_count = 1, int likely_behind = 0);

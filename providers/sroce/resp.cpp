@@ -940,7 +940,7 @@ void fail(Rx &rx, Outcome o) {
 }
 
 // ---------------------------------------------------------------------------
-// Selective repeat (wire-protocol.md §5.6)
+// Selective repeat (wire-protocol.md §5.6.1)
 
 // One request through the checks, execution and acknowledgement.
 void process(Qp *qp, const Packet &pkt, TxBatch &tx);

@@ -187,7 +187,7 @@ class MrTable {
     // Counts every change that can take memory away from a key: erase,
     // rereg, a window's bind, unbind or invalidation.  A message in
     // progress keeps the host addresses it checked at its first packet and
-    // checks them again only when this moved (wire-protocol.md §5.12), so
+    // checks them again only when this moved (design.md §7.7), so
     // the common case costs one load per packet.
     uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
     void changed() { epoch_.fetch_add(1, std::memory_order_acq_rel); }

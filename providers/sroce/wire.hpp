@@ -239,7 +239,7 @@ enum Opcode : uint8_t {
     kCommitWriteLastImm = 0xC3,
     kCommitWriteOnly = 0xC4,
     kCommitWriteOnlyImm = 0xC5,
-    // Selective repeat (wire-protocol.md §5.6): a cumulative ACK whose
+    // Selective repeat (wire-protocol.md §5.6.1): a cumulative ACK whose
     // payload is a bitmap of the requests held past the gap.
     kSelectiveAck = 0xC6,
 };

@@ -192,7 +192,8 @@ static int reg_device(struct ft_side *s, void *buf, size_t len, uint64_t access,
 }
 
 /* Messages from and into device memory go through the application's copy
- * routines (seed 002): both directions, inline-sized and not. */
+ * routines, the override ops of the OFIWG proposal "API for Libfabric
+ * Overrides" (May 2020): both directions, inline-sized and not. */
 static int t_hmem_override(struct ft_run *r) {
     struct fi_hmem_override_ops ops = {
         .size = sizeof(ops),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 #
-# Segmentation offload (wire-protocol.md §1.1) on both of its receive paths,
+# Segmentation offload (design.md §7.2) on both of its receive paths,
 # every byte checked: sroce_xfer's seeded mix of RC operations (WRITE read
 # back, SEND, WRITE WITH IMMEDIATE, atomics; messages up to 256 KiB at a
 # 4096-byte MTU, so runs of up to 15 packets) between two links on lo, with
@@ -10,7 +10,7 @@
 #   coalesced  defaults: both sides send runs (tx_segmented) from a connected
 #              socket (tx_connected) and receive them whole (rx_coalesced),
 #              every packet verified with the ID its socket's counter gives
-#              it (wire-protocol.md §4.3), not solved for but at the first
+#              it (design.md §7.4), not solved for but at the first
 #              datagram from each socket and where a loaded host reorders
 #              more than the receiver's window: rx_ip_id_solved at most 20 %
 #              of what a side receives (all of it when prediction fails;

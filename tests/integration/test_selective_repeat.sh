@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 #
-# Selective repeat between sroce peers (wire-protocol.md §5.6), every byte
+# Selective repeat between sroce peers (wire-protocol.md §5.6.1), every byte
 # checked: sroce_xfer's seeded mix of RC operations (WRITE read back with
 # READ, SEND, WRITE WITH IMMEDIATE, atomics; up to 256 KiB) between two links
 # on lo, both sides dropping what they receive (SROCE_FAULT), with each

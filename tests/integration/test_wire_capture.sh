@@ -12,7 +12,7 @@
 # as a device without UDP segmentation offload does: the capture then holds
 # the datagrams a wire would carry (an offloading lo shows each send whole),
 # and sroce's receivers get them one by one, so they verify by solving for
-# the IP ID (wire-protocol.md §4.3).
+# the IP ID (design.md §7.4).
 #
 # The traffic is perftest between two sroce links, 127.0.3.1 and 127.0.3.2:
 # SEND, RDMA WRITE, RDMA READ requests and responses, ATOMIC and ATOMIC

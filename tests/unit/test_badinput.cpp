@@ -1754,7 +1754,7 @@ TEST_F(FakePeer, WriteCommitToADeclaredPeerIsOneNativeMessage) {
 }
 
 // sroce sends to a peer from a connected socket, whose IP ID counter it
-// follows (wire-protocol.md §4.2).  A datagram to a closed port draws an ICMP
+// follows (design.md §7.3).  A datagram to a closed port draws an ICMP
 // port unreachable, which Linux leaves on a connected socket to fail its
 // next send before it leaves.  That send is made again, with the counter
 // read afresh: a write posted once the port is open again arrives although

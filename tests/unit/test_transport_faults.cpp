@@ -25,7 +25,7 @@ struct FaultCase {
     const char *name;
     const char *spec; // SROCE_FAULT without the seed
     uint64_t seed;    // of the injector and of the workload
-    // Both QPs agree on selective repeat (wire-protocol.md §5.6) rather than
+    // Both QPs agree on selective repeat (wire-protocol.md §5.6.1) rather than
     // IBTA's go-back-N.
     bool selective = false;
 };

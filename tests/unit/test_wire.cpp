@@ -1029,7 +1029,7 @@ TEST(IcrcVerify, RejectsABitFlipInHeaderPayloadOrIcrc) {
 // through but more of these: a byte error at some distances from the ID
 // field has ID patterns it combines with into a multiple of the polynomial
 // (15 of 24 225 here, all in byte 93, whatever the packet's length), which
-// is why sroce's own peers are never given 17 bits (wire-protocol.md §4.3).
+// is why sroce's own peers are never given 17 bits (design.md §7.4).
 TEST(IcrcVerify, RejectsCorruptionsOfOneByte) {
     struct Case {
         uint32_t plen;

@@ -4,10 +4,12 @@
  * provider "pmof" (fi_pmof(7)).
  *
  * The names and signatures are the proposals' own: FI_PMEM, FI_UNCACHED,
- * FI_COMMIT, FI_IMMED (Intel's PMEM proposal for fi_writemsg), fi_commit(),
- * FI_COMMIT_MANUAL, FI_COMMIT_EVENT, struct fi_eq_commit_entry,
- * fi_eq_event_handler_t and fi_eq_register_handler() (the fi_commit
- * proposal).  Functions libfabric lacks reach the provider through
+ * FI_COMMIT, FI_IMMED (Intel's proposal of libfabric and libibverbs
+ * extensions for remote persistent memory, version 0.63 of July 2016),
+ * fi_commit(), FI_COMMIT_MANUAL, FI_COMMIT_EVENT, struct fi_eq_commit_entry,
+ * fi_eq_event_handler_t and fi_eq_register_handler() (the OFIWG proposal
+ * "Proposal for enhancement to support additional Persistent Memory use
+ * cases", 2020).  Functions libfabric lacks reach the provider through
  * fi_open_ops(); the static inline wrappers below do that, so programs link
  * against libfabric only and get -FI_ENOSYS from any other provider.
  *
@@ -56,7 +58,8 @@ extern "C" {
 #define FI_UNCACHED (1ULL << 62)
 #endif
 
-/* The PMEM proposal's name for FI_FENCE combined with FI_COMMIT. */
+/* FI_FENCE combined with FI_COMMIT, by the name Intel's presentation "PMoF -
+ * OFA libfabric API Case Study" (Storage Developer Conference 2016) gives it. */
 #ifndef FI_ORDERED
 #define FI_ORDERED FI_FENCE
 #endif

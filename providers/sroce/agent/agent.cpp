@@ -1157,7 +1157,7 @@ void Agent::cm_command(CmConn &c) {
 }
 
 // A MAD to QP1 of `remote` from the device at `local`, as the kernel sends
-// one (docs/wire-protocol.md, QP1): UD SEND ONLY with AckReq, P_Key 0xFFFF,
+// one (docs/connection-manager.md, QP1): UD SEND ONLY with AckReq, P_Key 0xFFFF,
 // DETH Q_Key 0x80010000 from QP1.
 void Agent::send_mad(uint32_t local, uint32_t remote, const uint8_t *mad) {
     Dev *d = nullptr;
