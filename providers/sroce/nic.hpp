@@ -1,66 +1,20 @@
 // SPDX-License-Identifier: MIT
 //
-// The per-device "NIC" of a process: its UDP socket on port 4791, the
-// progress thread that receives and dispatches packets and fires timers,
-// and the QP and MR tables that packets are resolved against.
+// The per-device "NIC" of a process: the QP, SRQ and MR tables that packets
+// are resolved against, the building of packets into batches for its port
+// (port.hpp), the dispatch of what the port receives, timers and coalesced
+// ACKs, and the progress thread that drives them.  Implemented by concern:
+// nic.cpp (life, tables, options), lease.cpp (the agent's slot), xmit.cpp
+// (building and sending), recv.cpp (receiving, dispatch, multicast) and
+// progress.cpp (the progress thread, timers, application polling).
 #pragma once
 
 #include "agent_client.hpp"
+#include "port.hpp"
+#include "port_udp.hpp"
 #include "sroce.hpp"
 
-#include <sys/socket.h>
-#include <sys/uio.h>
-
 namespace sroce {
-
-// Packets queued for one sendmmsg().  Headers are copied into the slot; the
-// payload is referenced in place (user memory) unless others may write it
-// before the batch is sent (kQueueCopy: READ responses); that is copied here.
-// Consecutive packets of equal size for one destination QP form a run,
-// handed to the kernel as one UDP_SEGMENT send (wire-protocol.md §1.1).
-struct TxBatch {
-    static constexpr int kSlots = 64;
-    static constexpr int kIovs = kSlots * (kMaxSge + 2);
-    struct Slot {
-        uint8_t hdr[wire::kMaxHdrLen + 8];
-        uint8_t tail[8]; // pad + ICRC
-        uint8_t pad = 0;
-        uint16_t ip_id = 0; // the IP ID the ICRC is computed for
-        // Covered bytes after the IP ID (icrc_id_tail): what an ID other
-        // than the one the ICRC was computed for changes (Nic::renumber).
-        uint32_t id_tail = 0;
-    };
-    // One datagram, or a run of packets sent as one segmentation-offload send.
-    struct PeerSocket;
-    struct Run {
-        sockaddr_in dst;
-        // The destination's connected socket (Nic::peer_socket), or nullptr
-        // for the device socket.
-        PeerSocket *peer = nullptr;
-        uint16_t first = 0; // its first packet's slot
-        uint32_t dqpn = 0;
-        uint32_t seg = 0;   // UDP payload of each packet but a shorter last
-        uint32_t bytes = 0; // UDP payload of the whole run
-        uint16_t count = 0;
-        bool closed = false; // ends with a shorter packet: nothing more joins
-        alignas(cmsghdr) uint8_t ctl[CMSG_SPACE(sizeof(uint16_t))];
-    };
-    Slot slots[kSlots];
-    Run runs[kSlots];
-    mmsghdr msgs[kSlots]; // one per run
-    iovec iov[kIovs];     // the runs' iovecs, each run's contiguous
-    int n = 0;            // packets
-    int nruns = 0;
-    int niov = 0;
-    // Payload copied at queue time, so the ICRC covers exactly the bytes sent
-    // even if the memory changes before sendmmsg (allocated on first use).
-    static constexpr size_t kCopyBytes = size_t(kSlots) * 4096;
-    std::unique_ptr<uint8_t[]> copy;
-    size_t copied = 0;
-    // The QP whose packets are being built, when their order matters: a
-    // batch that fills up mid-build is sent under its tx_mu.
-    std::mutex *order = nullptr;
-};
 
 struct FaultConfig {
     static constexpr int kMaxDropAt = 8;
@@ -86,31 +40,26 @@ struct NicStats {
         // one expected (solved for, icrc.hpp).
         tx_segmented{0}, rx_coalesced{0}, rx_ip_id_solved{0},
         // Packets sent from a peer's connected socket, and the times such a
-        // socket's IP ID counter was read afresh (Nic::learn_ip_id).
+        // socket's IP ID counter was read afresh (UdpPort::learn_ip_id).
         tx_connected{0}, tx_ip_id_learned{0},
         // Selective repeat: requests held past a gap, and packets resent
         // one by one (SACKs and the recovery timer).
         rx_held{0}, tx_resent_selective{0};
 };
 
-// A connected socket for one peer address.  Sending on it skips the route
-// lookup an unconnected socket makes for every datagram (about a tenth of a
-// small message's round trip on loopback), but Linux then numbers the IPv4
-// IDs from a counter of the socket's — a random start, one more per datagram,
-// the segments of a run that ID, +1, … — and the ICRC covers the ID.  So the
-// counter is read once (learn_ip_id), followed under `mu` for every send, and
-// each packet's ICRC corrected for its ID just before it leaves
-// (wire-protocol.md §4.2).
-struct TxBatch::PeerSocket {
-    std::atomic<in_addr_t> addr{0}; // stored last, once the rest is set
-    int fd = -1;
-    // False: this peer gets the device socket (the socket could not be
-    // made, or its counter no longer be read).
-    std::atomic<bool> usable{false};
-    uint16_t port = 0;    // its UDP source port (host order)
-    std::mutex mu;        // held from the ID correction to the send
-    uint16_t last_id = 0; // the ID of the last datagram sent
-    bool synced = false;  // last_id is known
+// A NIC's settings from the environment (sroce(8)), read once, when the NIC
+// is made.
+struct NicOptions {
+    FaultConfig fault;            // SROCE_FAULT
+    bool busy_poll = false;       // SROCE_BUSY_POLL=1
+    bool app_progress = true;     // SROCE_APP_PROGRESS=0 turns it off
+    uint64_t spin_ns = 50000;     // SROCE_SPIN_US
+    bool selective_repeat = true; // SROCE_SELECTIVE_REPEAT=0 turns it off
+    bool stats = false;           // SROCE_STATS=1
+    bool agent = true;            // SROCE_AGENT=off: the address to ourselves
+    unsigned agent_wait_s = 30;   // SROCE_AGENT_WAIT
+    UdpPort::Options udp;         // SROCE_GSO, SROCE_GRO, SROCE_CONNECTED
+    static NicOptions from_env();
 };
 
 class Nic {
@@ -136,7 +85,8 @@ class Nic {
     static constexpr unsigned kQueueLegacyFlush = 1, kQueueCopy = 2;
     void queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
                int iovcnt, uint32_t payload_len, unsigned flags = 0);
-    void flush(TxBatch &b);
+    // Sends what the batch holds through the port, and empties it.
+    void xmit(TxBatch &b);
 
     // QP table: QPN = qpn_base_ + index, where qpn_base_ carries the
     // process's slot on the device (agent_proto.hpp) in bits 16-23.
@@ -188,7 +138,7 @@ class Nic {
     // error, the socket is closed, and no new object can be made (EIO).
     bool lost() const { return lost_.load(std::memory_order_relaxed); }
     // Whether QPs offer selective repeat to their peers (SROCE_SELECTIVE_REPEAT).
-    bool selective_repeat() const { return selective_repeat_; }
+    bool selective_repeat() const { return opt_.selective_repeat; }
 
     MrTable mrs;
     // Held by whoever dispatches packets (the progress thread or an
@@ -199,16 +149,15 @@ class Nic {
 
   private:
     std::atomic<bool> stats_printed_{false};
-    explicit Nic(Device *dev);
+    Nic(Device *dev, const NicOptions &opt);
     ~Nic();
-    int open_socket();
-    // The address's socket (the agent's lease, or one of our own) into
-    // fd_, and the QPN space of its slot.  Caller owns the Nic alone or
+    // The QP table's memory, the wake-up event and the port; then the
+    // address's socket, unless the address is not on the host.  0 or an errno.
+    int open_port();
+    // The address's socket (the agent's lease, or one of our own) into the
+    // port, and the QPN space of its slot.  Caller owns the Nic alone or
     // holds bind_mu_ and qp_alloc_mu_.  0 or an errno.
     int bind_socket();
-    // A socket of our own, bound without the agent (SROCE_AGENT=off); -1
-    // with errno set.
-    int open_exclusive();
     // Records the port's state (0 or link_down_reason()), and on a change
     // posts IBV_EVENT_PORT_ACTIVE or IBV_EVENT_PORT_ERR to the device's
     // contexts, as the kernel does.  The progress thread looks every
@@ -220,21 +169,17 @@ class Nic {
     void watch_agent();
     void begin_resume();
     // resumer_'s work: the slot back under a new agent, retried until
-    // SROCE_AGENT_WAIT seconds (default kAgentWaitS) have passed; then the
-    // device is lost.
+    // SROCE_AGENT_WAIT seconds have passed; then the device is lost.
     void resume_slot();
     void lose_device();
     void run();
-    // Sleeps until the socket may hold something (or not at all while the
+    // Sleeps until the port may hold something (or not at all while the
     // progress thread spins, or parks while an application spins).
     void wait_for_work(uint64_t spin_until);
     void nap(uint64_t ns);
-    // One non-blocking recvmmsg() and the dispatch of what it returned;
+    // One receive from the port and the dispatch of what it returned;
     // caller holds rx_mu_.  Returns the number of datagrams received.
     int rx_pass();
-    // One recvmmsg() on `fd` (the device socket, or a multicast group's
-    // whose address is `dst`) and the dispatch of what it returned.
-    int rx_from(int fd, in_addr_t dst, bool adaptive);
     // One packet through the fault injector (SROCE_FAULT) to dispatch().
     void receive_one(const uint8_t *d, size_t len, const sockaddr_in &from, in_addr_t dst,
                      uint16_t pos, TxBatch &tx);
@@ -242,40 +187,25 @@ class Nic {
     void dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_addr_t dst,
                   uint16_t pos, TxBatch &tx);
     void deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx);
-    using PeerSocket = TxBatch::PeerSocket;
-    // The connected socket for packets to `dst`, made on first use; nullptr
-    // for multicast, when the table is full or the socket cannot be made.
-    PeerSocket *peer_socket(in_addr_t dst);
-    // Reads the socket's IP ID counter: a datagram to a socket of our own,
-    // whose header comes back with its transmit timestamp.  p.mu held.
-    bool learn_ip_id(PeerSocket &p);
-    // Sends runs [off, end) of the batch, all on p's socket (nullptr: the
-    // device socket); a failure loses the rest of them.
-    void send_runs(TxBatch &b, int off, int end, PeerSocket *p);
-    // Corrects the ICRCs of runs [off, end) for the IDs a connected socket
-    // gives them when `first` is the next of its counter.
-    static void renumber(TxBatch &b, int off, int end, uint16_t first);
     void fire_timers(TxBatch &tx);
-    void flush_acks(TxBatch &tx);
+    void send_acks(TxBatch &tx);
+    bool app_is_spinning(uint64_t now) const;
 
     Device *dev_;
+    const NicOptions opt_;
     int refs_ = 0;
-    int fd_ = -1; // sends; and receives, unless the slot is relayed
-    // Where this process's packets arrive: fd_'s socket, or the agent's relay
-    // (agent_proto.hpp, kOpenRelayed), whose datagrams start with a RelayHdr.
-    int rx_fd_ = -1;
-    bool relayed_ = false;
+    std::unique_ptr<Port> port_;
+    UdpPort *udp_ = nullptr; // port_, when it is the kernel's UDP
     // conn, agent_uid and steering_kept change only in resume_slot() while
     // resuming_ is set, when the progress thread does not look at them.
     agent::Lease lease_;
     std::atomic<bool> resuming_{false};
     std::thread resumer_;
-    static constexpr unsigned kAgentWaitS = 30;
     agent::QpEntry *table_ = nullptr; // shared with the agent
     int table_fd_ = -1;
     uint32_t qpn_base_ = 0, srqn_base_ = 0;
     std::atomic<bool> lost_{false};
-    // fd_ is the address's socket, and qpn_base_ and srqn_base_ are set.
+    // The port has the address's socket, and qpn_base_ and srqn_base_ are set.
     std::atomic<bool> bound_{false};
     std::mutex bind_mu_;
     // The port as last seen: 0 (up) or link_down_reason().  A look every
@@ -288,19 +218,14 @@ class Nic {
     std::thread thread_;
     std::atomic<Qp *> qps_[kMaxQps] = {};
     std::atomic<Srq *> srqs_[kMaxSrqs] = {};
-    // Multicast groups.  A slot's fd changes under rx_mu_ and objects_mu
-    // (so a receive pass never reads a closed one); members under objects_mu.
+    // Multicast groups the port has joined, and the QPs attached to each:
+    // changed under rx_mu_ and objects_mu, read under either.
     struct McGroup {
-        std::atomic<int> fd{-1};
-        in_addr_t addr = 0;
+        in_addr_t addr = 0; // 0: a free slot
         std::vector<Qp *> members;
     };
     McGroup mc_[kMaxMcGroups];
-    static constexpr int kPeerSockets = 16;
-    // [0] for application threads, [1] for the progress thread.
-    PeerSocket peers_[2][kPeerSockets];
-    std::mutex peers_mu_;   // making one
-    bool connected_ = true; // SROCE_CONNECTED=0: the device socket only
+    std::atomic<int> mc_count_{0};
     // The next IP ID each recent source's connected socket will send
     // (dispatch(): checked before solving for it); under rx_mu_.
     struct IdGuess {
@@ -314,7 +239,6 @@ class Nic {
     IdGuess id_guess_[64];
     static constexpr int kLikelyIds = 4;    // ahead, checked for a datagram's first packet
     static constexpr int kLikelyBehind = 4; // and behind the highest, after those
-    std::atomic<int> mc_count_{0};
     std::mutex qp_alloc_mu_;
     uint32_t qp_next_ = 0;
     std::atomic<uint32_t> qp_top_{0}; // one past the highest slot ever used
@@ -323,26 +247,24 @@ class Nic {
     // agent's exit.
     std::atomic<uint32_t> live_qps_{0};
     static constexpr int kIdleSleepMs = 20;
+    static constexpr int kMaxPollFds = 1 + kMaxMcGroups; // the port's
     // Receive state shared by the progress thread and app_progress():
     // everything below rx_mu_ is used only by its holder.
-    struct RxState;
     std::mutex rx_mu_;
-    std::unique_ptr<RxState> rx_;
+    RxDatagram rx_[Port::kRxBatch];
+    // Reorder injection holds one packet back and delivers it after the next.
+    struct Held {
+        std::unique_ptr<uint8_t[]> data;
+        size_t len = 0;
+        sockaddr_in from{};
+        in_addr_t dst = 0;
+        uint16_t pos = 0;
+    } held_;
     std::unique_ptr<TxBatch> tx_;
     std::unique_ptr<TxBatch> timer_tx_; // the progress thread's, for timers
     std::vector<Qp *> acks_;            // QPs with a coalesced ACK to send
-    FaultConfig fault_;
     uint64_t rng_ = 0;
     uint64_t fault_seq_ = 0; // datagrams seen by the fault injector
-    bool busy_poll_ = false;
-    // Segmentation offload on send (UDP_SEGMENT) and coalesced receives
-    // (UDP_GRO); SROCE_GSO=0 / SROCE_GRO=0 turn them off.  Send offload also
-    // goes off for good the first time the kernel refuses it.
-    std::atomic<bool> gso_{true};
-    bool gro_ = true;
-    bool selective_repeat_ = true;
-    bool app_progress_ = true;
-    uint64_t spin_ns_ = 50000; // how long the progress thread polls after traffic
     // An application thread counts as spinning on its CQ (app_progress)
     // after this many polls, each less than kSpinningGapNs after the one
     // before, the last less than kSpinningGapNs ago; the progress thread
@@ -362,7 +284,6 @@ class Nic {
     uint32_t app_empty_ = 0;
     static constexpr uint32_t kYieldEvery = 32;
     std::atomic<uint64_t> app_poll_ns_{0};
-    bool app_is_spinning(uint64_t now) const;
 };
 
 } // namespace sroce

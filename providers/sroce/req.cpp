@@ -593,7 +593,7 @@ void send_and_unlock(Qp *qp, TxBatch &tx, std::unique_lock<std::mutex> &held) {
     }
     std::lock_guard<std::mutex> t(qp->tx_mu);
     held.unlock();
-    qp->nic->flush(tx);
+    qp->nic->xmit(tx);
 }
 
 void req_retire_sent(Qp *qp) {
