@@ -3,8 +3,9 @@
 #
 # The project's test command: installs what is missing, builds, and runs
 #   1. every test (unit and integration) in the default build,
-#   2. the unit tests and the `sanitize` tests (the pmof provider's fabtests)
-#      under AddressSanitizer + UndefinedBehaviorSanitizer,
+#   2. the unit tests, the `sanitize` tests (the pmof provider's fabtests)
+#      and the `all_builds` tests under AddressSanitizer +
+#      UndefinedBehaviorSanitizer,
 #   3. the same under ThreadSanitizer,
 #   4. the libFuzzer targets briefly, when tests/fuzz has any,
 #   5. that the run left no file in the source tree (outside build*/),
@@ -16,7 +17,7 @@
 # Sanitizer builds run no other integration test: those preload libsroce.so
 # into uninstrumented programs, which a sanitizer runtime refuses.  The
 # default build leaves the `sanitize` tests out: unsanitized, they repeat
-# what test_pmof_provider does there.
+# what test_pmof_provider does there.  `all_builds` tests run in all three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -135,14 +136,15 @@ if ((sanitizers)); then
 	export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
 	export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 	export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
-	# What the unit and sanitize tests run: the unit tests with the agent
-	# (sroce) and libsroce.so, the provider, its fabtest and crash programs.
-	san_targets=(sroce_unit_tests pmof-fi pmof_fabtest pmof_crash_tests)
+	# What the unit, sanitize and all_builds tests run: the unit tests with
+	# the agent (sroce) and libsroce.so, the provider, its fabtest and crash
+	# programs, and exit_busy.
+	san_targets=(sroce_unit_tests pmof-fi pmof_fabtest pmof_crash_tests exit_busy)
 	if build asan asan "${san_targets[@]}"; then
-		run_ctest asan build-asan -L '^(unit|sanitize)$'
+		run_ctest asan build-asan -L '^(unit|sanitize|all_builds)$'
 	fi
 	if build tsan tsan "${san_targets[@]}"; then
-		run_ctest tsan build-tsan -L '^(unit|sanitize)$'
+		run_ctest tsan build-tsan -L '^(unit|sanitize|all_builds)$'
 	fi
 fi
 

@@ -22,6 +22,7 @@
 //   agree on ORDERED or immediate data a write-commit asks for; EINVAL for
 //   undefined flags, as sroce's).
 #include "kernel_commit.hpp"
+#include "no_destructor.hpp"
 #include "provider.h"
 
 #include <fcntl.h>
@@ -63,10 +64,18 @@ struct ContextState {
 };
 
 // Kernel QPs with write-commits are few and their verbs are not on a
-// per-packet path: one lock for all.
+// per-packet path: one lock for all.  The maps are never destroyed
+// (no_destructor.hpp): the application's other threads may still use its
+// QPs and contexts while exit() runs.
 std::mutex mu;
-std::unordered_map<const ibv_context *, ContextState> contexts;
-std::unordered_map<const ibv_qp *, QpState> qps;
+std::unordered_map<const ibv_context *, ContextState> &contexts() noexcept {
+    static NoDestructor<std::unordered_map<const ibv_context *, ContextState>> m;
+    return *m;
+}
+std::unordered_map<const ibv_qp *, QpState> &qps() noexcept {
+    static NoDestructor<std::unordered_map<const ibv_qp *, QpState>> m;
+    return *m;
+}
 
 uint32_t read_caps(const ibv_device *dev) {
     std::string path = std::string(dev->ibdev_path) + "/commit_caps";
@@ -85,14 +94,14 @@ uint32_t read_caps(const ibv_device *dev) {
 }
 
 QpState *find_qp(const ibv_qp *qp) {
-    auto it = qps.find(qp);
-    return it == qps.end() ? nullptr : &it->second;
+    auto it = qps().find(qp);
+    return it == qps().end() ? nullptr : &it->second;
 }
 
 // The state of `qp`, made on first use; nullptr when out of memory.
 QpState *qp_state(ibv_qp *qp) noexcept {
     try {
-        QpState &st = qps[qp];
+        QpState &st = qps()[qp];
         st.context = qp->context;
         return &st;
     } catch (const std::bad_alloc &) {
@@ -180,8 +189,8 @@ ibv_qp *create_qp_ex(ibv_context *context, ibv_qp_init_attr_ex *attr) {
     ibv_qp *(*create)(ibv_context *, ibv_qp_init_attr_ex *) = nullptr;
     {
         std::lock_guard<std::mutex> g(mu);
-        auto it = contexts.find(context);
-        if (it != contexts.end()) create = it->second.create_qp_ex;
+        auto it = contexts().find(context);
+        if (it != contexts().end()) create = it->second.create_qp_ex;
     }
     if (!create) {
         errno = EOPNOTSUPP;
@@ -224,8 +233,8 @@ ibv_qp *create_qp_ex(ibv_context *context, ibv_qp_init_attr_ex *attr) {
 uint32_t ece_offer(ibv_qp *qp) {
     if (qp->qp_type != IBV_QPT_RC) return 0;
     std::lock_guard<std::mutex> g(mu);
-    auto it = contexts.find(qp->context);
-    if (it == contexts.end() || !it->second.caps) return 0;
+    auto it = contexts().find(qp->context);
+    if (it == contexts().end() || !it->second.caps) return 0;
     return IBV_COMMIT_ECE_TAG | it->second.caps;
 }
 
@@ -233,8 +242,8 @@ uint32_t ece_offer(ibv_qp *qp) {
 
 uint32_t commit_caps(ibv_context *context) {
     std::lock_guard<std::mutex> g(mu);
-    auto it = contexts.find(context);
-    return it == contexts.end() ? 0 : it->second.caps;
+    auto it = contexts().find(context);
+    return it == contexts().end() ? 0 : it->second.caps;
 }
 
 void context_opened(ibv_context *context) {
@@ -243,7 +252,7 @@ void context_opened(ibv_context *context) {
     if (!caps) return;
     verbs_context *vctx = verbs_get_ctx(context);
     std::lock_guard<std::mutex> g(mu);
-    ContextState &st = contexts[context];
+    ContextState &st = contexts()[context];
     st.caps = caps;
     if (vctx && vctx->create_qp_ex) {
         st.create_qp_ex = vctx->create_qp_ex;
@@ -253,25 +262,26 @@ void context_opened(ibv_context *context) {
 
 void context_closing(ibv_context *context) {
     std::lock_guard<std::mutex> g(mu);
-    auto it = contexts.find(context);
-    if (it == contexts.end()) return;
+    auto it = contexts().find(context);
+    if (it == contexts().end()) return;
     if (verbs_context *vctx = verbs_get_ctx(context); vctx && it->second.create_qp_ex)
         vctx->create_qp_ex = it->second.create_qp_ex;
-    contexts.erase(it);
+    contexts().erase(it);
     // QPs a program leaves behind go with their context.
-    for (auto q = qps.begin(); q != qps.end();)
-        q = q->second.context == context ? qps.erase(q) : std::next(q);
+    auto &states = qps();
+    for (auto q = states.begin(); q != states.end();)
+        q = q->second.context == context ? states.erase(q) : std::next(q);
 }
 
 void qp_destroyed(ibv_qp *qp) {
     std::lock_guard<std::mutex> g(mu);
-    qps.erase(qp);
+    qps().erase(qp);
 }
 
 int qp_set_commit_peer(ibv_qp *qp, uint32_t peer_commit_caps) {
     std::lock_guard<std::mutex> g(mu);
-    auto it = contexts.find(qp->context);
-    if (it == contexts.end()) return EOPNOTSUPP;
+    auto it = contexts().find(qp->context);
+    if (it == contexts().end()) return EOPNOTSUPP;
     QpState *st = qp_state(qp);
     if (!st) return ENOMEM;
     st->peer_caps = peer_commit_caps & IBV_COMMIT_ECE_CAPS_MASK;

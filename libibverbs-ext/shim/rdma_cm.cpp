@@ -14,6 +14,7 @@
 // versions (libibverbs.map.in).  Nothing here may call write() or close()
 // on an rdma_cm file, or open() on its path, through those names.
 #include "agent_client.hpp"
+#include "no_destructor.hpp"
 #include "provider.h"
 
 #include <rdma/rdma_user_cm.h>
@@ -60,8 +61,14 @@ struct CmFile {
         pause();
 }
 
+// The open rdma_cm files by descriptor.  Never destroyed (no_destructor.hpp):
+// close() and write() are the C library's for the whole process, called
+// by other threads and by other libraries' destructors while exit() runs.
 std::mutex g_files_mu;
-std::unordered_map<int, std::shared_ptr<CmFile>> g_files;
+std::unordered_map<int, std::shared_ptr<CmFile>> &files() noexcept {
+    static sroce::NoDestructor<std::unordered_map<int, std::shared_ptr<CmFile>>> m;
+    return *m;
+}
 // Which descriptor numbers are rdma_cm files, so that every other write()
 // and close() costs one load.
 constexpr int kMaxFd = 1 << 16;
@@ -82,8 +89,9 @@ void release(CmFile &f) {
 
 std::shared_ptr<CmFile> cm_file(int fd) {
     std::lock_guard<std::mutex> g(g_files_mu);
-    auto it = g_files.find(fd);
-    return it == g_files.end() ? nullptr : it->second;
+    auto &m = files();
+    auto it = m.find(fd);
+    return it == m.end() ? nullptr : it->second;
 }
 
 // The rdma_cm file behind `fd`, or nullptr when the number now names
@@ -97,7 +105,8 @@ std::shared_ptr<CmFile> live_cm_file(int fd) {
     if (real_fstat(fd, &st) == 0 && st.st_ino == f->ino) return f;
     {
         std::lock_guard<std::mutex> g(g_files_mu);
-        if (auto it = g_files.find(fd); it != g_files.end() && it->second == f) g_files.erase(it);
+        auto &m = files();
+        if (auto it = m.find(fd); it != m.end() && it->second == f) m.erase(it);
         g_is_cm[fd].store(0, std::memory_order_release);
     }
     release(*f);
@@ -131,7 +140,7 @@ int cm_open(int flags) {
     if (next<int (*)(int, struct stat *)>("fstat")(ch.events, &st) == 0) f->ino = st.st_ino;
     {
         std::lock_guard<std::mutex> g(g_files_mu);
-        g_files[ch.events] = f;
+        files()[ch.events] = f;
     }
     g_is_cm[ch.events].store(1, std::memory_order_release);
     return ch.events;
@@ -321,7 +330,7 @@ __attribute__((visibility("default"))) int close(int fd) {
         if (std::shared_ptr<CmFile> f = live_cm_file(fd)) {
             {
                 std::lock_guard<std::mutex> g(g_files_mu);
-                g_files.erase(fd);
+                files().erase(fd);
                 g_is_cm[fd].store(0, std::memory_order_release);
             }
             release(*f);

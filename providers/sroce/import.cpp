@@ -6,6 +6,7 @@
 // contexts live in this process and use the same device, so an import is a
 // second handle on the same object.  Processes cannot share sroce objects.
 #include "nic.hpp"
+#include "no_destructor.hpp"
 #include "provider.h"
 
 #include <cerrno>
@@ -16,8 +17,13 @@
 namespace sroce {
 namespace {
 
+// PDs by handle (roots only).  Never destroyed (no_destructor.hpp): other
+// threads may allocate and free PDs while exit() runs.
 std::mutex g_pds_mu;
-std::map<uint32_t, Pd *> g_pds; // PDs by handle (roots only)
+std::map<uint32_t, Pd *> &pds() noexcept {
+    static NoDestructor<std::map<uint32_t, Pd *>> m;
+    return *m;
+}
 
 bool same_file(const Context *a, const Context *b) {
     return a->file_dev == b->file_dev && a->file_ino == b->file_ino;
@@ -27,7 +33,7 @@ bool same_file(const Context *a, const Context *b) {
 
 bool register_pd(Pd *pd) try {
     std::lock_guard<std::mutex> g(g_pds_mu);
-    g_pds[pd->ibpd.handle] = pd;
+    pds()[pd->ibpd.handle] = pd;
     return true;
 } catch (const std::bad_alloc &) {
     return false;
@@ -35,7 +41,7 @@ bool register_pd(Pd *pd) try {
 
 void unregister_pd(Pd *pd) {
     std::lock_guard<std::mutex> g(g_pds_mu);
-    g_pds.erase(pd->ibpd.handle);
+    pds().erase(pd->ibpd.handle);
 }
 
 } // namespace sroce
@@ -48,8 +54,9 @@ struct ibv_pd *sroce_import_pd(struct ibv_context *ctx, uint32_t handle) {
     Pd *root;
     {
         std::lock_guard<std::mutex> g(g_pds_mu);
-        auto it = g_pds.find(handle);
-        root = it == g_pds.end() ? nullptr : it->second;
+        auto &m = pds();
+        auto it = m.find(handle);
+        root = it == m.end() ? nullptr : it->second;
     }
     if (!root || !same_file(to_ctx(root->ibpd.context), to_ctx(ctx))) {
         errno = EINVAL;

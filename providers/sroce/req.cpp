@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <pthread.h>
 
 namespace sroce {
 namespace {
@@ -22,11 +23,28 @@ constexpr uint32_t kAckReqEvery = 32;
 
 // Each posting thread's batch (48 KiB), made on its first post: a static
 // thread_local would be reserved in every thread of every process the
-// library is preloaded into, most of which never post.
+// library is preloaded into, most of which never post.  Freed when its
+// thread ends through a key's destructor, which runs at pthread_exit() but
+// not at exit(): a thread's exit handlers may still post.
+thread_local TxBatch *t_tx = nullptr;
+
+pthread_key_t tx_key() {
+    static const pthread_key_t key = [] {
+        pthread_key_t k;
+        pthread_key_create(&k, [](void *p) {
+            delete static_cast<TxBatch *>(p);
+            t_tx = nullptr;
+        });
+        return k;
+    }();
+    return key;
+}
+
 TxBatch &thread_tx() {
-    thread_local std::unique_ptr<TxBatch> t_tx;
-    if (!t_tx) [[unlikely]]
-        t_tx = std::make_unique<TxBatch>();
+    if (!t_tx) [[unlikely]] {
+        t_tx = new TxBatch;
+        pthread_setspecific(tx_key(), t_tx);
+    }
     return *t_tx;
 }
 

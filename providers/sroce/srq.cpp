@@ -3,6 +3,7 @@
 // Shared receive queues (basic and XRC), XRC domains and address handles:
 // the objects a QP refers to for receive WQEs or destinations.
 #include "nic.hpp"
+#include "no_destructor.hpp"
 #include "provider.h"
 #include "transport.hpp"
 
@@ -74,8 +75,14 @@ struct InodeKey {
     ino_t ino;
     auto operator<=>(const InodeKey &) const = default;
 };
+using XrcdFiles = std::map<std::pair<Context *, InodeKey>, std::pair<Xrcd *, int>>;
 std::mutex g_xrcd_mu;
-std::map<std::pair<Context *, InodeKey>, std::pair<Xrcd *, int>> g_xrcd_files;
+// Never destroyed (no_destructor.hpp): other threads may open and close
+// domains while exit() runs.
+XrcdFiles &xrcd_files() noexcept {
+    static NoDestructor<XrcdFiles> m;
+    return *m;
+}
 
 } // namespace
 
@@ -233,9 +240,10 @@ ibv_xrcd *open_xrcd(ibv_context *ibctx, ibv_xrcd_init_attr *attr) try {
     struct stat st;
     if (fstat(fd, &st) < 0) return nullptr; // errno from fstat (EBADF)
     std::lock_guard<std::mutex> g(g_xrcd_mu);
+    XrcdFiles &files = xrcd_files();
     auto key = std::make_pair(ctx, InodeKey{st.st_dev, st.st_ino});
-    auto it = g_xrcd_files.find(key);
-    if (it != g_xrcd_files.end()) {
+    auto it = files.find(key);
+    if (it != files.end()) {
         if ((attr->oflags & O_CREAT) && (attr->oflags & O_EXCL)) {
             errno = EEXIST;
             return nullptr;
@@ -249,7 +257,7 @@ ibv_xrcd *open_xrcd(ibv_context *ibctx, ibv_xrcd_init_attr *attr) try {
     }
     Xrcd *x = make();
     if (!x) return nullptr;
-    g_xrcd_files[key] = {x, 1};
+    files[key] = {x, 1};
     return &x->ibxrcd;
 } catch (const std::bad_alloc &) {
     return out_of_memory<ibv_xrcd *>(nullptr);
@@ -258,14 +266,15 @@ ibv_xrcd *open_xrcd(ibv_context *ibctx, ibv_xrcd_init_attr *attr) try {
 int close_xrcd(ibv_xrcd *ibxrcd) {
     Xrcd *x = reinterpret_cast<Xrcd *>(ibxrcd);
     std::lock_guard<std::mutex> g(g_xrcd_mu);
-    for (auto it = g_xrcd_files.begin(); it != g_xrcd_files.end(); ++it) {
+    XrcdFiles &files = xrcd_files();
+    for (auto it = files.begin(); it != files.end(); ++it) {
         if (it->second.first != x) continue;
         if (it->second.second > 1) {
             it->second.second--;
             return 0;
         }
         if (x->refs.load()) return EBUSY;
-        g_xrcd_files.erase(it);
+        files.erase(it);
         delete x;
         return 0;
     }

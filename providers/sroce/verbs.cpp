@@ -3,10 +3,12 @@
 // Devices and contexts: the device list built from the link configuration,
 // opening a device, device/port/GID queries and async events.
 #include "nic.hpp"
+#include "no_destructor.hpp"
 #include "provider.h"
 #include "transport.hpp"
 
 #include <arpa/inet.h>
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -46,15 +48,25 @@ int mtu_bytes(ibv_mtu m) {
 
 namespace {
 
-Device g_devs[kMaxDevices];
+// The configured devices.  Never destroyed (no_destructor.hpp): progress
+// threads read their device until the process ends.
+Device *devices() noexcept {
+    static NoDestructor<std::array<Device, kMaxDevices>> devs;
+    return devs->data();
+}
 ibv_device *g_list[kMaxDevices + 1];
 int g_ndevs = 0;
 std::once_flag g_once;
 
 // Open contexts, so that a command FD handed to ibv_import_device() can be
-// recognised as one of ours.
+// recognised as one of ours.  Never destroyed: progress threads post their
+// device's events to them, and the application may still be opening and
+// closing contexts, while exit() runs.
 std::mutex g_ctx_mu;
-std::vector<Context *> g_ctxs;
+std::vector<Context *> &contexts() noexcept {
+    static NoDestructor<std::vector<Context *>> ctxs;
+    return *ctxs;
+}
 
 ibv_mtu mtu_enum(int bytes) {
     switch (bytes) {
@@ -92,7 +104,7 @@ void load_devices() {
     }
     for (const Link &l : links) {
         if (g_ndevs == kMaxDevices) break;
-        Device &d = g_devs[g_ndevs];
+        Device &d = devices()[g_ndevs];
         in_addr a;
         if (inet_pton(AF_INET, l.addr.c_str(), &a) != 1) {
             fprintf(stderr, "sroce: %s: only IPv4 addresses are supported, skipping %s\n",
@@ -326,7 +338,8 @@ int sroce_device_list(struct ibv_device ***devs) try {
 
 int sroce_owns_device(const struct ibv_device *dev) {
     auto *p = reinterpret_cast<const Device *>(dev);
-    return p >= g_devs && p < g_devs + g_ndevs;
+    const Device *devs = devices();
+    return p >= devs && p < devs + g_ndevs;
 }
 
 __be64 sroce_get_device_guid(struct ibv_device *dev) {
@@ -339,7 +352,7 @@ int sroce_get_device_index(struct ibv_device *dev) {
 int sroce_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size) try {
     std::call_once(g_once, load_devices);
     for (int i = 0; i < g_ndevs; i++) {
-        Device &d = g_devs[i];
+        Device &d = devices()[i];
         if (std::strcmp(dir, d.ibdev.ibdev_path) != 0) continue;
         std::string v;
         if (!sysfs_value(d, file, v)) {
@@ -365,7 +378,7 @@ std::vector<agent::CmDeviceInfo> cm_device_infos() {
     std::call_once(g_once, load_devices);
     std::vector<agent::CmDeviceInfo> out;
     for (int i = 0; i < g_ndevs; i++) {
-        const Device &d = g_devs[i];
+        const Device &d = devices()[i];
         agent::CmDeviceInfo c{};
         c.addr = d.addr;
         c.index = uint32_t(sroce_get_device_index(const_cast<ibv_device *>(&d.ibdev)));
@@ -379,7 +392,7 @@ std::vector<agent::CmDeviceInfo> cm_device_infos() {
 
 void post_device_event(Nic *nic, ibv_event_type type) {
     std::lock_guard<std::mutex> g(g_ctx_mu);
-    for (Context *c : g_ctxs) {
+    for (Context *c : contexts()) {
         if (c->nic != nic) continue;
         ibv_async_event ev{};
         ev.element.port_num = 1;
@@ -416,7 +429,7 @@ ibv_context *open_context(ibv_device *ibdev, int cmd_fd) {
         // Registered before anything else can fail, so close finds it.
         std::lock_guard<std::mutex> g(g_ctx_mu);
         try {
-            g_ctxs.push_back(ctx);
+            contexts().push_back(ctx);
         } catch (const std::bad_alloc &) {
             delete ctx;
             ctx = nullptr;
@@ -488,7 +501,7 @@ struct ibv_context *sroce_import_device(int cmd_fd) try {
     ibv_device *dev = nullptr;
     {
         std::lock_guard<std::mutex> g(g_ctx_mu);
-        for (Context *c : g_ctxs)
+        for (Context *c : contexts())
             if (c->file_dev == a.st_dev && c->file_ino == a.st_ino) dev = c->vctx.context.device;
     }
     if (!dev) {
@@ -504,7 +517,7 @@ int sroce_is_cmd_fd(int fd) {
     struct stat a;
     if (fstat(fd, &a) != 0) return 0;
     std::lock_guard<std::mutex> g(g_ctx_mu);
-    for (Context *c : g_ctxs)
+    for (Context *c : contexts())
         if (c->file_dev == a.st_dev && c->file_ino == a.st_ino) return 1;
     return 0;
 }
@@ -513,7 +526,7 @@ int sroce_close_device(struct ibv_context *ibctx) {
     Context *ctx = to_ctx(ibctx);
     {
         std::lock_guard<std::mutex> g(g_ctx_mu);
-        std::erase(g_ctxs, ctx);
+        std::erase(contexts(), ctx);
     }
     ctx->nic->release();
     close(ibctx->cmd_fd);
