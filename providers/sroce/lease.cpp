@@ -29,13 +29,17 @@ int Nic::bind_socket() {
     }
     if (int err = udp_->adopt(fd, lease_.relayed)) return err;
     lease_.udp = udp_->tx_fd();
+    set_qpn_space(slot);
+    return 0;
+}
+
+void Nic::set_qpn_space(uint32_t slot) {
     qpn_base_ = slot << agent::kSlotShift | kQpnBase;
     srqn_base_ = slot << agent::kSlotShift | kSrqnBase;
     // Start numbering where this process's previous lease of the slot is
     // unlikely to have stopped, so a late packet meets no QP of ours.
     qp_next_ = uint32_t(getpid()) % kMaxQps;
     bound_.store(true, std::memory_order_release);
-    return 0;
 }
 
 int Nic::ensure_socket() {
@@ -44,7 +48,7 @@ int Nic::ensure_socket() {
     {
         std::lock_guard<std::mutex> g(bind_mu_);
         if (bound_.load(std::memory_order_relaxed)) return 0;
-        down = link_down_reason(dev_->link);
+        down = port_down_reason(*dev_);
         if (!down) {
             std::lock_guard<std::mutex> q(qp_alloc_mu_);
             err = bind_socket();

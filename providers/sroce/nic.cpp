@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "nic.hpp"
 
+#include "port_mem.hpp"
 #include "transport.hpp"
 
 #include <cstdio>
@@ -16,7 +17,17 @@
 
 namespace sroce {
 
+namespace {
+std::atomic<uint64_t> g_fake_now{0};
+} // namespace
+
+void set_fake_clock(uint64_t ns) {
+    g_fake_now.store(ns, std::memory_order_relaxed);
+}
+
 uint64_t now_ns() {
+    if (uint64_t f = g_fake_now.load(std::memory_order_relaxed)) [[unlikely]]
+        return f;
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
@@ -111,10 +122,12 @@ Nic *Nic::acquire(Device *dev) {
                 errno = err;
                 return nullptr;
             }
-            n->thread_ = std::thread([n] { n->run(); });
-            // "sroce-<device>" in top -H, perf and /proc (15 characters).
-            std::string name = std::string("sroce-") + dev->ibdev.name;
-            pthread_setname_np(n->thread_.native_handle(), name.substr(0, 15).c_str());
+            if (!(dev->memory && memwire::manual_progress())) {
+                n->thread_ = std::thread([n] { n->run(); });
+                // "sroce-<device>" in top -H, perf and /proc (15 characters).
+                std::string name = std::string("sroce-") + dev->ibdev.name;
+                pthread_setname_np(n->thread_.native_handle(), name.substr(0, 15).c_str());
+            }
         } catch (const std::bad_alloc &) {
             delete n;
             return out_of_memory<Nic *>(nullptr);
@@ -225,6 +238,15 @@ int Nic::open_port() {
     table_ = static_cast<agent::QpEntry *>(t);
     wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (wake_fd_ < 0) return errno;
+    if (dev_->memory) {
+        // The in-memory wire: the address is ours alone, no agent leases it.
+        port_ = std::make_unique<MemPort>(dev_->addr);
+        set_qpn_space(1);
+        // No earlier lease to keep clear of: number from the start, so the
+        // timer scan covers only the QPs there are.
+        qp_next_ = 0;
+        return 0;
+    }
     // Unbound stand-ins until the address's own socket: bind_socket() puts
     // the real one in their place.
     auto udp = std::make_unique<UdpPort>(dev_->ibdev.name, dev_->addr, stats, opt_.udp);

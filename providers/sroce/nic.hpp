@@ -129,6 +129,11 @@ class Nic {
     // thread is receiving, that thread does the work.
     bool app_progress();
 
+    // For a NIC without a progress thread (memwire::set_manual_progress):
+    // one receive pass and the timers that are due, in the caller's thread.
+    // Returns the number of datagrams received.
+    int poll_once();
+
     // A device opened while its address was not on the host has no socket
     // of the address (no slot at the agent) until a QP or SRQ needs one:
     // then this makes it, or returns why the port is down.  0 or an errno.
@@ -158,6 +163,8 @@ class Nic {
     // port, and the QPN space of its slot.  Caller owns the Nic alone or
     // holds bind_mu_ and qp_alloc_mu_.  0 or an errno.
     int bind_socket();
+    // The QPN and SRQN space of the slot; the port is ready to use.
+    void set_qpn_space(uint32_t slot);
     // Records the port's state (0 or link_down_reason()), and on a change
     // posts IBV_EVENT_PORT_ACTIVE or IBV_EVENT_PORT_ERR to the device's
     // contexts, as the kernel does.  The progress thread looks every
@@ -247,6 +254,8 @@ class Nic {
     // agent's exit.
     std::atomic<uint32_t> live_qps_{0};
     static constexpr int kIdleSleepMs = 20;
+    static constexpr uint64_t kTimerScanNs = 500000;     // timers are looked at this often
+    uint64_t last_poll_timers_ns_ = 0;                   // poll_once()'s last look, under rx_mu_
     static constexpr int kMaxPollFds = 1 + kMaxMcGroups; // the port's
     // Receive state shared by the progress thread and app_progress():
     // everything below rx_mu_ is used only by its holder.

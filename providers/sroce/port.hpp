@@ -103,7 +103,7 @@ class Port {
     // Sends every run of the batch; the caller empties it.  A datagram that
     // cannot leave is lost, as on a wire: the transport recovers it.
     virtual void transmit(TxBatch &b) = 0;
-    // Up to `max` datagrams, without blocking; one of length 0 is to be
+    // Up to `max` datagrams, without blocking; one without data is to be
     // skipped (truncated, or malformed before it reached the port).
     virtual int receive(RxDatagram *out, int max) = 0;
     // Multicast groups whose datagrams receive() returns too.  0 or an errno.

@@ -478,12 +478,15 @@ int UdpPort::receive_from(int fd, in_addr_t dst, bool adaptive, RxDatagram *out,
         d.dst = dst;
         d.seg = 0;
         // Nothing of a datagram larger than any packet is used.
-        if (mh.msg_flags & MSG_TRUNC) d.len = 0;
-        if (relayed_ && fd == rx_fd_ && d.len) {
+        if (mh.msg_flags & MSG_TRUNC) {
+            d.data = nullptr;
+            continue;
+        }
+        if (relayed_ && fd == rx_fd_) {
             // The agent says where the datagram came from, ahead of it.
             agent::RelayHdr h;
             if (d.len < sizeof h) {
-                d.len = 0;
+                d.data = nullptr;
                 continue;
             }
             std::memcpy(&h, d.data, sizeof h);

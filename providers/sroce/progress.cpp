@@ -29,6 +29,19 @@ void Nic::fire_timers(TxBatch &tx) {
     }
 }
 
+int Nic::poll_once() {
+    std::lock_guard<std::mutex> l(rx_mu_);
+    int n = rx_pass();
+    // As often as the progress thread would look, not at every call.
+    uint64_t now = now_ns();
+    if (now - last_poll_timers_ns_ >= kTimerScanNs) {
+        last_poll_timers_ns_ = now;
+        std::lock_guard<std::mutex> g(objects_mu);
+        fire_timers(*timer_tx_);
+    }
+    return n;
+}
+
 bool Nic::app_progress() {
     if (!opt_.app_progress) return false;
     std::unique_lock<std::mutex> l(rx_mu_, std::try_to_lock);
@@ -132,7 +145,7 @@ void Nic::run() {
             spin_until = now + opt_.spin_ns;
         // Timers need no receive lock, so an application that keeps it busy
         // cannot hold retransmissions back.
-        if (now - last_timer_scan > 500000) {
+        if (now - last_timer_scan > kTimerScanNs) {
             {
                 std::lock_guard<std::mutex> g(objects_mu);
                 fire_timers(*timer_tx_);
@@ -143,7 +156,7 @@ void Nic::run() {
                 last_agent_check = now;
             }
             if (now - last_port_check > kPortCheckNs) {
-                port_seen(link_down_reason(dev_->link));
+                port_seen(port_down_reason(*dev_));
                 last_port_check = now;
             }
         }

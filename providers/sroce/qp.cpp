@@ -323,7 +323,7 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
     // A port that is down takes no QP to RTR or RTS (rxe: its GID, the
     // source address, is gone with the address or the net device).
     if ((next == IBV_QPS_RTR || next == IBV_QPS_RTS) && next != cur)
-        if (int down = link_down_reason(dev->link)) return down;
+        if (int down = port_down_reason(*dev)) return down;
 
     // The one allocation, before anything changes: a failure leaves the QP as it was.
     std::vector<RdResource> rd_res;

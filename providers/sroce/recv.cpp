@@ -70,7 +70,7 @@ int Nic::rx_pass() {
     std::lock_guard<std::mutex> g(objects_mu);
     for (int i = 0; i < n; i++) {
         const RxDatagram &d = rx_[i];
-        if (!d.len) continue;
+        if (!d.data) continue;
         // A coalesced buffer holds packets of one segment size, the last
         // possibly shorter, each with its place in the send as its IP ID.
         size_t seg = d.seg ? d.seg : d.len;

@@ -67,9 +67,17 @@ struct Device {
     uint8_t mac[6] = {};
     __be64 guid = 0;
     ibv_gid gid[kNumGids] = {};
+    // On the in-memory wire (SROCE_PORT=memory, port_mem.hpp), not the
+    // kernel's UDP: its port is always up, its MTU lo's.
+    bool memory = false;
 };
 
 Device *to_dev(ibv_device *d);
+
+// 0 when the device's port is up, else why not (link_down_reason()).
+inline int port_down_reason(const Device &d) {
+    return d.memory ? 0 : link_down_reason(d.link);
+}
 
 // The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), the only GIDs a
 // RoCEv2-over-IPv4 peer or group can have; false for any other GID.
@@ -672,6 +680,9 @@ inline Qp *to_qp(ibv_qp_ex *q) {
 }
 
 uint64_t now_ns();
+// Tests: now_ns() returns `ns` from now on, until set to 0 again; timers
+// then fire only when the test moves the clock.
+void set_fake_clock(uint64_t ns);
 
 // Entry points called from C end in `catch (const std::bad_alloc &)`: an
 // allocation failure (the one exception the engine's own code lets through)

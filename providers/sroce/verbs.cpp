@@ -96,6 +96,8 @@ void read_mac(const std::string &netdev, uint8_t mac[6]) {
 void load_devices() {
     std::vector<Link> links;
     std::string path = config_path();
+    const char *port = getenv("SROCE_PORT");
+    bool memory = port && !strcmp(port, "memory");
     try {
         links = load_links(path);
     } catch (const std::exception &e) {
@@ -114,14 +116,15 @@ void load_devices() {
         d.link = l;
         d.index = g_ndevs;
         d.addr = a.s_addr;
+        d.memory = memory;
         try {
-            d.ifmtu = interface_mtu(l.netdev);
+            d.ifmtu = memory ? 65536 : interface_mtu(l.netdev);
         } catch (const std::exception &) {
             d.ifmtu = 1500;
         }
         int m = roce_mtu(d.ifmtu);
         d.active_mtu = mtu_enum(m ? m : 256);
-        read_mac(l.netdev, d.mac);
+        if (!memory) read_mac(l.netdev, d.mac);
         // Interfaces without a MAC (lo) get a locally administered one made
         // from the address, so GUIDs and link-local GIDs stay unique.
         static const uint8_t zero[6] = {};
@@ -217,7 +220,7 @@ int query_rt_values(ibv_context *, ibv_values_ex *values) {
 
 // Shared by ibv_query_port() and the port's sysfs files, so both agree.
 void port_attr(const Device &d, ibv_port_attr *a) {
-    bool up = link_down_reason(d.link) == 0;
+    bool up = port_down_reason(d) == 0;
     *a = ibv_port_attr{};
     a->state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
     a->max_mtu = IBV_MTU_4096;

@@ -27,10 +27,11 @@
 //   - memory windows bound, invalidated (LOCAL_INV, or a type 1 bind of
 //     length 0), or deallocated and allocated again;
 //   - a QP moved to the error or send-queue-drained state.
-// Each packet is sent from the connected peer's address to the device
-// address and processed by the engine's own progress thread; the harness
-// waits until that thread has finished with it, so a crash is charged to
-// the right record.
+// Each packet goes from the connected peer's address to the device's over
+// the in-memory wire (port_mem.hpp), and the device, which has no progress
+// thread, handles it in the harness's own thread (Nic::poll_once) before the
+// next record: no socket, no waiting, and a crash is charged to the right
+// record.
 //
 // The memory: three MR slots, each on one buffer of a pool (Buf).  Slot 0
 // is anonymous memory (volatile; FLUSH_GLOBAL), slot 1 a shared mapping of
@@ -60,6 +61,7 @@
 // the whole run reached is printed at exit.
 #include "icrc.hpp"
 #include "nic.hpp"
+#include "port_mem.hpp"
 #include "provider.h"
 #include "sroce.hpp"
 #include "transport.hpp"
@@ -273,10 +275,9 @@ struct Harness {
     ibv_mr *src_mr = nullptr;
     uint8_t src[4096] = {};
     Nic *nic = nullptr;
-    int peer = -1;
     in_addr_t dev_addr = 0, peer_addr = 0;
-    sockaddr_in dev_sa{};
-    bool trace = false; // FUZZ_RX_TRACE: one line per record on stderr
+    sockaddr_in peer_sa{}; // where the peer's datagrams come from
+    bool trace = false;    // FUZZ_RX_TRACE: one line per record on stderr
     // What the run reached, printed at exit.
     struct {
         uint64_t packets = 0, qp1 = 0, deregs = 0, dereg_busy = 0, access = 0, access_refused = 0,
@@ -698,20 +699,17 @@ void setup() {
     setenv("SROCE_CONFIG", conf.c_str(), 1);
     unsetenv("SROCE_FAULT");
     unsetenv("SROCE_BUSY_POLL");
-    // One process, no agent: the fuzzer owns the address and every packet.
-    setenv("SROCE_AGENT", "off", 1);
+    // The in-memory wire, driven from this thread: the device is the only
+    // one at its address, and what it sends to the peer is kept for it.
+    setenv("SROCE_PORT", "memory", 1);
+    memwire::set_manual_progress(true);
 
     h.dev_addr = ip4(kDevAddr);
     h.peer_addr = ip4(kPeerAddr);
-    h.peer = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(wire::kRoceV2Port);
-    sa.sin_addr.s_addr = h.peer_addr;
-    if (h.peer < 0 || bind(h.peer, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0)
-        die("bind 127.0.5.2:4791");
-    h.dev_sa = sa;
-    h.dev_sa.sin_addr.s_addr = h.dev_addr;
+    h.peer_sa.sin_family = AF_INET;
+    h.peer_sa.sin_port = htons(wire::kRoceV2Port);
+    h.peer_sa.sin_addr.s_addr = h.peer_addr;
+    memwire::listen(h.peer_addr);
 
     ibv_device **list = nullptr;
     int n = sroce_device_list(&list);
@@ -867,49 +865,25 @@ void windows_action(uint8_t arg) {
 // ---------------------------------------------------------------------------
 // Packets
 
-// Sends the datagram(s) to the device - `seg` > 0: one segmentation-offload
-// send of `count` packets of that size - and returns once the progress
-// thread has dispatched them.
+// Sends the datagram(s) to the device - `seg` > 0: one coalesced datagram
+// of `count` packets of that size - and has the device handle them.
 void inject(const uint8_t *p, size_t n, uint16_t seg = 0, unsigned count = 1) {
     uint64_t before = h.nic->stats.rx_pkts.load();
-    iovec iov{const_cast<uint8_t *>(p), n};
-    msghdr m{};
-    m.msg_name = &h.dev_sa;
-    m.msg_namelen = sizeof h.dev_sa;
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    alignas(cmsghdr) uint8_t ctl[CMSG_SPACE(sizeof seg)] = {};
-    if (seg) {
-        m.msg_control = ctl;
-        m.msg_controllen = sizeof ctl;
-        cmsghdr *c = CMSG_FIRSTHDR(&m);
-        c->cmsg_level = SOL_UDP;
-        c->cmsg_type = UDP_SEGMENT;
-        c->cmsg_len = CMSG_LEN(sizeof seg);
-        std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
+    if (!memwire::send(h.peer_sa, h.dev_addr, p, n, seg)) die("memwire::send");
+    while (h.nic->poll_once() > 0) {
     }
-    if (sendmsg(h.peer, &m, 0) != ssize_t(n)) die("sendmsg");
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (h.nic->stats.rx_pkts.load() < before + count) {
-        if (std::chrono::steady_clock::now() > deadline) {
-            fprintf(stderr, "fuzz_rx: datagram not received within 5 s\n");
-            abort();
-        }
-        sched_yield();
+    if (h.nic->stats.rx_pkts.load() < before + count) {
+        fprintf(stderr, "fuzz_rx: the device did not receive the datagram\n");
+        abort();
     }
-    // The progress thread counts a datagram while holding objects_mu and
-    // keeps it until the batch, ACKs included, has been processed.
-    std::lock_guard<std::mutex> g(h.nic->objects_mu);
 }
 
 // Everything sroce sends must be a well-formed packet with a valid ICRC.
 void check_replies() {
-    static uint8_t b[65536];
-    for (;;) {
-        sockaddr_in from{};
-        socklen_t fl = sizeof from;
-        ssize_t n = recvfrom(h.peer, b, sizeof b, 0, reinterpret_cast<sockaddr *>(&from), &fl);
-        if (n < 0) return;
+    memwire::Packet sent;
+    while (memwire::take(h.peer_addr, sent)) {
+        const uint8_t *b = sent.bytes.data();
+        ssize_t n = ssize_t(sent.bytes.size());
         wire::Packet pkt;
         wire::ParseError e = wire::parse(b, size_t(n), pkt);
         if (e != wire::ParseError::kOk) {
@@ -917,10 +891,9 @@ void check_replies() {
                     wire::parse_error_str(e));
             abort();
         }
-        Ipv4Header ip{from.sin_addr.s_addr, h.peer_addr, ntohs(from.sin_port), wire::kRoceV2Port};
-        // The ID is the next of the connected socket's counter (or, from
-        // port 4791, the packet's place in its send): solved for here.  A
-        // FLUSH may be resent in Linux rxe's form (wire-protocol.md §4.4).
+        // Checked with the ID the wire says it carries first.
+        // A FLUSH may be resent in Linux rxe's form (wire-protocol.md §4.4).
+        const Ipv4Header &ip = sent.ip;
         if (!icrc_verify(ip, b, size_t(n)) &&
             !(pkt.opcode == wire::kFlush && icrc_verify_flush_legacy(ip, b, size_t(n)))) {
             // What it was, for a failure that the saved input alone (the
@@ -1295,7 +1268,7 @@ void teardown() {
     close(h.pmem_fd);
     std::error_code ec;
     std::filesystem::remove_all(h.pmem_dir, ec);
-    close(h.peer);
+    memwire::reset();
 }
 
 // An action record; false if `kind` is none.

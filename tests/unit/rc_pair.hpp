@@ -7,6 +7,8 @@
 // a deadline so an engine bug fails a test instead of hanging it.
 #pragma once
 
+#include "inet_sockets.hpp"
+
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 #include <infiniband/verbs_ext.h>
@@ -46,12 +48,23 @@ inline uint32_t active_mtu(ibv_context *ctx) {
     return ibv_query_port(ctx, 1, &port) ? 0 : mtu_bytes(port.active_mtu);
 }
 
+// Which wire the devices are on: the in-memory one (SROCE_PORT=memory), on
+// which the engine opens no socket, or the kernel's UDP on lo, for what
+// only sockets show.
+enum class Wire { kMemory, kUdp };
+
 // Writes a link configuration naming two devices on lo and points
 // SROCE_CONFIG at it.  The engine reads the file once, at the process's first
 // ibv_get_device_list(), so this must come first; the file is removed once
 // the list is built.  Fills dev[0], dev[1] or returns why not.
 inline std::string find_devices(const char *name0, const char *addr0, const char *name1,
-                                const char *addr1, ibv_device *dev[2]) {
+                                const char *addr1, ibv_device *dev[2], Wire wire = Wire::kMemory) {
+    if (wire == Wire::kMemory) {
+        setenv("SROCE_PORT", "memory", 1);
+        expect_no_inet_sockets();
+    } else {
+        unsetenv("SROCE_PORT");
+    }
     char path[] = "/tmp/sroce-rc-test-XXXXXX";
     int fd = mkstemp(path);
     if (fd < 0) return std::string("mkstemp: ") + std::strerror(errno);
@@ -96,13 +109,13 @@ class DevicePairEnv : public ::testing::Environment {
   public:
     DevicePairEnv(const char *name0, const char *addr0, const char *name1, const char *addr1,
                   ibv_context **ctx, std::function<void()> before = {},
-                  std::function<void()> after = {})
+                  std::function<void()> after = {}, Wire wire = Wire::kMemory)
         : names_{name0, name1}, addrs_{addr0, addr1}, ctx_(ctx), before_(std::move(before)),
-          after_(std::move(after)) {}
+          after_(std::move(after)), wire_(wire) {}
     void SetUp() override {
         if (before_) before_();
         ibv_device *dev[2];
-        ASSERT_EQ(find_devices(names_[0], addrs_[0], names_[1], addrs_[1], dev), "");
+        ASSERT_EQ(find_devices(names_[0], addrs_[0], names_[1], addrs_[1], dev, wire_), "");
         for (int i = 0; i < 2; i++) {
             ctx_[i] = open_device(dev[i]);
             ASSERT_NE(ctx_[i], nullptr) << std::strerror(errno);
@@ -122,6 +135,7 @@ class DevicePairEnv : public ::testing::Environment {
     const char *names_[2], *addrs_[2];
     ibv_context **ctx_;
     std::function<void()> before_, after_;
+    Wire wire_;
 };
 
 // Deterministic bytes for buffer contents.

@@ -47,7 +47,8 @@ class IsolatedDevices : public ::testing::Environment {
     }
 
   private:
-    DevicePairEnv env_{"mcs0", "127.0.1.21", "mcs1", "127.0.1.22", g_ctx};
+    // The kernel's IP multicast is the point: the devices are on UDP.
+    DevicePairEnv env_{"mcs0", "127.0.1.21", "mcs1", "127.0.1.22", g_ctx, {}, {}, Wire::kUdp};
 };
 
 [[maybe_unused]] ::testing::Environment *const g_env =

@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: MIT
+#include "port_mem.hpp"
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <cstring>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+namespace sroce {
+
+namespace {
+
+// The wire: which MemPort has which address, who joined which group, and
+// what is kept for the test's peers.  Made once and never destroyed, as
+// progress threads may still send while the process exits.
+struct Wire {
+    std::mutex mu; // guards everything below
+    std::vector<MemPort *> ports;
+    struct Member {
+        in_addr_t group;
+        MemPort *port;
+    };
+    std::vector<Member> members;
+    struct Listener {
+        in_addr_t addr;
+        std::deque<memwire::Packet> kept;
+    };
+    std::vector<Listener> listeners;
+    std::atomic<bool> manual{false};
+
+    // Queues the datagram at its destination; caller holds mu.
+    bool deliver(const sockaddr_in &from, in_addr_t dst, const uint8_t *data, size_t len,
+                 size_t seg) {
+        bool any = false;
+        if (IN_MULTICAST(ntohl(dst))) {
+            for (const Member &m : members)
+                if (m.group == dst) {
+                    m.port->deliver(from, dst, data, len, seg);
+                    any = true;
+                }
+            return any;
+        }
+        for (MemPort *p : ports)
+            if (p->addr() == dst) {
+                p->deliver(from, dst, data, len, seg);
+                return true;
+            }
+        for (Listener &l : listeners) {
+            if (l.addr != dst) continue;
+            // One packet each, as a packet socket on the wire would see them.
+            size_t step = seg ? seg : len;
+            uint16_t id = 0;
+            for (size_t off = 0; off < len; off += step, id++) {
+                size_t n = std::min(step, len - off);
+                Ipv4Header ip{from.sin_addr.s_addr, dst, ntohs(from.sin_port), wire::kRoceV2Port,
+                              id};
+                l.kept.push_back({std::vector<uint8_t>(data + off, data + off + n), ip});
+            }
+            return true;
+        }
+        return false;
+    }
+};
+
+Wire &wire_() {
+    static Wire *w = [] {
+        auto *made = new Wire;
+        // A child of fork() has none of its parent's NICs (Nic::acquire):
+        // their ports must not take its datagrams.
+        pthread_atfork([] { wire_().mu.lock(); }, [] { wire_().mu.unlock(); },
+                       [] {
+                           Wire &c = wire_();
+                           c.ports.clear();
+                           c.members.clear();
+                           c.mu.unlock();
+                       });
+        return made;
+    }();
+    return *w;
+}
+
+} // namespace
+
+MemPort::MemPort(in_addr_t addr) : addr_(addr) {
+    event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    Wire &w = wire_();
+    std::lock_guard<std::mutex> g(w.mu);
+    w.ports.push_back(this);
+}
+
+MemPort::~MemPort() {
+    Wire &w = wire_();
+    {
+        std::lock_guard<std::mutex> g(w.mu);
+        std::erase(w.ports, this);
+        std::erase_if(w.members, [this](const Wire::Member &m) { return m.port == this; });
+    }
+    if (event_fd_ >= 0) close(event_fd_);
+}
+
+void MemPort::transmit(TxBatch &b) {
+    Wire &w = wire_();
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    from.sin_addr.s_addr = addr_;
+    from.sin_port = htons(wire::kRoceV2Port);
+    std::lock_guard<std::mutex> g(w.mu);
+    for (int i = 0; i < b.nruns; i++) {
+        const TxBatch::Run &r = b.runs[i];
+        const msghdr &m = b.msgs[i].msg_hdr;
+        gather_.resize(r.bytes);
+        size_t off = 0;
+        for (size_t k = 0; k < m.msg_iovlen; k++) {
+            std::memcpy(gather_.data() + off, m.msg_iov[k].iov_base, m.msg_iov[k].iov_len);
+            off += m.msg_iov[k].iov_len;
+        }
+        w.deliver(from, r.dst.sin_addr.s_addr, gather_.data(), off, r.count > 1 ? r.seg : 0);
+    }
+}
+
+void MemPort::deliver(const sockaddr_in &from, in_addr_t dst, const uint8_t *data, size_t len,
+                      size_t seg) {
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        queue_.push_back({std::vector<uint8_t>(data, data + len), from, dst, seg});
+    }
+    uint64_t one = 1;
+    if (write(event_fd_, &one, sizeof one) < 0) { /* the counter is already set */
+    }
+}
+
+int MemPort::receive(RxDatagram *out, int max) {
+    // The event first: a datagram queued after it is read sets it again.
+    uint64_t v;
+    if (read(event_fd_, &v, sizeof v) < 0) { /* nothing new since the last read */
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    int n = 0;
+    while (n < max && n < kRxBatch && !queue_.empty()) {
+        taken_[n] = std::move(queue_.front());
+        queue_.pop_front();
+        const Datagram &d = taken_[n];
+        // An empty datagram is one too (no data would mean "skip it").
+        static const uint8_t kEmpty = 0;
+        out[n] = {d.bytes.empty() ? &kEmpty : d.bytes.data(), d.bytes.size(), d.from, d.dst, d.seg};
+        n++;
+    }
+    // What is left waits for the next pass, which must not sleep first.
+    if (!queue_.empty()) {
+        uint64_t one = 1;
+        if (write(event_fd_, &one, sizeof one) < 0) { /* already set */
+        }
+    }
+    return n;
+}
+
+int MemPort::join(in_addr_t group) {
+    Wire &w = wire_();
+    std::lock_guard<std::mutex> g(w.mu);
+    w.members.push_back({group, this});
+    return 0;
+}
+
+void MemPort::leave(in_addr_t group) {
+    Wire &w = wire_();
+    std::lock_guard<std::mutex> g(w.mu);
+    std::erase_if(w.members,
+                  [&](const Wire::Member &m) { return m.port == this && m.group == group; });
+}
+
+int MemPort::poll_fds(pollfd *out, int max) {
+    if (max < 1) return 0;
+    out[0] = {event_fd_, POLLIN, 0};
+    return 1;
+}
+
+namespace memwire {
+
+void listen(in_addr_t addr) {
+    Wire &w = wire_();
+    std::lock_guard<std::mutex> g(w.mu);
+    for (const Wire::Listener &l : w.listeners)
+        if (l.addr == addr) return;
+    w.listeners.push_back({addr, {}});
+}
+
+bool take(in_addr_t addr, Packet &out) {
+    Wire &w = wire_();
+    std::lock_guard<std::mutex> g(w.mu);
+    for (Wire::Listener &l : w.listeners) {
+        if (l.addr != addr || l.kept.empty()) continue;
+        out = std::move(l.kept.front());
+        l.kept.pop_front();
+        return true;
+    }
+    return false;
+}
+
+void reset() {
+    Wire &w = wire_();
+    std::lock_guard<std::mutex> g(w.mu);
+    w.listeners.clear();
+}
+
+bool send(const sockaddr_in &from, in_addr_t to, const uint8_t *data, size_t len, size_t seg) {
+    Wire &w = wire_();
+    std::lock_guard<std::mutex> g(w.mu);
+    return w.deliver(from, to, data, len, seg && seg < len ? seg : 0);
+}
+
+void set_manual_progress(bool manual) {
+    wire_().manual.store(manual);
+}
+
+bool manual_progress() {
+    return wire_().manual.load();
+}
+
+} // namespace memwire
+
+} // namespace sroce
