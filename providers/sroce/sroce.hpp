@@ -5,7 +5,34 @@
 // (ibv_post_send, ibv_poll_cq, ibv_wr_*) reaches sroce through the function
 // pointers stored in it.
 //
-// Lock order: Nic::objects_mu -> Qp::mu -> Cq::mu.
+// Lock order, the one place it is written: a thread holding a lock takes
+// only locks below it.  Each lock's field says what it guards.
+//
+//   g_nics_mu (nic.cpp)           a device's NIC made or released; never
+//                                 taken by a NIC's own threads, which
+//                                 releasing joins
+//   Nic::bind_mu_                 the address's socket made once
+//     Nic::qp_alloc_mu_           QP and SRQ numbers handed out
+//   Nic::rx_mu_                   the receive path's buffers and state
+//   Nic::objects_mu               no QP or MR freed while packets are
+//                                 dispatched or timers fire
+//   Qp::mu                        the QP: attributes, queues, each role's
+//                                 state; a packet batch is built under it
+//   Qp::tx_mu                     the QP's packets leave in the order they
+//                                 were built: taken before Qp::mu is let
+//                                 go (send_and_unlock), then alone
+//     PeerSocket::mu              a connected socket's IP ID counter
+//                                 (UdpPort; UdpPort::peers_mu_ above it)
+//     MemPort's wire, then        the in-memory wire (port_mem.cpp)
+//       MemPort::mu_
+//   Srq::mu                       the shared receive queue
+//   Cq::mu                        completions; never held while receiving
+//                                 (poll_cq leaves it before app_progress)
+//   leaves                        Mw::mu, MrTable::mu_, Context::async_mu
+//
+// Registries taken with no engine lock held, each above only leaves:
+// g_ctx_mu (verbs.cpp, then Context::async_mu), g_pds_mu (import.cpp),
+// g_xrcd_mu (srq.cpp).  ThreadSanitizer checks the order in the tsan build.
 #pragma once
 
 #include "config.hpp"
@@ -105,7 +132,7 @@ struct Context {
     int async_rd = -1, async_wr = -1; // pipe: one byte per queued event, for poll(2)
     // Events live here rather than in the pipe so that destroying a QP or CQ
     // can withdraw the events that name it before the pointer dangles.
-    std::mutex async_mu;
+    std::mutex async_mu; // async_q (a leaf)
     std::deque<ibv_async_event> async_q;
 
     void post_event(const ibv_async_event &ev);
@@ -203,7 +230,7 @@ class MrTable {
   private:
     std::atomic<Mr *> slots_[kSlots] = {};
     std::atomic<uint64_t> epoch_{0};
-    std::mutex mu_;
+    std::mutex mu_; // insertions and removals in slots_ (a leaf)
 };
 
 // Checks that [va, va+len) lies in the MR and the MR grants `access`;
@@ -262,7 +289,7 @@ struct CompChannel {
 
 struct Cq {
     ibv_cq_ex cqx; // first; ibv_cq is its prefix
-    std::mutex mu;
+    std::mutex mu; // the ring, its cursors and the arming below
     std::vector<ibv_wc> ring;
     uint32_t head = 0, count = 0;
     bool overflow = false;
@@ -616,6 +643,8 @@ struct Qp {
     ibv_qp_ex qpx;                     // first; qpx.qp_base is the ibv_qp
     [[no_unique_address]] QpExTail ex; // right after qpx (empty with rdma-core >= 45)
 
+    // Everything of the QP below but what says otherwise: attributes, the
+    // queues, the requester's, completer's and responder's state.
     std::mutex mu;
     // Orders this QP's transmissions.  Packets are built under `mu`, which
     // is handed over to tx_mu for the send itself (see send_and_unlock), so

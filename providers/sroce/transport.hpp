@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT
 //
 // Entry points between the transport roles (requester, responder, completer)
-// and the QP.  All of them run with Qp::mu held.
+// and the QP.  They run with Qp::mu held, except the verbs' own entries,
+// which take it themselves (req_post_send, req_post_local, req_retire_sent,
+// resp_post_recv); req_send_and_unlock and send_and_unlock release it.  The
+// lock order is in sroce.hpp.
 #pragma once
 
 #include "nic.hpp"
