@@ -51,13 +51,18 @@ bool eat(std::string_view &s, char c) {
     return true;
 }
 
-// "lo-hi perms offset major:minor inode   path".  A line we cannot read makes
-// the caller give up, never guess: vouching for durability needs certainty.
-bool parse_maps_line(std::string_view s, Mapping &m) {
+// "lo-hi perms offset major:minor inode   path".  A line we need and cannot read
+// makes the caller give up, never guess: vouching for durability needs certainty.
+// The range first, and the rest only for a line the caller looks at: most
+// of a process's mappings lie below the memory being registered.
+bool parse_maps_range(std::string_view &s, Mapping &m) {
+    return parse_num(s, m.lo, 16) && eat(s, '-') && parse_num(s, m.hi, 16) && eat(s, ' ') &&
+           m.lo < m.hi;
+}
+
+bool parse_maps_rest(std::string_view s, Mapping &m) {
     unsigned long long off;
     unsigned major, minor;
-    if (!parse_num(s, m.lo, 16) || !eat(s, '-') || !parse_num(s, m.hi, 16) || !eat(s, ' '))
-        return false;
     if (s.size() < 5 || s[4] != ' ') return false;
     m.shared = s[3] == 's';
     s.remove_prefix(5);
@@ -66,7 +71,7 @@ bool parse_maps_line(std::string_view s, Mapping &m) {
         return false;
     size_t start = s.find_first_not_of(' ');
     m.path = start == std::string_view::npos ? std::string_view() : s.substr(start);
-    return m.lo < m.hi;
+    return true;
 }
 
 // Filesystems whose files live in RAM (or are not files at all): msync on
@@ -119,9 +124,10 @@ bool covered_by_durable_files(uintptr_t begin, uintptr_t end) {
     uintptr_t next = begin; // first byte not yet known to be durable
     while (std::getline(maps, line)) {
         Mapping m;
-        if (!parse_maps_line(line, m)) return false;
+        std::string_view s = line;
+        if (!parse_maps_range(s, m)) return false;
         if (m.hi <= next) continue;
-        if (m.lo > next || !durable_file_mapping(m)) return false;
+        if (m.lo > next || !parse_maps_rest(s, m) || !durable_file_mapping(m)) return false;
         next = m.hi;
         if (next >= end) return true;
     }
