@@ -132,7 +132,7 @@ void post_cq_overflow(Context *ctx, Cq *cq) {
     ctx->post_event(ev);
 }
 
-void qp_flush_queues(Qp *qp) {
+void qp_fail_queues(Qp *qp) {
     Requester &q = qp->req;
     for (uint32_t i = q.tail; i != q.head; i++)
         complete_send(qp, q.at(i), IBV_WC_WR_FLUSH_ERR);
@@ -159,7 +159,7 @@ void qp_enter_error(Qp *qp) {
     bool was = qp->in_error();
     qp->attr.state = IBV_QPS_ERR;
     qp->qpx.qp_base.state = IBV_QPS_ERR;
-    qp_flush_queues(qp);
+    qp_fail_queues(qp);
     qp->nic->publish_qp(qp);
     // A QP on an SRQ that leaves service tells its owner when nothing more
     // will be consumed from the SRQ on its behalf (IBTA 10.3.1).

@@ -251,7 +251,7 @@ void Nic::send_acks(TxBatch &tx) {
     for (Qp *qp : acks_) {
         std::lock_guard<std::mutex> g(qp->mu);
         qp->resp.ack_listed = false;
-        if (qp->resp.ack_pending) resp_flush_ack(qp, tx);
+        if (qp->resp.ack_pending) resp_send_ack(qp, tx);
     }
     acks_.clear();
 }

@@ -595,7 +595,7 @@ bool req_check_wqe(Qp *qp, SendWqe &w) {
 
 void req_kick(Qp *qp) {
     if (qp->attr.state == IBV_QPS_ERR) {
-        qp_flush_queues(qp);
+        qp_fail_queues(qp);
         return;
     }
     TxBatch &tx = thread_tx();

@@ -1096,7 +1096,7 @@ void process(Qp *qp, const Packet &pkt, TxBatch &tx) {
 
 } // namespace
 
-void resp_flush_ack(Qp *qp, TxBatch &tx) {
+void resp_send_ack(Qp *qp, TxBatch &tx) {
     if (!qp->resp.ack_pending) return;
     qp->resp.ack_pending = false;
     if (qp->resp.reorder.held && send_sack(qp, tx)) return;
@@ -1144,7 +1144,7 @@ int resp_post_recv(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
         return EINVAL;
     }
     int err = qp->resp.rq.post(wr, bad_wr);
-    if (qp->attr.state == IBV_QPS_ERR) qp_flush_queues(qp);
+    if (qp->attr.state == IBV_QPS_ERR) qp_fail_queues(qp);
     return err;
 }
 

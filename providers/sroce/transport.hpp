@@ -74,11 +74,14 @@ void comp_retire(Qp *qp);
 // responder (resp.cpp)
 int resp_post_recv(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
 void resp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx);
-void resp_flush_ack(Qp *qp, TxBatch &tx);
+void resp_send_ack(Qp *qp, TxBatch &tx);
 
 // qp.cpp
 void qp_enter_error(Qp *qp);
-void qp_flush_queues(Qp *qp);
+// Completes every queued WQE with IBV_WC_WR_FLUSH_ERR, as the IB spec says
+// a QP in error does ("flushes"; the engine keeps "flush" for the IBTA FLUSH
+// operation, and says "xmit" for sending a batch).
+void qp_fail_queues(Qp *qp);
 void complete_send(Qp *qp, const SendWqe &wqe, ibv_wc_status status);
 // What a receive completion reports beyond its WQE.
 struct RecvCompletion {
