@@ -56,6 +56,32 @@ private_agent() {
 	SROCE_PRIVATE_AGENT=1
 }
 
+# build_sanitizer: SANITIZER becomes the build's SROCE_SANITIZE (address,
+# thread, or empty).  Under address, programs that link the ASan runtime
+# themselves may run under `sroce exec`: it preloads libsroce.so ahead of the
+# runtime, which ASan refuses by default, though the program initializes the
+# runtime before any library's constructor runs.
+build_sanitizer() {
+	SANITIZER=
+	[[ -f $BUILD_DIR/CMakeCache.txt ]] &&
+		SANITIZER=$(sed -n 's/^SROCE_SANITIZE:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt")
+	if [[ $SANITIZER == address ]]; then
+		export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
+	fi
+}
+
+# foreground_agent: the private agent run by the test itself (`agent run`,
+# gone once idle), so that its exit status and its sanitizer reports count;
+# AGENT_PID and AGENT_LOG say where.  After private_agent.
+foreground_agent() {
+	AGENT_LOG=$WORK/agent.log
+	"$SROCE_BIN" agent run --idle-exit 0 >"$AGENT_LOG" 2>&1 &
+	AGENT_PID=$!
+	SROCE_BG_PIDS+=("$AGENT_PID")
+	wait_for "$AGENT_LOG" 30 "listening on" "$AGENT_PID" ||
+		die "the agent did not start: $(cat "$AGENT_LOG")"
+}
+
 # sroce_init BUILD-DIR: finds the sroce command and libsroce.so in the build
 # tree, makes $WORK (removed on exit) and unsets anything from the caller's
 # environment that would change which devices programs see.

@@ -27,18 +27,10 @@ require_cmds timeout
 require_loopback
 prog=$BUILD_DIR/tests/progs/exit_busy
 [[ -x $prog ]] || die "$prog not built"
-sanitizer=
-if [[ -f $BUILD_DIR/CMakeCache.txt ]]; then
-	sanitizer=$(sed -n 's/^SROCE_SANITIZE:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt")
-fi
+build_sanitizer
+sanitizer=$SANITIZER
 case $sanitizer in
-address)
-	# `sroce exec` preloads libsroce.so ahead of the ASan runtime, which
-	# ASan refuses by default; exit_busy links the runtime itself, so it is
-	# initialized before any library's constructor runs.
-	export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
-	;;
-thread | "") ;;
+address | thread | "") ;;
 *) die "SROCE_SANITIZE=$sanitizer in $BUILD_DIR: expected address, thread or nothing" ;;
 esac
 build=${sanitizer:-plain}
@@ -46,11 +38,7 @@ A=127.0.34.1
 sroce_config sroce_exit0 $A
 private_agent
 
-agent_log=$WORK/agent.log
-"$SROCE_BIN" agent run --idle-exit 0 >"$agent_log" 2>&1 &
-agent_pid=$!
-SROCE_BG_PIDS+=("$agent_pid")
-wait_for "$agent_log" 30 "listening on" "$agent_pid" || die "the agent did not start: $(cat "$agent_log")"
+foreground_agent
 
 # A report fails a run whatever the exit status says: a report printed by
 # one thread while another is already in exit() can end with status 0.
@@ -78,10 +66,10 @@ for mode in exit return worker-exit; do
 done
 
 "$SROCE_BIN" agent stop || true
-bg_wait "$agent_pid"
-if ((BG_RC == 0)) && ! grep -a -q -E "$report" "$agent_log"; then
+bg_wait "$AGENT_PID"
+if ((BG_RC == 0)) && ! grep -a -q -E "$report" "$AGENT_LOG"; then
 	pass "agent ($build): exited cleanly"
 else
-	fail "agent ($build): exit $BG_RC" "$(cat "$agent_log")"
+	fail "agent ($build): exit $BG_RC" "$(cat "$AGENT_LOG")"
 fi
 finish

@@ -25,15 +25,10 @@ set -euo pipefail
 sroce_init "${1:?usage: $0 BUILD-DIR}"
 require_loopback
 [[ -f $BUILD_DIR/CMakeCache.txt ]] || die "$BUILD_DIR has no CMakeCache.txt"
-sanitizer=$(sed -n 's/^SROCE_SANITIZE:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt")
+build_sanitizer
+sanitizer=$SANITIZER
 case $sanitizer in
-address)
-	# `sroce exec` preloads libsroce.so, so it is loaded ahead of the ASan
-	# runtime, which ASan refuses by default.  The fabtest links the runtime
-	# itself, and so initializes it before any library's constructor runs.
-	export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
-	;;
-thread) ;;
+address | thread) ;;
 "") skip "$BUILD_DIR is not a sanitizer build (test_pmof_provider.sh runs pmof_fabtest there)" ;;
 *) die "SROCE_SANITIZE=$sanitizer in $BUILD_DIR: expected address or thread" ;;
 esac
@@ -48,11 +43,7 @@ A=127.0.23.1
 sroce_config psan0 $A
 private_agent
 
-agent_log=$WORK/agent.log
-"$SROCE_BIN" agent run --idle-exit 0 >"$agent_log" 2>&1 &
-agent_pid=$!
-SROCE_BG_PIDS+=("$agent_pid")
-wait_for "$agent_log" 30 "listening on" "$agent_pid" || die "the agent did not start: $(cat "$agent_log")"
+foreground_agent
 
 for ep in msg rdm; do
 	out=$WORK/fabtest.$ep
@@ -86,10 +77,10 @@ else
 fi
 
 "$SROCE_BIN" agent stop || true
-bg_wait "$agent_pid"
-if ((BG_RC == 0)) && ! grep -a -q 'Sanitizer' "$agent_log"; then
+bg_wait "$AGENT_PID"
+if ((BG_RC == 0)) && ! grep -a -q 'Sanitizer' "$AGENT_LOG"; then
 	pass "agent ($sanitizer): exited cleanly"
 else
-	fail "agent ($sanitizer): exit $BG_RC" "$(cat "$agent_log")"
+	fail "agent ($sanitizer): exit $BG_RC" "$(cat "$AGENT_LOG")"
 fi
 finish
