@@ -3,6 +3,14 @@
 // Common declarations of the libibverbs interposition shim: every exported
 // verb checks whether its object belongs to sroce and either calls the sroce
 // engine (provider.h) or forwards to the real libibverbs (forward.hpp).
+//
+// libsroce.so interposes a second library too: the C library's open, open64,
+// write, close, fstat, fstat64 and __fxstat (rdma_cm.cpp), because rdma-core's
+// librdmacm drives the kernel's /dev/infiniband/rdma_cm through them and
+// there is no kernel device here; the agent serves the file instead.  They
+// are not optional as rdma-core's librspreload is: every librdmacm program
+// needs them.  On any other descriptor they cost one relaxed load before the
+// C library's call (test_preload_cost.sh prints write()'s cost both ways).
 #pragma once
 
 #include "compat_decls.h"
