@@ -124,6 +124,9 @@ void MemPort::deliver(const sockaddr_in &from, in_addr_t dst, const uint8_t *dat
                       size_t seg) {
     {
         std::lock_guard<std::mutex> g(mu_);
+        // A full receive queue drops, as a full socket buffer does: a NIC
+        // nobody polls must not grow without bound.
+        if (queue_.size() >= kMaxQueued) return;
         queue_.push_back({std::vector<uint8_t>(data, data + len), from, dst, seg});
     }
     uint64_t one = 1;
@@ -205,6 +208,9 @@ void reset() {
 }
 
 bool send(const sockaddr_in &from, in_addr_t to, const uint8_t *data, size_t len, size_t seg) {
+    // No datagram is larger than UDP's: the receive path's buffers (the
+    // fault injector's held packet) are that large.
+    if (len > Port::kMaxDatagram) return false;
     Wire &w = wire_();
     std::lock_guard<std::mutex> g(w.mu);
     return w.deliver(from, to, data, len, seg && seg < len ? seg : 0);

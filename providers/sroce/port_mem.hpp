@@ -51,6 +51,7 @@ class MemPort final : public Port {
     int event_fd_ = -1;
     std::mutex mu_; // guards queue_
     std::deque<Datagram> queue_;
+    static constexpr size_t kMaxQueued = 4096; // then datagrams are dropped
     // What the last receive() returned, kept until the next one.
     Datagram taken_[kRxBatch];
     std::vector<uint8_t> gather_; // transmit()'s, under the caller's batch
@@ -76,7 +77,8 @@ void reset();
 // A datagram of one packet (or a run: `seg` bytes each, the last possibly
 // shorter) from `from` to port 4791 of `to`.  Its ICRCs must cover what
 // MemPort receivers assume: the source port of `from`, and each packet's
-// place in the datagram as its IP ID.  False when no device has `to`.
+// place in the datagram as its IP ID.  False when no device has `to`, or
+// the datagram is larger than UDP carries (Port::kMaxDatagram).
 bool send(const sockaddr_in &from, in_addr_t to, const uint8_t *data, size_t len, size_t seg = 0);
 
 // NICs made from now on run no progress thread: the test drives them with
