@@ -174,7 +174,10 @@ wire() {
 	if [[ $got == "$want" ]]; then
 		pass "$what: $got"
 	else
-		fail "$what: '$got' (want '$want')"
+		# What the agent said last, should it be gone or confused: the
+		# work directory is removed when the test ends.
+		fail "$what: '$got' (want '$want')" \
+			"agent $(alive && echo alive || echo gone); its log ends: $(tail -n 20 "$WORK/agent.log" 2>/dev/null)"
 	fi
 }
 
