@@ -15,12 +15,12 @@
 #include <arpa/inet.h>
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <csignal>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <netinet/in.h>
@@ -57,12 +57,16 @@ bool may_bind_service(pid_t pid) {
     if (stat("/proc/self/ns/user", &mine) < 0 || stat((proc + "/ns/user").c_str(), &theirs) < 0 ||
         mine.st_ino != theirs.st_ino || mine.st_dev != theirs.st_dev)
         return false;
-    std::ifstream status(proc + "/status");
-    std::string line;
-    while (std::getline(status, line))
-        if (line.rfind("CapEff:", 0) == 0)
-            return (std::stoull(line.substr(7), nullptr, 16) >> 10) & 1; // CAP_NET_BIND_SERVICE
-    return false;
+    std::string status = read_proc(pid, "status");
+    size_t at = status.find("\nCapEff:");
+    if (at == std::string::npos) return false;
+    at = status.find_first_not_of(" \t", at + 8);
+    uint64_t caps = 0;
+    if (at == std::string::npos ||
+        std::from_chars(status.data() + at, status.data() + status.size(), caps, 16).ec !=
+            std::errc())
+        return false;
+    return (caps >> 10) & 1; // CAP_NET_BIND_SERVICE
 }
 
 // Refuses a request: `err` and why, for the client to print.
@@ -751,7 +755,8 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, int sock, Dev *
     u.pid = cred.pid;
     u.uid = cred.uid;
     u.comm.clear();
-    std::ifstream(("/proc/" + std::to_string(cred.pid) + "/comm").c_str()) >> u.comm;
+    u.comm = read_proc(cred.pid, "comm");
+    if (!u.comm.empty() && u.comm.back() == '\n') u.comm.pop_back();
     u.dev_name.assign(rq.name, strnlen(rq.name, sizeof rq.name));
     u.table = static_cast<const QpEntry *>(table);
     rep.slot = s;

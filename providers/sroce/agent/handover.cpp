@@ -33,9 +33,29 @@ std::string path() {
 
 } // namespace
 
+std::string read_rest(int fd) {
+    std::string text;
+    char b[4096];
+    for (;;) {
+        ssize_t n = read(fd, b, sizeof b);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return {};
+        if (n == 0) return text;
+        text.append(b, size_t(n));
+    }
+}
+
+std::string read_proc(pid_t pid, const char *file) {
+    std::string path = "/proc/" + std::to_string(pid) + "/" + file;
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return {};
+    std::string text = read_rest(fd);
+    close(fd);
+    return text;
+}
+
 uint64_t proc_start(pid_t pid) {
-    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-    std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::string s = read_proc(pid, "stat");
     // The command name may hold spaces and parentheses: fields count from
     // the last ')'.  Field 22 is the start time, the 20th after it.
     size_t p = s.rfind(')');

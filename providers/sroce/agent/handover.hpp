@@ -28,6 +28,13 @@ struct SlotOwner {
     uint64_t start; // the process's start time (proc_start), against pid reuse
 };
 
+// /proc/PID/FILE, or "" when it cannot be read.  Never throws: a process
+// exiting between open(2) and read(2) makes the read fail with ESRCH, which
+// an iostream would turn into an exception ending the agent.
+std::string read_proc(pid_t pid, const char *file);
+// What is left to read of `fd`, or "" when a read fails.
+std::string read_rest(int fd);
+
 // When `pid` started, in clock ticks since boot (/proc/PID/stat); 0 when
 // no such process is alive.
 uint64_t proc_start(pid_t pid);
