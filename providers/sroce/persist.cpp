@@ -6,13 +6,19 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <climits>
+#include <cstring>
+#include <fcntl.h>
 #include <fstream>
 #include <libpmem.h>
 #include <linux/magic.h>
 #include <string>
 #include <string_view>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
 namespace sroce {
 namespace {
@@ -29,13 +35,43 @@ inline void report(const void *addr, size_t len) {
         hook(g_hook_ctx.load(std::memory_order_relaxed), addr, len);
 }
 
-// One line of /proc/self/maps, as far as classification needs it.
+std::atomic<MapsLookup> g_lookup{MapsLookup::kQueryWhenAvailable};
+
+// One mapping of this process, as far as classification needs it.
 struct Mapping {
     uintptr_t lo = 0, hi = 0;
     bool shared = false;
     unsigned long ino = 0;
+    bool dev_known = false; // /proc/self/maps shows the device in a form stat cannot be held to
+    dev_t dev = 0;
     std::string_view path; // may be empty, "[heap]", or end in " (deleted)"
 };
+
+// PROCMAP_QUERY (Linux 6.11): the kernel finds the mapping covering one
+// address itself, where reading /proc/self/maps formats every mapping
+// below it - milliseconds in a sanitized process with thousands of them.
+// Spelled out here because the headers this builds against may predate it;
+// the kernel tells the layout apart by `size`.
+struct ProcmapQuery {
+    uint64_t size;
+    uint64_t query_flags;
+    uint64_t query_addr;
+    uint64_t vma_start;
+    uint64_t vma_end;
+    uint64_t vma_flags;
+    uint64_t vma_page_size;
+    uint64_t vma_offset;
+    uint64_t inode;
+    uint32_t dev_major;
+    uint32_t dev_minor;
+    uint32_t vma_name_size;
+    uint32_t build_id_size;
+    uint64_t vma_name_addr;
+    uint64_t build_id_addr;
+};
+static_assert(sizeof(ProcmapQuery) == 104);
+constexpr unsigned long kProcmapQuery = _IOWR('f', 17, ProcmapQuery);
+constexpr uint64_t kProcmapVmaShared = 0x08;
 
 template <typename T>
 bool parse_num(std::string_view &s, T &out, int base) {
@@ -109,15 +145,46 @@ bool durable_file_mapping(const Mapping &m) {
         return false;
     std::string path(m.path);
     struct stat st;
-    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_ino != m.ino) return false;
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_ino != m.ino ||
+        (m.dev_known && st.st_dev != m.dev))
+        return false;
     struct statfs fs;
     if (::statfs(path.c_str(), &fs) != 0) return false;
     return !memory_filesystem(uint32_t(fs.f_type));
 }
 
+enum class Covered { kYes, kNo, kCannotAsk };
+
+// covered_by_durable_files() with one PROCMAP_QUERY per mapping in the
+// range; kCannotAsk where the kernel has no such query.
+Covered query_durable_files(int maps_fd, uintptr_t begin, uintptr_t end) {
+    char name[PATH_MAX];
+    for (uintptr_t next = begin; next < end;) {
+        ProcmapQuery q{};
+        q.size = sizeof q;
+        q.query_addr = next; // the mapping covering it, none other
+        q.vma_name_size = sizeof name;
+        q.vma_name_addr = reinterpret_cast<uintptr_t>(name);
+        if (ioctl(maps_fd, kProcmapQuery, &q) < 0)
+            return errno == ENOTTY || errno == EINVAL || errno == EOPNOTSUPP ? Covered::kCannotAsk
+                                                                             : Covered::kNo;
+        Mapping m;
+        m.lo = q.vma_start;
+        m.hi = q.vma_end;
+        m.shared = q.vma_flags & kProcmapVmaShared;
+        m.ino = q.inode;
+        m.dev_known = true;
+        m.dev = makedev(q.dev_major, q.dev_minor);
+        if (q.vma_name_size > 0) m.path = std::string_view(name, strnlen(name, q.vma_name_size));
+        if (m.lo > next || m.hi <= next || !durable_file_mapping(m)) return Covered::kNo;
+        next = m.hi;
+    }
+    return Covered::kYes;
+}
+
 // True when [begin, end) is covered, without holes, by durable file mappings.
 // /proc/self/maps is sorted by address, so one pass suffices.
-bool covered_by_durable_files(uintptr_t begin, uintptr_t end) {
+bool read_durable_files(uintptr_t begin, uintptr_t end) {
     std::ifstream maps("/proc/self/maps");
     if (!maps) return false;
     std::string line;
@@ -134,7 +201,32 @@ bool covered_by_durable_files(uintptr_t begin, uintptr_t end) {
     return false;
 }
 
+bool covered_by_durable_files(uintptr_t begin, uintptr_t end) {
+    if (g_lookup.load(std::memory_order_relaxed) == MapsLookup::kQueryWhenAvailable) {
+        int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+        Covered c = fd < 0 ? Covered::kCannotAsk : query_durable_files(fd, begin, end);
+        if (fd >= 0) ::close(fd);
+        if (c != Covered::kCannotAsk) return c == Covered::kYes;
+    }
+    return read_durable_files(begin, end);
+}
+
 } // namespace
+
+void set_maps_lookup(MapsLookup how) {
+    g_lookup.store(how, std::memory_order_relaxed);
+}
+
+bool maps_query_available() {
+    int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    ProcmapQuery q{};
+    q.size = sizeof q;
+    q.query_addr = reinterpret_cast<uintptr_t>(&g_lookup);
+    bool ok = ioctl(fd, kProcmapQuery, &q) == 0;
+    ::close(fd);
+    return ok;
+}
 
 const char *mem_class_name(MemClass c) {
     switch (c) {

@@ -41,8 +41,17 @@ const char *mem_class_name(MemClass c);
 //    loss), on a filesystem that is not memory (tmpfs, ramfs, hugetlbfs...).
 //  - kVolatile otherwise, including len == 0: there is nothing to vouch for,
 //    and the caller must not be able to obtain a persistent MR that way.
-// Not for the data path (reads /proc, may allocate); thread-safe.
+// Not for the data path (asks /proc, may allocate); thread-safe.
 MemClass classify_memory(const void *addr, size_t len);
+
+// How classify_memory() finds the mappings: by asking the kernel for the one
+// covering an address (PROCMAP_QUERY, Linux 6.11), falling back to reading
+// /proc/self/maps where that query is missing; or always by reading, so
+// tests cover both ways on any kernel.
+enum class MapsLookup { kQueryWhenAvailable, kReadMaps };
+void set_maps_lookup(MapsLookup how);
+// Whether this kernel answers PROCMAP_QUERY.
+bool maps_query_available();
 
 // Makes [addr, addr+len) durable for its class: kPmem writes back the cache
 // lines and fences (pmem_persist); kFile fences, so that non-temporal stores

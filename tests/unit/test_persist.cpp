@@ -149,7 +149,8 @@ long dirty_kb(const void *addr) {
     return kb;
 }
 
-class Classify : public ::testing::Test {
+// Skips where the test's premises do not hold on this machine.
+class NeedsStorage : public ::testing::Test {
   protected:
     void SetUp() override {
         // PMDK's override makes pmem_is_pmem() answer yes for any range.
@@ -160,13 +161,35 @@ class Classify : public ::testing::Test {
     }
 };
 
+// Each case twice: with the kernel's per-address query of the mappings, and
+// by reading /proc/self/maps, which kernels before 6.11 are left with.
+class Classify : public NeedsStorage, public ::testing::WithParamInterface<sroce::MapsLookup> {
+  protected:
+    void SetUp() override {
+        NeedsStorage::SetUp();
+        if (IsSkipped()) return;
+        if (GetParam() == sroce::MapsLookup::kQueryWhenAvailable && !sroce::maps_query_available())
+            GTEST_SKIP() << "this kernel has no PROCMAP_QUERY";
+        sroce::set_maps_lookup(GetParam());
+    }
+    void TearDown() override { sroce::set_maps_lookup(sroce::MapsLookup::kQueryWhenAvailable); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Lookup, Classify,
+                         ::testing::Values(sroce::MapsLookup::kQueryWhenAvailable,
+                                           sroce::MapsLookup::kReadMaps),
+                         [](const ::testing::TestParamInfo<sroce::MapsLookup> &i) {
+                             return i.param == sroce::MapsLookup::kReadMaps ? "ReadMaps"
+                                                                            : "KernelQuery";
+                         });
+
 TEST(MemClassName, Names) {
     EXPECT_STREQ(sroce::mem_class_name(MemClass::kVolatile), "volatile");
     EXPECT_STREQ(sroce::mem_class_name(MemClass::kFile), "file");
     EXPECT_STREQ(sroce::mem_class_name(MemClass::kPmem), "pmem");
 }
 
-TEST_F(Classify, HeapIsVolatile) {
+TEST_P(Classify, HeapIsVolatile) {
     auto small = std::make_unique<uint8_t[]>(100);
     // Large enough that malloc serves it from its own anonymous mapping.
     auto large = std::make_unique<uint8_t[]>(4 << 20);
@@ -174,12 +197,12 @@ TEST_F(Classify, HeapIsVolatile) {
     EXPECT_EQ(sroce::classify_memory(large.get(), 4 << 20), MemClass::kVolatile);
 }
 
-TEST_F(Classify, StackIsVolatile) {
+TEST_P(Classify, StackIsVolatile) {
     volatile uint8_t buf[512] = {};
     EXPECT_EQ(sroce::classify_memory(const_cast<uint8_t *>(buf), sizeof buf), MemClass::kVolatile);
 }
 
-TEST_F(Classify, AnonymousMappingsAreVolatile) {
+TEST_P(Classify, AnonymousMappingsAreVolatile) {
     Mapping priv = map_anon(4 * page(), MAP_PRIVATE);
     // A shared anonymous mapping is shmem; /proc shows it as a deleted file.
     Mapping shared = map_anon(4 * page(), MAP_SHARED);
@@ -188,7 +211,7 @@ TEST_F(Classify, AnonymousMappingsAreVolatile) {
     EXPECT_EQ(sroce::classify_memory(shared.get(), shared.size()), MemClass::kVolatile);
 }
 
-TEST_F(Classify, SharedFileOnStorageIsFile) {
+TEST_P(Classify, SharedFileOnStorageIsFile) {
     need_disk_dir();
     TempFile f(kDiskDir, 4 * page());
     Mapping m = map_file(f, 4 * page());
@@ -198,7 +221,7 @@ TEST_F(Classify, SharedFileOnStorageIsFile) {
     EXPECT_EQ(sroce::classify_memory(m.get() + m.size() - 1, 1), MemClass::kFile);
 }
 
-TEST_F(Classify, AdjacentMappingsOfTwoFilesAreFile) {
+TEST_P(Classify, AdjacentMappingsOfTwoFilesAreFile) {
     need_disk_dir();
     TempFile a(kDiskDir, page()), b(kDiskDir, page());
     Mapping area = map_anon(2 * page());
@@ -209,7 +232,7 @@ TEST_F(Classify, AdjacentMappingsOfTwoFilesAreFile) {
     EXPECT_EQ(sroce::classify_memory(area.get(), 2 * page()), MemClass::kFile);
 }
 
-TEST_F(Classify, PrivateFileMappingIsVolatile) {
+TEST_P(Classify, PrivateFileMappingIsVolatile) {
     need_disk_dir();
     TempFile f(kDiskDir, 4 * page());
     // Copy-on-write: stores land in anonymous copies, never in the file.
@@ -218,7 +241,7 @@ TEST_F(Classify, PrivateFileMappingIsVolatile) {
     EXPECT_EQ(sroce::classify_memory(m.get(), m.size()), MemClass::kVolatile);
 }
 
-TEST_F(Classify, SharedFileOnTmpfsIsVolatile) {
+TEST_P(Classify, SharedFileOnTmpfsIsVolatile) {
     if (!memory_fs(kShmDir)) GTEST_SKIP() << kShmDir << " is not tmpfs here";
     TempFile f(kShmDir, 4 * page());
     Mapping m = map_file(f, 4 * page());
@@ -226,7 +249,7 @@ TEST_F(Classify, SharedFileOnTmpfsIsVolatile) {
     EXPECT_EQ(sroce::classify_memory(m.get(), m.size()), MemClass::kVolatile);
 }
 
-TEST_F(Classify, DeletedFileIsVolatile) {
+TEST_P(Classify, DeletedFileIsVolatile) {
     need_disk_dir();
     TempFile f(kDiskDir, 4 * page());
     Mapping m = map_file(f, 4 * page());
@@ -242,7 +265,7 @@ TEST_F(Classify, DeletedFileIsVolatile) {
     EXPECT_EQ(sroce::classify_memory(m.get(), m.size()), MemClass::kVolatile);
 }
 
-TEST_F(Classify, RangeSpanningFileAndAnonymousIsVolatile) {
+TEST_P(Classify, RangeSpanningFileAndAnonymousIsVolatile) {
     need_disk_dir();
     TempFile f(kDiskDir, 2 * page());
     // Pages: [anon][file][file][anon], one reservation so they are adjacent.
@@ -256,7 +279,7 @@ TEST_F(Classify, RangeSpanningFileAndAnonymousIsVolatile) {
     EXPECT_EQ(sroce::classify_memory(area.get(), area.size()), MemClass::kVolatile);
 }
 
-TEST_F(Classify, RangeRunningIntoAHoleIsVolatile) {
+TEST_P(Classify, RangeRunningIntoAHoleIsVolatile) {
     need_disk_dir();
     TempFile f(kDiskDir, 2 * page());
     Mapping area = map_anon(3 * page());
@@ -267,7 +290,7 @@ TEST_F(Classify, RangeRunningIntoAHoleIsVolatile) {
     EXPECT_EQ(sroce::classify_memory(area.get(), 3 * page()), MemClass::kVolatile);
 }
 
-TEST_F(Classify, DegenerateRangesAreVolatile) {
+TEST_P(Classify, DegenerateRangesAreVolatile) {
     need_disk_dir();
     TempFile f(kDiskDir, page());
     Mapping m = map_file(f, page());
@@ -283,7 +306,7 @@ TEST_F(Classify, DegenerateRangesAreVolatile) {
 // never vouches for a range here, not even for one it mapped itself.  The
 // kPmem path (pmem_map_file on fsdax with MAP_SYNC, pmem_persist) is covered
 // by the qemu NVDIMM test (planned).
-TEST_F(Classify, NoPersistentMemoryHere) {
+TEST_P(Classify, NoPersistentMemoryHere) {
     need_disk_dir();
     auto heap = std::make_unique<uint8_t[]>(page());
     EXPECT_FALSE(pmem_is_pmem(heap.get(), page()));
@@ -300,7 +323,7 @@ TEST_F(Classify, NoPersistentMemoryHere) {
     EXPECT_EQ(pmem_unmap(p, mapped), 0);
 }
 
-class Persist : public Classify {};
+class Persist : public NeedsStorage {};
 
 TEST_F(Persist, EveryClassSucceeds) {
     need_disk_dir();
