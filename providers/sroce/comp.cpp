@@ -20,25 +20,24 @@ uint32_t last_psn(const SendWqe &w) {
 
 // Pops finished WQEs off the tail, generating their completions.
 void retire(Qp *qp) {
-    uint32_t cap = qp->req.max_wr;
-    while (qp->req.tail != qp->req.head) {
-        SendWqe &w = qp->req.wqe[qp->req.tail % cap];
+    uint32_t cap = qp->sq.max_wr;
+    while (qp->sq.tail != qp->sq.head) {
+        SendWqe &w = qp->sq.wqe[qp->sq.tail % cap];
         if (!w.done) break;
-        if (needs_response(w)) qp->req.rd_outstanding--;
+        if (needs_response(w)) qp->sq.rd_outstanding--;
         if (w.signaled) complete_send(qp, w, IBV_WC_SUCCESS);
-        qp->req.tail++;
+        qp->sq.tail++;
     }
-    // A rewind may have left the transmit cursor behind WQEs acknowledged since.
-    if (int32_t(qp->req.cur - qp->req.tail) < 0) qp->req.cur = qp->req.tail;
+    req_retired(qp);
 }
 
 // una never passes a READ/ATOMIC still missing a response, whatever later
 // PSNs have been acknowledged: the retransmit timer must keep covering it, or
 // a lost response would leave it waiting forever.
 uint32_t clamp_una(Qp *qp, uint32_t una) {
-    uint32_t cap = qp->req.max_wr;
-    for (uint32_t i = qp->req.tail; i != qp->req.head; i++) {
-        const SendWqe &w = qp->req.wqe[i % cap];
+    uint32_t cap = qp->sq.max_wr;
+    for (uint32_t i = qp->sq.tail; i != qp->sq.head; i++) {
+        const SendWqe &w = qp->sq.wqe[i % cap];
         if (!w.started || wire::psn_diff(w.first_psn, una) >= 0) break;
         if (w.done || !needs_response(w)) continue;
         uint32_t missing = wire::psn_add(w.first_psn, w.read_next);
@@ -52,18 +51,18 @@ void progress(Qp *qp, uint32_t una) {
     // Everything retired is acknowledged, also when a READ/ATOMIC completed
     // before an older one and both retired on the older one's response.
     uint32_t retired_to = qp->req.next_psn;
-    if (qp->req.tail != qp->req.head) {
-        const SendWqe &t = qp->req.wqe[qp->req.tail % qp->req.max_wr];
+    if (qp->sq.tail != qp->sq.head) {
+        const SendWqe &t = qp->sq.wqe[qp->sq.tail % qp->sq.max_wr];
         if (t.started) retired_to = t.first_psn;
     }
     if (wire::psn_diff(retired_to, una) > 0) una = retired_to;
     una = clamp_una(qp, una);
     if (wire::psn_diff(una, qp->comp.una_psn) > 0) {
         qp->comp.una_psn = una;
-        qp->comp.retries_left = qp->attr.retry_cnt;
-        qp->comp.rnr_left = qp->attr.rnr_retry;
+        qp->timers.retries_left = qp->attr.retry_cnt;
+        qp->timers.rnr_left = qp->attr.rnr_retry;
         req_arm_timer(qp);
-        qp->comp.sr_backoff = 0;
+        qp->timers.sr_backoff = 0;
         req_arm_recovery(qp);
     }
 }
@@ -72,10 +71,10 @@ void progress(Qp *qp, uint32_t una) {
 // the first WQE still waiting for a response.  Returns that WQE's index or
 // sq_cur.
 uint32_t ack_below(Qp *qp, uint32_t psn) {
-    uint32_t cap = qp->req.max_wr;
-    uint32_t i = qp->req.tail;
-    for (; i != qp->req.head; i++) {
-        SendWqe &w = qp->req.wqe[i % cap];
+    uint32_t cap = qp->sq.max_wr;
+    uint32_t i = qp->sq.tail;
+    for (; i != qp->sq.head; i++) {
+        SendWqe &w = qp->sq.wqe[i % cap];
         if (w.done) continue;
         if (!w.started || wire::psn_diff(last_psn(w), psn) >= 0) break;
         if (needs_response(w)) break;
@@ -100,12 +99,12 @@ bool local_still_there(Qp *qp, SendWqe &w) {
 void fail_at(Qp *qp, uint32_t psn, ibv_wc_status status) {
     uint32_t i = ack_below(qp, psn);
     retire(qp);
-    if (i != qp->req.head && i == qp->req.tail) {
-        SendWqe &w = qp->req.wqe[i % qp->req.max_wr];
+    if (i != qp->sq.head && i == qp->sq.tail) {
+        SendWqe &w = qp->sq.wqe[i % qp->sq.max_wr];
         w.done = true;
         complete_send(qp, w, status);
-        if (needs_response(w)) qp->req.rd_outstanding--;
-        qp->req.tail++;
+        if (needs_response(w)) qp->sq.rd_outstanding--;
+        qp->sq.tail++;
     }
     qp_enter_error(qp);
 }
@@ -153,8 +152,8 @@ void acknowledged(Qp *qp, uint32_t psn, TxBatch &tx) {
     retire(qp);
     progress(qp, next);
     // An ACK past an outstanding READ/ATOMIC means its response was lost.
-    if (i != qp->req.head) {
-        SendWqe &w = qp->req.wqe[i % qp->req.max_wr];
+    if (i != qp->sq.head) {
+        SendWqe &w = qp->sq.wqe[i % qp->sq.max_wr];
         if (needs_response(w) && !w.done && wire::psn_diff(last_psn(w), psn) <= 0)
             resend_missing(qp, w, tx);
     }
@@ -177,16 +176,16 @@ void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
         retire(qp);
         progress(qp, pkt.psn);
         if (qp->attr.rnr_retry != 7) {
-            if (qp->comp.rnr_left == 0) {
+            if (qp->timers.rnr_left == 0) {
                 fail_at(qp, pkt.psn, IBV_WC_RNR_RETRY_EXC_ERR);
                 return;
             }
-            qp->comp.rnr_left--;
+            qp->timers.rnr_left--;
         }
         // Wait out the responder's RNR timer, then resend from the NAKed PSN.
         req_rewind(qp, pkt.psn);
-        qp->comp.rnr_deadline_ns = now_ns() + rnr_timer_ns(syn & 0x1F);
-        qp->comp.timer_deadline_ns = 0;
+        qp->timers.rnr_at_ns = now_ns() + rnr_timer_ns(syn & 0x1F);
+        qp->timers.retransmit_at_ns = 0;
         return;
     }
     if (kind == wire::aeth::kNak) {
@@ -199,17 +198,17 @@ void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
             progress(qp, pkt.psn);
             // During an RNR back-off the resend from una is already due; a
             // sequence NAK for the rest of the burst is no lost packet.
-            if (qp->comp.rnr_deadline_ns) return;
+            if (qp->timers.rnr_at_ns) return;
             // Resend from the NAKed PSN, or from an earlier READ/ATOMIC whose
             // response is missing (progress() holds una there).  Only the same
             // NAK again, with nothing acknowledged since, costs a retry.
             uint32_t from = qp->comp.una_psn;
             if (from == pkt.psn && from == before && qp->comp.last_nak_rewind == from) {
-                if (qp->comp.retries_left == 0) {
+                if (qp->timers.retries_left == 0) {
                     fail_at(qp, from, IBV_WC_RETRY_EXC_ERR);
                     return;
                 }
-                qp->comp.retries_left--;
+                qp->timers.retries_left--;
             }
             qp->comp.last_nak_rewind = from;
             req_rewind(qp, from);
@@ -223,7 +222,7 @@ void on_ack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
 void resend_gaps(Qp *qp, const wire::Packet &pkt, uint32_t cum, uint32_t high, TxBatch &tx) {
     uint32_t n = pkt.payload_len / 4;
     bool sent = false;
-    uint32_t cursor = qp->req.tail; // gaps and their PSNs ascend: so do their WQEs
+    uint32_t cursor = qp->sq.tail; // gaps and their PSNs ascend: so do their WQEs
     for (uint32_t r = 1; r < n; r++) {
         const uint8_t *g = pkt.payload + 4 * r;
         uint32_t first = wire::psn_add(cum, 1 + ((uint32_t(g[0]) << 8) | g[1]));
@@ -235,7 +234,7 @@ void resend_gaps(Qp *qp, const wire::Packet &pkt, uint32_t cum, uint32_t high, T
             sent |= req_resend(qp, psn, high, tx, &cursor);
         }
     }
-    if (sent && !qp->comp.timer_deadline_ns) req_arm_timer(qp);
+    if (sent && !qp->timers.retransmit_at_ns) req_arm_timer(qp);
 }
 
 // Selective repeat (wire-protocol.md §5.6.1): a cumulative ACK, then the
@@ -251,16 +250,16 @@ void on_sack(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     acknowledged(qp, cum, tx);
     // The gaps are filled first, then the window's new room.
     int32_t span = wire::psn_diff(high, cum);
-    if (!qp->comp.rnr_deadline_ns && span > 0 && span <= int32_t(kSendWindow) &&
+    if (!qp->timers.rnr_at_ns && span > 0 && span <= int32_t(kSendWindow) &&
         wire::psn_diff(high, qp->req.next_psn) < 0)
         resend_gaps(qp, pkt, cum, high, tx);
     req_run(qp, tx);
 }
 
 SendWqe *find_wqe(Qp *qp, uint32_t psn, uint32_t *index) {
-    uint32_t cap = qp->req.max_wr;
-    for (uint32_t i = qp->req.tail; i != qp->req.head; i++) {
-        SendWqe &w = qp->req.wqe[i % cap];
+    uint32_t cap = qp->sq.max_wr;
+    for (uint32_t i = qp->sq.tail; i != qp->sq.head; i++) {
+        SendWqe &w = qp->sq.wqe[i % cap];
         if (!w.started) break;
         int32_t d = wire::psn_diff(psn, w.first_psn);
         if (d >= 0 && uint32_t(d) < w.npkts) {
@@ -319,14 +318,14 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     if (last) w->done = true;
     retire(qp);
     progress(qp, wire::psn_add(pkt.psn, 1));
-    if (first_open != idx) resend_missing(qp, qp->req.wqe[first_open % qp->req.max_wr], tx);
+    if (first_open != idx) resend_missing(qp, qp->sq.wqe[first_open % qp->sq.max_wr], tx);
     req_run(qp, tx);
 }
 
 // An answered FLUSH shows which ICRC form its peer takes (req.cpp:
 // flush_legacy_form): IBTA's for certain when only that form was sent.
 void learn_flush_icrc(Qp *qp, const SendWqe &w) {
-    uint8_t &form = qp->req.flush_icrc;
+    uint8_t &form = qp->peer_flush_icrc;
     if (w.flush_forms == kFlushIcrcIbta)
         form = kFlushIcrcIbta;
     else if (w.flush_last_legacy)
@@ -364,7 +363,7 @@ void on_single_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx, bool atomi
     w->done = true;
     retire(qp);
     progress(qp, wire::psn_add(pkt.psn, 1));
-    if (first_open != idx) resend_missing(qp, qp->req.wqe[first_open % qp->req.max_wr], tx);
+    if (first_open != idx) resend_missing(qp, qp->sq.wqe[first_open % qp->sq.max_wr], tx);
     req_run(qp, tx);
 }
 
@@ -418,7 +417,7 @@ void comp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
     } else {
         receive_ibta(qp, pkt, tx);
     }
-    if (qp->req.tail == qp->req.head) qp->comp.timer_deadline_ns = qp->comp.sr_deadline_ns = 0;
+    if (qp->sq.tail == qp->sq.head) qp->timers.retransmit_at_ns = qp->timers.recovery_at_ns = 0;
 }
 
 } // namespace sroce

@@ -167,8 +167,8 @@ int dealloc_mw(ibv_mw *ibmw) {
         bool queued = false;
         nic->for_each_qp([mw, &queued](Qp *qp) {
             std::lock_guard<std::mutex> q(qp->mu);
-            for (uint32_t i = qp->req.cur; i != qp->req.head && !queued; i++)
-                queued = qp->req.at(i).opcode == IBV_WR_BIND_MW && qp->req.at(i).mw == mw;
+            for (uint32_t i = qp->req.cur; i != qp->sq.head && !queued; i++)
+                queued = qp->sq.at(i).opcode == IBV_WR_BIND_MW && qp->sq.at(i).mw == mw;
         });
         if (queued) return EBUSY;
         nic->mrs.erase(&mw->entry);

@@ -22,7 +22,7 @@ void Nic::fire_timers(TxBatch &tx) {
         if (!qp) continue;
         std::unique_lock<std::mutex> g(qp->mu);
         tx.order = &qp->tx_mu;
-        if (qp->comp.timer_deadline_ns || qp->comp.rnr_deadline_ns || qp->comp.sr_deadline_ns)
+        if (qp->timers.retransmit_at_ns || qp->timers.rnr_at_ns || qp->timers.recovery_at_ns)
             req_timers(qp, tx, now);
         tx.order = nullptr;
         send_and_unlock(qp, tx, g);

@@ -45,10 +45,10 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
 // A write-commit sent as an IBTA sequence reports once: when one part fails,
 // the parts after it up to the final one stay silent.
 void silence_rest_of_commit(Qp *qp, const SendWqe &w) {
-    uint32_t cap = qp->req.max_wr;
-    uint32_t slot = uint32_t(&w - qp->req.wqe.data());
+    uint32_t cap = qp->sq.max_wr;
+    uint32_t slot = uint32_t(&w - qp->sq.wqe.data());
     for (uint32_t k = 1; k < cap; k++) {
-        SendWqe &x = qp->req.wqe[(slot + k) % cap];
+        SendWqe &x = qp->sq.wqe[(slot + k) % cap];
         if (x.commit_part == kCommitNone) break;
         x.suppressed = true;
         if (x.commit_part == kCommitFinal) break;
@@ -134,10 +134,11 @@ void post_cq_overflow(Context *ctx, Cq *cq) {
 
 void qp_fail_queues(Qp *qp) {
     Requester &q = qp->req;
-    for (uint32_t i = q.tail; i != q.head; i++)
-        complete_send(qp, q.at(i), IBV_WC_WR_FLUSH_ERR);
-    q.tail = q.cur = q.head;
-    q.rd_outstanding = 0;
+    SendQueue &sq = qp->sq;
+    for (uint32_t i = sq.tail; i != sq.head; i++)
+        complete_send(qp, sq.at(i), IBV_WC_WR_FLUSH_ERR);
+    sq.tail = q.cur = sq.head;
+    sq.rd_outstanding = 0;
     Responder &r = qp->resp;
     RecvCompletion flushed;
     flushed.status = IBV_WC_WR_FLUSH_ERR;
@@ -152,7 +153,7 @@ void qp_fail_queues(Qp *qp) {
     for (uint32_t i = r.rq.tail; i != r.rq.head; i++)
         complete_recv(qp, r.rq.wqe[i % r.rq.max_wr], flushed);
     r.rq.tail = r.rq.head;
-    qp->comp.timer_deadline_ns = qp->comp.rnr_deadline_ns = 0;
+    qp->timers.retransmit_at_ns = qp->timers.rnr_at_ns = 0;
 }
 
 void qp_enter_error(Qp *qp) {
@@ -171,14 +172,15 @@ namespace {
 
 void reset_state(Qp *qp) {
     Requester &q = qp->req;
-    q.head = q.tail = q.cur = 0;
+    SendQueue &sq = qp->sq;
+    sq.head = sq.tail = q.cur = 0;
     q.next_psn = 0;
-    q.rd_outstanding = 0;
+    sq.rd_outstanding = 0;
     q.pkts_since_ackreq = 0;
-    q.batch = WrBatch{};
+    sq.batch = WrBatch{};
     qp->comp = Completer{};
-    qp->comp.retries_left = qp->attr.retry_cnt;
-    qp->comp.rnr_left = qp->attr.rnr_retry;
+    qp->timers.retries_left = qp->attr.retry_cnt;
+    qp->timers.rnr_left = qp->attr.rnr_retry;
     Responder &r = qp->resp;
     r.rq.head = r.rq.tail = 0;
     r.epsn = r.msn = 0;
@@ -349,8 +351,8 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
         qp->req.max_sent_psn = wire::psn_add(qp->req.next_psn, wire::kPsnMask);
     }
     if (mask & IBV_QP_TIMEOUT) a.timeout = attr->timeout;
-    if (mask & IBV_QP_RETRY_CNT) a.retry_cnt = qp->comp.retries_left = attr->retry_cnt;
-    if (mask & IBV_QP_RNR_RETRY) a.rnr_retry = qp->comp.rnr_left = attr->rnr_retry;
+    if (mask & IBV_QP_RETRY_CNT) a.retry_cnt = qp->timers.retries_left = attr->retry_cnt;
+    if (mask & IBV_QP_RNR_RETRY) a.rnr_retry = qp->timers.rnr_left = attr->rnr_retry;
     if (mask & IBV_QP_MIN_RNR_TIMER) a.min_rnr_timer = attr->min_rnr_timer;
     if (mask & IBV_QP_MAX_QP_RD_ATOMIC) a.max_rd_atomic = std::max<uint8_t>(1, attr->max_rd_atomic);
     if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) {
@@ -384,7 +386,7 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
 // ibv_qp_ex: WQEs are built in place past the queue's head and published by
 // wr_complete.  The batch lives in the QP (rdma-core defines it per QP).
 WrBatch &batch(ibv_qp_ex *qpx) {
-    return to_qp(qpx)->req.batch;
+    return to_qp(qpx)->sq.batch;
 }
 
 void batch_fail(ibv_qp_ex *qpx, int err) {
@@ -394,13 +396,13 @@ void batch_fail(ibv_qp_ex *qpx, int err) {
 
 SendWqe *wr_begin_flags(ibv_qp_ex *qpx, ibv_wr_opcode op, unsigned flags) {
     Qp *qp = to_qp(qpx);
-    WrBatch &b = qp->req.batch;
+    WrBatch &b = qp->sq.batch;
     if (b.error) return nullptr;
-    if (qp->req.head + b.pending - qp->req.tail >= qp->req.max_wr) {
+    if (qp->sq.head + b.pending - qp->sq.tail >= qp->sq.max_wr) {
         b.error = ENOMEM;
         return nullptr;
     }
-    uint32_t slot = (qp->req.head + b.pending) % qp->req.max_wr;
+    uint32_t slot = (qp->sq.head + b.pending) % qp->sq.max_wr;
     b.pending++;
     b.sge_slot = slot;
     b.final_slot = UINT32_MAX;
@@ -418,33 +420,33 @@ SendWqe *wr_last(ibv_qp_ex *qpx, uint32_t *slot) {
         return nullptr;
     }
     *slot = b.sge_slot;
-    return &to_qp(qpx)->req.wqe[*slot];
+    return &to_qp(qpx)->sq.wqe[*slot];
 }
 
 // The gather list of a commit's write is known only now: its completion
 // reports that length.
 void note_commit_length(Qp *qp, const SendWqe &w) {
-    if (qp->req.batch.final_slot != UINT32_MAX)
-        qp->req.wqe[qp->req.batch.final_slot].report_len = w.length;
+    if (qp->sq.batch.final_slot != UINT32_MAX)
+        qp->sq.wqe[qp->sq.batch.final_slot].report_len = w.length;
 }
 
 void wr_start(ibv_qp_ex *qpx) {
     Qp *qp = to_qp(qpx);
     qp->mu.lock();
-    qp->req.batch = WrBatch{};
+    qp->sq.batch = WrBatch{};
 }
 
 int wr_complete(ibv_qp_ex *qpx) {
     Qp *qp = to_qp(qpx);
-    WrBatch &b = qp->req.batch;
+    WrBatch &b = qp->sq.batch;
     int err = b.error;
     ibv_qp_state st = qp->attr.state;
     if (!err && (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR)) err = EINVAL;
     // Every WQE of the batch must be one its transport carries.
     for (uint32_t i = 0; !err && i < b.pending; i++)
-        if (!req_check_wqe(qp, qp->req.at(qp->req.head + i))) err = EINVAL;
+        if (!req_check_wqe(qp, qp->sq.at(qp->sq.head + i))) err = EINVAL;
     if (!err) {
-        qp->req.head += b.pending;
+        qp->sq.head += b.pending;
         req_kick(qp);
     }
     b = WrBatch{};
@@ -454,7 +456,7 @@ int wr_complete(ibv_qp_ex *qpx) {
 
 void wr_abort(ibv_qp_ex *qpx) {
     Qp *qp = to_qp(qpx);
-    qp->req.batch = WrBatch{};
+    qp->sq.batch = WrBatch{};
     qp->mu.unlock();
 }
 
@@ -585,7 +587,7 @@ void wr_set_xrc_srqn(ibv_qp_ex *q, uint32_t remote_srqn) {
 void wr_commit(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint32_t flags, bool imm,
                __be32 immv) {
     Qp *qp = to_qp(qpx);
-    WrBatch &b = qp->req.batch;
+    WrBatch &b = qp->sq.batch;
     if (flags & ~uint32_t(IBV_WRITE_COMMIT_ORDERED | IBV_WRITE_COMMIT_GLOBAL)) {
         batch_fail(qpx, EINVAL);
         return;
@@ -753,20 +755,20 @@ int check_create(Context *ctx, const ibv_qp_init_attr_ex *attr) {
 
 void init_queues(Qp *qp, ibv_qp_init_attr_ex *attr, uint64_t ops) {
     ibv_qp_cap &cap = attr->cap;
-    Requester &q = qp->req;
+    SendQueue &sq = qp->sq;
     bool sends = qp->type != IBV_QPT_XRC_RECV;
     bool recvs = sends && !qp->srq && qp->type != IBV_QPT_XRC_SEND;
     // A write-commit to a peer without native opcodes takes up to four WQEs.
     uint32_t per_wr = (ops & IBV_QP_EX_WITH_RDMA_WRITE_COMMIT) ? 4 : 1;
-    q.cap_wr = sends ? cap.max_send_wr : 0;
-    q.max_wr = std::max(1u, q.cap_wr) * per_wr;
-    q.max_sge = std::max(1u, cap.max_send_sge);
-    q.max_inline = sends ? cap.max_inline_data : 0;
-    q.sig_all = attr->sq_sig_all;
-    q.ops_flags = ops;
-    q.wqe.resize(q.max_wr);
-    q.sge.resize(size_t(q.max_wr) * q.max_sge);
-    q.inline_buf.resize(size_t(q.max_wr) * q.max_inline);
+    sq.cap_wr = sends ? cap.max_send_wr : 0;
+    sq.max_wr = std::max(1u, sq.cap_wr) * per_wr;
+    sq.max_sge = std::max(1u, cap.max_send_sge);
+    sq.max_inline = sends ? cap.max_inline_data : 0;
+    sq.sig_all = attr->sq_sig_all;
+    sq.ops_flags = ops;
+    sq.wqe.resize(sq.max_wr);
+    sq.sge.resize(size_t(sq.max_wr) * sq.max_sge);
+    sq.inline_buf.resize(size_t(sq.max_wr) * sq.max_inline);
     if (recvs)
         qp->resp.rq.init(std::max(1u, cap.max_recv_wr), std::max(1u, cap.max_recv_sge));
     else
@@ -892,9 +894,9 @@ int sroce_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
     attr->qp_access_flags = a.access;
     bool own_rq = !qp->srq && qp->type != IBV_QPT_XRC_SEND && qp->type != IBV_QPT_XRC_RECV;
     if (qp->type != IBV_QPT_XRC_RECV) {
-        attr->cap.max_send_wr = qp->req.cap_wr;
-        attr->cap.max_send_sge = qp->req.max_sge;
-        attr->cap.max_inline_data = qp->req.max_inline;
+        attr->cap.max_send_wr = qp->sq.cap_wr;
+        attr->cap.max_send_sge = qp->sq.max_sge;
+        attr->cap.max_inline_data = qp->sq.max_inline;
     }
     if (own_rq) {
         attr->cap.max_recv_wr = qp->resp.rq.max_wr;
@@ -918,7 +920,7 @@ int sroce_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
         init->srq = ibqp->srq;
         init->cap = attr->cap;
         init->qp_type = qp->type;
-        init->sq_sig_all = qp->req.sig_all;
+        init->sq_sig_all = qp->sq.sig_all;
     }
     return 0;
 }
@@ -955,7 +957,7 @@ int sroce_destroy_qp(struct ibv_qp *ibqp) {
 
 const struct ibv_qp_commit_ops *sroce_qp_to_commit_ops(struct ibv_qp_ex *qpx) {
     // Like any ibv_wr_* operation, only on QPs created with it.
-    if (!(to_qp(qpx)->req.ops_flags & IBV_QP_EX_WITH_RDMA_WRITE_COMMIT)) {
+    if (!(to_qp(qpx)->sq.ops_flags & IBV_QP_EX_WITH_RDMA_WRITE_COMMIT)) {
         errno = EOPNOTSUPP;
         return nullptr;
     }

@@ -176,7 +176,7 @@ void Nic::deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx) {
     if (request) {
         // The peer's own FLUSH shows the ICRC form it takes (req.cpp).
         if (pkt.opcode == wire::kFlush && pkt.src_addr == qp->attr.dest_addr)
-            qp->req.flush_icrc = pkt.legacy_icrc ? kFlushIcrcLegacy : kFlushIcrcIbta;
+            qp->peer_flush_icrc = pkt.legacy_icrc ? kFlushIcrcLegacy : kFlushIcrcIbta;
         resp_receive(qp, pkt, tx);
         if (qp->resp.ack_pending && !qp->resp.ack_listed) {
             qp->resp.ack_listed = true;

@@ -125,7 +125,7 @@ bool flush_legacy_form(Qp *qp, SendWqe &w) {
     uint8_t n = w.flush_tx;
     if (w.flush_tx < UINT8_MAX) w.flush_tx++;
     bool legacy;
-    switch (qp->req.flush_icrc) {
+    switch (qp->peer_flush_icrc) {
     case kFlushIcrcIbta:
         legacy = false;
         break;
@@ -212,12 +212,12 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx, bool ackreq_always
 } // namespace
 
 bool req_sq_full(const Qp *qp) {
-    return qp->req.head - qp->req.tail >= qp->req.max_wr;
+    return qp->sq.head - qp->sq.tail >= qp->sq.max_wr;
 }
 
 bool req_post_tm_read(Qp *qp, TxBatch &tx, Srq *srq, uint64_t wr_id, uint64_t tag, uint32_t priv,
                       const ibv_sge &buf, uint32_t len, uint64_t va, uint32_t rkey) {
-    Requester &q = qp->req;
+    SendQueue &sq = qp->sq;
     if (req_sq_full(qp)) {
         SendWqe failed;
         failed.tm_internal = kTmRead;
@@ -226,7 +226,7 @@ bool req_post_tm_read(Qp *qp, TxBatch &tx, Srq *srq, uint64_t wr_id, uint64_t ta
         req_tm_done(qp, failed, IBV_WC_LOC_QP_OP_ERR);
         return false;
     }
-    SendWqe &w = req_new_wqe(qp, q.head % q.max_wr, 0, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED);
+    SendWqe &w = req_new_wqe(qp, sq.head % sq.max_wr, 0, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED);
     w.signaled = true;
     w.num_sge = len ? 1 : 0;
     w.sge[0] = {buf.addr, len, buf.lkey};
@@ -238,7 +238,7 @@ bool req_post_tm_read(Qp *qp, TxBatch &tx, Srq *srq, uint64_t wr_id, uint64_t ta
     w.tm_wr_id = wr_id;
     w.tm_tag = tag;
     w.tm_priv = priv;
-    q.head++;
+    sq.head++;
     req_run(qp, tx);
     return true;
 }
@@ -266,46 +266,54 @@ void req_tm_done(Qp *qp, const SendWqe &w, ibv_wc_status status) {
 // Posts a pending FIN once the send queue has room.
 void post_tm_fin(Qp *qp) {
     Requester &q = qp->req;
-    if (!q.tm_fin_pending || q.head - q.tail >= q.max_wr) return;
-    SendWqe &w = req_new_wqe(qp, q.head % q.max_wr, 0, IBV_WR_SEND, IBV_SEND_SIGNALED);
+    SendQueue &sq = qp->sq;
+    if (!q.tm_fin_pending || sq.head - sq.tail >= sq.max_wr) return;
+    SendWqe &w = req_new_wqe(qp, sq.head % sq.max_wr, 0, IBV_WR_SEND, IBV_SEND_SIGNALED);
     w.signaled = true;
     w.tm_internal = kTmFin;
     std::memcpy(w.tm_fin, q.tm_fin, sizeof w.tm_fin);
     w.num_sge = 1;
     w.sge[0] = {uintptr_t(w.tm_fin), uint32_t(sizeof w.tm_fin), 0};
     w.length = sizeof w.tm_fin;
-    q.head++;
+    sq.head++;
     q.tm_fin_pending = false;
 }
 
 void req_fail_at_tail(Qp *qp) {
     Requester &q = qp->req;
-    SendWqe &w = q.at(q.tail);
+    SendQueue &sq = qp->sq;
+    SendWqe &w = sq.at(sq.tail);
     w.started = true;
     w.done = true;
     complete_send(qp, w, w.status);
     // Retired here, or the flush that follows would complete it twice.
-    q.tail++;
-    q.cur = q.tail;
+    sq.tail++;
+    q.cur = sq.tail;
     qp_enter_error(qp);
+}
+
+void req_retired(Qp *qp) {
+    // A rewind may have left the transmit cursor behind WQEs acknowledged since.
+    if (int32_t(qp->req.cur - qp->sq.tail) < 0) qp->req.cur = qp->sq.tail;
 }
 
 void req_arm_timer(Qp *qp) {
     Completer &c = qp->comp;
     if (wire::psn_diff(qp->req.next_psn, c.una_psn) > 0 && qp->attr.timeout)
-        c.timer_deadline_ns = now_ns() + timeout_ns(qp->attr.timeout);
+        qp->timers.retransmit_at_ns = now_ns() + timeout_ns(qp->attr.timeout);
     else
-        c.timer_deadline_ns = 0;
+        qp->timers.retransmit_at_ns = 0;
 }
 
 void req_run(Qp *qp, TxBatch &tx) {
     Requester &q = qp->req;
-    if (qp->attr.state != IBV_QPS_RTS || qp->comp.rnr_deadline_ns) return;
+    SendQueue &sq = qp->sq;
+    if (qp->attr.state != IBV_QPS_RTS || qp->timers.rnr_at_ns) return;
     post_tm_fin(qp);
     bool reliable = qp->reliable();
     bool sent = false, local_done = false;
-    while (q.cur != q.head) {
-        SendWqe &w = q.at(q.cur);
+    while (q.cur != sq.head) {
+        SendWqe &w = sq.at(q.cur);
         if (w.done) {
             q.cur++;
             continue;
@@ -314,10 +322,10 @@ void req_run(Qp *qp, TxBatch &tx) {
             if (w.status != IBV_WC_SUCCESS) {
                 // A WQE that failed local checks completes in order, once
                 // everything before it has (req_fail_at_tail).
-                if (q.tail == q.cur) req_fail_at_tail(qp);
+                if (sq.tail == q.cur) req_fail_at_tail(qp);
                 return;
             }
-            if ((w.flags & IBV_SEND_FENCE) && q.rd_outstanding) break;
+            if ((w.flags & IBV_SEND_FENCE) && sq.rd_outstanding) break;
             if (is_local(w)) {
                 // In order with the work requests around it; it completes
                 // once those before it have.
@@ -335,7 +343,7 @@ void req_run(Qp *qp, TxBatch &tx) {
                 local_done = true;
                 continue;
             }
-            if (needs_credit(w) && q.rd_outstanding >= qp->attr.max_rd_atomic) break;
+            if (needs_credit(w) && sq.rd_outstanding >= qp->attr.max_rd_atomic) break;
             if (reliable && wire::psn_diff(q.next_psn, qp->comp.una_psn) >= kWindow) break;
             w.first_psn = q.next_psn;
             // Atomics, FLUSH and ATOMIC WRITE take one PSN; a READ one per
@@ -346,7 +354,7 @@ void req_run(Qp *qp, TxBatch &tx) {
             w.read_next = 0;
             w.started = true;
             q.next_psn = wire::psn_add(q.next_psn, w.npkts);
-            if (needs_credit(w)) q.rd_outstanding++;
+            if (needs_credit(w)) sq.rd_outstanding++;
         }
         if (needs_credit(w)) {
             if (w.sent_pkts == 0) {
@@ -369,8 +377,8 @@ void req_run(Qp *qp, TxBatch &tx) {
         q.cur++;
     }
 out:
-    if (reliable && sent && !qp->comp.timer_deadline_ns) req_arm_timer(qp);
-    if (reliable && sent && !qp->comp.sr_deadline_ns) req_arm_recovery(qp);
+    if (reliable && sent && !qp->timers.retransmit_at_ns) req_arm_timer(qp);
+    if (reliable && sent && !qp->timers.recovery_at_ns) req_arm_recovery(qp);
     // Nothing acknowledges a local operation: complete it here once it has
     // reached the tail (unacknowledged transports retire after sending).
     if (reliable && local_done) comp_retire(qp);
@@ -378,8 +386,9 @@ out:
 
 void req_rewind(Qp *qp, uint32_t psn) {
     Requester &q = qp->req;
-    for (uint32_t i = q.tail; i != q.head; i++) {
-        SendWqe &w = q.at(i);
+    SendQueue &sq = qp->sq;
+    for (uint32_t i = sq.tail; i != sq.head; i++) {
+        SendWqe &w = sq.at(i);
         if (!w.started) break;
         if (w.done) continue;
         int32_t d = wire::psn_diff(psn, w.first_psn);
@@ -390,8 +399,8 @@ void req_rewind(Qp *qp, uint32_t psn) {
             } else {
                 w.sent_pkts = uint32_t(d);
             }
-            for (uint32_t j = i + 1; j != q.head; j++) {
-                SendWqe &x = q.at(j);
+            for (uint32_t j = i + 1; j != sq.head; j++) {
+                SendWqe &x = sq.at(j);
                 if (!x.started) break;
                 x.sent_pkts = 0;
             }
@@ -406,17 +415,18 @@ void req_rewind(Qp *qp, uint32_t psn) {
 void req_arm_recovery(Qp *qp) {
     Completer &c = qp->comp;
     if (!qp->selective_repeat || wire::psn_diff(qp->req.next_psn, c.una_psn) <= 0) {
-        c.sr_deadline_ns = 0;
+        qp->timers.recovery_at_ns = 0;
         return;
     }
-    uint64_t period = kRecoveryNs << std::min(c.sr_backoff, kRecoveryMaxDoublings);
+    uint64_t period = kRecoveryNs << std::min(qp->timers.sr_backoff, kRecoveryMaxDoublings);
     // Never later than the retransmit timer, which would rewind everything.
     if (qp->attr.timeout) period = std::min(period, timeout_ns(qp->attr.timeout));
-    c.sr_deadline_ns = now_ns() + period;
+    qp->timers.recovery_at_ns = now_ns() + period;
 }
 
 bool req_resend(Qp *qp, uint32_t psn, uint32_t reported, TxBatch &tx, uint32_t *cursor) {
     Requester &q = qp->req;
+    SendQueue &sq = qp->sq;
     if (!q.resent) {
         q.resent.reset(new (std::nothrow) ResendMark[kSendWindow]);
         if (!q.resent) return false;
@@ -425,9 +435,9 @@ bool req_resend(Qp *qp, uint32_t psn, uint32_t reported, TxBatch &tx, uint32_t *
     // A resend still on its way: the responder has not yet received anything
     // sent after it.
     if (m.psn == psn && wire::psn_diff(reported, m.mark) <= 0) return false;
-    uint32_t from = cursor && int32_t(*cursor - q.tail) > 0 ? *cursor : q.tail;
-    for (uint32_t i = from; i != q.head; i++) {
-        SendWqe &w = q.at(i);
+    uint32_t from = cursor && int32_t(*cursor - sq.tail) > 0 ? *cursor : sq.tail;
+    for (uint32_t i = from; i != sq.head; i++) {
+        SendWqe &w = sq.at(i);
         if (!w.started) return false;
         int32_t d = wire::psn_diff(psn, w.first_psn);
         if (d < 0) return false;
@@ -460,30 +470,30 @@ bool req_resend_now(Qp *qp, uint32_t psn, TxBatch &tx) {
 void req_timers(Qp *qp, TxBatch &tx, uint64_t now) {
     Completer &c = qp->comp;
     if (qp->attr.state != IBV_QPS_RTS && qp->attr.state != IBV_QPS_SQD) return;
-    if (c.rnr_deadline_ns && now >= c.rnr_deadline_ns) {
-        c.rnr_deadline_ns = 0;
+    if (qp->timers.rnr_at_ns && now >= qp->timers.rnr_at_ns) {
+        qp->timers.rnr_at_ns = 0;
         req_rewind(qp, c.una_psn);
         req_run(qp, tx);
         req_arm_timer(qp);
         return;
     }
-    if (c.sr_deadline_ns && now >= c.sr_deadline_ns && !c.rnr_deadline_ns) {
+    if (qp->timers.recovery_at_ns && now >= qp->timers.recovery_at_ns && !qp->timers.rnr_at_ns) {
         // Whatever the mark says: nothing reported it lost, nothing came.
         req_resend_now(qp, c.una_psn, tx);
-        c.sr_backoff++;
+        qp->timers.sr_backoff++;
         req_arm_recovery(qp);
     }
-    if (c.timer_deadline_ns && now >= c.timer_deadline_ns) {
+    if (qp->timers.retransmit_at_ns && now >= qp->timers.retransmit_at_ns) {
         qp->nic->stats.timeouts.fetch_add(1, std::memory_order_relaxed);
-        if (c.retries_left == 0) {
-            SendWqe &w = qp->req.at(qp->req.tail);
+        if (qp->timers.retries_left == 0) {
+            SendWqe &w = qp->sq.at(qp->sq.tail);
             w.done = true;
             complete_send(qp, w, IBV_WC_RETRY_EXC_ERR);
-            qp->req.tail++;
+            qp->sq.tail++;
             qp_enter_error(qp);
             return;
         }
-        c.retries_left--;
+        qp->timers.retries_left--;
         req_rewind(qp, c.una_psn);
         req_run(qp, tx);
         req_arm_timer(qp);
@@ -491,7 +501,7 @@ void req_timers(Qp *qp, TxBatch &tx, uint64_t now) {
 }
 
 bool req_fill_sges(Qp *qp, SendWqe &w, const ibv_sge *sg, size_t n) {
-    if (n > qp->req.max_sge) return false;
+    if (n > qp->sq.max_sge) return false;
     bool atomic = is_atomic(w);
     unsigned need = is_read(w) || atomic ? IBV_ACCESS_LOCAL_WRITE : 0;
     Pd *pd = qp->pd;
@@ -528,10 +538,10 @@ bool req_fill_inline(Qp *qp, SendWqe &w, uint32_t slot, const ibv_data_buf *bufs
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++)
         total += bufs[i].length;
-    if (total > qp->req.max_inline) return false;
+    if (total > qp->sq.max_inline) return false;
     // data(), not operator[]: with max_inline_data 0 the pool is empty and
     // only zero-length inline sends get here.
-    uint8_t *buf = qp->req.inline_buf.data() + size_t(slot) * qp->req.max_inline;
+    uint8_t *buf = qp->sq.inline_buf.data() + size_t(slot) * qp->sq.max_inline;
     uint32_t off = 0;
     for (size_t i = 0; i < n; i++) {
         if (bufs[i].length) std::memcpy(buf + off, bufs[i].addr, bufs[i].length);
@@ -544,13 +554,13 @@ bool req_fill_inline(Qp *qp, SendWqe &w, uint32_t slot, const ibv_data_buf *bufs
 }
 
 SendWqe &req_new_wqe(Qp *qp, uint32_t slot, uint64_t wr_id, ibv_wr_opcode op, unsigned flags) {
-    SendWqe &w = qp->req.wqe[slot];
+    SendWqe &w = qp->sq.wqe[slot];
     w = SendWqe{};
-    w.sge = &qp->req.sge[size_t(slot) * qp->req.max_sge];
+    w.sge = &qp->sq.sge[size_t(slot) * qp->sq.max_sge];
     w.wr_id = wr_id;
     w.opcode = op;
     w.flags = flags;
-    w.signaled = qp->req.sig_all || (flags & IBV_SEND_SIGNALED);
+    w.signaled = qp->sq.sig_all || (flags & IBV_SEND_SIGNALED);
     // A UD WQE without an address (ibv_wr_set_ud_addr not called) fails.
     w.ud_qkey = qp->attr.qkey;
     return w;
@@ -617,16 +627,17 @@ void send_and_unlock(Qp *qp, TxBatch &tx, std::unique_lock<std::mutex> &held) {
 void req_retire_sent(Qp *qp) {
     std::lock_guard<std::mutex> g(qp->mu);
     Requester &q = qp->req;
-    while (q.tail != q.head && q.tail != q.cur) {
-        SendWqe &w = q.at(q.tail);
+    SendQueue &sq = qp->sq;
+    while (sq.tail != sq.head && sq.tail != q.cur) {
+        SendWqe &w = sq.at(sq.tail);
         if (!w.done) break;
         if (w.signaled) complete_send(qp, w, IBV_WC_SUCCESS);
-        q.tail++;
+        sq.tail++;
     }
     // A WQE that failed local checks waits for those before it; with no
     // acknowledgement to wake the requester, its turn comes here.
-    if (q.tail == q.cur && q.cur != q.head) {
-        SendWqe &w = q.at(q.cur);
+    if (sq.tail == q.cur && q.cur != sq.head) {
+        SendWqe &w = sq.at(q.cur);
         if (!w.started && w.status != IBV_WC_SUCCESS) req_fail_at_tail(qp);
     }
 }
@@ -642,16 +653,16 @@ void req_send_and_unlock(Qp *qp) {
 int req_post_local(Qp *qp, ibv_wr_opcode op, uint64_t wr_id, unsigned flags, Mw *mw, uint32_t rkey,
                    const ibv_mw_bind_info *bind) {
     std::unique_lock<std::mutex> g(qp->mu);
-    Requester &q = qp->req;
+    SendQueue &sq = qp->sq;
     ibv_qp_state st = qp->attr.state;
     if (st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_ERR) return EINVAL;
-    if (q.head - q.tail >= q.max_wr) return ENOMEM;
-    SendWqe &w = req_new_wqe(qp, q.head % q.max_wr, wr_id, op, flags);
+    if (sq.head - sq.tail >= sq.max_wr) return ENOMEM;
+    SendWqe &w = req_new_wqe(qp, sq.head % sq.max_wr, wr_id, op, flags);
     w.mw = mw;
     w.mw_rkey = rkey;
     if (bind) w.bind = *bind;
     if (!req_check_wqe(qp, w)) return EINVAL;
-    q.head++;
+    sq.head++;
     req_kick(qp);
     g.release();
     req_send_and_unlock(qp);
@@ -660,7 +671,7 @@ int req_post_local(Qp *qp, ibv_wr_opcode op, uint64_t wr_id, unsigned flags, Mw 
 
 int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
     std::unique_lock<std::mutex> g(qp->mu);
-    Requester &q = qp->req;
+    SendQueue &sq = qp->sq;
     ibv_qp_state st = qp->attr.state;
     if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR ||
         qp->type == IBV_QPT_XRC_RECV) {
@@ -671,7 +682,7 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
     // The WRs before a refused one stay posted and must be started, so every
     // error leaves the loop through the kick below.
     for (; wr; wr = wr->next) {
-        if (q.head - q.tail >= q.max_wr) {
+        if (sq.head - sq.tail >= sq.max_wr) {
             err = ENOMEM;
             break;
         }
@@ -706,7 +717,7 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
             err = EINVAL;
             break;
         }
-        uint32_t slot = q.head % q.max_wr;
+        uint32_t slot = sq.head % sq.max_wr;
         SendWqe &w = req_new_wqe(qp, slot, wr->wr_id, wr->opcode, wr->send_flags);
         w.imm = wr->opcode == IBV_WR_SEND_WITH_INV ? htonl(wr->invalidate_rkey) : wr->imm_data;
         if (atomic) {
@@ -737,7 +748,7 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
                 err = EINVAL;
                 break;
             }
-            q.head++;
+            sq.head++;
             continue;
         }
         bool ok;
@@ -759,7 +770,7 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
             err = EINVAL;
             break;
         }
-        q.head++;
+        sq.head++;
     }
     if (err) *bad_wr = wr;
     req_kick(qp);

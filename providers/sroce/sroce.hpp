@@ -498,7 +498,6 @@ struct QpAttr {
     bool sq_draining = false;
 };
 
-// Requester: the send queue and the PSNs it hands out (req.cpp).
 // Request packets in flight beyond the oldest unacknowledged PSN; also how
 // far past a gap a selective-repeat responder holds requests.
 constexpr uint32_t kSendWindow = 1024;
@@ -510,7 +509,11 @@ struct ResendMark {
     uint32_t mark = 0;
 };
 
-struct Requester {
+// The send queue: its WQEs as posted, and the two ends of the ring, apart
+// from the requester's and the completer's state, as rxe keeps its rxe_sq
+// apart from qp->req and qp->comp.  Posting appends at head; the completer
+// retires from tail.
+struct SendQueue {
     std::vector<SendWqe> wqe;
     std::vector<ibv_sge> sge;
     std::vector<uint8_t> inline_buf;
@@ -520,35 +523,49 @@ struct Requester {
     uint64_t ops_flags = 0; // ibv_qp_ex send_ops_flags
     uint32_t head = 0;      // next free slot (posted count)
     uint32_t tail = 0;      // oldest not completed
-    uint32_t cur = 0;       // next to transmit
-    WrBatch batch;
-    uint32_t next_psn = 0; // next PSN to assign to a new WQE
+    // READ and ATOMIC WQEs sent and not retired: the requester takes one of
+    // max_rd_atomic credits when it sends one, the completer gives it back.
     uint32_t rd_outstanding = 0;
+    WrBatch batch; // the ibv_wr_* batch being posted
+    SendWqe &at(uint32_t i) { return wqe[i % max_wr]; }
+};
+
+// Requester: transmission of the send queue's WQEs and the PSNs it hands
+// out (req.cpp).
+struct Requester {
+    uint32_t cur = 0;      // next WQE to transmit
+    uint32_t next_psn = 0; // next PSN to assign to a new WQE
     uint32_t pkts_since_ackreq = 0;
     // Tag matching: a rendezvous's READ has completed and its FIN waits for
     // a send queue slot (the READ's own is freed only after it completes).
     bool tm_fin_pending = false;
     uint8_t tm_fin[16] = {};
-    // Which ICRC form of FLUSH the peer takes (wire-protocol.md §4.4).
-    uint8_t flush_icrc = kFlushIcrcUnknown;
     // Selective repeat: the highest PSN sent, and per PSN of the window the
     // last selective resend (allocated at the first one).
     uint32_t max_sent_psn = 0;
     std::unique_ptr<ResendMark[]> resent;
-    SendWqe &at(uint32_t i) { return wqe[i % max_wr]; }
 };
 
-// Completer: acknowledgements, retries and timers (comp.cpp).
+// Completer: acknowledgements and retries (comp.cpp).
 struct Completer {
     uint32_t una_psn = 0; // oldest unacknowledged PSN
-    uint32_t retries_left = 7, rnr_left = 7;
-    uint64_t timer_deadline_ns = 0; // retransmit timer, 0 = off
-    uint64_t rnr_deadline_ns = 0;   // RNR back-off, 0 = off
     uint32_t last_nak_rewind = UINT32_MAX;
+};
+
+// The requester's timers, which the requester arms when it sends and the
+// completer stops when acknowledgements come (as rxe's qp->retrans_timer
+// and qp->rnr_nak_timer, apart from either role's state).  0 = off.
+struct QpTimers {
+    uint64_t retransmit_at_ns = 0; // the oldest unacknowledged PSN is resent
+    uint64_t rnr_at_ns = 0;        // an RNR NAK's back-off ends
     // Selective repeat: resends the oldest unacknowledged packet when the
     // responder has gone quiet about it (its SACKs or the resend were lost).
-    uint64_t sr_deadline_ns = 0;
-    uint32_t sr_backoff = 0; // doublings since the oldest PSN last advanced
+    uint64_t recovery_at_ns = 0;
+    // What the timers and NAKs may still spend: timeouts and sequence NAKs
+    // take from retries_left, RNR NAKs from rnr_left; an acknowledgement
+    // that moves una refills both.
+    uint32_t retries_left = 7, rnr_left = 7;
+    uint32_t sr_backoff = 0; // selective repeat: doublings since the oldest PSN last advanced
 };
 
 // Selective repeat at the responder: requests received past a gap, held
@@ -660,10 +677,16 @@ struct Qp {
     Xrcd *xrcd = nullptr; // XRC target QPs
 
     QpAttr attr;
+    SendQueue sq;
     Requester req;
     Completer comp;
+    QpTimers timers;
     Responder resp;
     CommitState commit;
+    // Which ICRC form of FLUSH the peer takes (wire-protocol.md §4.4): learned
+    // from the FLUSHes it sends (recv.cpp) and answers (comp.cpp), used by
+    // the requester.
+    uint8_t peer_flush_icrc = kFlushIcrcUnknown;
     // Both peers resend selectively (IBV_COMMIT_CAP_SELECTIVE_REPEAT, agreed
     // in ECE or declared with ibv_qp_set_commit_peer): RC only.
     bool selective_repeat = false;

@@ -15,6 +15,9 @@ namespace sroce {
 int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr);
 void req_run(Qp *qp, TxBatch &tx);
 void req_rewind(Qp *qp, uint32_t psn);
+// The completer retired WQEs up to SendQueue::tail: the requester moves its
+// transmit cursor past them if a rewind had left it behind.
+void req_retired(Qp *qp);
 void req_timers(Qp *qp, TxBatch &tx, uint64_t now);
 void req_arm_timer(Qp *qp);
 // Selective repeat: resends the one packet at `psn` unless a resend of it may

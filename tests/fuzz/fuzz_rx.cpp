@@ -387,9 +387,9 @@ void release_buf(int i) {
 bool bind_pending(ibv_qp *ibqp) {
     Qp *qp = to_qp(ibqp);
     std::lock_guard<std::mutex> g(qp->mu);
-    Requester &q = qp->req;
-    for (uint32_t i = q.tail; i != q.head; i++)
-        if (q.at(i).opcode == IBV_WR_BIND_MW && !q.at(i).done) return true;
+    SendQueue &sq = qp->sq;
+    for (uint32_t i = sq.tail; i != sq.head; i++)
+        if (sq.at(i).opcode == IBV_WR_BIND_MW && !sq.at(i).done) return true;
     return false;
 }
 
@@ -635,7 +635,7 @@ void ready_qp(Kind kind, bool force) {
     {
         std::lock_guard<std::mutex> g(qp->mu);
         reset = reset || (qp->attr.state != IBV_QPS_RTS && !h.held[kind]) ||
-                qp->req.head - qp->req.tail >= kQueueDepth;
+                qp->sq.head - qp->sq.tail >= kQueueDepth;
     }
     if (reset) {
         connect_qp(h.qps[kind], kind);
@@ -653,9 +653,8 @@ void settle_qps() {
         bool busy;
         {
             std::lock_guard<std::mutex> g(qp->mu);
-            busy = qp->attr.state != IBV_QPS_RTS || qp->resp.in_msg ||
-                   qp->req.head != qp->req.tail || qp->resp.reorder.held ||
-                   !qp->commit.dirty.empty();
+            busy = qp->attr.state != IBV_QPS_RTS || qp->resp.in_msg || qp->sq.head != qp->sq.tail ||
+                   qp->resp.reorder.held || !qp->commit.dirty.empty();
         }
         if (busy) connect_qp(h.qps[k], Kind(k));
     }
@@ -810,7 +809,7 @@ void local_invalidate(ibv_qp *qp, ibv_mw *mw) {
 void ready_ctl_qp() {
     Qp *c = to_qp(h.ctl_qp);
     std::unique_lock<std::mutex> g(c->mu);
-    bool stale = c->attr.state != IBV_QPS_RTS || c->req.head - c->req.tail >= kQueueDepth;
+    bool stale = c->attr.state != IBV_QPS_RTS || c->sq.head - c->sq.tail >= kQueueDepth;
     g.unlock();
     if (stale) connect_qp(h.ctl_qp, kCtlKind);
 }
@@ -927,7 +926,7 @@ void drain_completions() {
 
 bool send_queue_full(Qp *qp) {
     std::lock_guard<std::mutex> g(qp->mu);
-    return qp->req.head - qp->req.tail >= kQueueDepth;
+    return qp->sq.head - qp->sq.tail >= kQueueDepth;
 }
 
 // The verbs rdma-core >= 45 and sroce add, on the RC QP: write-commit (the
