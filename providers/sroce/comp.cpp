@@ -15,7 +15,7 @@ bool needs_response(const SendWqe &w) {
 }
 
 uint32_t last_psn(const SendWqe &w) {
-    return wire::psn_add(w.first_psn, w.npkts - 1);
+    return wire::psn_add(w.tx.first_psn, w.tx.npkts - 1);
 }
 
 // Pops finished WQEs off the tail, generating their completions.
@@ -23,7 +23,7 @@ void retire(Qp *qp) {
     uint32_t cap = qp->sq.max_wr;
     while (qp->sq.tail != qp->sq.head) {
         SendWqe &w = qp->sq.wqe[qp->sq.tail % cap];
-        if (!w.done) break;
+        if (!w.tx.done) break;
         if (needs_response(w)) qp->sq.rd_outstanding--;
         if (w.signaled) complete_send(qp, w, IBV_WC_SUCCESS);
         qp->sq.tail++;
@@ -38,9 +38,9 @@ uint32_t clamp_una(Qp *qp, uint32_t una) {
     uint32_t cap = qp->sq.max_wr;
     for (uint32_t i = qp->sq.tail; i != qp->sq.head; i++) {
         const SendWqe &w = qp->sq.wqe[i % cap];
-        if (!w.started || wire::psn_diff(w.first_psn, una) >= 0) break;
-        if (w.done || !needs_response(w)) continue;
-        uint32_t missing = wire::psn_add(w.first_psn, w.read_next);
+        if (!w.tx.started || wire::psn_diff(w.tx.first_psn, una) >= 0) break;
+        if (w.tx.done || !needs_response(w)) continue;
+        uint32_t missing = wire::psn_add(w.tx.first_psn, w.tx.read_next);
         if (wire::psn_diff(una, missing) > 0) una = missing;
         break;
     }
@@ -53,7 +53,7 @@ void progress(Qp *qp, uint32_t una) {
     uint32_t retired_to = qp->req.next_psn;
     if (qp->sq.tail != qp->sq.head) {
         const SendWqe &t = qp->sq.wqe[qp->sq.tail % qp->sq.max_wr];
-        if (t.started) retired_to = t.first_psn;
+        if (t.tx.started) retired_to = t.tx.first_psn;
     }
     if (wire::psn_diff(retired_to, una) > 0) una = retired_to;
     una = clamp_una(qp, una);
@@ -75,10 +75,10 @@ uint32_t ack_below(Qp *qp, uint32_t psn) {
     uint32_t i = qp->sq.tail;
     for (; i != qp->sq.head; i++) {
         SendWqe &w = qp->sq.wqe[i % cap];
-        if (w.done) continue;
-        if (!w.started || wire::psn_diff(last_psn(w), psn) >= 0) break;
+        if (w.tx.done) continue;
+        if (!w.tx.started || wire::psn_diff(last_psn(w), psn) >= 0) break;
         if (needs_response(w)) break;
-        w.done = true;
+        w.tx.done = true;
     }
     return i;
 }
@@ -101,7 +101,7 @@ void fail_at(Qp *qp, uint32_t psn, ibv_wc_status status) {
     retire(qp);
     if (i != qp->sq.head && i == qp->sq.tail) {
         SendWqe &w = qp->sq.wqe[i % qp->sq.max_wr];
-        w.done = true;
+        w.tx.done = true;
         complete_send(qp, w, status);
         if (needs_response(w)) qp->sq.rd_outstanding--;
         qp->sq.tail++;
@@ -125,7 +125,7 @@ void rerequest(Qp *qp, uint32_t psn, TxBatch &tx) {
 // missing (the caller's req_run sends).  Once per PSN; if the re-request is
 // lost too, the retransmit timer (held at w by clamp_una) covers it.
 void resend_missing(Qp *qp, const SendWqe &w, TxBatch &tx) {
-    uint32_t psn = wire::psn_add(w.first_psn, w.read_next);
+    uint32_t psn = wire::psn_add(w.tx.first_psn, w.tx.read_next);
     if (qp->comp.last_nak_rewind == psn) return;
     qp->comp.last_nak_rewind = psn;
     rerequest(qp, psn, tx);
@@ -154,7 +154,7 @@ void acknowledged(Qp *qp, uint32_t psn, TxBatch &tx) {
     // An ACK past an outstanding READ/ATOMIC means its response was lost.
     if (i != qp->sq.head) {
         SendWqe &w = qp->sq.wqe[i % qp->sq.max_wr];
-        if (needs_response(w) && !w.done && wire::psn_diff(last_psn(w), psn) <= 0)
+        if (needs_response(w) && !w.tx.done && wire::psn_diff(last_psn(w), psn) <= 0)
             resend_missing(qp, w, tx);
     }
 }
@@ -260,9 +260,9 @@ SendWqe *find_wqe(Qp *qp, uint32_t psn, uint32_t *index) {
     uint32_t cap = qp->sq.max_wr;
     for (uint32_t i = qp->sq.tail; i != qp->sq.head; i++) {
         SendWqe &w = qp->sq.wqe[i % cap];
-        if (!w.started) break;
-        int32_t d = wire::psn_diff(psn, w.first_psn);
-        if (d >= 0 && uint32_t(d) < w.npkts) {
+        if (!w.tx.started) break;
+        int32_t d = wire::psn_diff(psn, w.tx.first_psn);
+        if (d >= 0 && uint32_t(d) < w.tx.npkts) {
             *index = i;
             return &w;
         }
@@ -280,8 +280,8 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
         if (pkt.rc_opcode() == wire::kReadRespOnly) on_single_response(qp, pkt, tx, false);
         return;
     }
-    if (!w || w->opcode != IBV_WR_RDMA_READ || w->done) return;
-    uint32_t expect = wire::psn_add(w->first_psn, w->read_next);
+    if (!w || w->opcode != IBV_WR_RDMA_READ || w->tx.done) return;
+    uint32_t expect = wire::psn_add(w->tx.first_psn, w->tx.read_next);
     int32_t d = wire::psn_diff(pkt.psn, expect);
     if (d < 0) return; // duplicate
     if (d > 0) {
@@ -300,8 +300,8 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
             return;
         }
     }
-    uint32_t off = w->read_next * qp->attr.mtu;
-    bool last = w->read_next + 1 == w->npkts;
+    uint32_t off = w->tx.read_next * qp->attr.mtu;
+    bool last = w->tx.read_next + 1 == w->tx.npkts;
     uint32_t want = last ? w->length - off : qp->attr.mtu;
     if (!local_still_there(qp, *w)) {
         fail_at(qp, pkt.psn, IBV_WC_LOC_PROT_ERR);
@@ -313,9 +313,9 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
         return;
     }
     // A response acknowledges every request before it.
-    uint32_t first_open = ack_below(qp, w->first_psn);
-    w->read_next++;
-    if (last) w->done = true;
+    uint32_t first_open = ack_below(qp, w->tx.first_psn);
+    w->tx.read_next++;
+    if (last) w->tx.done = true;
     retire(qp);
     progress(qp, wire::psn_add(pkt.psn, 1));
     if (first_open != idx) resend_missing(qp, qp->sq.wqe[first_open % qp->sq.max_wr], tx);
@@ -326,9 +326,9 @@ void on_read_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx) {
 // flush_legacy_form): IBTA's for certain when only that form was sent.
 void learn_flush_icrc(Qp *qp, const SendWqe &w) {
     uint8_t &form = qp->peer_flush_icrc;
-    if (w.flush_forms == kFlushIcrcIbta)
+    if (w.tx.flush_forms == kFlushIcrcIbta)
         form = kFlushIcrcIbta;
-    else if (w.flush_last_legacy)
+    else if (w.tx.flush_last_legacy)
         form = kFlushIcrcLegacy;
     else if (form != kFlushIcrcIbta)
         form = kFlushIcrcUnknown;
@@ -343,14 +343,14 @@ void on_single_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx, bool atomi
     }
     uint32_t idx;
     SendWqe *w = find_wqe(qp, pkt.psn, &idx);
-    if (!w || w->done || !needs_response(*w) || w->opcode == IBV_WR_RDMA_READ) return;
+    if (!w || w->tx.done || !needs_response(*w) || w->opcode == IBV_WR_RDMA_READ) return;
     if (wr_ack_only(w->opcode) == atomic) return; // the wrong kind of response
     if (!atomic && pkt.payload_len != 0) {
         fail_at(qp, pkt.psn, IBV_WC_BAD_RESP_ERR);
         return;
     }
     if (wire::psn_diff(pkt.psn, qp->comp.una_psn) < 0) return;
-    uint32_t first_open = ack_below(qp, w->first_psn);
+    uint32_t first_open = ack_below(qp, w->tx.first_psn);
     if (atomic && !local_still_there(qp, *w)) {
         fail_at(qp, pkt.psn, IBV_WC_LOC_PROT_ERR);
         return;
@@ -360,7 +360,7 @@ void on_single_response(Qp *qp, const wire::Packet &pkt, TxBatch &tx, bool atomi
         std::memcpy(reinterpret_cast<void *>(uintptr_t(w->sge[0].addr)), &orig, 8);
     }
     if (w->opcode == IBV_WR_FLUSH) learn_flush_icrc(qp, *w);
-    w->done = true;
+    w->tx.done = true;
     retire(qp);
     progress(qp, wire::psn_add(pkt.psn, 1));
     if (first_open != idx) resend_missing(qp, qp->sq.wqe[first_open % qp->sq.max_wr], tx);

@@ -49,29 +49,29 @@ void silence_rest_of_commit(Qp *qp, const SendWqe &w) {
     uint32_t slot = uint32_t(&w - qp->sq.wqe.data());
     for (uint32_t k = 1; k < cap; k++) {
         SendWqe &x = qp->sq.wqe[(slot + k) % cap];
-        if (x.commit_part == kCommitNone) break;
-        x.suppressed = true;
-        if (x.commit_part == kCommitFinal) break;
+        if (x.commit.part == kCommitNone) break;
+        x.commit.suppressed = true;
+        if (x.commit.part == kCommitFinal) break;
     }
 }
 
 void complete_send(Qp *qp, const SendWqe &w, ibv_wc_status status) {
-    if (w.suppressed) return;
-    if (w.tm_internal) {
+    if (w.commit.suppressed) return;
+    if (w.tm.internal) {
         req_tm_done(qp, w, status);
         return;
     }
-    if (w.commit_part == kCommitInner) {
+    if (w.commit.part == kCommitInner) {
         if (status == IBV_WC_SUCCESS) return;
         silence_rest_of_commit(qp, w);
     }
     ibv_wc wc{};
     wc.wr_id = w.wr_id;
     wc.status = status;
-    wc.opcode = w.commit_part != kCommitNone ? IBV_WC_RDMA_WRITE_COMMIT : wc_opcode(w.opcode);
+    wc.opcode = w.commit.part != kCommitNone ? IBV_WC_RDMA_WRITE_COMMIT : wc_opcode(w.opcode);
     wc.qp_num = qp->qpx.qp_base.qp_num;
     // byte_len: what Linux rxe reports for every send-side opcode.
-    wc.byte_len = w.commit_part != kCommitNone ? w.report_len : w.length;
+    wc.byte_len = w.commit.part != kCommitNone ? w.commit.report_len : w.length;
     if (!qp->scq->push(wc, false)) post_cq_overflow(qp->ctx, qp->scq);
 }
 
@@ -427,7 +427,7 @@ SendWqe *wr_last(ibv_qp_ex *qpx, uint32_t *slot) {
 // reports that length.
 void note_commit_length(Qp *qp, const SendWqe &w) {
     if (qp->sq.batch.final_slot != UINT32_MAX)
-        qp->sq.wqe[qp->sq.batch.final_slot].report_len = w.length;
+        qp->sq.wqe[qp->sq.batch.final_slot].commit.report_len = w.length;
 }
 
 void wr_start(ibv_qp_ex *qpx) {
@@ -599,7 +599,7 @@ void wr_commit(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint32_t flags, boo
             w->remote_addr = addr;
             w->imm = immv;
             w->commit_flags = flags | (imm ? kCommitImmFlag : 0);
-            w->commit_part = kCommitFinal;
+            w->commit.part = kCommitFinal;
             b.final_slot = b.sge_slot;
         }
         return;
@@ -615,7 +615,7 @@ void wr_commit(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint32_t flags, boo
         SendWqe *w = wr_begin_flags(qpx, op, f);
         if (!w) return nullptr;
         first = false;
-        w->commit_part = role;
+        w->commit.part = role;
         w->rkey = rkey;
         w->remote_addr = addr;
         return w;

@@ -68,7 +68,7 @@ uint32_t div_up(uint32_t a, uint32_t b) {
 
 // The RC opcode of packet i of a SEND or WRITE WQE.
 uint8_t send_write_opcode(const SendWqe &w, uint32_t i) {
-    bool first = i == 0, last = i + 1 == w.npkts;
+    bool first = i == 0, last = i + 1 == w.tx.npkts;
     using namespace wire;
     if (w.opcode == kWrWriteCommit) {
         bool imm = w.commit_flags & kCommitImmFlag;
@@ -122,8 +122,8 @@ uint8_t wire_opcode(const Qp *qp, uint8_t rc) {
 // an IBTA peer the other form - and the completer learns from the answer.  A
 // peer that answered an IBTA-form FLUSH never sees the other form again.
 bool flush_legacy_form(Qp *qp, SendWqe &w) {
-    uint8_t n = w.flush_tx;
-    if (w.flush_tx < UINT8_MAX) w.flush_tx++;
+    uint8_t n = w.tx.flush_tx;
+    if (w.tx.flush_tx < UINT8_MAX) w.tx.flush_tx++;
     bool legacy;
     switch (qp->peer_flush_icrc) {
     case kFlushIcrcIbta:
@@ -136,8 +136,8 @@ bool flush_legacy_form(Qp *qp, SendWqe &w) {
         legacy = n >= 2 && n % 2 == 0;
         break;
     }
-    w.flush_forms |= legacy ? kFlushIcrcLegacy : kFlushIcrcIbta;
-    w.flush_last_legacy = legacy;
+    w.tx.flush_forms |= legacy ? kFlushIcrcLegacy : kFlushIcrcIbta;
+    w.tx.flush_last_legacy = legacy;
     return legacy;
 }
 
@@ -149,7 +149,7 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx, bool ackreq_always
     uint8_t op = wire_opcode(qp, rc_opcode(w, i));
     const OpInfo &info = op_info(op);
     uint8_t hdr[kMaxHdrLen];
-    uint32_t psn = psn_add(w.first_psn, i);
+    uint32_t psn = psn_add(w.tx.first_psn, i);
     if (psn_diff(psn, qp->req.max_sent_psn) > 0) qp->req.max_sent_psn = psn;
     bool ud = qp->type == IBV_QPT_UD;
     uint32_t dqpn = ud ? w.ud_qpn : qp->attr.dest_qpn;
@@ -220,9 +220,9 @@ bool req_post_tm_read(Qp *qp, TxBatch &tx, Srq *srq, uint64_t wr_id, uint64_t ta
     SendQueue &sq = qp->sq;
     if (req_sq_full(qp)) {
         SendWqe failed;
-        failed.tm_internal = kTmRead;
-        failed.tm_srq = srq;
-        failed.tm_wr_id = wr_id;
+        failed.tm.internal = kTmRead;
+        failed.tm.srq = srq;
+        failed.tm.wr_id = wr_id;
         req_tm_done(qp, failed, IBV_WC_LOC_QP_OP_ERR);
         return false;
     }
@@ -233,33 +233,33 @@ bool req_post_tm_read(Qp *qp, TxBatch &tx, Srq *srq, uint64_t wr_id, uint64_t ta
     w.length = len;
     w.remote_addr = va;
     w.rkey = rkey;
-    w.tm_internal = kTmRead;
-    w.tm_srq = srq;
-    w.tm_wr_id = wr_id;
-    w.tm_tag = tag;
-    w.tm_priv = priv;
+    w.tm.internal = kTmRead;
+    w.tm.srq = srq;
+    w.tm.wr_id = wr_id;
+    w.tm.tag = tag;
+    w.tm.priv = priv;
     sq.head++;
     req_run(qp, tx);
     return true;
 }
 
 void req_tm_done(Qp *qp, const SendWqe &w, ibv_wc_status status) {
-    if (w.tm_internal != kTmRead) return; // a FIN: nothing to report
+    if (w.tm.internal != kTmRead) return; // a FIN: nothing to report
     ibv_wc wc{};
-    wc.wr_id = w.tm_wr_id;
+    wc.wr_id = w.tm.wr_id;
     wc.status = status;
     wc.opcode = IBV_WC_TM_RECV;
     wc.byte_len = w.length;
     wc.qp_num = qp->qpx.qp_base.qp_num;
     wc.wc_flags = status == IBV_WC_SUCCESS ? IBV_WC_TM_DATA_VALID : 0;
-    if (!w.tm_srq->cq->push(wc, false)) post_cq_overflow(qp->ctx, w.tm_srq->cq);
+    if (!w.tm.srq->cq->push(wc, false)) post_cq_overflow(qp->ctx, w.tm.srq->cq);
     if (status != IBV_WC_SUCCESS) return;
     // The FIN carries a TMH naming the tag back to the sender.
     Requester &q = qp->req;
     std::memset(q.tm_fin, 0, sizeof q.tm_fin);
     q.tm_fin[0] = IBV_TMH_FIN;
-    wire::put32(q.tm_fin + 4, w.tm_priv);
-    wire::put64(q.tm_fin + 8, w.tm_tag);
+    wire::put32(q.tm_fin + 4, w.tm.priv);
+    wire::put64(q.tm_fin + 8, w.tm.tag);
     q.tm_fin_pending = true;
 }
 
@@ -270,11 +270,11 @@ void post_tm_fin(Qp *qp) {
     if (!q.tm_fin_pending || sq.head - sq.tail >= sq.max_wr) return;
     SendWqe &w = req_new_wqe(qp, sq.head % sq.max_wr, 0, IBV_WR_SEND, IBV_SEND_SIGNALED);
     w.signaled = true;
-    w.tm_internal = kTmFin;
-    std::memcpy(w.tm_fin, q.tm_fin, sizeof w.tm_fin);
+    w.tm.internal = kTmFin;
+    std::memcpy(w.tm.fin, q.tm_fin, sizeof w.tm.fin);
     w.num_sge = 1;
-    w.sge[0] = {uintptr_t(w.tm_fin), uint32_t(sizeof w.tm_fin), 0};
-    w.length = sizeof w.tm_fin;
+    w.sge[0] = {uintptr_t(w.tm.fin), uint32_t(sizeof w.tm.fin), 0};
+    w.length = sizeof w.tm.fin;
     sq.head++;
     q.tm_fin_pending = false;
 }
@@ -283,8 +283,8 @@ void req_fail_at_tail(Qp *qp) {
     Requester &q = qp->req;
     SendQueue &sq = qp->sq;
     SendWqe &w = sq.at(sq.tail);
-    w.started = true;
-    w.done = true;
+    w.tx.started = true;
+    w.tx.done = true;
     complete_send(qp, w, w.status);
     // Retired here, or the flush that follows would complete it twice.
     sq.tail++;
@@ -314,11 +314,11 @@ void req_run(Qp *qp, TxBatch &tx) {
     bool sent = false, local_done = false;
     while (q.cur != sq.head) {
         SendWqe &w = sq.at(q.cur);
-        if (w.done) {
+        if (w.tx.done) {
             q.cur++;
             continue;
         }
-        if (!w.started) {
+        if (!w.tx.started) {
             if (w.status != IBV_WC_SUCCESS) {
                 // A WQE that failed local checks completes in order, once
                 // everything before it has (req_fail_at_tail).
@@ -335,44 +335,44 @@ void req_run(Qp *qp, TxBatch &tx) {
                     w.status = st;
                     continue; // reported in order by the branch above
                 }
-                w.started = true;
-                w.first_psn = q.next_psn;
-                w.npkts = 0;
-                w.done = true;
+                w.tx.started = true;
+                w.tx.first_psn = q.next_psn;
+                w.tx.npkts = 0;
+                w.tx.done = true;
                 q.cur++;
                 local_done = true;
                 continue;
             }
             if (needs_credit(w) && sq.rd_outstanding >= qp->attr.max_rd_atomic) break;
             if (reliable && wire::psn_diff(q.next_psn, qp->comp.una_psn) >= kWindow) break;
-            w.first_psn = q.next_psn;
+            w.tx.first_psn = q.next_psn;
             // Atomics, FLUSH and ATOMIC WRITE take one PSN; a READ one per
             // response packet; SEND/WRITE one per packet.
             bool single = wr_needs_response(w.opcode) && !is_read(w);
-            w.npkts = single ? 1 : std::max(1u, div_up(w.length, qp->attr.mtu));
-            w.sent_pkts = 0;
-            w.read_next = 0;
-            w.started = true;
-            q.next_psn = wire::psn_add(q.next_psn, w.npkts);
+            w.tx.npkts = single ? 1 : std::max(1u, div_up(w.length, qp->attr.mtu));
+            w.tx.sent_pkts = 0;
+            w.tx.read_next = 0;
+            w.tx.started = true;
+            q.next_psn = wire::psn_add(q.next_psn, w.tx.npkts);
             if (needs_credit(w)) sq.rd_outstanding++;
         }
         if (needs_credit(w)) {
-            if (w.sent_pkts == 0) {
-                send_packet(qp, w, w.read_next, tx);
-                w.sent_pkts = 1;
+            if (w.tx.sent_pkts == 0) {
+                send_packet(qp, w, w.tx.read_next, tx);
+                w.tx.sent_pkts = 1;
                 sent = true;
             }
         } else {
-            while (w.sent_pkts < w.npkts) {
-                uint32_t psn = wire::psn_add(w.first_psn, w.sent_pkts);
+            while (w.tx.sent_pkts < w.tx.npkts) {
+                uint32_t psn = wire::psn_add(w.tx.first_psn, w.tx.sent_pkts);
                 if (reliable && wire::psn_diff(psn, qp->comp.una_psn) >= kWindow) goto out;
-                send_packet(qp, w, w.sent_pkts, tx);
-                w.sent_pkts++;
+                send_packet(qp, w, w.tx.sent_pkts, tx);
+                w.tx.sent_pkts++;
                 sent = true;
             }
             // Nothing acknowledges UC and UD: done once sent (retired by
             // req_retire_sent after the batch has left).
-            if (!reliable) w.done = true;
+            if (!reliable) w.tx.done = true;
         }
         q.cur++;
     }
@@ -389,20 +389,20 @@ void req_rewind(Qp *qp, uint32_t psn) {
     SendQueue &sq = qp->sq;
     for (uint32_t i = sq.tail; i != sq.head; i++) {
         SendWqe &w = sq.at(i);
-        if (!w.started) break;
-        if (w.done) continue;
-        int32_t d = wire::psn_diff(psn, w.first_psn);
-        if (d >= 0 && uint32_t(d) < w.npkts) {
+        if (!w.tx.started) break;
+        if (w.tx.done) continue;
+        int32_t d = wire::psn_diff(psn, w.tx.first_psn);
+        if (d >= 0 && uint32_t(d) < w.tx.npkts) {
             if (needs_credit(w)) {
-                w.read_next = std::max(w.read_next, uint32_t(d));
-                w.sent_pkts = 0;
+                w.tx.read_next = std::max(w.tx.read_next, uint32_t(d));
+                w.tx.sent_pkts = 0;
             } else {
-                w.sent_pkts = uint32_t(d);
+                w.tx.sent_pkts = uint32_t(d);
             }
             for (uint32_t j = i + 1; j != sq.head; j++) {
                 SendWqe &x = sq.at(j);
-                if (!x.started) break;
-                x.sent_pkts = 0;
+                if (!x.tx.started) break;
+                x.tx.sent_pkts = 0;
             }
             q.cur = i;
             qp->nic->stats.retransmits.fetch_add(1, std::memory_order_relaxed);
@@ -438,19 +438,19 @@ bool req_resend(Qp *qp, uint32_t psn, uint32_t reported, TxBatch &tx, uint32_t *
     uint32_t from = cursor && int32_t(*cursor - sq.tail) > 0 ? *cursor : sq.tail;
     for (uint32_t i = from; i != sq.head; i++) {
         SendWqe &w = sq.at(i);
-        if (!w.started) return false;
-        int32_t d = wire::psn_diff(psn, w.first_psn);
+        if (!w.tx.started) return false;
+        int32_t d = wire::psn_diff(psn, w.tx.first_psn);
         if (d < 0) return false;
-        if (uint32_t(d) >= w.npkts) continue;
+        if (uint32_t(d) >= w.tx.npkts) continue;
         if (cursor) *cursor = i;
-        if (w.done) return false;
+        if (w.tx.done) return false;
         uint32_t k = uint32_t(d);
         if (needs_credit(w)) {
             // A request for what has not been answered yet; a READ's other
             // PSNs name responses, not packets of this side.
-            if (k != w.read_next || w.sent_pkts == 0) return false;
+            if (k != w.tx.read_next || w.tx.sent_pkts == 0) return false;
             send_packet(qp, w, k, tx, true);
-        } else if (k >= w.sent_pkts) {
+        } else if (k >= w.tx.sent_pkts) {
             return false; // not sent yet: req_run will
         } else {
             send_packet(qp, w, k, tx, true);
@@ -487,7 +487,7 @@ void req_timers(Qp *qp, TxBatch &tx, uint64_t now) {
         qp->nic->stats.timeouts.fetch_add(1, std::memory_order_relaxed);
         if (qp->timers.retries_left == 0) {
             SendWqe &w = qp->sq.at(qp->sq.tail);
-            w.done = true;
+            w.tx.done = true;
             complete_send(qp, w, IBV_WC_RETRY_EXC_ERR);
             qp->sq.tail++;
             qp_enter_error(qp);
@@ -630,7 +630,7 @@ void req_retire_sent(Qp *qp) {
     SendQueue &sq = qp->sq;
     while (sq.tail != sq.head && sq.tail != q.cur) {
         SendWqe &w = sq.at(sq.tail);
-        if (!w.done) break;
+        if (!w.tx.done) break;
         if (w.signaled) complete_send(qp, w, IBV_WC_SUCCESS);
         sq.tail++;
     }
@@ -638,7 +638,7 @@ void req_retire_sent(Qp *qp) {
     // acknowledgement to wake the requester, its turn comes here.
     if (sq.tail == q.cur && q.cur != sq.head) {
         SendWqe &w = sq.at(q.cur);
-        if (!w.started && w.status != IBV_WC_SUCCESS) req_fail_at_tail(qp);
+        if (!w.tx.started && w.status != IBV_WC_SUCCESS) req_fail_at_tail(qp);
     }
 }
 

@@ -319,7 +319,8 @@ inline Cq *to_cq(ibv_cq *c) {
     return reinterpret_cast<Cq *>(c);
 }
 
-// Send queue entry.
+// Send queue entry: the work request as posted (checked and resolved),
+// then what a commit or tag matching adds, then the transport's progress.
 struct SendWqe {
     uint64_t wr_id = 0;
     ibv_wr_opcode opcode = IBV_WR_SEND;
@@ -336,39 +337,45 @@ struct SendWqe {
     uint8_t flush_type = 0;      // FLUSH placement type (IBV_FLUSH_GLOBAL/PERSISTENT)
     uint8_t flush_level = 0;     // FLUSH selectivity (IBV_FLUSH_RANGE/MR)
     uint32_t commit_flags = 0;   // enum ibv_write_commit_flags of a native commit
-    // A write-commit sent as an IBTA sequence is several WQEs: the inner ones
-    // complete silently, the final one reports the commit.
-    uint8_t commit_part = 0; // kCommitNone / kCommitInner / kCommitFinal
-    bool suppressed = false; // an earlier part of its commit already reported
-    uint32_t report_len = 0; // byte_len a commit's completion reports
     bool signaled = false;
     // UD destination, resolved when posted
     in_addr_t ud_addr = 0;
     uint32_t ud_qpn = 0, ud_qkey = 0;
     uint32_t xrc_srqn = 0; // XRC: the remote SRQ the message is for
-    // Tag matching: a rendezvous's READ or the FIN that follows it, carried
-    // out for the responder and never reported to the application.
-    uint8_t tm_internal = 0; // kTmNone / kTmRead / kTmFin
-    Srq *tm_srq = nullptr;
-    uint64_t tm_wr_id = 0, tm_tag = 0;
-    uint32_t tm_priv = 0;
-    uint8_t tm_fin[16] = {}; // the FIN's payload (a TMH)
     // BIND_MW: the window, its new rkey and the binding; LOCAL_INV: the rkey
     // (in `rkey`).
     Mw *mw = nullptr;
     uint32_t mw_rkey = 0;
     ibv_mw_bind_info bind{};
-    // transport state
-    bool started = false;
-    uint32_t first_psn = 0;
-    uint32_t npkts = 0;                    // PSNs this WQE consumes
-    uint32_t sent_pkts = 0;                // packets (re)transmitted so far in the current pass
-    uint32_t read_next = 0;                // READ: index of the next response packet expected
-    uint8_t flush_tx = 0;                  // FLUSH: transmissions so far (saturating)
-    uint8_t flush_forms = 0;               // FLUSH: kFlushIcrc* bits of the forms sent
-    bool flush_last_legacy = false;        // FLUSH: the latest transmission's form
-    bool done = false;                     // acknowledged
     ibv_wc_status status = IBV_WC_SUCCESS; // a local error found when posting
+    // A write-commit sent as an IBTA sequence is several WQEs: the inner ones
+    // complete silently, the final one reports the commit.
+    struct CommitPart {
+        uint8_t part = 0;        // kCommitNone / kCommitInner / kCommitFinal
+        bool suppressed = false; // an earlier part of its commit already reported
+        uint32_t report_len = 0; // byte_len a commit's completion reports
+    } commit;
+    // Tag matching: a rendezvous's READ or the FIN that follows it, carried
+    // out for the responder and never reported to the application.
+    struct TmWork {
+        uint8_t internal = 0; // kTmNone / kTmRead / kTmFin
+        Srq *srq = nullptr;
+        uint64_t wr_id = 0, tag = 0;
+        uint32_t priv = 0;
+        uint8_t fin[16] = {}; // the FIN's payload (a TMH)
+    } tm;
+    // Where the transport is with it (the requester's and completer's).
+    struct Progress {
+        bool started = false;
+        uint32_t first_psn = 0;
+        uint32_t npkts = 0;             // PSNs this WQE consumes
+        uint32_t sent_pkts = 0;         // packets (re)transmitted so far in the current pass
+        uint32_t read_next = 0;         // READ: index of the next response packet expected
+        uint8_t flush_tx = 0;           // FLUSH: transmissions so far (saturating)
+        uint8_t flush_forms = 0;        // FLUSH: kFlushIcrc* bits of the forms sent
+        bool flush_last_legacy = false; // FLUSH: the latest transmission's form
+        bool done = false;              // acknowledged
+    } tx;
 };
 
 constexpr uint8_t kCommitNone = 0, kCommitInner = 1, kCommitFinal = 2;

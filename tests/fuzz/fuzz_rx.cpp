@@ -389,7 +389,7 @@ bool bind_pending(ibv_qp *ibqp) {
     std::lock_guard<std::mutex> g(qp->mu);
     SendQueue &sq = qp->sq;
     for (uint32_t i = sq.tail; i != sq.head; i++)
-        if (sq.at(i).opcode == IBV_WR_BIND_MW && !sq.at(i).done) return true;
+        if (sq.at(i).opcode == IBV_WR_BIND_MW && !sq.at(i).tx.done) return true;
     return false;
 }
 
