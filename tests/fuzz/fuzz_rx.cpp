@@ -1091,12 +1091,15 @@ void fill_to_mtu(std::vector<uint8_t> &v, Kind kind) {
     }
     size_t hdr = size_t(pkt.payload - v.data());
     if (hdr + mtu + wire::kIcrcLen > kMaxDatagram) return;
-    std::vector<uint8_t> out(v.begin(), v.begin() + ptrdiff_t(hdr));
-    out.insert(out.end(), pkt.payload, pkt.payload + std::min(pkt.payload_len, mtu));
-    while (out.size() < hdr + mtu)
-        out.push_back(uint8_t(out.size() * 7));
-    out.resize(out.size() + wire::kIcrcLen); // filled in unless the packet keeps its own
-    out[1] &= uint8_t(~0x30);                // no pad count
+    // Sized once: up to an MTU of filler per packet, byte by byte through
+    // push_back, was a tenth of the harness's time.
+    std::vector<uint8_t> out(hdr + mtu + wire::kIcrcLen); // the ICRC filled in unless kept
+    std::copy(v.begin(), v.begin() + ptrdiff_t(hdr), out.begin());
+    uint32_t given = std::min(pkt.payload_len, mtu);
+    std::copy(pkt.payload, pkt.payload + given, out.begin() + ptrdiff_t(hdr));
+    for (size_t i = hdr + given; i < hdr + mtu; i++)
+        out[i] = uint8_t(i * 7);
+    out[1] &= uint8_t(~0x30); // no pad count
     v = std::move(out);
 }
 
