@@ -202,11 +202,12 @@ bool read_durable_files(uintptr_t begin, uintptr_t end) {
 }
 
 bool covered_by_durable_files(uintptr_t begin, uintptr_t end) {
-    if (g_lookup.load(std::memory_order_relaxed) == MapsLookup::kQueryWhenAvailable) {
+    MapsLookup how = g_lookup.load(std::memory_order_relaxed);
+    if (how != MapsLookup::kReadMaps) {
         int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
         Covered c = fd < 0 ? Covered::kCannotAsk : query_durable_files(fd, begin, end);
         if (fd >= 0) ::close(fd);
-        if (c != Covered::kCannotAsk) return c == Covered::kYes;
+        if (c != Covered::kCannotAsk || how == MapsLookup::kQueryOnly) return c == Covered::kYes;
     }
     return read_durable_files(begin, end);
 }

@@ -46,9 +46,10 @@ MemClass classify_memory(const void *addr, size_t len);
 
 // How classify_memory() finds the mappings: by asking the kernel for the one
 // covering an address (PROCMAP_QUERY, Linux 6.11), falling back to reading
-// /proc/self/maps where that query is missing; or always by reading, so
-// tests cover both ways on any kernel.
-enum class MapsLookup { kQueryWhenAvailable, kReadMaps };
+// /proc/self/maps where that query is missing; or, for tests, each way
+// alone (kQueryOnly never falls back, so a broken query cannot pass as the
+// reading's answer).
+enum class MapsLookup { kQueryWhenAvailable, kQueryOnly, kReadMaps };
 void set_maps_lookup(MapsLookup how);
 // Whether this kernel answers PROCMAP_QUERY.
 bool maps_query_available();

@@ -168,7 +168,7 @@ class Classify : public NeedsStorage, public ::testing::WithParamInterface<sroce
     void SetUp() override {
         NeedsStorage::SetUp();
         if (IsSkipped()) return;
-        if (GetParam() == sroce::MapsLookup::kQueryWhenAvailable && !sroce::maps_query_available())
+        if (GetParam() == sroce::MapsLookup::kQueryOnly && !sroce::maps_query_available())
             GTEST_SKIP() << "this kernel has no PROCMAP_QUERY";
         sroce::set_maps_lookup(GetParam());
     }
@@ -176,7 +176,7 @@ class Classify : public NeedsStorage, public ::testing::WithParamInterface<sroce
 };
 
 INSTANTIATE_TEST_SUITE_P(Lookup, Classify,
-                         ::testing::Values(sroce::MapsLookup::kQueryWhenAvailable,
+                         ::testing::Values(sroce::MapsLookup::kQueryOnly,
                                            sroce::MapsLookup::kReadMaps),
                          [](const ::testing::TestParamInfo<sroce::MapsLookup> &i) {
                              return i.param == sroce::MapsLookup::kReadMaps ? "ReadMaps"
