@@ -84,7 +84,6 @@ Wire &wire_() {
 } // namespace
 
 MemPort::MemPort(in_addr_t addr) : addr_(addr) {
-    event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     Wire &w = wire_();
     std::lock_guard<std::mutex> g(w.mu);
     w.ports.push_back(this);
@@ -128,17 +127,15 @@ void MemPort::deliver(const sockaddr_in &from, in_addr_t dst, const uint8_t *dat
         // nobody polls must not grow without bound.
         if (queue_.size() >= kMaxQueued) return;
         queue_.push_back({std::vector<uint8_t>(data, data + len), from, dst, seg});
-    }
-    uint64_t one = 1;
-    if (write(event_fd_, &one, sizeof one) < 0) { /* the counter is already set */
+        if (event_fd_ < 0 || signalled_) return;
+        signalled_ = true;
+        uint64_t one = 1;
+        if (write(event_fd_, &one, sizeof one) < 0) { /* the counter cannot overflow at 1 */
+        }
     }
 }
 
 int MemPort::receive(RxDatagram *out, int max) {
-    // The event first: a datagram queued after it is read sets it again.
-    uint64_t v;
-    if (read(event_fd_, &v, sizeof v) < 0) { /* nothing new since the last read */
-    }
     std::lock_guard<std::mutex> g(mu_);
     int n = 0;
     while (n < max && n < kRxBatch && !queue_.empty()) {
@@ -150,11 +147,14 @@ int MemPort::receive(RxDatagram *out, int max) {
         out[n] = {d.bytes.empty() ? &kEmpty : d.bytes.data(), d.bytes.size(), d.from, d.dst, d.seg};
         n++;
     }
-    // What is left waits for the next pass, which must not sleep first.
-    if (!queue_.empty()) {
-        uint64_t one = 1;
-        if (write(event_fd_, &one, sizeof one) < 0) { /* already set */
+    // What is left keeps the event set, so the next pass does not sleep
+    // first; an empty queue clears it, under mu_ so that a datagram
+    // delivered meanwhile sets it again.
+    if (queue_.empty() && signalled_) {
+        uint64_t v;
+        if (read(event_fd_, &v, sizeof v) < 0) { /* it was set: cannot fail */
         }
+        signalled_ = false;
     }
     return n;
 }
@@ -175,6 +175,17 @@ void MemPort::leave(in_addr_t group) {
 
 int MemPort::poll_fds(pollfd *out, int max) {
     if (max < 1) return 0;
+    std::lock_guard<std::mutex> g(mu_);
+    if (event_fd_ < 0) {
+        event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (event_fd_ < 0) return 0; // the thread polls its timers' interval instead
+        if (!queue_.empty()) {
+            uint64_t one = 1;
+            if (write(event_fd_, &one, sizeof one) < 0) { /* a fresh counter is 0 */
+            }
+            signalled_ = true;
+        }
+    }
     out[0] = {event_fd_, POLLIN, 0};
     return 1;
 }

@@ -47,10 +47,17 @@ class MemPort final : public Port {
         size_t seg = 0;
     };
     in_addr_t addr_;
-    // Readable while the queue may hold something, for the progress thread.
-    int event_fd_ = -1;
-    std::mutex mu_; // guards queue_
+    std::mutex mu_; // guards queue_, event_fd_ and signalled_
     std::deque<Datagram> queue_;
+    // Readable while the queue holds something, for a progress thread to
+    // sleep on: made when one first asks (poll_fds), so that a NIC polled
+    // by its application alone (memwire::set_manual_progress) makes no
+    // system call per datagram.
+    int event_fd_ = -1;
+    // Whether event_fd_ is readable: it is written when the queue stops
+    // being empty and read when it becomes empty again, not once per
+    // datagram.
+    bool signalled_ = false;
     static constexpr size_t kMaxQueued = 4096; // then datagrams are dropped
     // What the last receive() returned, kept until the next one.
     Datagram taken_[kRxBatch];

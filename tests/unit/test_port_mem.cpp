@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <cstring>
+#include <poll.h>
 #include <vector>
 
 using namespace sroce;
@@ -87,6 +89,44 @@ TEST_F(PortMem, FullQueueDrops) {
         }
     EXPECT_GT(got, 0u);
     EXPECT_LT(got, 10000u);
+}
+
+bool readable(int fd) {
+    pollfd p = {fd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
+// The descriptor a progress thread sleeps on is readable exactly while the
+// queue holds something: set when a datagram arrives (also one that came
+// before anybody asked for the descriptor), kept while a pass leaves some,
+// cleared when a pass empties the queue.
+TEST_F(PortMem, EventIsSetWhileTheQueueHoldsSomething) {
+    MemPort port(ip4("127.0.8.5"));
+    uint8_t b[8] = {};
+    auto send = [&] {
+        ASSERT_TRUE(memwire::send(from("127.0.8.1", 4791), ip4("127.0.8.5"), b, sizeof b));
+    };
+    send();
+    pollfd p[1];
+    ASSERT_EQ(port.poll_fds(p, 1), 1);
+    int fd = p[0].fd;
+    EXPECT_TRUE(readable(fd)) << "a datagram queued before the descriptor was asked for";
+    RxDatagram d[Port::kRxBatch];
+    EXPECT_EQ(port.receive(d, Port::kRxBatch), 1);
+    EXPECT_FALSE(readable(fd));
+    EXPECT_EQ(port.receive(d, Port::kRxBatch), 0);
+    EXPECT_FALSE(readable(fd));
+
+    send();
+    send();
+    send();
+    EXPECT_TRUE(readable(fd));
+    EXPECT_EQ(port.receive(d, 2), 2);
+    EXPECT_TRUE(readable(fd)) << "one left";
+    EXPECT_EQ(port.receive(d, 2), 1);
+    EXPECT_FALSE(readable(fd));
+    ASSERT_EQ(port.poll_fds(p, 1), 1);
+    EXPECT_EQ(p[0].fd, fd) << "one descriptor for the port's life";
 }
 
 } // namespace
