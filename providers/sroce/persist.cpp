@@ -12,6 +12,7 @@
 #include <fstream>
 #include <libpmem.h>
 #include <linux/magic.h>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <sys/ioctl.h>
@@ -201,12 +202,65 @@ bool read_durable_files(uintptr_t begin, uintptr_t end) {
     return false;
 }
 
+// /proc/self/maps kept open for PROCMAP_QUERY: opening it (a path walk
+// through procfs) cost more than the query itself, on every registration.
+// The descriptor is the library's only while it still names this process's
+// maps: a child of fork() inherits its parent's (which answers for the
+// parent's memory), and an application may close every descriptor it did
+// not open and reuse the number.
+class MapsFile {
+  public:
+    // A descriptor of this process's /proc/self/maps, or -1.  Caller holds mu.
+    int get() {
+        pid_t pid = getpid();
+        struct stat st;
+        if (fd_ >= 0 && pid == pid_ && fstat(fd_, &st) == 0 && st.st_dev == dev_ &&
+            st.st_ino == ino_)
+            return fd_;
+        if (fd_ >= 0 && pid != pid_) ::close(fd_); // inherited: ours, but the parent's maps
+        fd_ = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+        if (fd_ < 0 || fstat(fd_, &st) != 0) {
+            if (fd_ >= 0) ::close(fd_);
+            fd_ = -1;
+            return -1;
+        }
+        pid_ = pid;
+        dev_ = st.st_dev;
+        ino_ = st.st_ino;
+        return fd_;
+    }
+
+    std::mutex mu; // guards the descriptor while a query uses it
+
+  private:
+    int fd_ = -1;
+    pid_t pid_ = 0;
+    dev_t dev_ = 0;
+    ino_t ino_ = 0;
+};
+
+// Never destroyed: a registration may run while the process exits.
+MapsFile &maps_file() {
+    static auto *m = new MapsFile;
+    return *m;
+}
+
 bool covered_by_durable_files(uintptr_t begin, uintptr_t end) {
     MapsLookup how = g_lookup.load(std::memory_order_relaxed);
     if (how != MapsLookup::kReadMaps) {
-        int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-        Covered c = fd < 0 ? Covered::kCannotAsk : query_durable_files(fd, begin, end);
-        if (fd >= 0) ::close(fd);
+        MapsFile &maps = maps_file();
+        Covered c;
+        // Held elsewhere (a registration in another thread, or one in the
+        // parent at fork(), which leaves it held for good): a descriptor of
+        // its own.
+        if (std::unique_lock<std::mutex> g(maps.mu, std::try_to_lock); g.owns_lock()) {
+            int fd = maps.get();
+            c = fd < 0 ? Covered::kCannotAsk : query_durable_files(fd, begin, end);
+        } else {
+            int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+            c = fd < 0 ? Covered::kCannotAsk : query_durable_files(fd, begin, end);
+            if (fd >= 0) ::close(fd);
+        }
         if (c != Covered::kCannotAsk || how == MapsLookup::kQueryOnly) return c == Covered::kYes;
     }
     return read_durable_files(begin, end);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <string>
 #include <sys/mman.h>
 #include <sys/statfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <utility>
 #include <vector>
@@ -321,6 +323,87 @@ TEST_P(Classify, NoPersistentMemoryHere) {
     EXPECT_FALSE(pmem_is_pmem(p, mapped));
     EXPECT_EQ(sroce::classify_memory(p, mapped), MemClass::kFile);
     EXPECT_EQ(pmem_unmap(p, mapped), 0);
+}
+
+// The kernel's query goes through a /proc/self/maps descriptor the library
+// keeps open between registrations: it must answer for this process's
+// memory even when the process forked or the application closed the
+// descriptor and reused its number.
+class KeptMapsFile : public NeedsStorage {
+  protected:
+    void SetUp() override {
+        NeedsStorage::SetUp();
+        if (IsSkipped()) return;
+        need_disk_dir();
+        if (IsSkipped()) return;
+        if (!sroce::maps_query_available()) GTEST_SKIP() << "this kernel has no PROCMAP_QUERY";
+        sroce::set_maps_lookup(sroce::MapsLookup::kQueryOnly);
+    }
+    void TearDown() override { sroce::set_maps_lookup(sroce::MapsLookup::kQueryWhenAvailable); }
+};
+
+// What descriptor `fd` names, as /proc shows it; "" if none.
+std::string fd_target(int fd) {
+    char buf[PATH_MAX];
+    std::string link = "/proc/self/fd/" + std::to_string(fd);
+    ssize_t n = ::readlink(link.c_str(), buf, sizeof buf - 1);
+    return n < 0 ? "" : std::string(buf, size_t(n));
+}
+
+// The descriptors open on this process's maps file.
+std::vector<int> maps_fds() {
+    std::string mine = "/proc/" + std::to_string(::getpid()) + "/maps";
+    std::vector<int> out;
+    for (int fd = 0; fd < 1024; fd++)
+        if (fd_target(fd) == mine) out.push_back(fd);
+    return out;
+}
+
+TEST_F(KeptMapsFile, ChildOfForkAsksAboutItsOwnMemory) {
+    TempFile f(kDiskDir, 4 * page());
+    Mapping before = map_file(f, 4 * page());
+    ASSERT_TRUE(before.get());
+    // The parent's descriptor is open, then inherited.
+    ASSERT_EQ(sroce::classify_memory(before.get(), before.size()), MemClass::kFile);
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0) << std::strerror(errno);
+    if (pid == 0) {
+        // Memory the parent does not have at that address: asked of the
+        // parent's maps, it would be unmapped, hence volatile.
+        void *p = ::mmap(nullptr, 4 * page(), PROT_READ | PROT_WRITE, MAP_SHARED, f.fd(), 0);
+        if (p == MAP_FAILED) ::_exit(3);
+        if (sroce::classify_memory(before.get(), before.size()) != MemClass::kFile) ::_exit(4);
+        ::_exit(sroce::classify_memory(p, 4 * page()) == MemClass::kFile ? 0 : 5);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0)
+        << "3: mmap failed; 4: the inherited mapping; 5: a mapping of the child's own";
+}
+
+TEST_F(KeptMapsFile, DescriptorClosedAndReusedByTheApplication) {
+    TempFile f(kDiskDir, 4 * page());
+    Mapping m = map_file(f, 4 * page());
+    ASSERT_TRUE(m.get());
+    ASSERT_EQ(sroce::classify_memory(m.get(), m.size()), MemClass::kFile);
+    std::vector<int> kept = maps_fds();
+    ASSERT_EQ(kept.size(), 1u) << "one descriptor kept between registrations";
+    // As a daemon closing what it did not open, then opening something else.
+    int null = ::open("/dev/null", O_RDWR);
+    ASSERT_GE(null, 0);
+    ASSERT_EQ(::close(kept[0]), 0);
+    ASSERT_EQ(::dup2(null, kept[0]), kept[0]);
+    ::close(null);
+
+    Mapping other = map_file(f, 4 * page());
+    ASSERT_TRUE(other.get());
+    EXPECT_EQ(sroce::classify_memory(other.get(), other.size()), MemClass::kFile);
+    EXPECT_EQ(sroce::classify_memory(m.get(), m.size()), MemClass::kFile);
+    // The application's descriptor left as it was, the library on a new one.
+    EXPECT_EQ(fd_target(kept[0]), "/dev/null");
+    EXPECT_EQ(maps_fds().size(), 1u);
+    ::close(kept[0]);
 }
 
 class Persist : public NeedsStorage {};
