@@ -106,6 +106,50 @@ const std::array<uint32_t, kZeroTable> &zero_table() {
     return t;
 }
 
+// a(x) * x mod P.
+constexpr uint32_t times_x(uint32_t a) {
+    return (a & 1) ? (a >> 1) ^ kPoly : a >> 1;
+}
+
+// The ICRC change each unknown bit causes, ID bits 0-15 then DF, given
+// after_df, what the covered bytes after the flags byte do to a register.
+// One multiplication, for the DF bit,
+// the last of them on the wire; each bit before it changes the ICRC by x
+// times what the bit after it does (CRC-32 is linear): ID bit 7 is seven
+// bits before DF (bit 6 of the flags byte), bits 6..0 of the ID's low byte
+// come before it one by one, and before them bits 15..8 (the high byte).
+constexpr void bit_changes_after(uint32_t after_df, uint32_t *change) {
+    uint32_t v = mul_mod(kT.df_bit, after_df);
+    change[16] = v;
+    for (int k = 0; k < 7; k++)
+        v = times_x(v);
+    for (int j = 7; j >= 0; j--) {
+        change[j] = v;
+        v = times_x(v);
+    }
+    for (int j = 15; j >= 8; j--) {
+        change[j] = v;
+        v = times_x(v);
+    }
+}
+
+// The same with one multiplication per bit, as the bits are defined: checks
+// the order above.
+constexpr bool bit_changes_agree(uint32_t after_df) {
+    uint32_t change[17] = {};
+    bit_changes_after(after_df, change);
+    uint32_t after_id = mul_mod(after_df, kX8);
+    for (size_t j = 0; j < 16; j++)
+        if (change[j] != mul_mod(kT.id_bit[j], after_id)) return false;
+    return change[16] == mul_mod(kT.df_bit, after_df);
+}
+static_assert(bit_changes_agree(kX0) && bit_changes_agree(kX8) && bit_changes_agree(0x12345678u));
+
+void bit_changes(size_t covered_len, uint32_t *change) {
+    size_t tail = covered_len - kIpIdOffset - 3;
+    bit_changes_after(tail < kZeroTable ? zero_table()[tail] : zero_bytes(tail), change);
+}
+
 // The ICRC change each unknown bit causes (ID bits 0-15, then DF), reduced
 // to an echelon form so that any change decomposes in at most 17 steps.
 // It depends only on how many covered bytes follow the ID: kept per thread
@@ -120,11 +164,10 @@ struct IdSolver {
         covered = covered_len;
         nbits = bits;
         std::fill(std::begin(vec), std::end(vec), 0u);
-        uint32_t after_df = zero_bytes(covered_len - kIpIdOffset - 3);
-        uint32_t after_id = mul_mod(after_df, kX8);
+        uint32_t change[17];
+        bit_changes(covered_len, change);
         for (int j = 0; j < bits; j++) {
-            uint32_t v =
-                j < 16 ? mul_mod(kT.id_bit[size_t(j)], after_id) : mul_mod(kT.df_bit, after_df);
+            uint32_t v = change[j];
             uint32_t m = 1u << j;
             while (v) {
                 int hb = 31 - __builtin_clz(v);
