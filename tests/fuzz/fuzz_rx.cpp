@@ -48,8 +48,9 @@
 //     the peer's QPN; a packet for QP1 is dropped, never delivered;
 //   - once ibv_dereg_mr(), or an ibv_rereg_mr() that moves the translation,
 //     returns, the old memory is poisoned for AddressSanitizer and
-//     inaccessible (PROT_NONE) until a registration takes it again, so any
-//     later byte read or written through a stale pointer stops the run;
+//     inaccessible (its protection key, or PROT_NONE) until a registration
+//     takes it again, so any later byte read or written through a stale
+//     pointer stops the run;
 //     memory whose MR lost all access is poisoned, memory whose MR lost
 //     every write access is read-only, and the windows' memory is poisoned
 //     while no window is bound or about to be;
@@ -215,10 +216,14 @@ constexpr unsigned kAccessVariants[8] = {
 
 // A buffer an MR may map.  What it may be used for right now: ASan poison
 // reports instrumented reads and writes with their stack, the page
-// protection catches the others (libpmem's non-temporal copies).
+// protection catches the others (libpmem's non-temporal copies).  The
+// protection is a memory protection key of the buffer's own where the CPU
+// has them: the engine runs in the harness's thread, so the thread's key
+// rights (one WRPKRU) protect the buffer as mprotect() would, without a
+// system call and a TLB shootdown at every change.
 enum class Prot : uint8_t {
     kLive,     // registered with some write access
-    kReadOnly, // registered, readable only (PROT_READ)
+    kReadOnly, // registered, readable only (PROT_READ, PKEY_DISABLE_WRITE)
     kNoAccess, // registered, nothing may touch it (poisoned, PROT_NONE)
     kFree,     // no MR maps it (poisoned, PROT_NONE)
 };
@@ -229,6 +234,7 @@ struct Buf {
     int owner = -1;    // the slot whose MR maps it
     uint64_t freed = 0;
     Prot prot = Prot::kLive;
+    int pkey = -1; // its protection key, or -1: mprotect()
 };
 // Every slot may be on memory of either class and still find a free buffer.
 constexpr size_t kVolatileBufs = kSlots + 1, kFileBufs = kSlots + 1;
@@ -317,10 +323,17 @@ void set_prot(Buf &b, Prot want) {
     if (b.prot == want) return;
     if (b.prot == Prot::kNoAccess || b.prot == Prot::kFree)
         ASAN_UNPOISON_MEMORY_REGION(b.p, kBufLen);
-    int prot = want == Prot::kLive       ? PROT_READ | PROT_WRITE
-               : want == Prot::kReadOnly ? PROT_READ
-                                         : PROT_NONE;
-    if (mprotect(b.p, kBufLen, prot) != 0) die("mprotect");
+    if (b.pkey >= 0) {
+        unsigned rights = want == Prot::kLive       ? 0
+                          : want == Prot::kReadOnly ? PKEY_DISABLE_WRITE
+                                                    : PKEY_DISABLE_ACCESS;
+        if (pkey_set(b.pkey, rights) != 0) die("pkey_set");
+    } else {
+        int prot = want == Prot::kLive       ? PROT_READ | PROT_WRITE
+                   : want == Prot::kReadOnly ? PROT_READ
+                                             : PROT_NONE;
+        if (mprotect(b.p, kBufLen, prot) != 0) die("mprotect");
+    }
     if (want == Prot::kNoAccess || want == Prot::kFree) ASAN_POISON_MEMORY_REGION(b.p, kBufLen);
     b.prot = want;
 }
@@ -557,8 +570,13 @@ void make_memory() {
         b.p = h.pmem + i * kBufLen;
         b.file = true;
     }
-    for (Buf &b : h.bufs)
+    for (Buf &b : h.bufs) {
+        // No key (a CPU or kernel without them, or all taken): mprotect().
+        b.pkey = pkey_alloc(0, 0);
+        if (b.pkey >= 0 && pkey_mprotect(b.p, kBufLen, PROT_READ | PROT_WRITE, b.pkey) != 0)
+            die("pkey_mprotect");
         set_prot(b, Prot::kFree);
+    }
     sroce_set_persist_hook(on_persist, nullptr);
     reg_slot(kSlotVolatile, free_buf(false));
     reg_slot(kSlotFile, free_buf(true));
@@ -919,9 +937,18 @@ void drain_completions() {
     ibv_wc wc[32];
     while (ibv_poll_cq(h.cq, 32, wc) > 0) {
     }
-    ibv_async_event ev;
-    while (sroce_get_async_event(h.ctx, &ev) == 0)
+    // Looked at first: most inputs raise no event, and asking for one
+    // costs a read(2) of the event pipe.
+    Context *ctx = to_ctx(h.ctx);
+    for (;;) {
+        {
+            std::lock_guard<std::mutex> g(ctx->async_mu);
+            if (ctx->async_q.empty()) return;
+        }
+        ibv_async_event ev;
+        if (sroce_get_async_event(h.ctx, &ev) != 0) return;
         sroce_ack_async_event(&ev);
+    }
 }
 
 bool send_queue_full(Qp *qp) {
