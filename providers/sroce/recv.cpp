@@ -178,8 +178,8 @@ void Nic::deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx) {
         if (pkt.opcode == wire::kFlush && pkt.src_addr == qp->attr.dest_addr)
             qp->peer_flush_icrc = pkt.legacy_icrc ? kFlushIcrcLegacy : kFlushIcrcIbta;
         resp_receive(qp, pkt, tx);
-        if (qp->resp.ack_pending && !qp->resp.ack_listed) {
-            qp->resp.ack_listed = true;
+        if (qp->resp.ack_pending && !qp->ack_listed) {
+            qp->ack_listed = true;
             acks_.push_back(qp);
         }
     } else {
@@ -250,7 +250,7 @@ void Nic::detach_all(Qp *qp) {
 void Nic::send_acks(TxBatch &tx) {
     for (Qp *qp : acks_) {
         std::lock_guard<std::mutex> g(qp->mu);
-        qp->resp.ack_listed = false;
+        qp->ack_listed = false;
         if (qp->resp.ack_pending) resp_send_ack(qp, tx);
     }
     acks_.clear();

@@ -599,7 +599,6 @@ struct Responder {
     uint32_t msn = 0;
     bool nak_sent = false;
     bool ack_pending = false;
-    bool ack_listed = false; // on the NIC's list of ACKs to send after this batch
     uint32_t ack_psn = 0;
     // The message in progress
     uint8_t in_msg = 0;        // 0, kOpSend or kOpWrite: multi-packet message in progress
@@ -694,6 +693,10 @@ struct Qp {
     // from the FLUSHes it sends (recv.cpp) and answers (comp.cpp), used by
     // the requester.
     uint8_t peer_flush_icrc = kFlushIcrcUnknown;
+    // On the receive path's list of coalesced ACKs to send after this batch
+    // (Nic::acks_): the dispatcher's, under Qp::mu; the responder only says
+    // that an ACK is pending (Responder::ack_pending).
+    bool ack_listed = false;
     // Both peers resend selectively (IBV_COMMIT_CAP_SELECTIVE_REPEAT, agreed
     // in ECE or declared with ibv_qp_set_commit_peer): RC only.
     bool selective_repeat = false;
