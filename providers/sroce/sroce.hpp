@@ -28,7 +28,8 @@
 //   Srq::mu                       the shared receive queue
 //   Cq::mu                        completions; never held while receiving
 //                                 (poll_cq leaves it before app_progress)
-//   leaves                        Mw::mu, MrTable::mu_, Context::async_mu
+//   leaves                        Mw::mu, MrTable::mu_, Context::async_mu,
+//                                 MapsFile::mu (persist.cpp; only tried)
 //
 // Registries taken with no engine lock held, each above only leaves:
 // g_ctx_mu (verbs.cpp, then Context::async_mu), g_pds_mu (import.cpp),
@@ -444,7 +445,7 @@ struct Xrcd {
 
 struct Srq {
     ibv_srq ibsrq; // first: handed out as struct ibv_srq *
-    std::mutex mu; // Lock order: Qp::mu -> Srq::mu -> Cq::mu
+    std::mutex mu; // the queue, limit, error and tags: under Qp::mu, above Cq::mu
     Context *ctx = nullptr;
     Pd *pd = nullptr;
     RecvQueue rq;
