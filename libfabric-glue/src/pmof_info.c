@@ -28,6 +28,14 @@
     (FI_MSG | FI_TAGGED | FI_DIRECTED_RECV | FI_RMA | FI_ATOMIC | FI_READ | FI_WRITE | FI_SEND |   \
      FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_LOCAL_COMM | FI_REMOTE_COMM | FI_HMEM)
 #define PMOF_SECONDARY_CAPS (FI_FENCE | FI_RMA_PMEM | FI_SOURCE)
+/* What each side of an endpoint may carry (fi_getinfo(3)): the domain-wide
+ * FI_LOCAL_COMM and FI_REMOTE_COMM belong to neither. */
+#define PMOF_TX_CAPS                                                                               \
+    (FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_HMEM | FI_SEND | FI_READ | FI_WRITE | FI_FENCE | \
+     FI_RMA_PMEM)
+#define PMOF_RX_CAPS                                                                               \
+    (FI_MSG | FI_TAGGED | FI_DIRECTED_RECV | FI_RMA | FI_ATOMIC | FI_HMEM | FI_RECV |              \
+     FI_REMOTE_READ | FI_REMOTE_WRITE | FI_RMA_PMEM | FI_SOURCE)
 #define PMOF_TX_OP_FLAGS                                                                           \
     (FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE |                \
      FI_COMMIT_COMPLETE | FI_COMPLETION | FI_COMMIT)
@@ -344,7 +352,20 @@ static uint64_t dev_caps(const struct pmof_dev *d) {
     return caps;
 }
 
-static bool mr_mode_ok(uint32_t version, const struct fi_info *hints, int *out_mode,
+/* What pmof needs of registrations for these capabilities (fi_domain(3)
+ * ties each MR mode to what uses it): descriptors for the local buffers of
+ * messages and of RMA and atomics (FI_MR_LOCAL); keys it chooses over
+ * virtual addresses for a peer's RMA and atomics; memory that is mapped for
+ * both.  Tagged messages alone register what they need themselves. */
+static int mr_mode_needed(uint64_t caps) {
+    int need = 0;
+
+    if (caps & (FI_MSG | FI_RMA | FI_ATOMIC)) need |= FI_MR_LOCAL | FI_MR_ALLOCATED;
+    if (caps & (FI_RMA | FI_ATOMIC)) need |= FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED;
+    return need;
+}
+
+static bool mr_mode_ok(uint32_t version, const struct fi_info *hints, uint64_t caps, int *out_mode,
                        uint64_t *out_mode_bits) {
     int user = hints && hints->domain_attr ? hints->domain_attr->mr_mode : PMOF_MR_UNSPEC;
     uint64_t user_mode = hints ? hints->mode : 0;
@@ -358,11 +379,21 @@ static bool mr_mode_ok(uint32_t version, const struct fi_info *hints, int *out_m
         return true;
     }
     if (user & PMOF_MR_SCALABLE) NOMATCH("mr_mode FI_MR_SCALABLE is not supported\n");
-    if (user != PMOF_MR_UNSPEC) {
-        int need = PMOF_MR_MODE;
-        if ((user_mode & PMOF_LOCAL_MR) && !(user & FI_MR_LOCAL)) need &= ~FI_MR_LOCAL;
+    /* From 1.5 on, hints list the modes the application can work with:
+     * none (0) is a list too, which pmof's needs are not within. */
+    if (hints && hints->domain_attr) {
+        int need = mr_mode_needed(caps);
+        /* Local registration through the old mode bit: the MR mode returned
+         * stays within the hints (fi_domain(3)). */
+        bool local_by_mode =
+            (need & FI_MR_LOCAL) && !(user & FI_MR_LOCAL) && (user_mode & PMOF_LOCAL_MR);
+
+        if (local_by_mode) need &= ~FI_MR_LOCAL;
         if ((user & need) != need)
             NOMATCH("mr_mode 0x%x lacks 0x%x (LOCAL|VIRT_ADDR|ALLOCATED|PROV_KEY)\n", user, need);
+        *out_mode = need;
+        if (local_by_mode) *out_mode_bits = PMOF_LOCAL_MR;
+        return true;
     }
     *out_mode = PMOF_MR_MODE;
     return true;
@@ -512,7 +543,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
         !tx_attr_ok(hints->tx_attr, max_inline, pmof_device_tx_iov_limit(&d->attr, d->sroce)))
         return NULL;
     if (hints && !rx_attr_ok(hints->rx_attr)) return NULL;
-    if (!mr_mode_ok(version, hints, &mr_mode, &mode_bits)) return NULL;
+    if (!mr_mode_ok(version, hints, grant_caps(asked, offered), &mr_mode, &mode_bits)) return NULL;
     fabric_name(d, fab, sizeof(fab));
     if (hints && hints->fabric_attr && hints->fabric_attr->name &&
         strcmp(hints->fabric_attr->name, fab))
@@ -560,8 +591,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
     fi->fabric_attr->name = strdup(fab);
     fi->fabric_attr->prov_version = PMOF_PROV_VERSION;
 
-    fi->tx_attr->caps = fi->caps & (PMOF_PRIMARY_CAPS | PMOF_SECONDARY_CAPS) &
-                        ~(FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE);
+    fi->tx_attr->caps = fi->caps & PMOF_TX_CAPS;
     fi->tx_attr->mode = 0;
     fi->tx_attr->op_flags = FI_TRANSMIT_COMPLETE;
     fi->tx_attr->msg_order = PMOF_MSG_ORDER;
@@ -571,8 +601,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
     fi->tx_attr->iov_limit = pmof_device_tx_iov_limit(&d->attr, d->sroce);
     fi->tx_attr->rma_iov_limit = 1;
 
-    fi->rx_attr->caps = fi->caps & (PMOF_PRIMARY_CAPS | PMOF_SECONDARY_CAPS) &
-                        ~(FI_SEND | FI_READ | FI_WRITE | FI_FENCE);
+    fi->rx_attr->caps = fi->caps & PMOF_RX_CAPS;
     fi->rx_attr->mode = FI_RX_CQ_DATA;
     fi->rx_attr->op_flags = 0;
     fi->rx_attr->msg_order = PMOF_MSG_ORDER;

@@ -318,6 +318,245 @@ out:
     return ret;
 }
 
+/* The capabilities each side of an endpoint may carry (fi_getinfo(3),
+ * "CAPABILITIES": primary caps and the secondary caps that apply to sending
+ * or to receiving); domain-wide caps (FI_LOCAL_COMM, FI_REMOTE_COMM,
+ * FI_SHARED_AV) belong to domain_attr->caps, never to a side. */
+#define FT_PRIMARY_TX                                                                              \
+    (FI_MSG | FI_RMA | FI_TAGGED | FI_ATOMIC | FI_MULTICAST | FI_NAMED_RX_CTX | FI_HMEM |          \
+     FI_COLLECTIVE)
+#define FT_PRIMARY_RX                                                                              \
+    (FI_MSG | FI_RMA | FI_TAGGED | FI_ATOMIC | FI_DIRECTED_RECV | FI_VARIABLE_MSG | FI_HMEM |      \
+     FI_COLLECTIVE)
+#define FT_TX_ALLOWED                                                                              \
+    (FT_PRIMARY_TX | FI_SEND | FI_READ | FI_WRITE | FI_TRIGGER | FI_FENCE | FI_RMA_PMEM)
+#define FT_RX_ALLOWED                                                                              \
+    (FT_PRIMARY_RX | FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_RMA_PMEM | FI_SOURCE |        \
+     FI_SOURCE_ERR | FI_RMA_EVENT | FI_MULTI_RECV | FI_TRIGGER)
+
+/* Hints that ask for nothing but the provider and the endpoint type, with
+ * every mode bit and every usual MR mode accepted: what a program probing
+ * one attribute passes. */
+static struct fi_info *bare_hints(struct ft_run *r) {
+    struct fi_info *h = hints_for(r);
+
+    if (!h) return NULL;
+    h->caps = 0;
+    h->mode = ~0ULL;
+    h->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_ENDPOINT | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
+    return h;
+}
+
+/* The caps of one side of an endpoint stay within what that side can use,
+ * and within the info's. */
+static int check_side_caps(struct ft_run *r, const struct fi_info *i) {
+    int ret = FT_OK;
+
+    FT_EXPECT(!(i->tx_attr->caps & ~FT_TX_ALLOWED),
+              "tx_attr caps %s carry %#llx, not a transmit cap",
+              fi_tostr(&i->tx_attr->caps, FI_TYPE_CAPS),
+              (unsigned long long)(i->tx_attr->caps & ~FT_TX_ALLOWED));
+    FT_EXPECT(!(i->rx_attr->caps & ~FT_RX_ALLOWED), "rx_attr caps carry %#llx, not a receive cap",
+              (unsigned long long)(i->rx_attr->caps & ~FT_RX_ALLOWED));
+    FT_EXPECT(!(i->rx_attr->caps & ~i->caps), "rx_attr caps %#llx beyond the info's %#llx",
+              (unsigned long long)i->rx_attr->caps, (unsigned long long)i->caps);
+    FT_EXPECT(!(i->tx_attr->caps & ~i->caps), "tx_attr caps %#llx beyond the info's %#llx",
+              (unsigned long long)i->tx_attr->caps, (unsigned long long)i->caps);
+out:
+    return ret;
+}
+
+/* Every combination of the primary capabilities: fi_getinfo(3) says a
+ * provider supports what is asked or answers -FI_ENODATA; what it grants is
+ * in the info and in the side of the endpoint that uses it. */
+static int t_primary_caps(struct ft_run *r) {
+    static const uint64_t bits[] = {FI_MSG,           FI_RMA,          FI_TAGGED, FI_ATOMIC,
+                                    FI_MULTICAST,     FI_NAMED_RX_CTX, FI_HMEM,   FI_COLLECTIVE,
+                                    FI_DIRECTED_RECV, FI_VARIABLE_MSG};
+    const unsigned n = sizeof(bits) / sizeof(bits[0]);
+    struct fi_info *hints = bare_hints(r), *info = NULL;
+    int ret = FT_OK, granted = 0;
+
+    FT_EXPECT(hints, "out of memory");
+    for (unsigned set = 0; set < 1u << n; set++) {
+        uint64_t want = 0;
+        int rc;
+        for (unsigned b = 0; b < n; b++)
+            if (set & 1u << b) want |= bits[b];
+        hints->caps = want;
+        FT_TRY(ft_getinfo(r, NULL, NULL, 0, hints, &info, &rc));
+        if (rc == -FI_ENODATA) continue;
+        FT_EXPECT(!rc, "fi_getinfo(caps %s) = %d (%s), expected 0 or -FI_ENODATA",
+                  fi_tostr(&want, FI_TYPE_CAPS), rc, fi_strerror(-rc));
+        granted++;
+        for (struct fi_info *i = info; i; i = i->next) {
+            FT_EXPECT((i->caps & want) == want, "caps %s asked, info caps %s",
+                      fi_tostr(&want, FI_TYPE_CAPS), fi_tostr(&i->caps, FI_TYPE_CAPS));
+            FT_EXPECT((i->tx_attr->caps & want & FT_PRIMARY_TX) == (want & FT_PRIMARY_TX),
+                      "caps %#llx asked, tx_attr caps %#llx lack the transmit ones",
+                      (unsigned long long)want, (unsigned long long)i->tx_attr->caps);
+            FT_EXPECT((i->rx_attr->caps & want & FT_PRIMARY_RX) == (want & FT_PRIMARY_RX),
+                      "caps %#llx asked, rx_attr caps %#llx lack the receive ones",
+                      (unsigned long long)want, (unsigned long long)i->rx_attr->caps);
+            FT_TRY(check_side_caps(r, i));
+        }
+        fi_freeinfo(info);
+        info = NULL;
+    }
+    FT_EXPECT(granted, "no combination of primary caps granted, not even none");
+    ft_note(r, "%d of %u combinations granted", granted, 1u << n);
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+/* The domain-wide caps, asked in domain_attr->caps, are granted there or
+ * refused with -FI_ENODATA. */
+static int t_domain_caps(struct ft_run *r) {
+    static const uint64_t bits[] = {FI_LOCAL_COMM, FI_REMOTE_COMM, FI_SHARED_AV};
+    struct fi_info *hints = bare_hints(r), *info = NULL;
+    int ret = FT_OK;
+
+    FT_EXPECT(hints, "out of memory");
+    for (unsigned set = 0; set < 8; set++) {
+        uint64_t want = 0;
+        int rc;
+        for (unsigned b = 0; b < 3; b++)
+            if (set & 1u << b) want |= bits[b];
+        hints->domain_attr->caps = want;
+        FT_TRY(ft_getinfo(r, NULL, NULL, 0, hints, &info, &rc));
+        if (rc == -FI_ENODATA) continue;
+        FT_EXPECT(!rc, "fi_getinfo(domain caps %#llx) = %d (%s)", (unsigned long long)want, rc,
+                  fi_strerror(-rc));
+        for (struct fi_info *i = info; i; i = i->next)
+            FT_EXPECT((i->domain_attr->caps & want) == want, "domain caps %#llx asked, %#llx given",
+                      (unsigned long long)want, (unsigned long long)i->domain_attr->caps);
+        fi_freeinfo(info);
+        info = NULL;
+    }
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+/* With no hints at all, every info of the provider keeps each side's caps
+ * to that side (fi_getinfo(3): a NULL hints returns what is supported). */
+static int t_no_hints(struct ft_run *r) {
+    struct fi_info *info = NULL;
+    int ret = FT_OK, mine = 0, rc;
+
+    rc = fi_getinfo(FT_API_VERSION, NULL, NULL, 0, NULL, &info);
+    FT_EXPECT(!rc, "fi_getinfo(no hints) = %d (%s)", rc, fi_strerror(-rc));
+    for (struct fi_info *i = info; i; i = i->next) {
+        if (!i->fabric_attr->prov_name || strcmp(i->fabric_attr->prov_name, r->opts->prov))
+            continue;
+        mine++;
+        FT_TRY(check_side_caps(r, i));
+        FT_EXPECT(i->src_addr && i->src_addrlen, "an info without a source address");
+    }
+    FT_EXPECT(mine, "no info of %s among those of every provider", r->opts->prov);
+out:
+    fi_freeinfo(info);
+    return ret;
+}
+
+/* What an info offered with no hints, asked back as hints (its caps, the
+ * common mode and MR modes), is granted: a provider does not refuse its
+ * own answer. */
+static int t_own_answer(struct ft_run *r) {
+    struct fi_info *all = NULL, *hints = NULL, *info = NULL;
+    const struct fi_info *mine = NULL;
+    int ret = FT_OK, rc;
+
+    rc = fi_getinfo(FT_API_VERSION, NULL, NULL, 0, NULL, &all);
+    FT_EXPECT(!rc, "fi_getinfo(no hints) = %d (%s)", rc, fi_strerror(-rc));
+    for (const struct fi_info *i = all; i && !mine; i = i->next)
+        if (i->fabric_attr->prov_name && !strcmp(i->fabric_attr->prov_name, r->opts->prov) &&
+            i->ep_attr->type == r->opts->ep_type)
+            mine = i;
+    if (!mine) {
+        ret = ft_skip(r, "no %s endpoint of %s without hints", ft_ep_name(r->opts->ep_type),
+                      r->opts->prov);
+        goto out;
+    }
+    hints = hints_for(r);
+    FT_EXPECT(hints, "out of memory");
+    hints->caps = mine->caps;
+    hints->mode = FI_CONTEXT;
+    hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
+    FT_TRY(ft_getinfo(r, NULL, NULL, 0, hints, &info, &rc));
+    FT_EXPECT(!rc, "caps %s, offered without hints, asked back: %d (%s)",
+              fi_tostr(&mine->caps, FI_TYPE_CAPS), rc, fi_strerror(-rc));
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    fi_freeinfo(all);
+    return ret;
+}
+
+/* MR modes, per fi_domain(3): the application lists the modes it can work
+ * with and the provider needs only some of them, or answers -FI_ENODATA;
+ * FI_MR_BASIC and FI_MR_SCALABLE (the 1.4 names) stand alone and come back
+ * as asked. */
+static int t_mr_mode_bits(struct ft_run *r) {
+    static const int bits[] = {FI_MR_LOCAL,    FI_MR_RAW,        FI_MR_VIRT_ADDR, FI_MR_ALLOCATED,
+                               FI_MR_PROV_KEY, FI_MR_MMU_NOTIFY, FI_MR_RMA_EVENT, FI_MR_ENDPOINT};
+    const unsigned n = sizeof(bits) / sizeof(bits[0]);
+    struct fi_info *hints = bare_hints(r), *info = NULL;
+    int ret = FT_OK, granted = 0, rc;
+
+    FT_EXPECT(hints, "out of memory");
+    for (unsigned set = 0; set < 1u << n; set++) {
+        int want = 0;
+        for (unsigned b = 0; b < n; b++)
+            if (set & 1u << b) want |= bits[b];
+        hints->domain_attr->mr_mode = want;
+        FT_TRY(ft_getinfo(r, NULL, NULL, 0, hints, &info, &rc));
+        if (rc == -FI_ENODATA) continue;
+        FT_EXPECT(!rc, "fi_getinfo(mr_mode %#x) = %d (%s), expected 0 or -FI_ENODATA", want, rc,
+                  fi_strerror(-rc));
+        granted++;
+        for (struct fi_info *i = info; i; i = i->next)
+            FT_EXPECT(!(i->domain_attr->mr_mode & ~want), "mr_mode %#x asked, %#x needed", want,
+                      i->domain_attr->mr_mode);
+        fi_freeinfo(info);
+        info = NULL;
+    }
+    FT_EXPECT(granted, "no combination of MR modes granted");
+    static const int legacy[] = {FI_MR_BASIC, FI_MR_SCALABLE};
+    for (unsigned k = 0; k < 2; k++) {
+        hints->caps = FI_RMA;
+        hints->domain_attr->mr_mode = legacy[k];
+        FT_TRY(ft_getinfo(r, NULL, NULL, 0, hints, &info, &rc));
+        if (rc == -FI_ENODATA) continue;
+        FT_EXPECT(!rc, "fi_getinfo(mr_mode %s) = %d (%s)", k ? "FI_MR_SCALABLE" : "FI_MR_BASIC", rc,
+                  fi_strerror(-rc));
+        for (struct fi_info *i = info; i; i = i->next)
+            FT_EXPECT(i->domain_attr->mr_mode == legacy[k], "mr_mode %d asked, %d given", legacy[k],
+                      i->domain_attr->mr_mode);
+        fi_freeinfo(info);
+        info = NULL;
+    }
+    ft_note(r, "%d of %u combinations granted", granted, 1u << n);
+    /* pmof's tagged messages register what they need: an application that
+     * asks for them alone (Open MPI's ofi MTL, with no MR mode) gets them. */
+    if (ft_is_pmof_prov(r->opts) && r->opts->ep_type == FI_EP_RDM) {
+        hints->caps = FI_TAGGED;
+        hints->domain_attr->mr_mode = 0;
+        FT_TRY(ft_getinfo(r, NULL, NULL, 0, hints, &info, &rc));
+        FT_EXPECT(!rc, "FI_TAGGED with no MR mode: %d (%s)", rc, fi_strerror(-rc));
+        FT_EXPECT(!info->domain_attr->mr_mode, "FI_TAGGED with no MR mode: mr_mode %#x",
+                  info->domain_attr->mr_mode);
+    }
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
 const struct ft_test ft_info_tests[] = {
     {"getinfo.basic", t_basic},
     {"getinfo.caps_subset", t_caps_subset},
@@ -329,5 +568,10 @@ const struct ft_test ft_info_tests[] = {
     {"getinfo.dest", t_dest},
     {"getinfo.bad_version", t_bad_version},
     {"getinfo.dupinfo", t_dupinfo},
+    {"getinfo.primary_caps", t_primary_caps},
+    {"getinfo.domain_caps", t_domain_caps},
+    {"getinfo.no_hints", t_no_hints},
+    {"getinfo.own_answer", t_own_answer},
+    {"getinfo.mr_mode_bits", t_mr_mode_bits},
     {NULL, NULL},
 };
