@@ -337,6 +337,15 @@ out:
     return ret;
 }
 
+/* Takes a pending fi_cq_signal, if there is one. */
+static bool cq_take_signal(struct pmof_cq *cq) {
+    uint64_t v;
+
+    return read(cq->signal_fd, &v, sizeof(v)) == (ssize_t)sizeof(v);
+}
+
+/* Waits for an event or a signal: 0 to read the CQ again, 1 when
+ * fi_cq_signal woke it, -FI_EAGAIN at the timeout, or an error. */
 static int cq_wait(struct pmof_cq *cq, int timeout) {
     struct pollfd p[2] = {
         {.fd = cq->channel->fd, .events = POLLIN},
@@ -348,15 +357,12 @@ static int cq_wait(struct pmof_cq *cq, int timeout) {
         /* A rendezvous in flight finishes on the endpoint's other CQ too,
          * which no event of this one announces: look again shortly. */
         if (hooks_pending(cq)) poll(p, 2, timeout >= 0 && timeout < 1 ? timeout : 1);
-        return 0;
+        return cq_take_signal(cq) ? 1 : 0;
     }
     if (ret) return ret;
     ret = poll(p, 2, timeout);
     if (ret < 0) return errno == EINTR ? 0 : pmof_errno(errno);
-    if (p[1].revents & POLLIN) {
-        uint64_t v;
-        if (read(cq->signal_fd, &v, sizeof(v)) < 0) v = 0;
-    }
+    if ((p[1].revents & POLLIN) && cq_take_signal(cq)) return 1;
     return ret == 0 ? -FI_EAGAIN : 0;
 }
 
@@ -376,12 +382,16 @@ static ssize_t cq_sreadfrom(struct fid_cq *cq_fid, void *buf, size_t count, fi_a
             if (now >= end) return -FI_EAGAIN;
             left = (int)(end - now);
         }
+        /* fi_cq(3): a signalled thread returns with nothing read, even
+         * when it would wait for ever; a signal before the wait counts. */
         if (!cq->channel) {
             /* FI_WAIT_NONE and FI_WAIT_YIELD: poll, giving the CPU away. */
+            if (cq_take_signal(cq)) return -FI_EAGAIN;
             sched_yield();
             continue;
         }
         ret = cq_wait(cq, left);
+        if (ret == 1) return -FI_EAGAIN;
         if (ret && ret != -FI_EAGAIN) return ret;
     }
 }

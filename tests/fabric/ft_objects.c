@@ -3,7 +3,9 @@
  * around endpoints, each on its own. */
 #include "fabtest.h"
 
+#include <arpa/inet.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -344,6 +346,85 @@ static int t_cq_sread_timeout(struct ft_run *r) {
     FT_TRY(ft_dom_open(r, &d));
     FT_TRY(cq_sread_timeout(r, &d, FI_WAIT_FD));
     FT_TRY(cq_sread_timeout(r, &d, FI_WAIT_UNSPEC));
+out:
+    return ft_dom_close(r, &d, ret);
+}
+
+struct cq_waiter {
+    struct fid_cq *cq;
+    ssize_t ret;
+    uint64_t waited_us;
+};
+
+static void *cq_wait_forever(void *arg) {
+    struct cq_waiter *w = arg;
+    struct fi_cq_entry e;
+    uint64_t t0 = ft_now_us();
+
+    w->ret = fi_cq_sread(w->cq, &e, 1, NULL, -1);
+    w->waited_us = ft_now_us() - t0;
+    return NULL;
+}
+
+/* fi_cq(3): fi_cq_signal unblocks a thread waiting in fi_cq_sread, which
+ * returns -FI_EAGAIN with nothing read, even with no timeout; a signal
+ * given before the wait is not lost (libfabric's own CQ test signals
+ * first, then reads with a 2 s timeout and wants it back within 1 s). */
+static int cq_signal(struct ft_run *r, struct ft_dom *d, enum fi_wait_obj wait) {
+    struct fi_cq_attr attr = {.size = 1, .format = FI_CQ_FORMAT_CONTEXT, .wait_obj = wait};
+    struct cq_waiter w = {.ret = 1};
+    struct fi_cq_entry e;
+    struct fid_cq *cq = NULL;
+    pthread_t t;
+    bool started = false;
+    int ret = FT_OK;
+
+    FT_CHK(fi_cq_open(d->domain, &attr, &cq, NULL));
+    FT_CHK(fi_cq_signal(cq));
+    uint64_t t0 = ft_now_us();
+    ssize_t n = fi_cq_sread(cq, &e, 1, NULL, 2000);
+    uint64_t dt = ft_now_us() - t0;
+    FT_EXPECT(n == -FI_EAGAIN || n == -FI_ECANCELED,
+              "fi_cq_sread after fi_cq_signal (wait %d) = %zd (%s)", wait, n, fi_strerror((int)-n));
+    FT_EXPECT(dt < 1000000, "fi_cq_sread after fi_cq_signal (wait %d) took %llu us: signal lost",
+              wait, (unsigned long long)dt);
+
+    w.cq = cq;
+    FT_EXPECT(!pthread_create(&t, NULL, cq_wait_forever, &w), "pthread_create");
+    started = true;
+    ft_sleep_ms(100); /* in fi_cq_sread by now, or soon: either way it must return */
+    FT_CHK(fi_cq_signal(cq));
+    for (int i = 0; i < 500 && w.ret == 1; i++)
+        ft_sleep_ms(10);
+    FT_EXPECT(w.ret != 1,
+              "a thread in fi_cq_sread(no timeout) (wait %d) still blocked 5 s after "
+              "fi_cq_signal",
+              wait);
+    FT_EXPECT(w.ret == -FI_EAGAIN || w.ret == -FI_ECANCELED,
+              "fi_cq_sread(no timeout) woken by fi_cq_signal (wait %d) = %zd (%s)", wait, w.ret,
+              fi_strerror((int)-w.ret));
+out:
+    if (started && w.ret == 1) {
+        /* Still blocked: wake it the only other way, so it can be joined. */
+        for (int i = 0; i < 100 && w.ret == 1; i++) {
+            fi_cq_signal(cq);
+            ft_sleep_ms(50);
+        }
+    }
+    if (started && w.ret != 1)
+        pthread_join(t, NULL);
+    else if (started)
+        pthread_detach(t);
+    return started && w.ret == 1 ? ret : close_cq(r, cq, ret);
+}
+
+static int t_cq_signal(struct ft_run *r) {
+    struct ft_dom d;
+    int ret = FT_OK;
+
+    FT_TRY(ft_dom_open(r, &d));
+    FT_TRY(cq_signal(r, &d, FI_WAIT_UNSPEC));
+    FT_TRY(cq_signal(r, &d, FI_WAIT_FD));
 out:
     return ft_dom_close(r, &d, ret);
 }
@@ -696,6 +777,59 @@ out:
     return av_env_close(r, &e, ret);
 }
 
+/* fi_av(3) asks nothing of an AV before addresses go in: they may be
+ * inserted before any endpoint exists, and after one is bound to it, as
+ * libfabric's own AV test does with an endpoint that is never enabled. */
+static int av_stages(struct ft_run *r, struct ft_dom *d, enum fi_av_type type) {
+    struct fi_av_attr aa = {.type = type, .count = 8};
+    struct fid_av *av = NULL;
+    struct fid_ep *ep = NULL;
+    fi_addr_t fa[4] = {FI_ADDR_NOTAVAIL, FI_ADDR_NOTAVAIL, FI_ADDR_NOTAVAIL, FI_ADDR_NOTAVAIL};
+    struct sockaddr_in sin[2];
+    int ret = FT_OK, n;
+
+    for (int i = 0; i < 2; i++) {
+        memset(&sin[i], 0, sizeof(sin[i]));
+        sin[i].sin_family = AF_INET;
+        sin[i].sin_port = htons((uint16_t)(7500 + i));
+        FT_EXPECT(inet_pton(AF_INET, r->opts->addr, &sin[i].sin_addr) == 1, "address %s",
+                  r->opts->addr);
+    }
+    FT_CHK(fi_av_open(d->domain, &aa, &av, NULL));
+    /* A table's indices are known in advance: fi_addr may be NULL there. */
+    n = fi_av_insert(av, sin, 2, type == FI_AV_TABLE ? NULL : fa, 0, NULL);
+    FT_EXPECT(n == 2, "fi_av_insert before any endpoint (%s) = %d (%s)",
+              type == FI_AV_MAP ? "map" : "table", n, fi_strerror(-n));
+    if (type == FI_AV_TABLE) fa[0] = 0, fa[1] = 1;
+    FT_CHK(fi_endpoint(d->domain, d->info, &ep, NULL));
+    FT_CHK(fi_ep_bind(ep, &av->fid, 0));
+    for (int i = 0; i < 2; i++) /* two more peers, not the same again */
+        sin[i].sin_port = htons((uint16_t)(7502 + i));
+    n = fi_av_insert(av, sin, 2, fa + 2, 0, NULL);
+    FT_EXPECT(n == 2, "fi_av_insert once bound to an endpoint not yet enabled = %d (%s)", n,
+              fi_strerror(-n));
+    for (int i = 0; i < 4; i++)
+        FT_EXPECT(fa[i] != FI_ADDR_NOTAVAIL, "fi_addr %d not available", i);
+    if (type == FI_AV_TABLE)
+        FT_EXPECT(fa[2] == 2 && fa[3] == 3, "table indices %llu, %llu after 0 and 1",
+                  (unsigned long long)fa[2], (unsigned long long)fa[3]);
+out:
+    if (ep && fi_close(&ep->fid)) ret = ft_fail(r, "fi_close(ep) failed");
+    return close_av(r, av, ret);
+}
+
+static int t_av_stages(struct ft_run *r) {
+    struct ft_dom d;
+    int ret = FT_OK;
+
+    if (r->opts->ep_type != FI_EP_RDM) return ft_skip(r, "AVs belong to RDM endpoints (-e rdm)");
+    FT_TRY(ft_dom_open(r, &d));
+    FT_TRY(av_stages(r, &d, FI_AV_TABLE));
+    FT_TRY(av_stages(r, &d, FI_AV_MAP));
+out:
+    return ft_dom_close(r, &d, ret);
+}
+
 /* ------------------------------------------------------------ cntr */
 
 static int close_cntr(struct ft_run *r, struct fid_cntr *c, int ret) {
@@ -814,6 +948,7 @@ const struct ft_test ft_object_tests[] = {
     {"cq.wait_objects", t_cq_waits},
     {"cq.sread_timeout", t_cq_sread_timeout},
     {"cq.readerr_empty", t_cq_readerr_empty},
+    {"cq.signal", t_cq_signal},
     {"cq.strerror", t_cq_strerror},
     {"mr.reg", t_mr_reg},
     {"mr.regv", t_mr_regv},
@@ -826,6 +961,7 @@ const struct ft_test ft_object_tests[] = {
     {"av.open", t_av_open},
     {"av.insert_lookup", t_av_insert},
     {"av.insert_garbage", t_av_garbage},
+    {"av.insert_stages", t_av_stages},
     {"cntr.open", t_cntr_open},
     {"cntr.add_set_read", t_cntr_add_set},
     {"cntr.write_wait", t_cntr_writes},
