@@ -8,7 +8,6 @@
 
 #include <cerrno>
 #include <cstdint>
-#include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -19,17 +18,6 @@ uint32_t random32() {
     uint32_t v;
     if (getrandom(&v, sizeof v, 0) != sizeof v) v = uint32_t(now_ns() * 0x9E3779B1u);
     return v;
-}
-
-// Whether [p, p+len) is mapped in this process.  msync() fails with ENOMEM
-// on any unmapped page of its range, without touching the pages.
-bool mapped(const uint8_t *p, uint64_t len) {
-    static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-    uintptr_t lo = uintptr_t(p) & ~(page - 1);
-    uintptr_t end = uintptr_t(p) + (len ? len : 1);
-    if (end < uintptr_t(p)) return false;
-    uintptr_t hi = (end + page - 1) & ~(page - 1);
-    return msync(reinterpret_cast<void *>(lo), hi - lo, MS_ASYNC) == 0;
 }
 
 constexpr unsigned kKnownAccess =
@@ -92,9 +80,6 @@ uint8_t *mr_range(const Mr *mr, uint64_t va, uint64_t len, unsigned access) {
     if (va < mr->iova) return nullptr;
     uint64_t off = va - mr->iova;
     if (off > mr->length || len > mr->length - off) return nullptr;
-    // An implicit MR spans the address space: an access to a hole is the
-    // page fault a hardware RNIC would fail, not a crash of the process.
-    if (mr->implicit && !mapped(mr->addr + off, len)) return nullptr;
     return mr->addr + off;
 }
 
@@ -116,7 +101,6 @@ bool sges_still_registered(Nic *nic, Pd *pd, const ibv_sge *host_sge, uint32_t n
         if (!mr || (mr->access & access) != access) return false;
         uintptr_t lo = uintptr_t(mr->addr), p = uintptr_t(s.addr);
         if (p < lo || p - lo > mr->length || s.length > mr->length - (p - lo)) return false;
-        if (mr->implicit && !mapped(reinterpret_cast<uint8_t *>(p), s.length)) return false;
     }
     return true;
 }
@@ -160,16 +144,15 @@ struct ibv_mr *sroce_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64
                             unsigned int access) try {
     int mandatory = check_access(access);
     if (mandatory < 0) return nullptr;
-    // Implicit on-demand paging: the whole address space, as rdma-core
-    // spells it (ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND)).
-    bool implicit = !addr && length == SIZE_MAX && iova == 0 && (access & IBV_ACCESS_ON_DEMAND);
-    if ((!addr && length && !implicit) || iova + length < iova) {
+    // No address with a length is no memory, also in the form implicit
+    // on-demand paging takes (NULL, SIZE_MAX), which sroce does not offer.
+    if ((!addr && length) || iova + length < iova) {
         errno = EINVAL;
         return nullptr;
     }
     // FLUSH_PERSISTENT promises durability, so memory that cannot be made
     // durable (anonymous, tmpfs) is refused, as Linux rxe does.
-    MemClass cls = length && !implicit ? classify_memory(addr, length) : MemClass::kVolatile;
+    MemClass cls = length ? classify_memory(addr, length) : MemClass::kVolatile;
     if ((access & IBV_ACCESS_FLUSH_PERSISTENT) && cls == MemClass::kVolatile) {
         errno = EINVAL;
         return nullptr;
@@ -182,7 +165,6 @@ struct ibv_mr *sroce_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64
     mr->iova = iova;
     mr->length = length;
     mr->access = unsigned(mandatory);
-    mr->implicit = implicit;
     mr->pd = pd_root(pd);
     mr->ibmr.context = pd->context;
     mr->ibmr.pd = pd;
@@ -233,17 +215,15 @@ int sroce_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *pd, void *addr
     uint8_t *new_addr = mr->addr;
     uint64_t new_iova = mr->iova;
     size_t new_length = mr->length;
-    bool implicit = mr->implicit;
     MemClass cls = mr->cls;
     if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
         if (uintptr_t(addr) + length < uintptr_t(addr)) return cmd_error(EINVAL);
         new_addr = static_cast<uint8_t *>(addr);
         new_iova = uintptr_t(addr);
         new_length = length;
-        implicit = false;
         cls = classify_memory(addr, length);
     }
-    if ((new_access & IBV_ACCESS_FLUSH_PERSISTENT) && (implicit || cls == MemClass::kVolatile))
+    if ((new_access & IBV_ACCESS_FLUSH_PERSISTENT) && cls == MemClass::kVolatile)
         return cmd_error(EINVAL);
 
     // The progress thread looks MRs up and uses them under objects_mu.
@@ -254,7 +234,6 @@ int sroce_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *pd, void *addr
     mr->addr = new_addr;
     mr->iova = new_iova;
     mr->length = new_length;
-    mr->implicit = implicit;
     mr->cls = cls;
     if (flags & IBV_REREG_MR_CHANGE_PD) {
         mr->pd = pd_root(pd);

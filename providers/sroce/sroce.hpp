@@ -170,9 +170,6 @@ struct Mr {
     Pd *pd = nullptr;
     MemClass cls = MemClass::kVolatile; // how FLUSH makes this memory durable
     bool uncached = false;              // IBV_ACCESS_UNCACHED: non-temporal placement
-    // Implicit on-demand paging (addr NULL, length SIZE_MAX): the whole
-    // address space, so every access first checks that it is mapped.
-    bool implicit = false;
     // The key lookups match: the MR's rkey, or a memory window's current
     // rkey (a bind changes its low 8 bits, the consumer key).
     std::atomic<uint32_t> key{0};

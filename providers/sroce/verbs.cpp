@@ -180,7 +180,10 @@ int query_device_ex(ibv_context *ctx, const ibv_query_device_ex_input *input,
     // The engine reaches application memory through the process's own page
     // tables, so nothing is ever pinned: every registration already behaves
     // as on-demand paging, including one of the whole address space.
-    a.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+    // Not IBV_ODP_SUPPORT_IMPLICIT, as Linux rxe: a region over the whole
+    // address space would let any holder of its key write anywhere in the
+    // process, and UCX 1.11-1.14 crash closing a device that offers it.
+    a.odp_caps.general_caps = IBV_ODP_SUPPORT;
     constexpr uint32_t kOdpAll = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
                                  IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
                                  IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;

@@ -57,6 +57,7 @@ Raw Packet QP|QP type 8 is not supported            | raw packet QPs          | 
 Device memory is not supported                      | device memory           | on-NIC memory (ibv_alloc_dm): a software NIC has none
 Parent Domain is not supported                      | parent domains          | ibv_alloc_parent_domain: provider-private allocators, mlx5 only
 huge pages of size                                  | host configuration      | needs 2 MiB huge pages reserved on the host (vm.nr_hugepages)
+ODP implicit is not supported                       | by choice, as rxe       | a region over the whole address space: not offered, as Linux rxe does not (sroce.8, Memory registration)
 EOF
 
 # Not yet: features sroce must gain.  Each entry is a test-name regex (the
