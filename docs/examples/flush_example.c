@@ -154,7 +154,11 @@ static int connect_qp(struct end *e, const struct end *peer, int gid_index, unsi
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTS;
     a.sq_psn = 0;
-    a.timeout = 14;
+    /* A FLUSH to a file returns once msync(2) has: a busy disk can hold it
+     * for longer than the retries of a short timeout (14: 67 ms, 8 tries),
+     * and the requester would give up on a target that is only slow.
+     * 18: about 1 s per try. */
+    a.timeout = 18;
     a.retry_cnt = 7;
     a.rnr_retry = 7;
     a.max_rd_atomic = 1;
