@@ -36,7 +36,7 @@ declare -A group=(
   # python3-pyverbs: rdma-core's own test suite (test_rdma_core_suite.sh).
   # ethtool: turns lo's segmentation offload off in a test's own namespace, so
   # a capture there holds the datagrams a wire would carry (lib.sh).
-  [clients]="ibverbs-utils rdmacm-utils perftest libfabric-bin python3-pyverbs iproute2 ethtool"
+  [clients]="ibverbs-utils rdmacm-utils perftest qperf libfabric-bin python3-pyverbs iproute2 ethtool"
   # ucx-utils: ucx_info lists the devices `sroce exec` shows (test_exec_discovery.sh),
   # ucx_perftest runs over them, and libucx-dev builds a UCP client and server that
   # connect through rdma_cm (test_fabric_clients.sh, like librpma and Open MPI).
