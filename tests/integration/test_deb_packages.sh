@@ -362,6 +362,8 @@ int main(void) {
     if (!hints || !(hints->fabric_attr->prov_name = malloc(sizeof("pmof")))) return 1;
     memcpy(hints->fabric_attr->prov_name, "pmof", sizeof("pmof"));
     hints->ep_attr->type = FI_EP_MSG;
+    /* The MR modes it can work with: none would get -FI_ENODATA. */
+    hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
     if (fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info) == 0 &&
         fi_fabric(info->fabric_attr, &fabric, NULL) == 0 &&
         fi_domain(fabric, info, &domain, NULL) == 0)
