@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -352,17 +353,14 @@ out:
 
 struct cq_waiter {
     struct fid_cq *cq;
-    ssize_t ret;
-    uint64_t waited_us;
+    atomic_long ret; /* fi_cq_sread's result once it returned; 1 until then */
 };
 
 static void *cq_wait_forever(void *arg) {
     struct cq_waiter *w = arg;
     struct fi_cq_entry e;
-    uint64_t t0 = ft_now_us();
 
-    w->ret = fi_cq_sread(w->cq, &e, 1, NULL, -1);
-    w->waited_us = ft_now_us() - t0;
+    atomic_store(&w->ret, (long)fi_cq_sread(w->cq, &e, 1, NULL, -1));
     return NULL;
 }
 
@@ -378,6 +376,7 @@ static int cq_signal(struct ft_run *r, struct ft_dom *d, enum fi_wait_obj wait) 
     pthread_t t;
     bool started = false;
     int ret = FT_OK;
+    long woken;
 
     FT_CHK(fi_cq_open(d->domain, &attr, &cq, NULL));
     FT_CHK(fi_cq_signal(cq));
@@ -394,28 +393,29 @@ static int cq_signal(struct ft_run *r, struct ft_dom *d, enum fi_wait_obj wait) 
     started = true;
     ft_sleep_ms(100); /* in fi_cq_sread by now, or soon: either way it must return */
     FT_CHK(fi_cq_signal(cq));
-    for (int i = 0; i < 500 && w.ret == 1; i++)
+    for (int i = 0; i < 500 && atomic_load(&w.ret) == 1; i++)
         ft_sleep_ms(10);
-    FT_EXPECT(w.ret != 1,
+    woken = atomic_load(&w.ret);
+    FT_EXPECT(woken != 1,
               "a thread in fi_cq_sread(no timeout) (wait %d) still blocked 5 s after "
               "fi_cq_signal",
               wait);
-    FT_EXPECT(w.ret == -FI_EAGAIN || w.ret == -FI_ECANCELED,
-              "fi_cq_sread(no timeout) woken by fi_cq_signal (wait %d) = %zd (%s)", wait, w.ret,
-              fi_strerror((int)-w.ret));
+    FT_EXPECT(woken == -FI_EAGAIN || woken == -FI_ECANCELED,
+              "fi_cq_sread(no timeout) woken by fi_cq_signal (wait %d) = %ld (%s)", wait, woken,
+              fi_strerror((int)-woken));
 out:
-    if (started && w.ret == 1) {
-        /* Still blocked: wake it the only other way, so it can be joined. */
-        for (int i = 0; i < 100 && w.ret == 1; i++) {
-            fi_cq_signal(cq);
-            ft_sleep_ms(50);
-        }
+    /* Still blocked: wake it the only other way, so it can be joined. */
+    for (int i = 0; started && i < 100 && atomic_load(&w.ret) == 1; i++) {
+        fi_cq_signal(cq);
+        ft_sleep_ms(50);
     }
-    if (started && w.ret != 1)
-        pthread_join(t, NULL);
-    else if (started)
-        pthread_detach(t);
-    return started && w.ret == 1 ? ret : close_cq(r, cq, ret);
+    if (!started) return close_cq(r, cq, ret);
+    if (atomic_load(&w.ret) == 1) {
+        pthread_detach(t); /* the CQ stays open under it */
+        return ret;
+    }
+    pthread_join(t, NULL);
+    return close_cq(r, cq, ret);
 }
 
 static int t_cq_signal(struct ft_run *r) {
