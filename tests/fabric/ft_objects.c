@@ -340,15 +340,22 @@ out:
     return close_cq(r, cq, ret);
 }
 
-static int t_cq_sread_timeout(struct ft_run *r) {
+/* check(r, d, wait) on one domain, for the wait objects fi_cq_sread
+ * blocks on: FI_WAIT_FD and FI_WAIT_UNSPEC. */
+static int on_blocking_waits(struct ft_run *r,
+                             int (*check)(struct ft_run *, struct ft_dom *, enum fi_wait_obj)) {
     struct ft_dom d;
     int ret = FT_OK;
 
     FT_TRY(ft_dom_open(r, &d));
-    FT_TRY(cq_sread_timeout(r, &d, FI_WAIT_FD));
-    FT_TRY(cq_sread_timeout(r, &d, FI_WAIT_UNSPEC));
+    FT_TRY(check(r, &d, FI_WAIT_FD));
+    FT_TRY(check(r, &d, FI_WAIT_UNSPEC));
 out:
     return ft_dom_close(r, &d, ret);
+}
+
+static int t_cq_sread_timeout(struct ft_run *r) {
+    return on_blocking_waits(r, cq_sread_timeout);
 }
 
 struct cq_waiter {
@@ -419,14 +426,7 @@ out:
 }
 
 static int t_cq_signal(struct ft_run *r) {
-    struct ft_dom d;
-    int ret = FT_OK;
-
-    FT_TRY(ft_dom_open(r, &d));
-    FT_TRY(cq_signal(r, &d, FI_WAIT_UNSPEC));
-    FT_TRY(cq_signal(r, &d, FI_WAIT_FD));
-out:
-    return ft_dom_close(r, &d, ret);
+    return on_blocking_waits(r, cq_signal);
 }
 
 static int t_cq_readerr_empty(struct ft_run *r) {
