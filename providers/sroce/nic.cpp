@@ -188,6 +188,7 @@ NicOptions NicOptions::from_env() {
         o.spin_ns = strtoull(s, nullptr, 10) * 1000;
     if (const char *r = getenv("SROCE_SELECTIVE_REPEAT"); r && *r == '0')
         o.selective_repeat = false;
+    if (const char *a = getenv("SROCE_ANNOUNCE"); a && *a == '0') o.announce = false;
     if (const char *s = getenv("SROCE_STATS"); s && *s == '1') o.stats = true;
     if (const char *a = getenv("SROCE_AGENT"); a && !strcmp(a, "off")) o.agent = false;
     if (const char *w = getenv("SROCE_AGENT_WAIT"); w && *w) o.agent_wait_s = unsigned(atoi(w));

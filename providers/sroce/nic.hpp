@@ -55,6 +55,7 @@ struct NicOptions {
     bool app_progress = true;     // SROCE_APP_PROGRESS=0 turns it off
     uint64_t spin_ns = 50000;     // SROCE_SPIN_US
     bool selective_repeat = true; // SROCE_SELECTIVE_REPEAT=0 turns it off
+    bool announce = true;         // SROCE_ANNOUNCE=0 turns it off
     bool stats = false;           // SROCE_STATS=1
     bool agent = true;            // SROCE_AGENT=off: the address to ourselves
     unsigned agent_wait_s = 30;   // SROCE_AGENT_WAIT
@@ -144,6 +145,12 @@ class Nic {
     bool lost() const { return lost_.load(std::memory_order_relaxed); }
     // Whether QPs offer selective repeat to their peers (SROCE_SELECTIVE_REPEAT).
     bool selective_repeat() const { return opt_.selective_repeat; }
+    // What RC QPs of this NIC announce of themselves in their packets.
+    uint8_t announce() const {
+        if (!opt_.announce) return 0;
+        return wire::bth::kAnnounceNative |
+               (opt_.selective_repeat ? wire::bth::kAnnounceSelectiveRepeat : 0);
+    }
 
     MrTable mrs;
     // Held by whoever dispatches packets (the progress thread or an

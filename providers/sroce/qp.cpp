@@ -195,6 +195,8 @@ void reset_state(Qp *qp) {
     q.resent.reset();
     qp->commit.dirty.clear();
     qp->commit.in_msg = false;
+    qp->peer_announced = 0;
+    qp->agree_selective_repeat();
 }
 
 // A reset or destroyed QP leaves nothing in its CQs (as mlx5 cleans them):
@@ -593,7 +595,7 @@ void wr_commit(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint32_t flags, boo
         return;
     }
     unsigned user = qpx->wr_flags;
-    if (qp->commit.peer_native) {
+    if (qp->peer_native()) {
         if (SendWqe *w = wr_begin_flags(qpx, kWrWriteCommit, user)) {
             w->rkey = rkey;
             w->remote_addr = addr;
@@ -804,6 +806,7 @@ ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr) try {
     qp->ctx = ctx;
     qp->nic = ctx->nic;
     qp->type = attr->qp_type;
+    if (qp->type == IBV_QPT_RC) qp->announce = qp->nic->announce();
     bool tgt = qp->type == IBV_QPT_XRC_RECV;
     qp->scq = tgt ? nullptr : to_cq(attr->send_cq);
     qp->rcq = tgt || qp->type == IBV_QPT_XRC_SEND ? nullptr : to_cq(attr->recv_cq);
@@ -968,8 +971,9 @@ int sroce_qp_set_commit_peer(struct ibv_qp *ibqp, uint32_t peer_commit_caps) {
     Qp *qp = to_qp(ibqp);
     std::lock_guard<std::mutex> g(qp->mu);
     qp->commit.peer_native = peer_commit_caps & IBV_COMMIT_CAP_NATIVE;
-    qp->selective_repeat = qp->type == IBV_QPT_RC && qp->nic->selective_repeat() &&
-                           (peer_commit_caps & IBV_COMMIT_CAP_SELECTIVE_REPEAT);
+    qp->selective_repeat_declared = qp->type == IBV_QPT_RC && qp->nic->selective_repeat() &&
+                                    (peer_commit_caps & IBV_COMMIT_CAP_SELECTIVE_REPEAT);
+    qp->agree_selective_repeat();
     return 0;
 }
 
@@ -1010,7 +1014,9 @@ int sroce_set_ece(struct ibv_qp *ibqp, struct ibv_ece *ece) {
     qp->commit.ece_set = true;
     qp->commit.ece_options = agreed;
     qp->commit.peer_native = agreed & IBV_COMMIT_CAP_NATIVE;
-    qp->selective_repeat = qp->type == IBV_QPT_RC && (agreed & IBV_COMMIT_CAP_SELECTIVE_REPEAT);
+    qp->selective_repeat_declared =
+        qp->type == IBV_QPT_RC && (agreed & IBV_COMMIT_CAP_SELECTIVE_REPEAT);
+    qp->agree_selective_repeat();
     return 0;
 }
 

@@ -172,6 +172,14 @@ void Nic::deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx) {
         stats.rx_no_qp.fetch_add(1, std::memory_order_relaxed);
         return;
     }
+    // A peer that announces itself is sroce (wire-protocol.md §3.3.1):
+    // from its first packet on, both ends resend selectively and commits
+    // go native, as if the application had declared it.
+    if (uint8_t a = wire::bth::announced(pkt.hdr);
+        (a & ~qp->peer_announced) && qp->announce && pkt.src_addr == qp->attr.dest_addr) {
+        qp->peer_announced |= a;
+        qp->agree_selective_repeat();
+    }
     tx.order = &qp->tx_mu;
     if (request) {
         // The peer's own FLUSH shows the ICRC form it takes (req.cpp).

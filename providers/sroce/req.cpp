@@ -161,6 +161,7 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx, bool ackreq_always
     if (ackreq) qp->req.pkts_since_ackreq = 0;
     bool se = last && (w.flags & IBV_SEND_SOLICITED);
     bth::build(hdr, op, se, 0, kDefaultPkey, dqpn, ackreq, psn);
+    bth::announce(hdr, qp->announce);
     if (info.xrceth) put32(hdr + info.xrceth, w.xrc_srqn & kQpnMask);
     if (info.deth) {
         put32(hdr + info.deth, w.ud_qkey);

@@ -85,6 +85,7 @@ void send_aeth(Qp *qp, TxBatch &tx, uint8_t syndrome, uint32_t psn) {
     uint8_t hdr[kBthLen + kAethLen];
     bth::build(hdr, qp->is_xrc() ? kXrcBase | kAcknowledge : kAcknowledge, false, 0, kDefaultPkey,
                qp->attr.dest_qpn, false, psn);
+    bth::announce(hdr, qp->announce);
     aeth::build(hdr + kBthLen, syndrome, qp->resp.msn);
     qp->nic->queue(tx, qp->attr.dest_addr, hdr, sizeof hdr, nullptr, 0, 0);
 }
@@ -102,6 +103,7 @@ void send_read_responses(Qp *qp, TxBatch &tx, uint32_t psn, const uint8_t *src, 
         uint8_t hdr[kBthLen + kAethLen];
         bth::build(hdr, xrc | op, false, 0, kDefaultPkey, qp->attr.dest_qpn, false,
                    psn_add(psn, i));
+        bth::announce(hdr, qp->announce);
         if (info.aeth) aeth::build(hdr + info.aeth, aeth::kAck | aeth::kNoCredits, qp->resp.msn);
         uint32_t off = i * mtu;
         uint32_t plen = std::min(mtu, len - off);
@@ -115,6 +117,7 @@ void send_atomic_ack(Qp *qp, TxBatch &tx, uint32_t psn, uint64_t orig) {
     uint8_t hdr[kBthLen + kAethLen + kAtomicAckEthLen];
     bth::build(hdr, qp->is_xrc() ? kXrcBase | kAtomicAcknowledge : kAtomicAcknowledge, false, 0,
                kDefaultPkey, qp->attr.dest_qpn, false, psn);
+    bth::announce(hdr, qp->announce);
     aeth::build(hdr + kBthLen, aeth::kAck | aeth::kNoCredits, qp->resp.msn);
     put64(hdr + kBthLen + kAethLen, orig);
     qp->nic->queue(tx, qp->attr.dest_addr, hdr, sizeof hdr, nullptr, 0, 0);
@@ -1013,6 +1016,7 @@ bool send_sack(Qp *qp, TxBatch &tx) {
     if (!held) return false;
     bth::build(pkt, kSelectiveAck, false, 0, kDefaultPkey, qp->attr.dest_qpn, false,
                psn_add(r.epsn, kPsnMask));
+    bth::announce(pkt, qp->announce);
     aeth::build(pkt + kBthLen, aeth::kAck | aeth::kNoCredits, r.msn);
     uint8_t *h = pkt + kBthLen + kAethLen;
     h[0] = 0;

@@ -696,13 +696,29 @@ struct Qp {
     // that an ACK is pending (Responder::ack_pending).
     bool ack_listed = false;
     // Both peers resend selectively (IBV_COMMIT_CAP_SELECTIVE_REPEAT, agreed
-    // in ECE or declared with ibv_qp_set_commit_peer): RC only.
+    // in ECE, declared with ibv_qp_set_commit_peer or announced by both in
+    // their packets): RC only.
     bool selective_repeat = false;
+    // Agreed in ECE or declared; unlike an announcement it survives a reset.
+    bool selective_repeat_declared = false;
+    // What this end announces in its packets' BTH (wire::bth::announce;
+    // RC QPs only) and what the peer's packets announced: learned by the
+    // dispatcher, forgotten when the QP is reset, as the peer may change.
+    uint8_t announce = 0;
+    uint8_t peer_announced = 0;
 
     ibv_qp_state state() const { return attr.state; }
     bool in_error() const { return attr.state == IBV_QPS_ERR; }
     bool connected() const { return type == IBV_QPT_RC || type == IBV_QPT_UC || is_xrc(); }
     bool reliable() const { return type == IBV_QPT_RC || is_xrc(); }
+    bool peer_native() const {
+        return commit.peer_native || (peer_announced & wire::bth::kAnnounceNative);
+    }
+    // Declared, or announced by both ends.
+    void agree_selective_repeat() {
+        selective_repeat = selective_repeat_declared ||
+                           (announce & peer_announced & wire::bth::kAnnounceSelectiveRepeat);
+    }
     bool is_xrc() const { return type == IBV_QPT_XRC_SEND || type == IBV_QPT_XRC_RECV; }
 };
 

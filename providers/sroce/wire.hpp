@@ -120,6 +120,20 @@ inline bool ackreq(const uint8_t *h) {
 inline uint32_t psn(const uint8_t *h) {
     return get24(h + 9);
 }
+// What an sroce end announces of itself in resv7 (wire-protocol.md §3.3.1):
+// the tag, then capability bits.  Other senders leave resv7 zero.
+constexpr uint8_t kAnnounceTag = 0x40;
+constexpr uint8_t kAnnounceTagMask = 0x70;
+constexpr uint8_t kAnnounceSelectiveRepeat = 0x01;
+constexpr uint8_t kAnnounceNative = 0x02;
+constexpr uint8_t kAnnounceCaps = kAnnounceSelectiveRepeat | kAnnounceNative;
+// The capabilities a packet announces; 0 for an untagged resv7.
+inline uint8_t announced(const uint8_t *h) {
+    return (h[8] & kAnnounceTagMask) == kAnnounceTag ? uint8_t(h[8] & kAnnounceCaps) : 0;
+}
+inline void announce(uint8_t *h, uint8_t caps) {
+    if (caps) h[8] = uint8_t((h[8] & 0x80) | kAnnounceTag | (caps & kAnnounceCaps));
+}
 inline void build(uint8_t *h, uint8_t opcode, bool se, uint8_t pad, uint16_t pkey, uint32_t qpn,
                   bool ackreq, uint32_t psn) {
     h[0] = opcode;

@@ -3,14 +3,16 @@
 """Checks in a capture of one rdma_cm connection which commit opcodes two
 peers agreed on, and that the wire carries exactly those.
 
-Usage: ece_check.py PCAP native|ibta
+Usage: ece_check.py PCAP native|ibta|announced
 
 The REQ must offer sroce's ECE (vendor ID 0xFFFFFF in its VendorID bytes,
 options 0x5C00002F in the MAD's attribute modifier, as the kernel's CM puts
 them).  For "native", the REP must answer with the same and the commits must
 travel as sroce's write-commit opcodes 0xC0-0xC5, with no IBTA FLUSH; for
 "ibta", the REP answers options 0 and the commits are WRITE + FLUSH (0x1C)
-with no native opcode.  Layouts: docs/wire-protocol.md, docs/connection-manager.md.
+with no native opcode; for "announced", the REP answers options 0 but both
+ends announce themselves in their packets' BTH, so the commits are native
+all the same.  Layouts: docs/wire-protocol.md, docs/connection-manager.md.
 """
 import collections
 import sys
@@ -59,7 +61,7 @@ def cm_messages(pcap):
 
 
 def main():
-    if len(sys.argv) != 3 or sys.argv[2] not in ("native", "ibta"):
+    if len(sys.argv) != 3 or sys.argv[2] not in ("native", "ibta", "announced"):
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
     want = sys.argv[2]
@@ -81,7 +83,7 @@ def main():
     answer = OFFER if want == "native" else 0
     if reps != {(answer, VENDOR)}:
         problems.append(f"the REP does not answer {answer:#x} under vendor {VENDOR:#x}")
-    if want == "native" and (native == 0 or flush):
+    if want in ("native", "announced") and (native == 0 or flush):
         problems.append("the commits are not native write-commit opcodes alone")
     if want == "ibta" and (native or flush == 0):
         problems.append("the commits are not IBTA FLUSH sequences alone")

@@ -15,6 +15,12 @@
 #               nothing resent selectively, the client rewinds (retransmits).
 #   30 % loss   agreed, with 30 % of every side's datagrams dropped: the run
 #               finishes, slowly, with every byte right.
+#   announced   Debian's ib_write_bw without rdma_cm (QP numbers over its
+#               own TCP exchange, no ECE) at 1 % loss: each end announces
+#               itself in its packets (wire-protocol.md §3.3.1), so the
+#               server holds and the client resends selectively all the same.
+#               With SROCE_ANNOUNCE=0 on the server, nothing is agreed: the
+#               client rewinds as go-back-N does.
 #   rdma_cm     Debian's ib_write_bw -R at 1 % loss finishes: librdmacm
 #               carries the ECE offer in REQ and REP (that the options include
 #               selective repeat is ece_check.py's, in test_commit_negotiation),
@@ -63,6 +69,26 @@ xfer "one side without it, 1 % loss" "SROCE_SELECTIVE_REPEAT=0 SROCE_FAULT=drop=
 xfer "agreed, 30 % loss" "SROCE_FAULT=drop=0.3,seed=5" "SROCE_FAULT=drop=0.3,seed=6" \
 	"-n 200 --seed 23 --max-size 65536" \
 	"server rx_held > 0" "client tx_resent_selective > 0"
+
+# perftest NAME SERVER-ENV EXPR...: ib_write_bw without rdma_cm, 1 % loss.
+perftest() {
+	local name=$1 senv=$2
+	shift 2
+	# shellcheck disable=SC2086 # the environment is a list
+	if run_pair env SROCE_STATS=1 SROCE_FAULT=drop=0.01,seed=9 $senv \
+		ib_write_bw -d sroce_sr0 -x 1 -s 65536 -n 1000 -p @PORT@ -- \
+		env SROCE_STATS=1 SROCE_FAULT=drop=0.01,seed=10 \
+		ib_write_bw -d sroce_sr1 -x 1 -s 65536 -n 1000 -p @PORT@ 127.0.0.1; then
+		check_counters "$name" "sroce_sr[01]" "$RP_SERVER_LOG" "$RP_CLIENT_LOG" "$@" \
+			"server rx_bad_icrc == 0" "client rx_bad_icrc == 0" "server rx_dropped_fault > 0"
+	else
+		fail "$name: ib_write_bw (server $RP_SERVER_RC, client ${RP_CLIENT_RC:-not run})"
+	fi
+}
+perftest "ib_write_bw, announced, 1 % loss" "" \
+	"server rx_held > 0" "client tx_resent_selective > 0"
+perftest "ib_write_bw, server announcing nothing, 1 % loss" "SROCE_ANNOUNCE=0" \
+	"server rx_held == 0" "client tx_resent_selective == 0" "client retransmits > 0"
 
 LOSSY_CLOSE=1 perftest_cm perftest_r 7491 'RDMA_CM_EVENT_REJECTED; error: 8' "ib_write_bw -R, 1 % loss" \
 	env SROCE_FAULT=drop=0.01,seed=7 ib_write_bw -d sroce_sr0 -x 1 -R -s 65536 -n 2000 -p 7491 -- \

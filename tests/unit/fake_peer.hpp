@@ -637,6 +637,11 @@ class FakePeer : public ::testing::Test {
             drain_async_events();
             ibv_destroy_qp(qp);
         }
+        ASSERT_NO_FATAL_FAILURE(new_qp());
+        ASSERT_NO_FATAL_FAILURE(connect_qp(rq_psn, sq_psn, timeout, extra_access));
+    }
+
+    void new_qp() {
         ibv_qp_init_attr_ex ia{};
         ia.send_cq = cq;
         ia.recv_cq = cq;
@@ -653,7 +658,11 @@ class FakePeer : public ::testing::Test {
         qp = ibv_create_qp_ex(w.pd->context, &ia);
         ASSERT_NE(qp, nullptr) << strerror(errno);
         qpn = qp->qp_num;
+    }
 
+    // Takes the QP from RESET to RTS, connected to the fake peer.
+    void connect_qp(uint32_t rq_psn, uint32_t sq_psn, uint8_t timeout = 0,
+                    unsigned extra_access = 0) {
         ibv_qp_attr a{};
         a.qp_state = IBV_QPS_INIT;
         a.pkey_index = 0;

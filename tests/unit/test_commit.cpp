@@ -17,6 +17,10 @@ namespace {
 
 ibv_context *g_ctx[2];
 
+// The IBTA path must stay one: two sroce ends that announce themselves agree
+// on native commits in their first packets (test_wire_announce covers that).
+[[maybe_unused]] const int g_quiet = setenv("SROCE_ANNOUNCE", "0", 1);
+
 PersistLog g_log;
 
 [[maybe_unused]] ::testing::Environment *const g_env =

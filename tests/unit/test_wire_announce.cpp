@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: MIT
+//
+// What an sroce end announces of itself in its packets' BTH and what it
+// learns from a peer's (wire-protocol.md §3.3.1), against a fake peer: the
+// announcement on every RC packet, native commits and selective repeat for
+// a peer that announces them, nothing for one that does not (an IBTA peer's
+// resv7 is zero) or whose resv7 lacks the tag, and nothing kept over a reset.
+#include "fake_peer.hpp"
+
+namespace {
+
+using namespace fake_peer;
+
+constexpr uint8_t kSroceEnd =
+    bth::kAnnounceTag | bth::kAnnounceSelectiveRepeat | bth::kAnnounceNative;
+
+// `p` (from the peer) with resv7 set to `resv7`, sealed again.
+Bytes with_resv7(Bytes p, uint8_t resv7) {
+    p[8] = uint8_t((p[8] & 0x80) | (resv7 & 0x7F));
+    Ipv4Header ip{ip4(kPeerAddr), ip4(kDevAddr), kRoceV2Port, kRoceV2Port};
+    icrc_store(p.data() + p.size() - kIcrcLen, icrc_compute(ip, p.data(), p.size()));
+    return p;
+}
+
+class Announce : public FakePeer {
+  protected:
+    // A WRITE of 8 bytes acknowledged by the peer's ACK with `resv7`.
+    void write_acked_with(uint8_t resv7) {
+        post(IBV_WR_RDMA_WRITE, 1, 0x100, 8, 0x10000, 0xAABBCCDD);
+        std::optional<Rx> r = reply();
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->opcode, kWriteOnly) << r->str();
+        send(with_resv7(ack(kSqPsn), resv7));
+        ASSERT_NO_FATAL_FAILURE(expect_success(1));
+    }
+
+    // Posts an ordered write-commit with immediate data and returns the
+    // first packet sroce sends for it.
+    std::optional<Rx> commit(uint64_t wr_id) {
+        ibv_qp_ex *qpx = ibv_qp_to_qp_ex(qp);
+        ibv_wr_start(qpx);
+        qpx->wr_id = wr_id;
+        qpx->wr_flags = IBV_SEND_SIGNALED;
+        EXPECT_EQ(ibv_wr_rdma_write_commit_imm(qpx, 0xAABBCCDD, 0x10000, IBV_WRITE_COMMIT_ORDERED,
+                                               htonl(0x1234)),
+                  0);
+        ibv_wr_set_sge(qpx, w.mr->lkey, uint64_t(uintptr_t(w.buf)), 99);
+        EXPECT_EQ(ibv_wr_complete(qpx), 0);
+        return reply();
+    }
+};
+
+TEST_F(Announce, EveryRcPacketAnnouncesTheEnd) {
+    post(IBV_WR_RDMA_WRITE, 1, 0x100, 8, 0x10000, 0xAABBCCDD);
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kWriteOnly) << r->str();
+    EXPECT_EQ(r->raw[8], 0x80 | kSroceEnd) << "AckReq and the announcement";
+    send(ack(kSqPsn));
+    ASSERT_NO_FATAL_FAILURE(expect_success(1));
+    // The responder's packets too: an ACK, a READ response.
+    send(write_only(kRqPsn, 0x200, pattern(8, 1)));
+    r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kAcknowledge) << r->str();
+    EXPECT_EQ(r->raw[8], kSroceEnd);
+    send(packet(kReadRequest, qpn, (kRqPsn + 1) & kPsnMask, reth(va(0x200), rkey(), 8), {}));
+    r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kReadRespOnly) << r->str();
+    EXPECT_EQ(r->raw[8], kSroceEnd);
+    EXPECT_EQ(r->payload, pattern(8, 1));
+}
+
+TEST_F(Announce, ACommitToAnAnnouncingPeerIsNative) {
+    // Before the peer has said anything: the IBTA sequence.
+    std::optional<Rx> r = commit(2);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kFlush) << r->str();
+    for (uint32_t i = 1; i < 4; i++)
+        ASSERT_TRUE(reply()) << "part " << i;
+    ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn));
+    // An ACK that announces native commits: the next commit is one message.
+    ASSERT_NO_FATAL_FAILURE(write_acked_with(bth::kAnnounceTag | bth::kAnnounceNative));
+    r = commit(4);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kCommitWriteOnlyImm) << r->str();
+    EXPECT_EQ(r->dma_len, 99u);
+    EXPECT_FALSE(reply()) << "more than one native message";
+}
+
+// Only the tag makes resv7 an announcement: other bits are another
+// implementation's business, and teach nothing.
+TEST_F(Announce, AnUntaggedResv7TeachesNothing) {
+    ASSERT_NO_FATAL_FAILURE(write_acked_with(bth::kAnnounceCaps));
+    std::optional<Rx> r = commit(2);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kFlush) << r->str();
+    for (uint32_t i = 1; i < 4; i++)
+        ASSERT_TRUE(reply()) << "part " << i;
+    ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn));
+    ASSERT_NO_FATAL_FAILURE(write_acked_with(0x7F));
+    r = commit(2);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kFlush) << r->str();
+}
+
+// The QP may be connected to another peer after a reset: what the last one
+// announced is forgotten (a declaration, by contrast, stays).
+TEST_F(Announce, AResetForgetsWhatThePeerAnnounced) {
+    ASSERT_NO_FATAL_FAILURE(write_acked_with(kSroceEnd));
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RESET;
+    ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
+    ASSERT_NO_FATAL_FAILURE(connect_qp(kRqPsn, kSqPsn));
+    std::optional<Rx> r = commit(2);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kFlush) << r->str();
+}
+
+// A requester that announces selective repeat gets its requests past a gap
+// held and a SELECTIVE ACKNOWLEDGE; filling the gap carries both out.
+TEST_F(Announce, AnAnnouncingRequestersGapIsHeld) {
+    uint32_t next = (kRqPsn + 1) & kPsnMask;
+    send(with_resv7(write_only(next, 0x300, pattern(8, 2)), kSroceEnd));
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->opcode, kSelectiveAck) << r->str();
+    EXPECT_EQ(r->psn, (kRqPsn - 1) & kPsnMask) << "the cumulative ACK: nothing yet";
+    EXPECT_EQ(get24(r->raw.data() + kBthLen + kAethLen + 1), next) << "highest PSN held";
+    expect_untouched(0x300, 8);
+    send(with_resv7(write_only(kRqPsn, 0x200, pattern(8, 1)), kSroceEnd));
+    ASSERT_NO_FATAL_FAILURE(expect_ack(next));
+    fence();
+    EXPECT_EQ(0, std::memcmp(w.buf + 0x200, pattern(8, 1).data(), 8));
+    EXPECT_EQ(0, std::memcmp(w.buf + 0x300, pattern(8, 2).data(), 8));
+}
+
+// An IBTA requester (resv7 zero) gets go-back-N: a sequence NAK, nothing held.
+TEST_F(Announce, ASilentRequestersGapIsNaked) {
+    send(write_only((kRqPsn + 1) & kPsnMask, 0x300, pattern(8, 2)));
+    ASSERT_NO_FATAL_FAILURE(expect_nak(aeth::kNak | aeth::kNakPsnSeqError, kRqPsn));
+    expect_untouched(0x300, 8);
+}
+
+} // namespace
