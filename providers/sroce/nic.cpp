@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdexcept>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -105,7 +106,28 @@ void print_open_nics_stats() {
         if (n) n->print_stats();
 }
 
+// An application that exits right after its last receive (a ping-pong's
+// end) may have left that receive's ACK for a post that never comes.
+void send_open_nics_deferred_acks() {
+    std::unique_lock<std::mutex> g(g_nics_mu, std::try_to_lock);
+    if (!g.owns_lock()) return;
+    for (Nic *n : g_nics)
+        if (n) n->send_deferred_acks_now();
+}
+
 } // namespace
+
+void Nic::send_deferred_acks_now() {
+    // A progress thread in the middle of a pass sends them at its end.
+    std::unique_lock<std::mutex> r(rx_mu_, std::defer_lock);
+    for (int i = 0; i < 1000 && !r.try_lock(); i++)
+        sched_yield();
+    if (!r.owns_lock()) return;
+    std::lock_guard<std::mutex> g(objects_mu);
+    if (deferred_acks_.empty()) return;
+    send_deferred_acks(*tx_, true);
+    if (tx_->n) xmit(*tx_);
+}
 
 Nic *Nic::acquire(Device *dev) {
     std::lock_guard<std::mutex> g(g_nics_mu);
@@ -138,6 +160,8 @@ Nic *Nic::acquire(Device *dev) {
             return nullptr;
         }
         slot = n;
+        static std::once_flag acks_once;
+        std::call_once(acks_once, [] { atexit(send_open_nics_deferred_acks); });
         if (n->opt_.stats) {
             static std::once_flag once;
             std::call_once(once, [] { atexit(print_open_nics_stats); });

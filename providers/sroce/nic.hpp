@@ -74,6 +74,8 @@ class Nic {
 
     // Prints the counters on stderr, once (SROCE_STATS=1: at close or exit).
     void print_stats();
+    // Sends every ACK held back for a post (deferred_acks_) now: at exit.
+    void send_deferred_acks_now();
 
     // Queues one packet: hdr holds BTH and extended headers (hdr_len bytes),
     // payload is gathered from `iov`; pad and ICRC are added here.
@@ -203,6 +205,9 @@ class Nic {
     void deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx);
     void fire_timers(TxBatch &tx);
     void send_acks(TxBatch &tx);
+    // Sends the deferred ACKs that are due (all of them with `all`); the
+    // caller holds rx_mu_ and objects_mu.
+    void send_deferred_acks(TxBatch &tx, bool all);
     bool app_is_spinning(uint64_t now) const;
 
     Device *dev_;
@@ -279,6 +284,17 @@ class Nic {
     std::unique_ptr<TxBatch> tx_;
     std::unique_ptr<TxBatch> timer_tx_; // the progress thread's, for timers
     std::vector<Qp *> acks_;            // QPs with a coalesced ACK to send
+    // ACKs held back by a receive pass of an application thread, which is
+    // about to post (a ping-pong's answer): sent with that post, in one
+    // batch, so that the peer wakes once for both; or when due.  By QPN, as
+    // a QP may be destroyed meanwhile.
+    struct DeferredAck {
+        uint32_t qpn;
+        uint64_t due_ns;
+    };
+    std::vector<DeferredAck> deferred_acks_;
+    static constexpr uint64_t kAckDeferNs = 20000;
+    bool rx_by_app_ = false; // the pass under way is app_progress()'s
     uint64_t rng_ = 0;
     uint64_t fault_seq_ = 0; // datagrams seen by the fault injector
     // An application thread counts as spinning on its CQ (app_progress)

@@ -930,7 +930,10 @@ int sroce_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 
 int sroce_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask) try {
     Qp *qp = to_qp(ibqp);
-    std::lock_guard<std::mutex> g(qp->mu);
+    std::unique_lock<std::mutex> g(qp->mu);
+    // What was received is acknowledged, as an RNIC would have done already.
+    if ((mask & IBV_QP_STATE) && (attr->qp_state == IBV_QPS_RESET || attr->qp_state == IBV_QPS_ERR))
+        send_deferred_ack_now(qp, g);
     int rc = modify(qp, attr, mask);
     if (!rc) qp->nic->publish_qp(qp);
     return rc;
@@ -942,6 +945,10 @@ int sroce_destroy_qp(struct ibv_qp *ibqp) {
     Qp *qp = to_qp(ibqp);
     Nic *nic = qp->nic;
     if (qp->type == IBV_QPT_UD) nic->detach_all(qp);
+    {
+        std::unique_lock<std::mutex> g(qp->mu);
+        send_deferred_ack_now(qp, g);
+    }
     {
         // The progress thread holds objects_mu while it uses any QP.
         std::lock_guard<std::mutex> g(nic->objects_mu);

@@ -64,8 +64,15 @@ int Nic::rx_pass() {
     // Until then the port has only its stand-ins, and no QP exists.
     if (!bound_.load(std::memory_order_acquire)) return 0;
     int n = port_->receive(rx_, Port::kRxBatch);
-    if (!n) return 0;
     TxBatch &tx = *tx_;
+    if (!n) {
+        if (!deferred_acks_.empty()) {
+            std::lock_guard<std::mutex> g(objects_mu);
+            send_deferred_acks(tx, !rx_by_app_);
+            if (tx.n) xmit(tx);
+        }
+        return 0;
+    }
     // Until the batch has left: what it references stays registered.
     std::lock_guard<std::mutex> g(objects_mu);
     for (int i = 0; i < n; i++) {
@@ -84,6 +91,7 @@ int Nic::rx_pass() {
     }
     // ACKs are coalesced over a receive batch and sent here.
     if (!acks_.empty()) send_acks(tx);
+    if (!deferred_acks_.empty()) send_deferred_acks(tx, !rx_by_app_);
     if (tx.n) xmit(tx);
     return n;
 }
@@ -256,12 +264,41 @@ void Nic::detach_all(Qp *qp) {
 }
 
 void Nic::send_acks(TxBatch &tx) {
+    uint64_t due = rx_by_app_ ? now_ns() + kAckDeferNs : 0;
     for (Qp *qp : acks_) {
         std::lock_guard<std::mutex> g(qp->mu);
         qp->ack_listed = false;
-        if (qp->resp.ack_pending) resp_send_ack(qp, tx);
+        if (!qp->resp.ack_pending || qp->ack_deferred) continue;
+        // An application thread that received a request on an RC QP while
+        // polling its CQ most often answers it at once (ping-pong).  Its post
+        // then carries the ACK: without that, the peer's progress thread,
+        // asleep while its application spins on memory (perftest's write
+        // latency), would wake twice.  Not a selective acknowledgement,
+        // which asks for resends.
+        if (due && qp->type == IBV_QPT_RC && !qp->resp.reorder.held) {
+            qp->ack_deferred = true;
+            deferred_acks_.push_back({qp->qpx.qp_base.qp_num, due});
+            continue;
+        }
+        resp_send_ack(qp, tx);
     }
     acks_.clear();
+}
+
+void Nic::send_deferred_acks(TxBatch &tx, bool all) {
+    uint64_t now = now_ns();
+    auto keep = deferred_acks_.begin();
+    for (const DeferredAck &d : deferred_acks_) {
+        if (!all && int64_t(now - d.due_ns) < 0) {
+            *keep++ = d;
+            continue;
+        }
+        if (Qp *qp = find_qp(d.qpn)) {
+            std::lock_guard<std::mutex> g(qp->mu);
+            resp_send_deferred_ack(qp, tx); // unless a post carried it
+        }
+    }
+    deferred_acks_.erase(keep, deferred_acks_.end());
 }
 
 } // namespace sroce

@@ -145,6 +145,11 @@ bool flush_legacy_form(Qp *qp, SendWqe &w) {
 // resend, whose answer tells the requester where the responder stands).
 void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx, bool ackreq_always = false) {
     using namespace wire;
+    // An ACK held back for this QP's next request goes ahead of it, as an
+    // RNIC's would have: the peer may count on the order (its send
+    // completion before what this request causes, as rdma-core's
+    // tag-matching rendezvous test does).
+    resp_send_deferred_ack(qp, tx);
     const uint32_t mtu = qp->attr.mtu;
     uint8_t op = wire_opcode(qp, rc_opcode(w, i));
     const OpInfo &info = op_info(op);
@@ -623,6 +628,16 @@ void send_and_unlock(Qp *qp, TxBatch &tx, std::unique_lock<std::mutex> &held) {
     std::lock_guard<std::mutex> t(qp->tx_mu);
     held.unlock();
     qp->nic->xmit(tx);
+}
+
+void send_deferred_ack_now(Qp *qp, std::unique_lock<std::mutex> &held) {
+    if (!qp->ack_deferred) return;
+    TxBatch &tx = thread_tx();
+    tx.order = &qp->tx_mu;
+    resp_send_deferred_ack(qp, tx);
+    tx.order = nullptr;
+    send_and_unlock(qp, tx, held);
+    held.lock();
 }
 
 void req_retire_sent(Qp *qp) {

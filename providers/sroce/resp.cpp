@@ -1107,6 +1107,12 @@ void resp_send_ack(Qp *qp, TxBatch &tx) {
     send_aeth(qp, tx, aeth::kAck | aeth::kNoCredits, qp->resp.ack_psn);
 }
 
+void resp_send_deferred_ack(Qp *qp, TxBatch &tx) {
+    if (!qp->ack_deferred) return;
+    qp->ack_deferred = false;
+    resp_send_ack(qp, tx);
+}
+
 void RecvQueue::init(uint32_t wr, uint32_t sges) {
     max_wr = wr;
     max_sge = sges;

@@ -695,6 +695,9 @@ struct Qp {
     // (Nic::acks_): the dispatcher's, under Qp::mu; the responder only says
     // that an ACK is pending (Responder::ack_pending).
     bool ack_listed = false;
+    // The coalesced ACK waits on Nic::deferred_acks_ for this QP's next post
+    // to carry it (the dispatcher's, under Qp::mu; sent by req_kick).
+    bool ack_deferred = false;
     // Both peers resend selectively (IBV_COMMIT_CAP_SELECTIVE_REPEAT, agreed
     // in ECE, declared with ibv_qp_set_commit_peer or announced by both in
     // their packets): RC only.

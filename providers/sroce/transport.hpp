@@ -68,6 +68,9 @@ int req_post_local(Qp *qp, ibv_wr_opcode op, uint64_t wr_id, unsigned flags, Mw 
 void req_send_and_unlock(Qp *qp);
 // The same for a batch of the caller's: `held` is its lock on qp->mu.
 void send_and_unlock(Qp *qp, TxBatch &tx, std::unique_lock<std::mutex> &held);
+// Sends the ACK left for the QP's next post (resp_send_deferred_ack) now,
+// from the calling thread, which holds qp->mu in `held` and keeps it.
+void send_deferred_ack_now(Qp *qp, std::unique_lock<std::mutex> &held);
 
 // completer (comp.cpp)
 void comp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx);
@@ -78,6 +81,10 @@ void comp_retire(Qp *qp);
 int resp_post_recv(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
 void resp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx);
 void resp_send_ack(Qp *qp, TxBatch &tx);
+// Queues the ACK a receive pass left for the QP's next post (Qp::ack_deferred)
+// into `tx`, if there is one: for that post, or because the QP is about to
+// be reset, moved to error or destroyed.  Under Qp::mu.
+void resp_send_deferred_ack(Qp *qp, TxBatch &tx);
 
 // qp.cpp
 void qp_enter_error(Qp *qp);

@@ -61,6 +61,72 @@ TEST_F(FakePeer, SendOnlyFillsThePostedReceive) {
 }
 
 // ---------------------------------------------------------------------------
+// Responder: the ACK of what an application thread received (Nic::deferred_acks_)
+
+class DeferredAck : public FakePeer {
+  protected:
+    // Polls the empty CQ back to back for a while, as a program waiting for
+    // a message does: long enough for the progress thread, asleep for at
+    // most a millisecond, to see it and leave the receiving to this thread.
+    void spin_empty() {
+        auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(5);
+        ibv_wc wc{};
+        while (std::chrono::steady_clock::now() < end)
+            ASSERT_EQ(ibv_poll_cq(cq, 1, &wc), 0);
+    }
+    // The SEND the peer sends now, received while spinning.
+    void receive_send() {
+        post_recv(1, 0x2000, 64);
+        ASSERT_NO_FATAL_FAILURE(spin_empty());
+        send(packet(kSendOnly, qpn, kRqPsn, {}, pattern(16, 1)));
+        auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(kReplyMs);
+        ibv_wc wc{};
+        int n = 0;
+        while (!(n = ibv_poll_cq(cq, 1, &wc)) && std::chrono::steady_clock::now() < end) {
+        }
+        ASSERT_EQ(n, 1);
+        EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+        EXPECT_EQ(wc.opcode, IBV_WC_RECV);
+        EXPECT_EQ(wc.byte_len, 16u);
+    }
+};
+
+// The answer the application posts at once carries the ACK, ahead of it.
+TEST_F(DeferredAck, AnAnswerFollowsTheAckOfWhatItAnswers) {
+    ASSERT_NO_FATAL_FAILURE(receive_send());
+    post(IBV_WR_SEND, 2, 0x100, 8, 0, 0);
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+    std::optional<Rx> r = reply();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kSendOnly) << r->str();
+    EXPECT_EQ(r->psn, kSqPsn);
+}
+
+// With no answer, the ACK goes all the same: when the QP is destroyed (or
+// reset, or moved to error) right after the receive, as a program that
+// ends does; and otherwise within a progress thread's turn.
+TEST_F(DeferredAck, AReceiveIsAckedWhenItsQpIsDestroyedAtOnce) {
+    ASSERT_NO_FATAL_FAILURE(receive_send());
+    ibv_destroy_qp(qp);
+    qp = nullptr;
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+}
+
+TEST_F(DeferredAck, AReceiveIsAckedWhenItsQpGoesToError) {
+    ASSERT_NO_FATAL_FAILURE(receive_send());
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+}
+
+TEST_F(DeferredAck, AReceiveNobodyAnswersIsAckedAnyway) {
+    ASSERT_NO_FATAL_FAILURE(receive_send());
+    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+    expect_silence();
+}
+
+// ---------------------------------------------------------------------------
 // Responder: silently dropped input
 
 TEST_F(FakePeer, GarbageIsDropped) {
