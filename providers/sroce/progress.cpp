@@ -146,6 +146,11 @@ void Nic::run() {
         if (got &&
             int64_t(now - app_poll_ns_.load(std::memory_order_relaxed)) > int64_t(kAppActiveNs))
             spin_until = now + opt_.spin_ns;
+        // Spinning, but not ahead of a thread waiting for this CPU: another
+        // process's progress thread stuck behind this spin waited up to
+        // 57 us a round trip in perftest's ib_write_lat.
+        else if (!got && now < spin_until && !opt_.busy_poll)
+            sched_yield();
         // Timers need no receive lock, so an application that keeps it busy
         // cannot hold retransmissions back.
         if (now - last_timer_scan > kTimerScanNs) {
