@@ -227,6 +227,7 @@ Nic::Nic(Device *dev, const NicOptions &opt)
       timer_tx_(std::make_unique<TxBatch>()) {
     // A QP is listed at most once (ack_listed): the receive path never grows it.
     acks_.reserve(kMaxQps);
+    deferred_acks_.reserve(kMaxQps);
     rng_ = opt_.fault.seed;
     if (opt_.fault.enabled()) held_.data.reset(new uint8_t[Port::kMaxDatagram]);
 }

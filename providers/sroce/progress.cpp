@@ -56,9 +56,11 @@ bool Nic::app_progress() {
     app_polls_.store(streak, std::memory_order_relaxed);
     app_poll_ns_.store(now, std::memory_order_relaxed);
     rx_by_app_ = true;
-    int got = rx_pass();
-    rx_by_app_ = false;
-    if (got == 0) {
+    struct Reset {
+        bool &flag;
+        ~Reset() { flag = false; }
+    } reset{rx_by_app_};
+    if (rx_pass() == 0) {
         // A thread spinning on an empty CQ while others wait for a CPU (more
         // busy pollers than cores: its peer among them) would hold its core
         // for a whole time slice: step aside now and then.  With nobody

@@ -197,6 +197,7 @@ void reset_state(Qp *qp) {
     qp->commit.in_msg = false;
     qp->peer_announced = 0;
     qp->agree_selective_repeat();
+    qp->ack_deferred = false;
 }
 
 // A reset or destroyed QP leaves nothing in its CQs (as mlx5 cleans them):
@@ -931,11 +932,13 @@ int sroce_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 int sroce_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask) try {
     Qp *qp = to_qp(ibqp);
     std::unique_lock<std::mutex> g(qp->mu);
-    // What was received is acknowledged, as an RNIC would have done already.
+    // What was received is acknowledged, as an RNIC would have done already,
+    // before a reset forgets it: queued now, sent when the lock is let go.
     if ((mask & IBV_QP_STATE) && (attr->qp_state == IBV_QPS_RESET || attr->qp_state == IBV_QPS_ERR))
-        send_deferred_ack_now(qp, g);
+        req_queue_deferred_ack(qp);
     int rc = modify(qp, attr, mask);
     if (!rc) qp->nic->publish_qp(qp);
+    req_send_queued(qp, g);
     return rc;
 } catch (const std::bad_alloc &) {
     return ENOMEM;
@@ -946,14 +949,14 @@ int sroce_destroy_qp(struct ibv_qp *ibqp) {
     Nic *nic = qp->nic;
     if (qp->type == IBV_QPT_UD) nic->detach_all(qp);
     {
-        std::unique_lock<std::mutex> g(qp->mu);
-        send_deferred_ack_now(qp, g);
-    }
-    {
         // The progress thread holds objects_mu while it uses any QP.
         std::lock_guard<std::mutex> g(nic->objects_mu);
         nic->remove_qp(qp);
         unbind_windows_of(qp);
+        // No receive pass reaches the QP any more: what it received last is
+        // acknowledged, as an RNIC would have done already.
+        std::unique_lock<std::mutex> q(qp->mu);
+        send_deferred_ack_now(qp, q);
     }
     qp->ctx->forget_events(ibqp);
     forget_completions(qp);

@@ -182,9 +182,15 @@ void Nic::deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx) {
     }
     // A peer that announces itself is sroce (wire-protocol.md §3.3.1):
     // from its first packet on, both ends resend selectively and commits
-    // go native, as if the application had declared it.
+    // go native, as if the application had declared it.  Only a packet of
+    // this connection teaches that: a request in the receive window, a
+    // response to something outstanding — not a straggler of an earlier
+    // connection from the same address, whose peer may have been another.
     if (uint8_t a = wire::bth::announced(pkt.hdr);
-        (a & ~qp->peer_announced) && qp->announce && pkt.src_addr == qp->attr.dest_addr) {
+        (a & ~qp->peer_announced) && qp->announce && pkt.src_addr == qp->attr.dest_addr &&
+        (request ? uint32_t(wire::psn_diff(pkt.psn, qp->resp.epsn)) < kSendWindow
+                 : wire::psn_diff(pkt.psn, qp->comp.una_psn) >= 0 &&
+                       wire::psn_diff(pkt.psn, qp->req.next_psn) < 0)) {
         qp->peer_announced |= a;
         qp->agree_selective_repeat();
     }
@@ -264,22 +270,26 @@ void Nic::detach_all(Qp *qp) {
 }
 
 void Nic::send_acks(TxBatch &tx) {
-    uint64_t due = rx_by_app_ ? now_ns() + kAckDeferNs : 0;
+    // An application thread spinning on its CQ that received a request on
+    // an RC QP most often answers it at once (ping-pong).  Its post then
+    // carries the ACK: without that, the peer's progress thread, asleep
+    // while its application spins on memory (perftest's write latency),
+    // would wake twice.  Only while it spins: then the progress thread
+    // looks every kParkNs and sends what is due.  Never a selective
+    // acknowledgement or the news of a filled gap, which ask for resends.
+    uint64_t now = now_ns();
+    uint64_t due = rx_by_app_ && app_is_spinning(now) ? now + kAckDeferNs : 0;
     for (Qp *qp : acks_) {
         std::lock_guard<std::mutex> g(qp->mu);
         qp->ack_listed = false;
-        if (!qp->resp.ack_pending || qp->ack_deferred) continue;
-        // An application thread that received a request on an RC QP while
-        // polling its CQ most often answers it at once (ping-pong).  Its post
-        // then carries the ACK: without that, the peer's progress thread,
-        // asleep while its application spins on memory (perftest's write
-        // latency), would wake twice.  Not a selective acknowledgement,
-        // which asks for resends.
-        if (due && qp->type == IBV_QPT_RC && !qp->resp.reorder.held) {
+        if (!qp->resp.ack_pending) continue;
+        if (due && qp->type == IBV_QPT_RC && !qp->resp.reorder.held && !qp->resp.ack_urgent) {
+            if (!qp->ack_deferred_listed) deferred_acks_.push_back({qp->qpx.qp_base.qp_num, due});
+            qp->ack_deferred_listed = true;
             qp->ack_deferred = true;
-            deferred_acks_.push_back({qp->qpx.qp_base.qp_num, due});
             continue;
         }
+        qp->ack_deferred = false;
         resp_send_ack(qp, tx);
     }
     acks_.clear();
@@ -295,7 +305,8 @@ void Nic::send_deferred_acks(TxBatch &tx, bool all) {
         }
         if (Qp *qp = find_qp(d.qpn)) {
             std::lock_guard<std::mutex> g(qp->mu);
-            resp_send_deferred_ack(qp, tx); // unless a post carried it
+            qp->ack_deferred_listed = false;
+            resp_send_deferred_ack(qp, tx); // unless a request carried it
         }
     }
     deferred_acks_.erase(keep, deferred_acks_.end());

@@ -630,13 +630,21 @@ void send_and_unlock(Qp *qp, TxBatch &tx, std::unique_lock<std::mutex> &held) {
     qp->nic->xmit(tx);
 }
 
-void send_deferred_ack_now(Qp *qp, std::unique_lock<std::mutex> &held) {
-    if (!qp->ack_deferred) return;
+void req_queue_deferred_ack(Qp *qp) {
     TxBatch &tx = thread_tx();
     tx.order = &qp->tx_mu;
     resp_send_deferred_ack(qp, tx);
     tx.order = nullptr;
-    send_and_unlock(qp, tx, held);
+}
+
+void req_send_queued(Qp *qp, std::unique_lock<std::mutex> &held) {
+    send_and_unlock(qp, thread_tx(), held);
+}
+
+void send_deferred_ack_now(Qp *qp, std::unique_lock<std::mutex> &held) {
+    if (!qp->ack_deferred) return;
+    req_queue_deferred_ack(qp);
+    send_and_unlock(qp, thread_tx(), held);
     held.lock();
 }
 

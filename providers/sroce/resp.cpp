@@ -1103,6 +1103,7 @@ void process(Qp *qp, const Packet &pkt, TxBatch &tx) {
 void resp_send_ack(Qp *qp, TxBatch &tx) {
     if (!qp->resp.ack_pending) return;
     qp->resp.ack_pending = false;
+    qp->resp.ack_urgent = false;
     if (qp->resp.reorder.held && send_sack(qp, tx)) return;
     send_aeth(qp, tx, aeth::kAck | aeth::kNoCredits, qp->resp.ack_psn);
 }
@@ -1172,6 +1173,7 @@ void resp_receive(Qp *qp, const Packet &pkt, TxBatch &tx) {
     // rather than when its recovery timer fires.
     if (qp->attr.state != IBV_QPS_ERR && psn_diff(r.epsn, before) > 0) {
         r.ack_pending = true;
+        r.ack_urgent = true;
         r.ack_psn = psn_add(r.epsn, kPsnMask);
     }
 }

@@ -597,6 +597,9 @@ struct Responder {
     uint32_t msn = 0;
     bool nak_sent = false;
     bool ack_pending = false;
+    // The pending ACK tells the requester a gap was filled: never held back
+    // (Nic::send_acks).
+    bool ack_urgent = false;
     uint32_t ack_psn = 0;
     // The message in progress
     uint8_t in_msg = 0;        // 0, kOpSend or kOpWrite: multi-packet message in progress
@@ -695,9 +698,11 @@ struct Qp {
     // (Nic::acks_): the dispatcher's, under Qp::mu; the responder only says
     // that an ACK is pending (Responder::ack_pending).
     bool ack_listed = false;
-    // The coalesced ACK waits on Nic::deferred_acks_ for this QP's next post
-    // to carry it (the dispatcher's, under Qp::mu; sent by req_kick).
+    // The coalesced ACK waits on Nic::deferred_acks_ for this QP's next
+    // request to carry it (the dispatcher's, under Qp::mu; sent by
+    // send_packet, or when due); and whether the QP has an entry there.
     bool ack_deferred = false;
+    bool ack_deferred_listed = false;
     // Both peers resend selectively (IBV_COMMIT_CAP_SELECTIVE_REPEAT, agreed
     // in ECE, declared with ibv_qp_set_commit_peer or announced by both in
     // their packets): RC only.

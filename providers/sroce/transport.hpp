@@ -68,9 +68,13 @@ int req_post_local(Qp *qp, ibv_wr_opcode op, uint64_t wr_id, unsigned flags, Mw 
 void req_send_and_unlock(Qp *qp);
 // The same for a batch of the caller's: `held` is its lock on qp->mu.
 void send_and_unlock(Qp *qp, TxBatch &tx, std::unique_lock<std::mutex> &held);
-// Sends the ACK left for the QP's next post (resp_send_deferred_ack) now,
+// Sends the ACK left for the QP's next request (resp_send_deferred_ack) now,
 // from the calling thread, which holds qp->mu in `held` and keeps it.
 void send_deferred_ack_now(Qp *qp, std::unique_lock<std::mutex> &held);
+// Queues it into the calling thread's batch, which the caller, holding
+// qp->mu in `held`, sends later with req_send_queued (which unlocks).
+void req_queue_deferred_ack(Qp *qp);
+void req_send_queued(Qp *qp, std::unique_lock<std::mutex> &held);
 
 // completer (comp.cpp)
 void comp_receive(Qp *qp, const wire::Packet &pkt, TxBatch &tx);

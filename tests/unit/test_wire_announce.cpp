@@ -105,6 +105,20 @@ TEST_F(Announce, AnUntaggedResv7TeachesNothing) {
     EXPECT_EQ(r->opcode, kFlush) << r->str();
 }
 
+// Only packets of this connection teach: a request outside the receive
+// window or an ACK of nothing outstanding may be a straggler of an earlier
+// connection from the same address, whose peer was sroce while this one
+// need not be.
+TEST_F(Announce, StragglersTeachNothing) {
+    send(with_resv7(write_only((kRqPsn + 5000) & kPsnMask, 0x300, pattern(8, 2)), kSroceEnd));
+    ASSERT_NO_FATAL_FAILURE(expect_nak(aeth::kNak | aeth::kNakPsnSeqError, kRqPsn));
+    send(with_resv7(ack(kSqPsn), kSroceEnd)); // nothing was sent yet
+    expect_silence(200);
+    std::optional<Rx> r = commit(2);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->opcode, kFlush) << r->str();
+}
+
 // The QP may be connected to another peer after a reset: what the last one
 // announced is forgotten (a declaration, by contrast, stays).
 TEST_F(Announce, AResetForgetsWhatThePeerAnnounced) {
