@@ -293,7 +293,6 @@ class Nic {
         uint64_t due_ns;
     };
     std::vector<DeferredAck> deferred_acks_;
-    static constexpr uint64_t kAckDeferNs = 20000;
     bool rx_by_app_ = false; // the pass under way is app_progress()'s
     uint64_t rng_ = 0;
     uint64_t fault_seq_ = 0; // datagrams seen by the fault injector

@@ -198,6 +198,8 @@ void reset_state(Qp *qp) {
     qp->peer_announced = 0;
     qp->agree_selective_repeat();
     qp->ack_deferred = false;
+    qp->ack_hold_pays = false;
+    qp->ack_sent_ns = 0;
 }
 
 // A reset or destroyed QP leaves nothing in its CQs (as mlx5 cleans them):

@@ -278,18 +278,21 @@ void Nic::send_acks(TxBatch &tx) {
     // looks every kParkNs and sends what is due.  Never a selective
     // acknowledgement or the news of a filled gap, which ask for resends.
     uint64_t now = now_ns();
-    uint64_t due = rx_by_app_ && app_is_spinning(now) ? now + kAckDeferNs : 0;
+    uint64_t due = rx_by_app_ && app_is_spinning(now) ? now + kAckHoldNs : 0;
     for (Qp *qp : acks_) {
         std::lock_guard<std::mutex> g(qp->mu);
         qp->ack_listed = false;
         if (!qp->resp.ack_pending) continue;
-        if (due && qp->type == IBV_QPT_RC && !qp->resp.reorder.held && !qp->resp.ack_urgent) {
+        if (due && qp->ack_hold_pays && !qp->resp.reorder.held && !qp->resp.ack_urgent) {
             if (!qp->ack_deferred_listed) deferred_acks_.push_back({qp->qpx.qp_base.qp_num, due});
             qp->ack_deferred_listed = true;
             qp->ack_deferred = true;
             continue;
         }
         qp->ack_deferred = false;
+        // Only RC QPs ever hold: the dispatcher watches for a ping-pong
+        // there (send_packet).
+        if (qp->type == IBV_QPT_RC) qp->ack_sent_ns = now;
         resp_send_ack(qp, tx);
     }
     acks_.clear();
@@ -306,7 +309,7 @@ void Nic::send_deferred_acks(TxBatch &tx, bool all) {
         if (Qp *qp = find_qp(d.qpn)) {
             std::lock_guard<std::mutex> g(qp->mu);
             qp->ack_deferred_listed = false;
-            resp_send_deferred_ack(qp, tx); // unless a request carried it
+            resp_ack_hold_timed_out(qp, tx); // unless a request carried it
         }
     }
     deferred_acks_.erase(keep, deferred_acks_.end());

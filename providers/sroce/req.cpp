@@ -149,7 +149,14 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx, bool ackreq_always
     // RNIC's would have: the peer may count on the order (its send
     // completion before what this request causes, as rdma-core's
     // tag-matching rendezvous test does).
-    resp_send_deferred_ack(qp, tx);
+    if (qp->ack_deferred) {
+        resp_send_deferred_ack(qp, tx);
+    } else if (i == 0 && qp->ack_sent_ns && !qp->ack_hold_pays &&
+               now_ns() - qp->ack_sent_ns < kAckHoldNs) {
+        // An answer this soon after the ACK of what it answers: from now on
+        // the ACK waits for the answer.
+        qp->ack_hold_pays = true;
+    }
     const uint32_t mtu = qp->attr.mtu;
     uint8_t op = wire_opcode(qp, rc_opcode(w, i));
     const OpInfo &info = op_info(op);

@@ -1114,6 +1114,12 @@ void resp_send_deferred_ack(Qp *qp, TxBatch &tx) {
     resp_send_ack(qp, tx);
 }
 
+void resp_ack_hold_timed_out(Qp *qp, TxBatch &tx) {
+    if (!qp->ack_deferred) return;
+    qp->ack_hold_pays = false;
+    resp_send_deferred_ack(qp, tx);
+}
+
 void RecvQueue::init(uint32_t wr, uint32_t sges) {
     max_wr = wr;
     max_sge = sges;

@@ -506,6 +506,10 @@ struct QpAttr {
 // Request packets in flight beyond the oldest unacknowledged PSN; also how
 // far past a gap a selective-repeat responder holds requests.
 constexpr uint32_t kSendWindow = 1024;
+// How long an ACK may wait for the request that answers what it
+// acknowledges (Nic::deferred_acks_), and the gap after an ACK within which
+// a request counts as such an answer (Qp::ack_hold_pays).
+constexpr uint64_t kAckHoldNs = 20000;
 
 // A selectively resent PSN and the highest PSN sent when it left: once the
 // responder reports a packet beyond that mark, the resend was lost too.
@@ -703,6 +707,11 @@ struct Qp {
     // send_packet, or when due); and whether the QP has an entry there.
     bool ack_deferred = false;
     bool ack_deferred_listed = false;
+    // Whether holding pays: the application has answered within
+    // kAckHoldNs of an ACK (a ping-pong), and no held ACK has had to
+    // go on its own since.  When the ACK last left (0: never).  Under Qp::mu.
+    bool ack_hold_pays = false;
+    uint64_t ack_sent_ns = 0;
     // Both peers resend selectively (IBV_COMMIT_CAP_SELECTIVE_REPEAT, agreed
     // in ECE, declared with ibv_qp_set_commit_peer or announced by both in
     // their packets): RC only.

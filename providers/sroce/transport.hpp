@@ -89,6 +89,9 @@ void resp_send_ack(Qp *qp, TxBatch &tx);
 // into `tx`, if there is one: for that post, or because the QP is about to
 // be reset, moved to error or destroyed.  Under Qp::mu.
 void resp_send_deferred_ack(Qp *qp, TxBatch &tx);
+// The same for an ACK whose hold ran out: no request came to carry it, so
+// the QP holds no more until it shows a ping-pong again (Qp::ack_hold_pays).
+void resp_ack_hold_timed_out(Qp *qp, TxBatch &tx);
 
 // qp.cpp
 void qp_enter_error(Qp *qp);

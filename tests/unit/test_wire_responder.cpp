@@ -74,11 +74,11 @@ class DeferredAck : public FakePeer {
         while (std::chrono::steady_clock::now() < end)
             ASSERT_EQ(ibv_poll_cq(cq, 1, &wc), 0);
     }
-    // The SEND the peer sends now, received while spinning.
-    void receive_send() {
-        post_recv(1, 0x2000, 64);
+    // The SEND the peer sends now at `psn`, received while spinning.
+    void receive_send(uint32_t psn, uint64_t wr_id) {
+        post_recv(wr_id, 0x2000, 64);
         ASSERT_NO_FATAL_FAILURE(spin_empty());
-        send(packet(kSendOnly, qpn, kRqPsn, {}, pattern(16, 1)));
+        send(packet(kSendOnly, qpn, psn, {}, pattern(16, 1)));
         auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(kReplyMs);
         ibv_wc wc{};
         int n = 0;
@@ -87,42 +87,57 @@ class DeferredAck : public FakePeer {
         ASSERT_EQ(n, 1);
         EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
         EXPECT_EQ(wc.opcode, IBV_WC_RECV);
+        EXPECT_EQ(wc.wr_id, wr_id);
         EXPECT_EQ(wc.byte_len, 16u);
+    }
+    // One round of a ping-pong, the peer's SEND at kRqPsn answered at
+    // once, which shows the QP that holding its ACKs pays; then the peer's
+    // second SEND (kRqPsn + 1) is received, its ACK most likely held.
+    void ping_pong_then_receive() {
+        ASSERT_NO_FATAL_FAILURE(receive_send(kRqPsn, 1));
+        post(IBV_WR_SEND, 2, 0x100, 8, 0, 0);
+        ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+        std::optional<Rx> r = reply();
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->opcode, kSendOnly) << r->str();
+        send(ack(kSqPsn));
+        ASSERT_NO_FATAL_FAILURE(expect_success(2));
+        ASSERT_NO_FATAL_FAILURE(receive_send((kRqPsn + 1) & kPsnMask, 3));
     }
 };
 
 // The answer the application posts at once carries the ACK, ahead of it.
 TEST_F(DeferredAck, AnAnswerFollowsTheAckOfWhatItAnswers) {
-    ASSERT_NO_FATAL_FAILURE(receive_send());
-    post(IBV_WR_SEND, 2, 0x100, 8, 0, 0);
-    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+    ASSERT_NO_FATAL_FAILURE(ping_pong_then_receive());
+    post(IBV_WR_SEND, 4, 0x100, 8, 0, 0);
+    ASSERT_NO_FATAL_FAILURE(expect_ack((kRqPsn + 1) & kPsnMask, 2));
     std::optional<Rx> r = reply();
     ASSERT_TRUE(r);
     EXPECT_EQ(r->opcode, kSendOnly) << r->str();
-    EXPECT_EQ(r->psn, kSqPsn);
+    EXPECT_EQ(r->psn, (kSqPsn + 1) & kPsnMask);
 }
 
 // With no answer, the ACK goes all the same: when the QP is destroyed (or
-// reset, or moved to error) right after the receive, as a program that
-// ends does; and otherwise within a progress thread's turn.
+// moved to error) right after the receive, as a program that ends does;
+// and otherwise when its hold runs out.
 TEST_F(DeferredAck, AReceiveIsAckedWhenItsQpIsDestroyedAtOnce) {
-    ASSERT_NO_FATAL_FAILURE(receive_send());
+    ASSERT_NO_FATAL_FAILURE(ping_pong_then_receive());
     ibv_destroy_qp(qp);
     qp = nullptr;
-    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+    ASSERT_NO_FATAL_FAILURE(expect_ack((kRqPsn + 1) & kPsnMask, 2));
 }
 
 TEST_F(DeferredAck, AReceiveIsAckedWhenItsQpGoesToError) {
-    ASSERT_NO_FATAL_FAILURE(receive_send());
+    ASSERT_NO_FATAL_FAILURE(ping_pong_then_receive());
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_ERR;
     ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
-    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+    ASSERT_NO_FATAL_FAILURE(expect_ack((kRqPsn + 1) & kPsnMask, 2));
 }
 
 TEST_F(DeferredAck, AReceiveNobodyAnswersIsAckedAnyway) {
-    ASSERT_NO_FATAL_FAILURE(receive_send());
-    ASSERT_NO_FATAL_FAILURE(expect_ack(kRqPsn, 1));
+    ASSERT_NO_FATAL_FAILURE(ping_pong_then_receive());
+    ASSERT_NO_FATAL_FAILURE(expect_ack((kRqPsn + 1) & kPsnMask, 2));
     expect_silence();
 }
 
