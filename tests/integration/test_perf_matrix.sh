@@ -29,8 +29,7 @@ done
 # A real PNG, not an empty canvas written by mistake.
 [[ $(head -c 8 "$out/results.png" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]] ||
 	die "results.png is not a PNG"
-"$python" - "$out/results.json" "$src/docs/performance/results.json" <<'PY' ||
-	die "results.json is incomplete"
+"$python" - "$out/results.json" "$src/docs/performance/results.json" <<'PY' || die "results.json is incomplete"
 import json, sys
 # The performance targets the matrix must measure in one run, each named by
 # the start of its ratio's description.
@@ -42,6 +41,20 @@ TARGETS = (
     "native commit 64 B latency / UDP ping-pong (96 B, busy-polling receives)",
     "perftest ib_write_lat -s 2 / UDP ping-pong (96 B, busy-polling receives)",
     "perftest ib_write_lat -s 2: t_avg / t_typical",
+    "perftest ib_send_lat -s 2 / UDP ping-pong",
+    "perftest ib_read_lat -s 2 / UDP ping-pong",
+    "qperf -cm1 -cp 1 rc_lat / UDP ping-pong",
+    "qperf -cm1 rc_lat / UDP ping-pong (96 B, blocking receives)",
+    "qperf -cm1 -cp 1 rc_rdma_write_lat / UDP ping-pong",
+    "qperf -cm1 rc_rdma_write_lat / UDP ping-pong (96 B, blocking receives)",
+    "fi_pingpong -p pmof 64 B / UDP ping-pong",
+    "ucx_perftest -t tag_lat 8 B (rc_verbs) / UDP ping-pong",
+    "perftest ib_write_bw -s 65536 (default depth) / libfabric tcp",
+    "native commit 64 KiB bandwidth (128 in flight) / libfabric tcp",
+    "perftest ib_write_bw -s 65536, 128 in flight / 16",
+    "native commit 64 KiB bandwidth, 128 in flight / 16",
+    "perftest ib_write_bw -s 65536 (no rdma_cm), 0.1 % loss / loss-free",
+    "perftest ib_write_bw -s 65536 (no rdma_cm), 1 % loss / loss-free",
     "64 KiB RDMA WRITE bandwidth, 0.1 % loss / loss-free",
     "64 KiB RDMA WRITE bandwidth, 1 % loss / loss-free",
     "native commit 64 KiB bandwidth, 2 streams on one device pair / on two",
@@ -91,6 +104,11 @@ for name in ("native, 2 streams on 1 device pair", "native, 2 streams on 2 devic
              "native (16 in flight)"):
     assert r["bw"][name]["65536"]["bw_avg_MBps"] > 0, (name, r["bw"].keys())
 assert r["lat"]["native, idle process per device"]["64"]["t_typical"] > 0, r["lat"].keys()
+# Every pair's processes have their CPU use beside their figures.
+for kind in ("lat", "bw"):
+    for name, series in r[kind].items():
+        for size, row in series.items():
+            assert row["cpu_client_pct"] > 0 and row["cpu_server_pct"] > 0, (name, size, row)
 # The 64 B round trips held to the busy UDP ping-pong are measured next to it.
 assert r["peers"]["udp lat busy"]["96"]["t_typical"] > 0, r["peers"].keys()
 for name in ("native (next to udp busy)", "write (next to udp busy)", "write (busy poll)"):

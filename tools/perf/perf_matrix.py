@@ -152,14 +152,42 @@ class Matrix:
     def run_pair_once(self, server, client, env_extra, label, record, parse=None):
         return self.run_pairs_once([(server, client)], env_extra, label, record, parse)[0]
 
+    @staticmethod
+    def reap(proc, started, timeout, tick=None):
+        """Waits for `proc` as Popen.wait does, calling tick() meanwhile;
+        the share of one CPU it and the children it waited for used since
+        `started`, in per cent."""
+        end = time.monotonic() + timeout
+        while True:
+            if tick:
+                tick()
+            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                wall = max(time.monotonic() - started, 1e-6)
+                return 100.0 * (ru.ru_utime + ru.ru_stime) / wall
+            if time.monotonic() > end:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            time.sleep(0.05 if tick else 0.005)
+
+    @staticmethod
+    def with_cpu(result, server_pct, client_pct):
+        """Puts the CPU shares beside the figures of `result`."""
+        r = result["results"][0] if "results" in result else result
+        r["cpu_server_pct"] = server_pct
+        r["cpu_client_pct"] = client_pct
+        return result
+
     def run_pairs_once(self, pairs, env_extra, label, record, parse=None, idle=()):
         """Starts every server of `pairs` ([(server, client)]) and the
         `idle` servers (which no client visits: processes holding a device),
         waits for their TCP ports, runs the clients at the same time; the
-        clients' JSON results (or parse(stdout)), in order."""
+        clients' JSON results (or parse(stdout)), in order, each with the
+        CPU its server and its client used (cpu_server_pct,
+        cpu_client_pct: per cent of one CPU over each one's lifetime)."""
         env = dict(self.env)
         env.update(env_extra or {})
-        started, clients = [], []
+        started, clients, born = [], [], {}
         try:
             for server, client in list(pairs) + [(i, None) for i in idle]:
                 port = self.next_port()
@@ -171,6 +199,7 @@ class Matrix:
                 if record:
                     self.commands.append((label, env_extra or {}, server, client))
                 slog = open(os.path.join(self.work, "server-%d.log" % port), "w")
+                born[len(started)] = time.monotonic()
                 srv = subprocess.Popen(server, env=env, stdout=slog, stderr=subprocess.STDOUT)
                 started.append((srv, slog, server))
                 if not self.wait_listen(port, srv):
@@ -178,28 +207,34 @@ class Matrix:
                                        (label, shlex.join(server), self.tail(slog.name)))
                 if client:
                     clients.append((client, out))
-            running = [(subprocess.Popen(c, env=env, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, text=True), c, out)
-                       for c, out in clients]
-            started += [(p, None, c) for p, c, _ in running]
+            running = []
+            for c, out in clients:
+                clog = open(out + ".log", "w+")
+                running.append((subprocess.Popen(c, env=env, stdout=clog,
+                                                 stderr=subprocess.STDOUT),
+                                time.monotonic(), clog, c, out))
+            started += [(p, log, c) for p, _, log, c, _ in running]
             results = []
-            for proc, client, out in running:
-                stdout, stderr = proc.communicate(timeout=self.args.timeout)
+            for proc, t0, clog, client, out in running:
+                cpu = self.reap(proc, t0, self.args.timeout)
+                clog.seek(0)
+                stdout = clog.read()
                 if proc.returncode != 0:
-                    raise RuntimeError("%s: client failed (%d): %s\n%s%s" %
-                                       (label, proc.returncode, shlex.join(client), stdout,
-                                        stderr))
+                    raise RuntimeError("%s: client failed (%d): %s\n%s" %
+                                       (label, proc.returncode, shlex.join(client), stdout))
                 if parse:
                     results.append(parse(stdout))
                 else:
                     with open(out) as f:
                         results.append(json.load(f))
-            for srv, slog, server in started[:len(clients)]:  # the visited servers
-                srv.wait(timeout=self.args.timeout)
+                results[-1] = (results[-1], cpu)
+            for i, (srv, slog, server) in enumerate(started[:len(clients)]):  # visited
+                cpu = self.reap(srv, born[i], self.args.timeout)
                 if srv.returncode != 0:
                     raise RuntimeError("%s: server failed (%d): %s\n%s" %
                                        (label, srv.returncode, shlex.join(server),
                                         self.tail(slog.name)))
+                results[i] = self.with_cpu(results[i][0], cpu, results[i][1])
             return results
         finally:
             # Whatever failed or timed out, no server or client outlives the run.
@@ -283,16 +318,37 @@ class Matrix:
             return {"results": [out]}
         return run
 
-    def perftest_lat(self, size, record):
-        """One run of Debian's ib_write_lat; its report table's figures."""
-        iters = str(self.args.lat_iters)
-        common = ["-d", "@DEV@", "-x", "1", "-p", "@PORT@", "-s", str(size), "-n", iters]
-        ex = [self.sroce, "exec", "--", "ib_write_lat"]
+    def perftest_job(self, tool, size, args=(), env=None):
+        """One run of one of Debian's perftest programs, exchanging QP
+        numbers over its own TCP connection (no rdma_cm), as fn(record) ->
+        its report table's figures."""
+        lat = tool.endswith("_lat")
+        if lat:
+            iters = self.args.lat_iters
+        else:
+            iters = self.args.bw_iters if self.args.short else max(self.args.bw_iters, 20000)
+        common = ["-d", "@DEV@", "-x", "1", "-p", "@PORT@", "-s", str(size), "-n", str(iters)]
+        common += list(args)
+        ex = [self.sroce, "exec", "--", tool]
         server = ex + [a.replace("@DEV@", "pm0") for a in common]
         client = ex + [a.replace("@DEV@", "pm1") for a in common] + ["127.0.0.1"]
-        out = self.run_pair_once(server, client, None, "perftest ib_write_lat", record,
-                                 parse=self.perftest_table)
-        return {"results": [out]}
+        label = " ".join(["perftest", tool] + list(args))
+        parse = self.perftest_table if lat else self.perftest_bw_table
+        return lambda record: {"results": [self.run_pair_once(server, client, env, label, record,
+                                                              parse=parse)]}
+
+    @staticmethod
+    def perftest_bw_table(text):
+        """perftest's bandwidth report row as the matrix's keys."""
+        on = False
+        for line in text.splitlines():
+            cols = line.split()
+            if "#bytes" in cols and "MsgRate[Mpps]" in cols:
+                on = True
+            elif on and len(cols) >= 5 and cols[0].isdigit():
+                return {"bw_peak_MBps": float(cols[2]), "bw_avg_MBps": float(cols[3]),
+                        "msg_rate_Mpps": float(cols[4])}
+        raise RuntimeError("no bandwidth table in perftest's output:\n" + text)
 
     @staticmethod
     def perftest_table(text):
@@ -381,8 +437,8 @@ class Matrix:
                 ("write (busy poll)", "lat", 64,
                  self.verbs_job(lat, 64, ["--method", "write"], env={"SROCE_BUSY_POLL": "1"}))]
         if shutil.which("ib_write_lat"):
-            jobs.append(("perftest ib_write_lat", "lat", 2,
-                         lambda record: self.perftest_lat(2, record)))
+            for tool in ("ib_write_lat", "ib_send_lat", "ib_read_lat"):
+                jobs.append(("perftest " + tool, "lat", 2, self.perftest_job(tool, 2)))
         else:
             print("perftest's ib_write_lat not installed: skipped")
         runs = self.interleaved([(name, fn) for name, _, _, fn in jobs])
@@ -390,6 +446,168 @@ class Matrix:
             r = runs[name]["results"][0]
             self.results[table].setdefault(name, {})[size] = r
             self.progress("lat", name, size, r)
+
+    # ------------------------------------------------- third-party programs
+    def session_cpu(self, sid):
+        """CPU seconds used so far by the processes of session `sid` and the
+        children they waited for: {pid: seconds}."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % pid) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid:  # field 6, the session
+                out[int(pid)] = sum(int(x) for x in fields[11:15]) / tick
+        return out
+
+    def served_job(self, name, server, client, parse, env=None, retry=None):
+        """A server that serves until killed (qperf's), one client run
+        against it, as fn(record) -> the client's figures with the CPU both
+        used.  The server's processes (qperf forks one per test) are sampled
+        while the client runs.  A client whose output contains `retry`
+        (qperf 0.4.11's rdma_cm port race) is run again, up to five times."""
+        def run(record):
+            e = dict(self.env)
+            e.update(env or {})
+            for attempt in range(5):
+                port = self.next_port()
+                srv_cmd = [a.replace("@PORT@", str(port)) for a in server]
+                cli_cmd = [a.replace("@PORT@", str(port)) for a in client]
+                if record and attempt == 0:
+                    self.commands.append((name, env or {}, srv_cmd, cli_cmd))
+                slog = open(os.path.join(self.work, "server-%d.log" % port), "w")
+                srv = subprocess.Popen(srv_cmd, env=e, stdout=slog, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+                try:
+                    if not self.wait_listen(port, srv):
+                        raise RuntimeError("%s: server did not listen: %s\n%s" %
+                                           (name, shlex.join(srv_cmd), self.tail(slog.name)))
+                    clog = open(os.path.join(self.work, "client-%d.log" % port), "w+")
+                    t0 = time.monotonic()
+                    cli = subprocess.Popen(cli_cmd, env=e, stdout=clog, stderr=subprocess.STDOUT)
+                    used = {}
+                    cpu = self.reap(cli, t0, self.args.timeout,
+                                    lambda: used.update(self.session_cpu(srv.pid)))
+                    time.sleep(0.1)
+                    used.update(self.session_cpu(srv.pid))
+                    wall = time.monotonic() - t0
+                    clog.seek(0)
+                    out = clog.read()
+                    clog.close()
+                finally:
+                    os.killpg(srv.pid, 9)
+                    srv.wait()
+                    slog.close()
+                if cli.returncode == 0:
+                    return {"results": [self.with_cpu(parse(out), 100.0 * sum(used.values()) / wall,
+                                                      cpu)]}
+                if not retry or retry not in out:
+                    raise RuntimeError("%s: client failed (%d): %s\n%s" %
+                                       (name, cli.returncode, shlex.join(cli_cmd), out))
+            raise RuntimeError("%s: refused five times: %s" % (name, shlex.join(cli_cmd)))
+        return run
+
+    @staticmethod
+    def qperf_figure(text):
+        """qperf's "latency = 12.3 us" (or ns, ms) in microseconds."""
+        scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "sec": 1e6}
+        for line in text.splitlines():
+            cols = line.split()
+            if len(cols) >= 4 and cols[0] == "latency" and cols[1] == "=":
+                us = float(cols[2]) * scale[cols[3]]
+                return {"t_typical": us, "t_avg": us}
+        raise RuntimeError("no latency in qperf's output:\n" + text)
+
+    @staticmethod
+    def fi_pingpong_figure(text):
+        """The usec/xfer of fi_pingpong's last row (an average)."""
+        rows = [line.split() for line in text.splitlines()]
+        rows = [r for r in rows if len(r) >= 8 and r[2].startswith("=")]
+        if not rows:
+            raise RuntimeError("no result in fi_pingpong's output:\n" + text)
+        us = float(rows[-1][6])
+        return {"t_typical": us, "t_avg": us}
+
+    @staticmethod
+    def ucx_figure(text):
+        """ucx_perftest -f's last row: its median and average latency."""
+        rows = [line.split() for line in text.splitlines()]
+        rows = [r for r in rows if len(r) >= 8 and r[0].isdigit()]
+        if not rows:
+            raise RuntimeError("no result in ucx_perftest's output:\n" + text)
+        return {"t_typical": float(rows[-1][1]), "t_avg": float(rows[-1][2])}
+
+    def clients_matrix(self):
+        """What the programs users run first see, with their own defaults
+        and options, each held to the UDP ping-pong measured round-robin
+        with it: qperf's RC latencies over rdma_cm, polling and with
+        completion events; fi_pingpong over pmof; UCP's tag_lat over
+        rc_verbs.  (perftest's latencies are in small_latency_matrix.)
+        Then 64 KiB RDMA WRITE bandwidth from perftest at its default depth
+        and at 16 in flight, and at loss with selective repeat agreed in the
+        packets (perftest has no rdma_cm here)."""
+        self.start_agent()
+        sl = os.path.join(self.bench, "socket_loopback")
+        udp = [sl, "-P", "udp", "-m", "lat", "-s", str(UDP_SMALL), "-n",
+               str(self.args.peer_iters), "--busy", "--out_json_file", "@JSON@"]
+        ex = [self.sroce, "exec", "--"]
+        a0 = self.args.addr[0]
+        secs = "1" if self.args.short else "3"
+        lat = [("udp lat busy (clients series)",
+                lambda record: self.run_one_once(udp, "udp lat busy", record))]
+        if shutil.which("qperf"):
+            for test in ("rc_lat", "rc_rdma_write_lat"):
+                for mode, opts in (("polling", ["-cp", "1", "-sp", "1"]), ("events", [])):
+                    name = "qperf %s (%s)" % (test, mode)
+                    lat.append((name, self.served_job(
+                        name, ex + ["qperf", "-lp", "@PORT@"],
+                        ex + ["qperf", "-lp", "@PORT@", "-cm1", "-t", secs] + opts + [a0, test],
+                        self.qperf_figure, retry="Event rejected")))
+        else:
+            print("qperf not installed: skipped")
+        iters = str(self.args.lat_iters * 4)
+        if shutil.which("fi_pingpong"):
+            fi = ["fi_pingpong", "-p", "pmof", "-e", "msg", "-I", iters, "-S", "64"]
+            lat.append(("fi_pingpong pmof", lambda record: {"results": [self.run_pair_once(
+                ex + fi + ["-B", "@PORT@"], ex + fi + ["-P", "@PORT@", a0], None,
+                "fi_pingpong -p pmof", record, parse=self.fi_pingpong_figure)]}))
+        if shutil.which("ucx_perftest"):
+            def ucx(dev):
+                return {"UCX_TLS": "rc_verbs,ud_verbs:aux", "UCX_NET_DEVICES": dev + ":1"}
+            ucx_srv = ["env"] + ["%s=%s" % kv for kv in ucx("pm0").items()] + ex + [
+                "ucx_perftest", "-p", "@PORT@"]
+            ucx_cli = ["env"] + ["%s=%s" % kv for kv in ucx("pm1").items()] + ex + [
+                "ucx_perftest", a0, "-p", "@PORT@", "-t", "tag_lat", "-s", "8", "-n", iters,
+                "-w", "100", "-f"]
+            lat.append(("ucx_perftest tag_lat", lambda record: {"results": [self.run_pair_once(
+                ucx_srv, ucx_cli, None, "ucx_perftest -t tag_lat", record,
+                parse=self.ucx_figure)]}))
+        for name, run in self.interleaved(lat).items():
+            r = run["results"][0]
+            table = "peers" if name.startswith("udp") else "lat"
+            size = UDP_SMALL if name.startswith("udp") else 8 if "ucx" in name else (
+                64 if "pingpong" in name else 1)
+            self.results[table].setdefault(name, {})[size] = r
+            self.progress("lat", name, size, r)
+        if not shutil.which("ib_write_bw"):
+            print("perftest's ib_write_bw not installed: skipped")
+            return
+        bw = [("perftest ib_write_bw", self.perftest_job("ib_write_bw", 65536)),
+              ("perftest ib_write_bw (16 in flight)",
+               self.perftest_job("ib_write_bw", 65536, ["-t", str(FI_DEPTH)]))]
+        for label, p, _, _ in self.LOSSES:
+            bw.append(("perftest ib_write_bw, %s loss" % label,
+                       self.perftest_job("ib_write_bw", 65536,
+                                         env={"SROCE_FAULT": "drop=" + p})))
+        for name, run in self.interleaved(bw).items():
+            r = run["results"][0]
+            self.results["bw"].setdefault(name, {})[65536] = r
+            self.progress("bw", name, 65536, r)
 
     def peer_matrix(self):
         sl = os.path.join(self.bench, "socket_loopback")
@@ -580,14 +798,54 @@ class Matrix:
             get(lat, NEXT_TO_UDP % "native", 64, "t_typical"),
             get(peers, "udp lat busy", small, "t_typical"),
             1.2, "<=", "t_typical, RTT; sroce default mode")
-        add("perftest ib_write_lat -s 2 / UDP ping-pong (%d B, busy-polling receives)" % small,
-            get(lat, "perftest ib_write_lat", 2, "t_typical"),
-            get(peers, "udp lat busy", small, "t_typical"), 1.5, "<=",
-            "t_typical, RTT; Debian's perftest, both sides spinning on memory")
-        add("perftest ib_write_lat -s 2: t_avg / t_typical",
-            get(lat, "perftest ib_write_lat", 2, "t_avg"),
-            get(lat, "perftest ib_write_lat", 2, "t_typical"), 2.0, "<=",
-            "how far the average strays from the typical round trip")
+        for tool, how in (("ib_write_lat", "both sides spinning on memory; it reports half "
+                           "the round trip"),
+                          ("ib_send_lat", "both sides spinning on the CQ; it reports half the "
+                           "round trip"),
+                          ("ib_read_lat", "the client spinning on the CQ; a READ's round trip")):
+            add("perftest %s -s 2 / UDP ping-pong (%d B, busy-polling receives)" % (tool, small),
+                get(lat, "perftest " + tool, 2, "t_typical"),
+                get(peers, "udp lat busy", small, "t_typical"), 1.5, "<=",
+                "t_typical; Debian's perftest, no rdma_cm, %s" % how)
+            add("perftest %s -s 2: t_avg / t_typical" % tool,
+                get(lat, "perftest " + tool, 2, "t_avg"),
+                get(lat, "perftest " + tool, 2, "t_typical"), 2.0, "<=",
+                "how far the average strays from the typical round trip")
+        busy_c = get(peers, "udp lat busy (clients series)", small, "t_typical")
+        for test in ("rc_lat", "rc_rdma_write_lat"):
+            add("qperf -cm1 -cp 1 %s / UDP ping-pong (%d B, busy-polling receives)" % (test, small),
+                get(lat, "qperf %s (polling)" % test, 1, "t_typical"), busy_c, 1.5, "<=",
+                "qperf's latency (half the round trip), polling the CQ")
+            add("qperf -cm1 %s / UDP ping-pong (%d B, blocking receives)" % (test, small),
+                get(lat, "qperf %s (events)" % test, 1, "t_typical"),
+                get(peers, "udp lat", small, "t_typical"), 1.5, "<=",
+                "qperf's latency (half the round trip), its default: completion events")
+        add("fi_pingpong -p pmof 64 B / UDP ping-pong (%d B, busy-polling receives)" % small,
+            get(lat, "fi_pingpong pmof", 64, "t_typical"), busy_c, 1.5, "<=",
+            "usec/xfer (half the round trip), FI_EP_MSG over rdma_cm")
+        add("ucx_perftest -t tag_lat 8 B (rc_verbs) / UDP ping-pong (%d B, busy)" % small,
+            get(lat, "ucx_perftest tag_lat", 8, "t_typical"), busy_c, 1.5, "<=",
+            "UCP's median latency (half the round trip)")
+        tcp_bw = get(peers, "libfabric tcp commit bw", 65536, "bw_avg_MBps")
+        add("perftest ib_write_bw -s 65536 (default depth) / libfabric tcp FI_COMMIT_COMPLETE",
+            get(bw, "perftest ib_write_bw", 65536, "bw_avg_MBps"), tcp_bw, 1.0, ">=",
+            "BW average; perftest's 128 in flight, fi_commit_bench's %d" % FI_DEPTH)
+        add("native commit 64 KiB bandwidth (128 in flight) / libfabric tcp FI_COMMIT_COMPLETE",
+            get(bw, "native", 65536, "bw_avg_MBps"), tcp_bw, 1.0, ">=",
+            "BW average; ib_write_commit_bw's default depth, fi_commit_bench's %d" % FI_DEPTH)
+        add("perftest ib_write_bw -s 65536, 128 in flight / 16",
+            get(bw, "perftest ib_write_bw", 65536, "bw_avg_MBps"),
+            get(bw, "perftest ib_write_bw (16 in flight)", 65536, "bw_avg_MBps"), 1.0, ">=",
+            "BW average; more in flight must never be slower")
+        add("native commit 64 KiB bandwidth, 128 in flight / 16",
+            get(bw, "native", 65536, "bw_avg_MBps"),
+            get(bw, NATIVE_FI_DEPTH, 65536, "bw_avg_MBps"), 1.0, ">=",
+            "BW average; ib_write_commit_bw -t 128 / -t 16")
+        for label, _, _, target in self.LOSSES:
+            add("perftest ib_write_bw -s 65536 (no rdma_cm), %s loss / loss-free" % label,
+                get(bw, "perftest ib_write_bw, %s loss" % label, 65536, "bw_avg_MBps"),
+                get(bw, "perftest ib_write_bw", 65536, "bw_avg_MBps"), target, ">=",
+                "BW average; selective repeat agreed in the packets (wire-protocol.md §3.3.1)")
         for size, name in ((65536, "64 KiB"), (1048576, "1 MiB")):
             add("native commit %s bandwidth / libfabric tcp FI_COMMIT_COMPLETE" % name,
                 get(bw, NATIVE_FI_DEPTH, size, "bw_avg_MBps"),
@@ -650,7 +908,11 @@ class Matrix:
                   "flight, posted one at a time, except where a series names its depth: "
                   "libfabric's fi_commit_bench keeps %d in flight, on one buffer, and its "
                   "sroce counterpart (`native (%d in flight)`) keeps as many, so that the "
-                  "two are compared at the same depth and both in cache.\n" % (FI_DEPTH, FI_DEPTH))
+                  "two are compared at the same depth and both in cache.  Third-party programs "
+                  "(perftest, qperf, fi_pingpong, ucx_perftest) are reported as each reports "
+                  "itself: perftest's send and write latency, qperf's, fi_pingpong's and "
+                  "ucx_perftest's are half the round trip, ib_read_lat's and the UDP "
+                  "ping-pong's the whole.\n" % (FI_DEPTH, FI_DEPTH))
         md.append("## Target ratios\n")
         md.append("| ratio | measured | target | met | figure |")
         md.append("|---|---|---|---|---|")
@@ -683,6 +945,24 @@ class Matrix:
                     cells.append(fmt % r[key] if r and key in r else "")
                 md.append("| %s | %s |" % (human(size), " | ".join(cells)))
             md.append("")
+        md.append("## CPU use of each process [% of one CPU]\n")
+        md.append("Each server's and client's user and system time over its life, "
+                  "`sroce exec` and the threads of the program included, beside its main "
+                  "figure (t_typical in us, or BW average in MB/s): a figure reached by "
+                  "starving the other side shows here.\n")
+        md.append("| series | size | figure | server | client |")
+        md.append("|---|---|---|---|---|")
+        for kind, key in (("lat", "t_typical"), ("bw", "bw_avg_MBps")):
+            tables = [self.results[kind]] + [{n: v for n, v in self.results["peers"].items()
+                                              if kind in n.split()}]
+            for table in tables:
+                for n, series in table.items():
+                    for size, r in sorted(series.items()):
+                        if "cpu_client_pct" in r:
+                            md.append("| %s | %s | %.2f | %.0f | %.0f |" %
+                                      (n, human(size), r[key], r["cpu_server_pct"],
+                                       r["cpu_client_pct"]))
+        md.append("")
         md.append("![latency and bandwidth against size](results.png)\n")
         md.append("## Commands\n")
         md.append("Regenerate everything: `/usr/bin/python3 tools/perf/perf_matrix.py --build "
@@ -762,6 +1042,9 @@ def main():
                    "series also uses the two addresses after them, +2)")
     p.add_argument("--port", type=int, default=19400, help="first TCP port - 1")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per program")
+    p.add_argument("--only", choices=("sroce", "clients", "peers"), action="append",
+                   help="run this part alone (repeatable); the report then lacks the "
+                   "ratios whose figures are elsewhere")
     p.add_argument("--rounds", type=int, help="runs of each measurement, the median kept "
                    "(default 3, 1 with --short)")
     args = p.parse_args()
@@ -775,10 +1058,16 @@ def main():
         args.peer_iters, args.peer_seconds = 20000, 3
     m = Matrix(args)
     try:
-        print("sroce methods:", flush=True)
-        m.sroce_matrix()
-        print("peers:", flush=True)
-        m.peer_matrix()
+        parts = args.only or ("sroce", "clients", "peers")
+        if "sroce" in parts:
+            print("sroce methods:", flush=True)
+            m.sroce_matrix()
+        if "clients" in parts:
+            print("third-party programs:", flush=True)
+            m.clients_matrix()
+        if "peers" in parts:
+            print("peers:", flush=True)
+            m.peer_matrix()
         m.write_report()
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         print("perf_matrix: %s" % e, file=sys.stderr)
