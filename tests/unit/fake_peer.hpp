@@ -901,6 +901,21 @@ class FakePeer : public ::testing::Test {
         ASSERT_EQ(ibv_post_send(qp, &wr, &bad), 0);
     }
 
+    // An ordered write-commit with immediate data 0x1234 of the buffer's
+    // first 99 bytes to R_Key 0xAABBCCDD, VA 0x10000.
+    void post_commit_imm(uint64_t wr_id) {
+        ibv_qp_ex *qpx = ibv_qp_to_qp_ex(qp);
+        ASSERT_NE(qpx, nullptr);
+        ibv_wr_start(qpx);
+        qpx->wr_id = wr_id;
+        qpx->wr_flags = IBV_SEND_SIGNALED;
+        ASSERT_EQ(ibv_wr_rdma_write_commit_imm(qpx, 0xAABBCCDD, 0x10000, IBV_WRITE_COMMIT_ORDERED,
+                                               htonl(0x1234)),
+                  0);
+        ibv_wr_set_sge(qpx, w.mr->lkey, uint64_t(uintptr_t(w.buf)), 99);
+        ASSERT_EQ(ibv_wr_complete(qpx), 0);
+    }
+
     void post_recv(uint64_t wr_id, size_t off, uint32_t len) {
         ibv_sge sge{uint64_t(uintptr_t(w.buf + off)), len, w.mr->lkey};
         ibv_recv_wr wr{};

@@ -34,19 +34,20 @@ class Announce : public FakePeer {
         ASSERT_NO_FATAL_FAILURE(expect_success(1));
     }
 
-    // Posts an ordered write-commit with immediate data and returns the
-    // first packet sroce sends for it.
+    // Posts a write-commit (post_commit_imm) and returns the first packet
+    // sroce sends for it.
     std::optional<Rx> commit(uint64_t wr_id) {
-        ibv_qp_ex *qpx = ibv_qp_to_qp_ex(qp);
-        ibv_wr_start(qpx);
-        qpx->wr_id = wr_id;
-        qpx->wr_flags = IBV_SEND_SIGNALED;
-        EXPECT_EQ(ibv_wr_rdma_write_commit_imm(qpx, 0xAABBCCDD, 0x10000, IBV_WRITE_COMMIT_ORDERED,
-                                               htonl(0x1234)),
-                  0);
-        ibv_wr_set_sge(qpx, w.mr->lkey, uint64_t(uintptr_t(w.buf)), 99);
-        EXPECT_EQ(ibv_wr_complete(qpx), 0);
+        post_commit_imm(wr_id);
         return reply();
+    }
+
+    // A write-commit goes as the IBTA sequence: FLUSH first, four packets.
+    void expect_ibta_commit(uint64_t wr_id) {
+        std::optional<Rx> r = commit(wr_id);
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->opcode, kFlush) << r->str();
+        for (uint32_t i = 1; i < 4; i++)
+            ASSERT_TRUE(reply()) << "part " << i;
     }
 };
 
@@ -74,15 +75,11 @@ TEST_F(Announce, EveryRcPacketAnnouncesTheEnd) {
 
 TEST_F(Announce, ACommitToAnAnnouncingPeerIsNative) {
     // Before the peer has said anything: the IBTA sequence.
-    std::optional<Rx> r = commit(2);
-    ASSERT_TRUE(r);
-    EXPECT_EQ(r->opcode, kFlush) << r->str();
-    for (uint32_t i = 1; i < 4; i++)
-        ASSERT_TRUE(reply()) << "part " << i;
+    ASSERT_NO_FATAL_FAILURE(expect_ibta_commit(2));
     ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn));
     // An ACK that announces native commits: the next commit is one message.
     ASSERT_NO_FATAL_FAILURE(write_acked_with(bth::kAnnounceTag | bth::kAnnounceNative));
-    r = commit(4);
+    std::optional<Rx> r = commit(4);
     ASSERT_TRUE(r);
     EXPECT_EQ(r->opcode, kCommitWriteOnlyImm) << r->str();
     EXPECT_EQ(r->dma_len, 99u);
@@ -93,16 +90,10 @@ TEST_F(Announce, ACommitToAnAnnouncingPeerIsNative) {
 // implementation's business, and teach nothing.
 TEST_F(Announce, AnUntaggedResv7TeachesNothing) {
     ASSERT_NO_FATAL_FAILURE(write_acked_with(bth::kAnnounceCaps));
-    std::optional<Rx> r = commit(2);
-    ASSERT_TRUE(r);
-    EXPECT_EQ(r->opcode, kFlush) << r->str();
-    for (uint32_t i = 1; i < 4; i++)
-        ASSERT_TRUE(reply()) << "part " << i;
+    ASSERT_NO_FATAL_FAILURE(expect_ibta_commit(2));
     ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn));
     ASSERT_NO_FATAL_FAILURE(write_acked_with(0x7F));
-    r = commit(2);
-    ASSERT_TRUE(r);
-    EXPECT_EQ(r->opcode, kFlush) << r->str();
+    ASSERT_NO_FATAL_FAILURE(expect_ibta_commit(3));
 }
 
 // Only packets of this connection teach: a request outside the receive
@@ -114,9 +105,7 @@ TEST_F(Announce, StragglersTeachNothing) {
     ASSERT_NO_FATAL_FAILURE(expect_nak(aeth::kNak | aeth::kNakPsnSeqError, kRqPsn));
     send(with_resv7(ack(kSqPsn), kSroceEnd)); // nothing was sent yet
     expect_silence(200);
-    std::optional<Rx> r = commit(2);
-    ASSERT_TRUE(r);
-    EXPECT_EQ(r->opcode, kFlush) << r->str();
+    ASSERT_NO_FATAL_FAILURE(expect_ibta_commit(2));
 }
 
 // The QP may be connected to another peer after a reset: what the last one
@@ -127,9 +116,7 @@ TEST_F(Announce, AResetForgetsWhatThePeerAnnounced) {
     a.qp_state = IBV_QPS_RESET;
     ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
     ASSERT_NO_FATAL_FAILURE(connect_qp(kRqPsn, kSqPsn));
-    std::optional<Rx> r = commit(2);
-    ASSERT_TRUE(r);
-    EXPECT_EQ(r->opcode, kFlush) << r->str();
+    ASSERT_NO_FATAL_FAILURE(expect_ibta_commit(2));
 }
 
 // A requester that announces selective repeat gets its requests past a gap

@@ -211,16 +211,7 @@ TEST_F(FakePeer, PeersOwnLegacyFlushTeachesTheForm) {
 // has not declared support; the commit travels as IBTA FLUSH(MR) + WRITE +
 // FLUSH(MR) + zero-length WRITE WITH IMMEDIATE instead.
 TEST_F(FakePeer, WriteCommitToAnUndeclaredPeerIsAnIbtaSequence) {
-    ibv_qp_ex *qpx = ibv_qp_to_qp_ex(qp);
-    ASSERT_NE(qpx, nullptr);
-    ibv_wr_start(qpx);
-    qpx->wr_id = 1;
-    qpx->wr_flags = IBV_SEND_SIGNALED;
-    ASSERT_EQ(ibv_wr_rdma_write_commit_imm(qpx, 0xAABBCCDD, 0x10000, IBV_WRITE_COMMIT_ORDERED,
-                                           htonl(0x1234)),
-              0);
-    ibv_wr_set_sge(qpx, w.mr->lkey, uint64_t(uintptr_t(w.buf)), 99);
-    ASSERT_EQ(ibv_wr_complete(qpx), 0);
+    ASSERT_NO_FATAL_FAILURE(post_commit_imm(1));
     const uint8_t want[] = {kFlush, kWriteOnly, kFlush, kWriteOnlyImm};
     for (int i = 0; i < 4; i++) {
         std::optional<Rx> r = reply();
@@ -245,15 +236,7 @@ TEST_F(FakePeer, WriteCommitToAnUndeclaredPeerIsAnIbtaSequence) {
 
 TEST_F(FakePeer, WriteCommitToADeclaredPeerIsOneNativeMessage) {
     ASSERT_EQ(ibv_qp_set_commit_peer(qp, IBV_COMMIT_CAP_NATIVE), 0);
-    ibv_qp_ex *qpx = ibv_qp_to_qp_ex(qp);
-    ibv_wr_start(qpx);
-    qpx->wr_id = 1;
-    qpx->wr_flags = IBV_SEND_SIGNALED;
-    ASSERT_EQ(ibv_wr_rdma_write_commit_imm(qpx, 0xAABBCCDD, 0x10000, IBV_WRITE_COMMIT_ORDERED,
-                                           htonl(0x1234)),
-              0);
-    ibv_wr_set_sge(qpx, w.mr->lkey, uint64_t(uintptr_t(w.buf)), 99);
-    ASSERT_EQ(ibv_wr_complete(qpx), 0);
+    ASSERT_NO_FATAL_FAILURE(post_commit_imm(1));
     std::optional<Rx> r = reply();
     ASSERT_TRUE(r);
     EXPECT_EQ(r->opcode, kCommitWriteOnlyImm) << r->str();
