@@ -447,7 +447,7 @@ cm_pair() {
 # for DEV (a sed pattern: "sroce_x[01]" matches either of two devices).
 stat_counter() {
 	# Not anchored: perftest ends its report without a newline.
-	sed -n "s/^.*sroce: $2: .* $3 \([0-9]*\).*/\1/p" "$1" | head -n 1
+	sed -n "s/^.*sroce: $2:.* $3 \([0-9]*\).*/\1/p" "$1" | head -n 1
 }
 
 # check_counters NAME DEV SERVER-LOG CLIENT-LOG EXPR...: each EXPR is "SIDE
