@@ -55,12 +55,17 @@ bool Nic::app_progress() {
             : 1;
     app_polls_.store(streak, std::memory_order_relaxed);
     app_poll_ns_.store(now, std::memory_order_relaxed);
-    rx_by_app_ = true;
-    struct Reset {
-        bool &flag;
-        ~Reset() { flag = false; }
-    } reset{rx_by_app_};
-    if (rx_pass() == 0) {
+    int got;
+    {
+        // Reset while rx_mu_ is still held, whatever rx_pass() throws.
+        rx_by_app_ = true;
+        struct Reset {
+            bool &flag;
+            ~Reset() { flag = false; }
+        } reset{rx_by_app_};
+        got = rx_pass();
+    }
+    if (got == 0) {
         // A thread spinning on an empty CQ while others wait for a CPU (more
         // busy pollers than cores: its peer among them) would hold its core
         // for a whole time slice: step aside now and then.  With nobody
