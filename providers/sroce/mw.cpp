@@ -64,7 +64,10 @@ ibv_wc_status mw_bind(Qp *qp, const SendWqe &wqe) {
     Mw *mw = wqe.mw;
     const ibv_mw_bind_info &b = wqe.bind;
     Pd *pd = qp->pd;
-    Mr *mr = b.mr ? reinterpret_cast<Mr *>(b.mr) : nullptr;
+    // Still the MR the bind was posted with, or none: a bind queued behind
+    // other work may run after the MR is gone (then it fails, as below).
+    Mr *mr = b.mr ? qp->nic->mrs.lookup(wqe.bind_key) : nullptr;
+    if (mr != reinterpret_cast<Mr *>(b.mr)) mr = nullptr;
     if (mw->entry.pd != pd || (b.mw_access_flags & ~kWindowAccess)) return IBV_WC_MW_BIND_ERR;
     // A bind may change only the consumer key of the window's rkey.
     if ((wqe.mw_rkey >> 8) != (mw->entry.key.load() >> 8)) return IBV_WC_MW_BIND_ERR;

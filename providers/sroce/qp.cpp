@@ -541,6 +541,7 @@ void wr_bind_mw(ibv_qp_ex *q, ibv_mw *mw, uint32_t rkey, const ibv_mw_bind_info 
         w->mw = reinterpret_cast<Mw *>(mw);
         w->mw_rkey = rkey;
         w->bind = *info;
+        w->bind_key = info->mr ? info->mr->lkey : 0;
     }
 }
 void wr_set_sge_list(ibv_qp_ex *q, size_t n, const ibv_sge *sg) {

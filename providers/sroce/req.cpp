@@ -691,7 +691,10 @@ int req_post_local(Qp *qp, ibv_wr_opcode op, uint64_t wr_id, unsigned flags, Mw 
     SendWqe &w = req_new_wqe(qp, sq.head % sq.max_wr, wr_id, op, flags);
     w.mw = mw;
     w.mw_rkey = rkey;
-    if (bind) w.bind = *bind;
+    if (bind) {
+        w.bind = *bind;
+        w.bind_key = bind->mr ? bind->mr->lkey : 0;
+    }
     if (!req_check_wqe(qp, w)) return EINVAL;
     sq.head++;
     req_kick(qp);
@@ -773,6 +776,7 @@ int req_post_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
             w.mw = reinterpret_cast<Mw *>(wr->bind_mw.mw);
             w.mw_rkey = wr->bind_mw.rkey;
             w.bind = wr->bind_mw.bind_info;
+            w.bind_key = w.bind.mr ? w.bind.mr->lkey : 0;
         }
         if (is_local(w)) {
             if (!req_check_wqe(qp, w)) {

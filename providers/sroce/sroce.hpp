@@ -345,6 +345,9 @@ struct SendWqe {
     Mw *mw = nullptr;
     uint32_t mw_rkey = 0;
     ibv_mw_bind_info bind{};
+    // The key of bind.mr when posted: the bind finds the MR by it, as the
+    // MR may be deregistered before the bind is carried out.
+    uint32_t bind_key = 0;
     ibv_wc_status status = IBV_WC_SUCCESS; // a local error found when posting
     // A write-commit sent as an IBTA sequence is several WQEs: the inner ones
     // complete silently, the final one reports the commit.

@@ -9,7 +9,9 @@
 // is refused with a remote access error and changes nothing.
 #include "rc_pair.hpp"
 
+#include <chrono>
 #include <memory>
+#include <thread>
 
 using namespace rctest;
 
@@ -30,6 +32,7 @@ class Mw : public ::testing::Test {
         o.b_access = kAllAccess | IBV_ACCESS_MW_BIND;
         // A refused access fails the requester at once, with no retries.
         o.retry_cnt = 1;
+        adjust(o);
         ASSERT_NO_FATAL_FAILURE(p.setup(g_ctx[0], g_ctx[1], o));
         mem = std::make_unique<Buf>(p.b.pd, 3 * kWin, kAllAccess | IBV_ACCESS_MW_BIND);
         src = std::make_unique<Buf>(p.a.pd, kWin);
@@ -38,6 +41,8 @@ class Mw : public ::testing::Test {
         mem->set(0);
         src->fill(7);
     }
+
+    virtual void adjust(PairOpts &) {}
 
     // The window over mem's middle kWin bytes.
     uint64_t win() const { return mem->addr(kWin); }
@@ -178,6 +183,41 @@ TEST_F(Mw, BindOntoAnMrWithoutMwBindFails) {
     ASSERT_EQ(wc.size(), 1u);
     EXPECT_EQ(wc[0].wr_id, 31u);
     EXPECT_EQ(wc[0].status, IBV_WC_MW_BIND_ERR) << ibv_wc_status_str(wc[0].status);
+}
+
+// A bind waits in the send queue behind a SEND that the peer answers with
+// RNR NAK (its 655 ms timer, min_rnr_timer 0).  Its MR is deregistered
+// meanwhile: when its turn comes the bind fails, as with any MR that does not
+// allow it, and reads nothing of the MR that was (fuzz_rx found the read,
+// under ASan).
+class MwLate : public Mw {
+    void adjust(PairOpts &o) override { o.min_rnr_timer = 0; }
+};
+
+TEST_F(MwLate, ABindWhoseMrIsGoneWhenItsTurnComesFails) {
+    std::vector<uint8_t> region(kWin);
+    ibv_mr *mr = ibv_reg_mr(p.b.pd, region.data(), region.size(),
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+    ASSERT_NE(mr, nullptr);
+    MwPtr mw(ibv_alloc_mw(p.b.pd, IBV_MW_TYPE_2), ibv_dealloc_mw);
+    ASSERT_NE(mw, nullptr);
+    // No receive at A: the SEND is refused with RNR NAK, and B waits.
+    ASSERT_EQ(post_send(p.b.qp, 41, {mem->sge(0, 64)}), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::vector<ibv_sge> none;
+    ibv_send_wr wr = send_wr(42, IBV_WR_BIND_MW, none);
+    wr.bind_mw.mw = mw.get();
+    wr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+    wr.bind_mw.bind_info = {mr, uint64_t(uintptr_t(region.data())), kWin, IBV_ACCESS_REMOTE_WRITE};
+    ASSERT_EQ(post(p.b.qp, wr), 0);
+    ASSERT_EQ(ibv_dereg_mr(mr), 0);
+    ASSERT_EQ(post_recv(p.a.qp, 43, {back->sge(0, 64)}), 0);
+    std::vector<ibv_wc> wc = poll_n(p.b.scq, 2, std::chrono::seconds(5));
+    ASSERT_EQ(wc.size(), 2u);
+    EXPECT_EQ(wc[0].wr_id, 41u);
+    EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc[0].status);
+    EXPECT_EQ(wc[1].wr_id, 42u);
+    EXPECT_EQ(wc[1].status, IBV_WC_MW_BIND_ERR) << ibv_wc_status_str(wc[1].status);
 }
 
 } // namespace
