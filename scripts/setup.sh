@@ -41,8 +41,11 @@ declare -A group=(
   # ucx_perftest runs over them, and libucx-dev builds a UCP client and server that
   # connect through rdma_cm (test_fabric_clients.sh, like librpma and Open MPI).
   # librpma (archived upstream) may be missing from newer releases: optional.
+  # Open MPI (with its OpenSHMEM) and MPICH, both over UCX; Open MPI stays the
+  # default `mpirun` (its alternatives priority is the higher), MPICH is run
+  # as mpiexec.mpich.
   [tools]="python3-scapy python3-matplotlib tshark nftables ucx-utils
-    libucx-dev librpma-dev| openmpi-bin libopenmpi-dev"
+    libucx-dev librpma-dev| openmpi-bin libopenmpi-dev mpich libmpich-dev"
   # The distribution's kernel as a Linux rxe peer and with an emulated NVDIMM
   # (tests/integration/test_rxe_interop.sh, test_vm_pmem.sh); on Debian 12
   # also its 6.12 kernel, whose rxe executes IBTA FLUSH (test_pmof_rxe.sh;

@@ -13,8 +13,11 @@
 #     RMA byte for byte;
 #   - librpma: tests/progs/rpma_flush_check, rpma_write + rpma_flush +
 #     rpma_read, compared on both sides;
-#   - Open MPI over UCX rc_verbs (no shared memory): tests/progs/mpi_check,
-#     a ping-pong and allreduces over four ranks, two per device.
+#   - Open MPI and MPICH over UCX rc_verbs (no shared memory):
+#     tests/progs/mpi_check, a ping-pong, allreduces and one-sided
+#     MPI_Put/MPI_Get/MPI_Accumulate over four ranks, two per device;
+#   - OpenSHMEM (Open MPI's, spml ucx): tests/progs/shmem_check, puts, gets,
+#     a fenced flag and atomics over four PEs.
 #
 # Several perftest pairs at once on one pair of devices are
 # test_shared_device.sh's.  A client whose package (or test program) is
@@ -230,11 +233,62 @@ else
 	((EUID != 0)) || root=(--allow-run-as-root)
 	start=$(now)
 	if timeout -k 5 60 "$SROCE_BIN" exec -- env UCX_TLS=rc_verbs,ud_verbs:aux \
-		mpirun "${root[@]}" --oversubscribe --mca pml ucx --mca btl self "${ranks[@]}" \
-		>"$WORK/mpi.log" 2>&1 && (($(grep -c '^ok ' "$WORK/mpi.log") == 6)); then
-		pass "Open MPI, 4 ranks over UCX rc_verbs: ping-pong 1 B to 1 MiB and allreduces checked ($(elapsed "$start") s; $(awk '/^ok ping-pong 1 bytes/ { print $7 " us" }' "$WORK/mpi.log") one way)"
+		mpirun "${root[@]}" --oversubscribe --mca pml ucx --mca osc ucx --mca btl self "${ranks[@]}" \
+		>"$WORK/mpi.log" 2>&1 && (($(grep -c '^ok ' "$WORK/mpi.log") == 9)); then
+		pass "Open MPI, 4 ranks over UCX rc_verbs: ping-pong 1 B to 1 MiB, allreduces, MPI_Put/MPI_Get between fences and MPI_Accumulate/MPI_Fetch_and_op under a lock checked ($(elapsed "$start") s; $(awk '/^ok ping-pong 1 bytes/ { print $7 " us" }' "$WORK/mpi.log") one way)"
 	else
 		fail "Open MPI mpi_check" "$(cat "$WORK/mpi.log")"
+	fi
+fi
+
+# --- MPICH ----------------------------------------------------------------------
+# Debian's MPICH is ch4:ucx.  The same four ranks and checks as Open MPI's;
+# MPIR_CVAR_NOLOCAL sends ranks on one host through the netmod (UCX) rather
+# than shared memory.
+if ! command -v mpiexec.mpich >/dev/null; then
+	skip_client MPICH "mpiexec.mpich not installed (mpich; run scripts/setup.sh)"
+elif [[ ! -x $PROGS/mpi_check_mpich ]]; then
+	skip_client MPICH "$PROGS/mpi_check_mpich not built (libmpich-dev; run scripts/setup.sh)"
+else
+	ranks=()
+	for dev in sroce0 sroce1 sroce0 sroce1; do
+		((${#ranks[@]} == 0)) || ranks+=(:)
+		ranks+=(-n 1 -env UCX_NET_DEVICES "$dev:1" "$PROGS/mpi_check_mpich")
+	done
+	start=$(now)
+	if timeout -k 5 90 "$SROCE_BIN" exec -- env UCX_TLS=rc_verbs,ud_verbs:aux MPIR_CVAR_NOLOCAL=1 \
+		mpiexec.mpich "${ranks[@]}" >"$WORK/mpich.log" 2>&1 &&
+		(($(grep -c '^ok ' "$WORK/mpich.log") == 9)); then
+		pass "MPICH (ch4:ucx), 4 ranks over UCX rc_verbs: ping-pong 1 B to 1 MiB, allreduces, MPI_Put/MPI_Get between fences and MPI_Accumulate/MPI_Fetch_and_op under a lock checked ($(elapsed "$start") s; $(awk '/^ok ping-pong 1 bytes/ { print $7 " us" }' "$WORK/mpich.log") one way)"
+	else
+		fail "MPICH mpi_check" "$(cat "$WORK/mpich.log")"
+	fi
+fi
+
+# --- OpenSHMEM ------------------------------------------------------------------
+# Open MPI's OpenSHMEM with its UCX SPML: four PEs, two per device.  Open
+# MPI 4.1.4's memory hooks for UCX crash every PE in shmem_init (SIGSEGV,
+# over shared memory without sroce as much as over sroce), so they are off.
+if ! command -v oshrun >/dev/null; then
+	skip_client OpenSHMEM "oshrun not installed (openmpi-bin; run scripts/setup.sh)"
+elif [[ ! -x $PROGS/shmem_check ]]; then
+	skip_client OpenSHMEM "$PROGS/shmem_check not built (libopenmpi-dev; run scripts/setup.sh)"
+else
+	pes=()
+	for dev in sroce0 sroce1 sroce0 sroce1; do
+		((${#pes[@]} == 0)) || pes+=(:)
+		pes+=(-np 1 -x "UCX_NET_DEVICES=$dev:1" "$PROGS/shmem_check")
+	done
+	root=()
+	((EUID != 0)) || root=(--allow-run-as-root)
+	start=$(now)
+	if timeout -k 5 90 "$SROCE_BIN" exec -- env UCX_TLS=rc_verbs,ud_verbs:aux \
+		oshrun "${root[@]}" --oversubscribe --mca spml ucx --mca pml ucx --mca btl self \
+		--mca opal_common_ucx_opal_mem_hooks 0 "${pes[@]}" \
+		>"$WORK/shmem.log" 2>&1 && (($(grep -c '^ok ' "$WORK/shmem.log") == 6)); then
+		pass "OpenSHMEM (Open MPI, spml ucx), 4 PEs over UCX rc_verbs: puts, gets and non-blocking puts of 8 B to 1 MiB, a fenced flag, and atomics checked ($(elapsed "$start") s)"
+	else
+		fail "OpenSHMEM shmem_check" "$(cat "$WORK/shmem.log")"
 	fi
 fi
 

@@ -2,7 +2,7 @@
 //
 // mpi_check: an MPI ping-pong and allreduces whose every result is checked.
 //
-//   mpirun -np N mpi_check        (N even, at least 2)
+//   mpirun -np N mpi_check [--no-rma]        (N even, at least 2)
 //
 // Ping-pong: rank r talks to rank r^1.  For each size (1 byte to 1 MiB, so
 // both the eager and the rendezvous protocols of the transport are used) the
@@ -10,6 +10,11 @@
 // pattern of the next iteration, which the even rank checks in turn.
 // Allreduce: MPI_SUM and MPI_MAX over every rank's vector, small (one
 // message) and 2 MiB, compared with the closed-form results.
+// One-sided (unless --no-rma): every rank MPI_Puts a pattern into the next
+// rank's window and MPI_Gets one from the previous rank's, between
+// MPI_Win_fences (8 B to 1 MiB), then every rank adds to a counter in rank
+// 0's window with MPI_Accumulate and MPI_Fetch_and_op under a shared
+// MPI_Win_lock; the windows and the fetched values are checked.
 //
 // Rank 0 prints one line per check.  Exit status: 0 success, 1 usage error
 // (an odd number of ranks), 2 out of memory, 3 a mismatch on some rank.
@@ -100,12 +105,76 @@ static int allreduce(int rank, int nranks, int count) {
     return bad;
 }
 
+// A rank's window: the bytes the previous rank puts, the bytes the next
+// rank gets, then two counters for the passive-target updates.
+struct window {
+    MPI_Win win;
+    uint8_t *base;
+    size_t size;
+};
+
+static int64_t *counters(const struct window *w) {
+    return (int64_t *)(w->base + 2 * w->size);
+}
+
+// Returns the number of wrong bytes and counters this rank saw.
+static int one_sided(int rank, int nranks, size_t size) {
+    struct window w = {.size = size};
+    int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks, bad = 0;
+    uint8_t *src = malloc(size), *got = malloc(size);
+    if (!src || !got) MPI_Abort(MPI_COMM_WORLD, EXIT_NOMEM);
+    MPI_Win_allocate((MPI_Aint)(2 * size + 2 * sizeof(int64_t)), 1, MPI_INFO_NULL, MPI_COMM_WORLD,
+                     &w.base, &w.win);
+    memset(w.base, 0, size);
+    fill(w.base + size, size, 1000 + rank);
+    counters(&w)[0] = counters(&w)[1] = 0;
+    fill(src, size, 2000 + rank);
+
+    MPI_Win_fence(0, w.win);
+    MPI_Put(src, (int)size, MPI_BYTE, next, 0, (int)size, MPI_BYTE, w.win);
+    MPI_Get(got, (int)size, MPI_BYTE, prev, (MPI_Aint)size, (int)size, MPI_BYTE, w.win);
+    MPI_Win_fence(0, w.win);
+    if (check(w.base, size, 2000 + prev, rank) || check(got, size, 1000 + prev, rank)) bad++;
+
+    int64_t add = rank + 1, one = 1, before = -1;
+    MPI_Win_lock(MPI_LOCK_SHARED, 0, 0, w.win);
+    MPI_Accumulate(&add, 1, MPI_INT64_T, 0, (MPI_Aint)(2 * size), 1, MPI_INT64_T, MPI_SUM, w.win);
+    MPI_Fetch_and_op(&one, &before, MPI_INT64_T, 0, (MPI_Aint)(2 * size + sizeof(int64_t)), MPI_SUM,
+                     w.win);
+    MPI_Win_unlock(0, w.win);
+    // Each rank fetched a distinct value before its own increment.
+    if (before < 0 || before >= nranks) {
+        fprintf(stderr, "mpi_check: rank %d: MPI_Fetch_and_op fetched %" PRId64 "\n", rank, before);
+        bad++;
+    }
+    int64_t mask = before >= 0 && before < 63 ? (int64_t)1 << before : 0, all = 0;
+    MPI_Allreduce(&mask, &all, 1, MPI_INT64_T, MPI_BOR, MPI_COMM_WORLD);
+    if (all != ((int64_t)1 << nranks) - 1) bad++;
+    if (rank == 0) {
+        MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, w.win);
+        int64_t seen = counters(&w)[0];
+        int64_t fetches = counters(&w)[1];
+        MPI_Win_unlock(0, w.win);
+        if (seen != (int64_t)nranks * (nranks + 1) / 2 || fetches != nranks) {
+            fprintf(stderr,
+                    "mpi_check: rank 0: counters %" PRId64 " and %" PRId64 ", expected %d and %d\n",
+                    seen, fetches, nranks * (nranks + 1) / 2, nranks);
+            bad++;
+        }
+    }
+    MPI_Win_free(&w.win);
+    free(src);
+    free(got);
+    return bad;
+}
+
 int main(int argc, char **argv) {
     static const size_t sizes[] = {1, 4096, 65536, 1 << 20};
     int rank, nranks, bad = 0, total = 0;
     double usec;
 
     MPI_Init(&argc, &argv);
+    int rma = !(argc > 1 && strcmp(argv[1], "--no-rma") == 0);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     if (nranks < 2 || nranks % 2) {
@@ -132,6 +201,16 @@ int main(int argc, char **argv) {
         if (rank == 0)
             printf("%s allreduce sum and max of %d int64 over %d ranks\n", total ? "FAIL" : "ok",
                    counts[k], nranks);
+    }
+    static const size_t rma_sizes[] = {8, 4096, 1 << 20};
+    for (size_t k = 0; rma && k < sizeof rma_sizes / sizeof rma_sizes[0]; k++) {
+        int b = one_sided(rank, nranks, rma_sizes[k]);
+        MPI_Allreduce(&b, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        bad += b;
+        if (rank == 0)
+            printf("%s one-sided: MPI_Put and MPI_Get of %zu bytes between fences, "
+                   "MPI_Accumulate and MPI_Fetch_and_op under a lock, %d ranks\n",
+                   total ? "FAIL" : "ok", rma_sizes[k], nranks);
     }
     MPI_Finalize();
     return bad ? EXIT_MISMATCH : 0;
