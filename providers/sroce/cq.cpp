@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <ctime>
 #include <fcntl.h>
+#include <memory>
+#include <sys/socket.h>
 #include <unistd.h>
 
 namespace sroce {
@@ -17,6 +19,39 @@ uint64_t clock_ns(clockid_t clk) {
     timespec t;
     clock_gettime(clk, &t);
     return uint64_t(t.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec);
+}
+
+// Queues an event of `cq` (called with cq->mu held; channel->mu nests in it).
+void channel_add(CompChannel *ch, Cq *cq) {
+    std::lock_guard<std::mutex> g(ch->mu);
+    if (cq->events_queued++) return;
+    cq->next_event = nullptr;
+    if (ch->last) {
+        ch->last->next_event = cq;
+    } else {
+        ch->first = cq;
+        // The queue was empty: the token goes in.
+        char token = 1;
+        (void)!send(ch->wr_fd, &token, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    ch->last = cq;
+}
+
+// Takes `cq` out of its channel's queue with all its events (ch->mu held).
+void channel_remove(CompChannel *ch, Cq *cq) {
+    if (!cq->events_queued) return;
+    cq->events_queued = 0;
+    Cq *prev = nullptr;
+    for (Cq *c = ch->first; c != cq; c = c->next_event)
+        prev = c;
+    (prev ? prev->next_event : ch->first) = cq->next_event;
+    if (ch->last == cq) ch->last = prev;
+    if (!ch->first) {
+        // Take the token back, unless a reader holds it: that reader finds
+        // the queue empty and waits again.
+        char token;
+        (void)!recv(ch->ch.fd, &token, 1, MSG_DONTWAIT);
+    }
 }
 
 } // namespace
@@ -36,10 +71,7 @@ bool Cq::push(const ibv_wc &wc, bool solicited, const ibv_wc_tm_info *t) {
     count++;
     if (armed && channel && (!solicited_only || solicited || wc.status != IBV_WC_SUCCESS)) {
         armed = false;
-        ibv_cq *self = reinterpret_cast<ibv_cq *>(&cqx);
-        // The channel's pipe carries CQ pointers, as uverbs carries CQ handles.
-        if (write(channel->wr_fd, &self, sizeof self) != sizeof self) { /* channel full */
-        }
+        channel_add(channel, this);
     }
     return true;
 }
@@ -268,16 +300,14 @@ using namespace sroce;
 extern "C" {
 
 struct ibv_comp_channel *sroce_create_comp_channel(struct ibv_context *ctx) try {
+    auto ch = std::make_unique<CompChannel>();
     int fds[2];
-    if (pipe2(fds, O_CLOEXEC) < 0) return nullptr;
-    auto *ch = new CompChannel;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) < 0) return nullptr;
     ch->ch.context = ctx;
     ch->ch.fd = fds[0];
     ch->ch.refcnt = 0;
     ch->wr_fd = fds[1];
-    // A full pipe must never block the progress thread.
-    fcntl(ch->wr_fd, F_SETFL, O_NONBLOCK);
-    return &ch->ch;
+    return &ch.release()->ch;
 } catch (const std::bad_alloc &) {
     return out_of_memory<struct ibv_comp_channel *>(nullptr);
 }
@@ -333,7 +363,12 @@ int sroce_resize_cq(struct ibv_cq *ibcq, int cqe) try {
 int sroce_destroy_cq(struct ibv_cq *ibcq) {
     Cq *cq = to_cq(ibcq);
     cq->ctx->forget_events(ibcq);
-    if (cq->channel) cq->channel->ch.refcnt--;
+    if (cq->channel) {
+        // Events not yet taken go with the CQ, as uverbs drops them.
+        std::scoped_lock g(cq->mu, cq->channel->mu);
+        channel_remove(cq->channel, cq);
+        cq->channel->ch.refcnt--;
+    }
     pthread_mutex_destroy(&ibcq->mutex);
     pthread_cond_destroy(&ibcq->cond);
     delete cq;
@@ -341,12 +376,23 @@ int sroce_destroy_cq(struct ibv_cq *ibcq) {
 }
 
 int sroce_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context) {
-    ibv_cq *c;
-    ssize_t r = read(channel->fd, &c, sizeof c);
-    if (r != sizeof c) return -1;
-    *cq = c;
-    *cq_context = c->cq_context;
-    return 0;
+    auto *ch = reinterpret_cast<CompChannel *>(channel);
+    for (;;) {
+        // Blocks, or fails with EAGAIN, as the application set ch.fd.
+        char token;
+        if (read(ch->ch.fd, &token, 1) != 1) return -1;
+        std::lock_guard<std::mutex> g(ch->mu);
+        Cq *c = ch->first;
+        if (!c) continue; // its CQ was destroyed: wait for the next token
+        if (!--c->events_queued) {
+            ch->first = c->next_event;
+            if (!ch->first) ch->last = nullptr;
+        }
+        if (ch->first) (void)!send(ch->wr_fd, &token, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        *cq = reinterpret_cast<ibv_cq *>(&c->cqx);
+        *cq_context = (*cq)->cq_context;
+        return 0;
+    }
 }
 
 void sroce_ack_cq_events(struct ibv_cq *cq, unsigned int nevents) {

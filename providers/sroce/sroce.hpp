@@ -280,9 +280,16 @@ inline bool sg_copy_to(const ibv_sge *sge, uint32_t nsge, uint32_t off, const ui
            }) == len;
 }
 
+// A completion channel holds the CQs it has events for, as uverbs holds
+// them in the kernel, so that destroying a CQ takes its events back.  Its
+// socket pair carries one byte while the queue is non-empty (the token a
+// reader takes and puts back if events remain): the application polls
+// ch.fd, and a non-blocking read never depends on flags it set there.
 struct CompChannel {
-    ibv_comp_channel ch; // first
-    int wr_fd = -1;      // write end; ch.fd is the read end
+    ibv_comp_channel ch; // first; ch.fd is the reading end
+    int wr_fd = -1;      // the writing end
+    std::mutex mu;       // the queue below and the CQs' event counts
+    Cq *first = nullptr, *last = nullptr;
 };
 
 struct Cq {
@@ -293,6 +300,10 @@ struct Cq {
     bool overflow = false;
     bool armed = false, solicited_only = false;
     CompChannel *channel = nullptr;
+    // Under channel->mu: events not yet taken by ibv_get_cq_event, and the
+    // next CQ in the channel's queue.
+    uint32_t events_queued = 0;
+    Cq *next_event = nullptr;
     // ibv_cq_ex polling cursor
     ibv_wc cur{};
     Context *ctx = nullptr;

@@ -7,6 +7,7 @@
 // completion.
 #include "rc_pair.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <random>
 
@@ -864,6 +865,100 @@ TEST_F(Rc, CompletionChannelEvents) {
     ibv_ack_cq_events(ev_cq, 1);
     expect_one(p.b.rcq, {103, IBV_WC_SUCCESS, IBV_WC_RECV, p.b.qpn(), 16});
     expect_one(p.a.scq, {4, IBV_WC_SUCCESS, IBV_WC_SEND, p.a.qpn()});
+    EXPECT_EQ(poll(&pfd, 1, 0), 0);
+}
+
+// An event of a CQ that reports to a shared channel, when nobody takes it: a
+// QP flushed into ERR completes its receive on `cq`, which was armed.
+static ibv_qp *flush_into(Side &s, ibv_cq *cq, Buf &buf) {
+    ibv_qp_init_attr ia{};
+    ia.qp_type = IBV_QPT_RC;
+    ia.send_cq = ia.recv_cq = cq;
+    ia.cap = {1, 1, 1, 1, 0};
+    ibv_qp *qp = ibv_create_qp(s.pd, &ia);
+    if (!qp) return nullptr;
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    if (to_init(qp, 0) || post_recv(qp, 77, {buf.sge(0, 16)}) || ibv_req_notify_cq(cq, 0) ||
+        ibv_modify_qp(qp, &a, IBV_QP_STATE)) {
+        ibv_destroy_qp(qp);
+        return nullptr;
+    }
+    return qp;
+}
+
+// Several CQs share one channel, as libfabric providers share one per
+// domain.  Destroying a CQ takes its events out of the channel, as uverbs
+// does: ibv_get_cq_event never returns a CQ that no longer exists, and the
+// channel's descriptor stays readable only while an event remains.
+TEST_F(Rc, DestroyingACqTakesItsEventsFromASharedChannel) {
+    PairOpts o;
+    o.b_channel = true;
+    make(o);
+    Buf src(p.a.pd, 256), dst(p.b.pd, 256), spare(p.b.pd, 256);
+    pollfd pfd{p.b.channel->fd, POLLIN, 0};
+    ibv_cq *ev_cq = nullptr;
+    void *ev_ctx = nullptr;
+    int flags = fcntl(p.b.channel->fd, F_GETFL);
+    ASSERT_EQ(fcntl(p.b.channel->fd, F_SETFL, flags | O_NONBLOCK), 0);
+
+    // Alone in the channel: once its CQ is gone, nothing is readable.
+    ibv_cq *gone = ibv_create_cq(p.b.ctx, 16, nullptr, p.b.channel, 0);
+    ASSERT_NE(gone, nullptr);
+    ibv_qp *qp = flush_into(p.b, gone, spare);
+    ASSERT_NE(qp, nullptr);
+    ASSERT_EQ(poll(&pfd, 1, 10000), 1);
+    ASSERT_EQ(ibv_destroy_qp(qp), 0);
+    ASSERT_EQ(ibv_destroy_cq(gone), 0);
+    EXPECT_EQ(poll(&pfd, 1, 0), 0);
+    EXPECT_EQ(ibv_get_cq_event(p.b.channel, &ev_cq, &ev_ctx), -1);
+    EXPECT_EQ(errno, EAGAIN);
+
+    // Ahead of another CQ's event: the other one is what remains.
+    gone = ibv_create_cq(p.b.ctx, 16, nullptr, p.b.channel, 0);
+    ASSERT_NE(gone, nullptr);
+    qp = flush_into(p.b, gone, spare);
+    ASSERT_NE(qp, nullptr);
+    ASSERT_EQ(poll(&pfd, 1, 10000), 1);
+    ASSERT_EQ(post_recv(p.b.qp, 5, {dst.sge(0, 64)}), 0);
+    ASSERT_EQ(ibv_req_notify_cq(p.b.rcq, 0), 0);
+    ASSERT_EQ(post_send(p.a.qp, 6, {src.sge(0, 64)}), 0);
+    expect_one(p.a.scq, {6, IBV_WC_SUCCESS, IBV_WC_SEND, p.a.qpn()});
+    ASSERT_EQ(ibv_destroy_qp(qp), 0);
+    ASSERT_EQ(ibv_destroy_cq(gone), 0);
+    ASSERT_EQ(poll(&pfd, 1, 0), 1);
+    ASSERT_EQ(ibv_get_cq_event(p.b.channel, &ev_cq, &ev_ctx), 0);
+    EXPECT_EQ(ev_cq, p.b.rcq);
+    EXPECT_EQ(ev_ctx, &p.b);
+    ibv_ack_cq_events(ev_cq, 1);
+    expect_one(p.b.rcq, {5, IBV_WC_SUCCESS, IBV_WC_RECV, p.b.qpn(), 64});
+    EXPECT_EQ(poll(&pfd, 1, 0), 0);
+    EXPECT_EQ(ibv_get_cq_event(p.b.channel, &ev_cq, &ev_ctx), -1);
+}
+
+// Two events of one CQ, both armed before either is taken, are two events.
+TEST_F(Rc, ACqArmedTwiceHasTwoEventsInItsChannel) {
+    PairOpts o;
+    o.b_channel = true;
+    make(o);
+    Buf src(p.a.pd, 256), dst(p.b.pd, 256);
+    pollfd pfd{p.b.channel->fd, POLLIN, 0};
+    for (uint64_t i = 0; i < 2; i++) {
+        ASSERT_EQ(post_recv(p.b.qp, 10 + i, {dst.sge(0, 64)}), 0);
+        ASSERT_EQ(ibv_req_notify_cq(p.b.rcq, 0), 0);
+        ASSERT_EQ(post_send(p.a.qp, 20 + i, {src.sge(0, 64)}), 0);
+        expect_one(p.a.scq, {20 + i, IBV_WC_SUCCESS, IBV_WC_SEND, p.a.qpn()});
+        ASSERT_EQ(poll(&pfd, 1, 10000), 1);
+        expect_one(p.b.rcq, {10 + i, IBV_WC_SUCCESS, IBV_WC_RECV, p.b.qpn(), 64});
+    }
+    for (int i = 0; i < 2; i++) {
+        ASSERT_EQ(poll(&pfd, 1, 0), 1) << "event " << i;
+        ibv_cq *ev_cq = nullptr;
+        void *ev_ctx = nullptr;
+        ASSERT_EQ(ibv_get_cq_event(p.b.channel, &ev_cq, &ev_ctx), 0);
+        EXPECT_EQ(ev_cq, p.b.rcq);
+        ibv_ack_cq_events(ev_cq, 1);
+    }
     EXPECT_EQ(poll(&pfd, 1, 0), 0);
 }
 
