@@ -209,7 +209,15 @@ struct pmof_domain {
      * commit are checked against before the application sees them */
     pthread_mutex_t mr_lock;
     struct pmof_mr *mr_table[PMOF_MR_BUCKETS];
+    /* The completion channel every waitable CQ of the domain reports to,
+     * made with the first: one descriptor pair for any number of CQs.  A
+     * waiting thread takes its events and wakes the CQs they belong to;
+     * chan_lock keeps a CQ from closing while its event is handed over */
+    pthread_mutex_t chan_lock;
+    struct ibv_comp_channel *channel;
 };
+/* The domain's completion channel, made on first use; NULL with errno. */
+struct ibv_comp_channel *pmof_domain_channel(struct pmof_domain *dom);
 
 int pmof_domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **domain,
                      void *context);
@@ -342,11 +350,17 @@ struct pmof_cq {
     struct fid_cq cq_fid;
     struct pmof_domain *dom;
     struct ibv_cq *ibv;
-    struct ibv_comp_channel *channel;
+    bool waitable; /* FI_WAIT_FD or UNSPEC: reports to the domain's channel */
     enum fi_cq_format format;
     enum fi_wait_obj wait_obj;
-    int signal_fd; /* eventfd: fi_cq_signal and software entries wake sread */
-    int epfd;      /* FI_GETWAIT: the channel and signal_fd together */
+    /* Descriptors only a CQ that is waited on needs, made on first use
+     * (so that thousands of CQs cost none): wake_fd, an eventfd, wakes a
+     * waiter for an event of this CQ taken by another thread, a software
+     * entry or fi_cq_signal; epfd (FI_GETWAIT) holds it and the channel */
+    pthread_mutex_t wait_lock;
+    atomic_int wake_fd;
+    int epfd;
+    atomic_bool signalled; /* fi_cq_signal not yet seen by fi_cq_sread */
     struct pmof_lock lock;
     /* completions translated but not yet read; errors kept in order */
     struct pmof_cq_entry *ring;

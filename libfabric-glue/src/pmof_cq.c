@@ -47,8 +47,17 @@ static int ring_add(struct pmof_cq *cq, const struct pmof_cq_entry *e) {
     return 0;
 }
 
-int pmof_cq_push(struct pmof_cq *cq, const struct pmof_cq_entry *e) {
+/* Wakes whoever waits on the CQ; its eventfd exists once someone has. */
+static void cq_kick(struct pmof_cq *cq) {
     uint64_t one = 1;
+    int fd = atomic_load(&cq->wake_fd);
+
+    if (fd >= 0 && write(fd, &one, sizeof(one)) < 0) {
+        /* The counter is full: a wake-up is pending anyway. */
+    }
+}
+
+int pmof_cq_push(struct pmof_cq *cq, const struct pmof_cq_entry *e) {
     int ret = 0;
 
     pthread_mutex_lock(&cq->soft_lock);
@@ -67,7 +76,7 @@ int pmof_cq_push(struct pmof_cq *cq, const struct pmof_cq_entry *e) {
         __atomic_store_n(&cq->soft_count, cq->soft_count + 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&cq->soft_lock);
-    if (!ret && write(cq->signal_fd, &one, sizeof(one)) < 0) ret = 0;
+    if (!ret) cq_kick(cq);
     return ret;
 }
 
@@ -127,11 +136,7 @@ void pmof_cq_del_hook(struct pmof_cq *cq, struct pmof_rdm *rdm) {
 }
 
 void pmof_cq_wake(struct pmof_cq *cq) {
-    uint64_t one = 1;
-
-    if (write(cq->signal_fd, &one, sizeof(one)) < 0) {
-        /* The counter is full: a wake-up is pending anyway. */
-    }
+    cq_kick(cq);
 }
 
 /* Work that completions left for endpoints reading this CQ (CQ lock not
@@ -306,23 +311,90 @@ static ssize_t cq_readerr(struct fid_cq *cq_fid, struct fi_cq_err_entry *buf, ui
     return 1;
 }
 
+/* Takes the domain channel's events, each waking its CQ (chan_lock held).
+ * Acknowledged at once: a CQ may close as soon as the lock is free. */
+static void take_events_locked(struct pmof_domain *dom) {
+    struct ibv_cq *evcq;
+    void *evctx;
+
+    while (ibv_get_cq_event(dom->channel, &evcq, &evctx) == 0) {
+        ibv_ack_cq_events(evcq, 1);
+        cq_kick(evctx);
+    }
+}
+
+static void take_events(struct pmof_domain *dom) {
+    pthread_mutex_lock(&dom->chan_lock);
+    take_events_locked(dom);
+    pthread_mutex_unlock(&dom->chan_lock);
+}
+
+/* The CQ's eventfd, made by the first wait; a descriptor or -FI_E*. */
+static int cq_wake_fd(struct pmof_cq *cq) {
+    int fd = atomic_load(&cq->wake_fd);
+
+    if (fd >= 0) return fd;
+    pthread_mutex_lock(&cq->wait_lock);
+    fd = atomic_load(&cq->wake_fd);
+    if (fd < 0) {
+        fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (fd < 0)
+            fd = pmof_errno(errno);
+        else
+            atomic_store(&cq->wake_fd, fd);
+    }
+    pthread_mutex_unlock(&cq->wait_lock);
+    return fd;
+}
+
+/* FI_GETWAIT's descriptor: an epoll set of the domain's channel and the
+ * CQ's eventfd, made on first request; a descriptor or -FI_E*. */
+static int cq_epfd(struct pmof_cq *cq) {
+    int wake = cq_wake_fd(cq), ret;
+
+    if (wake < 0) return wake;
+    pthread_mutex_lock(&cq->wait_lock);
+    if (cq->epfd < 0) {
+        struct epoll_event ev = {.events = EPOLLIN};
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+
+        ev.data.fd = cq->dom->channel->fd;
+        if (ep >= 0 && !epoll_ctl(ep, EPOLL_CTL_ADD, ev.data.fd, &ev)) {
+            ev.data.fd = wake;
+            if (!epoll_ctl(ep, EPOLL_CTL_ADD, wake, &ev)) cq->epfd = ep;
+        }
+        if (cq->epfd < 0) {
+            ret = pmof_errno(errno);
+            if (ep >= 0) close(ep);
+            pthread_mutex_unlock(&cq->wait_lock);
+            return ret;
+        }
+    }
+    ret = cq->epfd;
+    pthread_mutex_unlock(&cq->wait_lock);
+    return ret;
+}
+
 /* Arms the verbs CQ for the wait object; -FI_EAGAIN if completions are
  * already there (the application must read before it waits). */
 int pmof_cq_trywait(struct pmof_cq *cq) {
-    int ret = 0;
+    uint64_t v;
+    int ret, fd;
 
-    if (!cq->channel) return -FI_EINVAL;
+    if (!cq->waitable) return -FI_EINVAL;
+    fd = cq_wake_fd(cq);
+    if (fd < 0) return fd;
+    /* Other CQs' events wake them; this one's, like a software entry or a
+     * signal, is what the wake-up read here announced, looked at below. */
+    take_events(cq->dom);
+    if (read(fd, &v, sizeof(v)) < 0) {
+        /* Nothing pending. */
+    }
+    if (atomic_load(&cq->signalled)) return -FI_EAGAIN;
     pmof_lock(&cq->lock);
     if (cq->ring_count) {
         ret = -FI_EAGAIN;
         goto out;
-    }
-    /* Consume notifications already delivered before re-arming. */
-    for (;;) {
-        struct ibv_cq *evcq;
-        void *evctx;
-        if (ibv_get_cq_event(cq->channel, &evcq, &evctx)) break;
-        ibv_ack_cq_events(evcq, 1);
     }
     if (ibv_req_notify_cq(cq->ibv, 0)) {
         ret = -FI_EIO;
@@ -339,19 +411,19 @@ out:
 
 /* Takes a pending fi_cq_signal, if there is one. */
 static bool cq_take_signal(struct pmof_cq *cq) {
-    uint64_t v;
-
-    return read(cq->signal_fd, &v, sizeof(v)) == (ssize_t)sizeof(v);
+    return atomic_exchange(&cq->signalled, false);
 }
 
 /* Waits for an event or a signal: 0 to read the CQ again, 1 when
- * fi_cq_signal woke it, -FI_EAGAIN at the timeout, or an error. */
+ * fi_cq_signal woke it, -FI_EAGAIN at the timeout, or an error.  Threads
+ * waiting on several CQs of a domain all wake for an event of any: the
+ * first takes the events, and the others look again. */
 static int cq_wait(struct pmof_cq *cq, int timeout) {
-    struct pollfd p[2] = {
-        {.fd = cq->channel->fd, .events = POLLIN},
-        {.fd = cq->signal_fd, .events = POLLIN},
-    };
     int ret = pmof_cq_trywait(cq);
+    struct pollfd p[2] = {
+        {.fd = cq->dom->channel->fd, .events = POLLIN},
+        {.fd = atomic_load(&cq->wake_fd), .events = POLLIN},
+    };
 
     if (ret == -FI_EAGAIN) {
         /* A rendezvous in flight finishes on the endpoint's other CQ too,
@@ -362,7 +434,7 @@ static int cq_wait(struct pmof_cq *cq, int timeout) {
     if (ret) return ret;
     ret = poll(p, 2, timeout);
     if (ret < 0) return errno == EINTR ? 0 : pmof_errno(errno);
-    if ((p[1].revents & POLLIN) && cq_take_signal(cq)) return 1;
+    if (cq_take_signal(cq)) return 1;
     return ret == 0 ? -FI_EAGAIN : 0;
 }
 
@@ -384,7 +456,7 @@ static ssize_t cq_sreadfrom(struct fid_cq *cq_fid, void *buf, size_t count, fi_a
         }
         /* fi_cq(3): a signalled thread returns with nothing read, even
          * when it would wait for ever; a signal before the wait counts. */
-        if (!cq->channel) {
+        if (!cq->waitable) {
             /* FI_WAIT_NONE and FI_WAIT_YIELD: poll, giving the CPU away. */
             if (cq_take_signal(cq)) return -FI_EAGAIN;
             sched_yield();
@@ -403,9 +475,10 @@ static ssize_t cq_sread(struct fid_cq *cq_fid, void *buf, size_t count, const vo
 
 static int cq_signal(struct fid_cq *cq_fid) {
     struct pmof_cq *cq = container_of(cq_fid, struct pmof_cq, cq_fid);
-    uint64_t one = 1;
 
-    return write(cq->signal_fd, &one, sizeof(one)) < 0 ? pmof_errno(errno) : 0;
+    atomic_store(&cq->signalled, true);
+    cq_kick(cq);
+    return 0;
 }
 
 static const char *cq_strerror(struct fid_cq *cq_fid, int prov_errno, const void *err_data,
@@ -425,11 +498,15 @@ static int cq_control(struct fid *fid, int command, void *arg) {
     struct pmof_cq *cq = container_of(fid, struct pmof_cq, cq_fid.fid);
 
     switch (command) {
-    case FI_GETWAIT:
-        if (!cq->channel) return -FI_ENODATA;
-        /* One descriptor for both wake-ups: an epoll set. */
-        *(int *)arg = cq->epfd;
+    case FI_GETWAIT: {
+        int fd;
+
+        if (!cq->waitable) return -FI_ENODATA;
+        fd = cq_epfd(cq);
+        if (fd < 0) return fd;
+        *(int *)arg = fd;
         return 0;
+    }
     case FI_GETWAITOBJ:
         *(enum fi_wait_obj *)arg = cq->wait_obj;
         return 0;
@@ -443,18 +520,18 @@ static int cq_close(struct fid *fid) {
     int ret;
 
     if (atomic_load(&cq->refs)) return -FI_EBUSY;
-    if (cq->channel) {
-        /* Unacknowledged notifications keep ibv_destroy_cq waiting. */
-        struct ibv_cq *evcq;
-        void *evctx;
-        while (ibv_get_cq_event(cq->channel, &evcq, &evctx) == 0)
-            ibv_ack_cq_events(evcq, 1);
+    if (cq->waitable) {
+        /* Unacknowledged events keep ibv_destroy_cq waiting; and no event
+         * of this CQ may be handed to it once it is gone. */
+        pthread_mutex_lock(&cq->dom->chan_lock);
+        take_events_locked(cq->dom);
     }
     ret = ibv_destroy_cq(cq->ibv);
+    if (cq->waitable) pthread_mutex_unlock(&cq->dom->chan_lock);
     if (ret) return pmof_errno(ret);
-    if (cq->channel) ibv_destroy_comp_channel(cq->channel);
     if (cq->epfd >= 0) close(cq->epfd);
-    close(cq->signal_fd);
+    if (atomic_load(&cq->wake_fd) >= 0) close(atomic_load(&cq->wake_fd));
+    pthread_mutex_destroy(&cq->wait_lock);
     pmof_lock_destroy(&cq->lock);
     pthread_mutex_destroy(&cq->soft_lock);
     pthread_rwlock_destroy(&cq->hooks_lock);
@@ -489,6 +566,7 @@ static struct fi_ops_cq cq_ops = {
 int pmof_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr, struct fid_cq **out,
                  void *context) {
     struct pmof_domain *dom = container_of(domain, struct pmof_domain, domain_fid);
+    struct ibv_comp_channel *channel = NULL;
     struct pmof_cq *cq;
     size_t size;
     int ret = -FI_ENOMEM;
@@ -519,7 +597,8 @@ int pmof_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr, struct fid_
     if (size > (size_t)dom->dev_attr.orig_attr.max_cqe) return -FI_EINVAL;
     cq = calloc(1, sizeof(*cq));
     if (!cq) return -FI_ENOMEM;
-    cq->epfd = cq->signal_fd = -1;
+    cq->epfd = -1;
+    atomic_init(&cq->wake_fd, -1);
     cq->format = attr->format == FI_CQ_FORMAT_UNSPEC ? FI_CQ_FORMAT_CONTEXT : attr->format;
     cq->wait_obj = attr->wait_obj == FI_WAIT_UNSPEC ? FI_WAIT_FD : attr->wait_obj;
     cq->ring_size = size;
@@ -528,22 +607,13 @@ int pmof_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr, struct fid_
     pmof_lock_init(&cq->lock, true);
     pthread_mutex_init(&cq->soft_lock, NULL);
     pthread_rwlock_init(&cq->hooks_lock, NULL);
-    cq->signal_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (cq->signal_fd < 0) goto err_errno;
+    pthread_mutex_init(&cq->wait_lock, NULL);
     if (cq->wait_obj == FI_WAIT_FD) {
-        struct epoll_event ev = {.events = EPOLLIN};
-        cq->channel = ibv_create_comp_channel(dom->verbs);
-        if (!cq->channel) goto err_errno;
-        if (fcntl(cq->channel->fd, F_SETFL, fcntl(cq->channel->fd, F_GETFL) | O_NONBLOCK))
-            goto err_errno;
-        cq->epfd = epoll_create1(EPOLL_CLOEXEC);
-        if (cq->epfd < 0) goto err_errno;
-        ev.data.fd = cq->channel->fd;
-        if (epoll_ctl(cq->epfd, EPOLL_CTL_ADD, cq->channel->fd, &ev)) goto err_errno;
-        ev.data.fd = cq->signal_fd;
-        if (epoll_ctl(cq->epfd, EPOLL_CTL_ADD, cq->signal_fd, &ev)) goto err_errno;
+        channel = pmof_domain_channel(dom);
+        if (!channel) goto err_errno;
+        cq->waitable = true;
     }
-    cq->ibv = ibv_create_cq(dom->verbs, (int)size, cq, cq->channel, 0);
+    cq->ibv = ibv_create_cq(dom->verbs, (int)size, cq, channel, 0);
     if (!cq->ibv) goto err_errno;
     cq->dom = dom;
     cq->cq_fid.fid.fclass = FI_CLASS_CQ;
@@ -556,12 +626,10 @@ int pmof_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr, struct fid_
 err_errno:
     ret = pmof_errno(errno ? errno : EIO);
 err:
-    if (cq->channel) ibv_destroy_comp_channel(cq->channel);
-    if (cq->epfd >= 0) close(cq->epfd);
-    if (cq->signal_fd >= 0) close(cq->signal_fd);
     if (cq->ring) {
         pthread_mutex_destroy(&cq->soft_lock);
         pthread_rwlock_destroy(&cq->hooks_lock);
+        pthread_mutex_destroy(&cq->wait_lock);
     }
     free(cq->ring);
     free(cq);

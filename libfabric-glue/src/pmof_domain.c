@@ -11,6 +11,7 @@
 #include "pmof.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -306,6 +307,26 @@ static void scratch_close(struct pmof_domain *dom) {
     dom->scratch = NULL;
 }
 
+struct ibv_comp_channel *pmof_domain_channel(struct pmof_domain *dom) {
+    struct ibv_comp_channel *ch;
+
+    pthread_mutex_lock(&dom->chan_lock);
+    if (!dom->channel) {
+        /* Taken by whichever thread waits, never blocking it. */
+        ch = ibv_create_comp_channel(dom->verbs);
+        if (ch && fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK)) {
+            int err = errno;
+            ibv_destroy_comp_channel(ch);
+            errno = err;
+            ch = NULL;
+        }
+        dom->channel = ch;
+    }
+    ch = dom->channel;
+    pthread_mutex_unlock(&dom->chan_lock);
+    return ch;
+}
+
 static int domain_close(struct fid *fid) {
     struct pmof_domain *dom = container_of(fid, struct pmof_domain, domain_fid.fid);
     int ret;
@@ -315,9 +336,11 @@ static int domain_close(struct fid *fid) {
     scratch_close(dom);
     ret = ibv_dealloc_pd(dom->pd);
     if (ret) return pmof_errno(ret);
+    if (dom->channel) ibv_destroy_comp_channel(dom->channel);
     rdma_free_devices(dom->dev_list);
     fi_freeinfo(dom->info);
     pthread_mutex_destroy(&dom->mr_lock);
+    pthread_mutex_destroy(&dom->chan_lock);
     atomic_fetch_sub(&dom->fab->refs, 1);
     free(dom);
     return 0;
@@ -493,6 +516,7 @@ int pmof_domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid
     if (dom->dev_attr.orig_attr.atomic_cap != IBV_ATOMIC_NONE && scratch_open(dom)) goto nodev;
     pthread_mutex_init(&dom->manual_lock, NULL);
     pthread_mutex_init(&dom->mr_lock, NULL);
+    pthread_mutex_init(&dom->chan_lock, NULL);
     dom->thread_safe = info->domain_attr->threading == FI_THREAD_SAFE ||
                        info->domain_attr->threading == FI_THREAD_UNSPEC;
     dom->fab = fab;

@@ -200,6 +200,8 @@ struct ft_pair_cfg {
     bool plain[2];
     /* RDM: caps the client's info goes without (the ends then differ) */
     uint64_t cli_caps_off;
+    /* the CQs' wait object (FI_WAIT_NONE by default) */
+    enum fi_wait_obj cq_wait;
 };
 
 struct ft_side {

@@ -347,7 +347,7 @@ int ft_wait_until(struct ft_pair *p, bool (*cond)(void *), void *arg, const char
 
 static int open_cq(struct ft_pair *p, struct ft_side *s, struct ft_cq *c, size_t size) {
     struct fi_cq_attr attr = {
-        .size = size, .format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_NONE};
+        .size = size, .format = FI_CQ_FORMAT_TAGGED, .wait_obj = p->cfg.cq_wait};
     int ret = FT_OK;
     struct ft_run *r = p->r;
 

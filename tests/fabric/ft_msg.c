@@ -5,6 +5,9 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -569,6 +572,130 @@ out:
     return ft_pair_close(&p, ret);
 }
 
+/* ------------------------------------------------------------ waiting */
+
+struct sread_waiter {
+    struct fid_cq *cq;
+    struct fi_cq_tagged_entry e;
+    atomic_long ret; /* fi_cq_sread's result once it returned; 1 until then */
+};
+
+static void *sread_forever(void *arg) {
+    struct sread_waiter *w = arg;
+
+    atomic_store(&w->ret, (long)fi_cq_sread(w->cq, &w->e, 1, NULL, -1));
+    return NULL;
+}
+
+/* Reads one entry of `cq` by polling it alone (not through ft_progress,
+ * which reads every CQ of the pair: a thread waits on the others). */
+static int read_one(struct ft_run *r, struct fid_cq *cq, void *ctx, const char *what) {
+    struct fi_cq_tagged_entry e;
+    uint64_t t0 = ft_now_us();
+    ssize_t n;
+
+    while ((n = fi_cq_read(cq, &e, 1)) == -FI_EAGAIN && ft_now_us() - t0 < 5000000)
+        ;
+    if (n != 1) return ft_fail(r, "%s: fi_cq_read = %zd (%s)", what, n, fi_strerror((int)-n));
+    if (e.op_context != ctx) return ft_fail(r, "%s: the completion of another operation", what);
+    return FT_OK;
+}
+
+/* fi_send, retried while it says -FI_EAGAIN (an RDM endpoint connecting),
+ * driving progress through the sender's CQ alone. */
+static ssize_t send_alone(struct ft_side *c, struct ft_buf *tx, size_t len, void *ctx) {
+    struct fi_cq_tagged_entry e;
+    uint64_t t0 = ft_now_us();
+    ssize_t rc;
+
+    while ((rc = fi_send(c->ep, tx->buf, len, tx->desc, c->peer, ctx)) == -FI_EAGAIN &&
+           ft_now_us() - t0 < 5000000) {
+        if (fi_cq_read(c->tx.cq, &e, 1) != -FI_EAGAIN) return -FI_EOTHER;
+    }
+    return rc;
+}
+
+static long wait_return(struct sread_waiter *w, unsigned ms) {
+    for (unsigned i = 0; i < ms / 10 && atomic_load(&w->ret) == 1; i++)
+        ft_sleep_ms(10);
+    return atomic_load(&w->ret);
+}
+
+/* fi_cq(3) with a wait object to block on, traffic flowing: a thread in
+ * fi_cq_sread (no timeout) on the receive CQ wakes for the message and
+ * returns it, while a thread waiting on the send CQ of the same domain
+ * does not return for it (until fi_cq_signal); and FI_GETWAIT's descriptor,
+ * once fi_trywait says the CQ may be waited on, becomes readable for the
+ * next message. */
+static int t_cq_wait_traffic(struct ft_run *r) {
+    enum { LEN = 4096 };
+    struct ft_pair_cfg cfg = {.cq_wait = FI_WAIT_FD};
+    struct sread_waiter rxw = {.ret = 1}, txw = {.ret = 1};
+    struct side_bufs b[2] = {0};
+    struct fi_context2 txc, rxc;
+    struct ft_pair p = {0};
+    struct ft_side *s = &p.s[FT_SRV], *c = &p.s[FT_CLI];
+    pthread_t threads[2];
+    int started = 0, ret = FT_OK, fd = -1, rc = 0;
+    long got;
+
+    FT_TRY(ft_pair_open(r, &p, &cfg));
+    FT_TRY(bufs_alloc(&p, LEN, b));
+    FT_EXPECT(s->rx.cq != s->tx.cq, "the server's CQs are one");
+    ft_fill(b[FT_CLI].tx.buf, LEN, 31);
+    FT_CHK(fi_recv(s->ep, b[FT_SRV].rx.buf, LEN, b[FT_SRV].rx.desc, FI_ADDR_UNSPEC, &rxc));
+    rxw.cq = s->rx.cq;
+    txw.cq = s->tx.cq;
+    FT_EXPECT(!pthread_create(&threads[0], NULL, sread_forever, &rxw), "pthread_create");
+    started++;
+    FT_EXPECT(!pthread_create(&threads[1], NULL, sread_forever, &txw), "pthread_create");
+    started++;
+    ft_sleep_ms(50); /* both wait by now, or soon: either way */
+    FT_CHK(send_alone(c, &b[FT_CLI].tx, LEN, &txc));
+    FT_TRY(read_one(r, c->tx.cq, &txc, "the client's send"));
+    got = wait_return(&rxw, 5000);
+    FT_EXPECT(got == 1, "fi_cq_sread(no timeout) on the receive CQ = %ld (%s), 5 s after the send",
+              got, got == 1 ? "still waiting" : fi_strerror((int)-got));
+    FT_EXPECT(rxw.e.op_context == &rxc && rxw.e.len == LEN && (rxw.e.flags & FI_RECV),
+              "fi_cq_sread returned another completion (len %zu, flags 0x%llx)", rxw.e.len,
+              (unsigned long long)rxw.e.flags);
+    FT_TRY(ft_expect_pattern(r, b[FT_SRV].rx.buf, LEN, 31, "message received in fi_cq_sread"));
+    got = wait_return(&txw, 100);
+    FT_EXPECT(got == 1, "fi_cq_sread on the idle send CQ returned %ld (%s) for the receive", got,
+              fi_strerror((int)-got));
+    FT_CHK(fi_cq_signal(s->tx.cq));
+    got = wait_return(&txw, 5000);
+    FT_EXPECT(got == -FI_EAGAIN || got == -FI_ECANCELED,
+              "fi_cq_sread on the send CQ after fi_cq_signal = %ld (%s)", got,
+              got == 1 ? "still waiting" : fi_strerror((int)-got));
+
+    FT_CHK(fi_control(&s->rx.cq->fid, FI_GETWAIT, &fd));
+    FT_CHK(fi_recv(s->ep, b[FT_SRV].rx.buf, LEN, b[FT_SRV].rx.desc, FI_ADDR_UNSPEC, &rxc));
+    struct fid *fids[] = {&s->rx.cq->fid};
+    for (int i = 0; i < 100 && (rc = fi_trywait(p.fabric, fids, 1)) == -FI_EAGAIN; i++)
+        ft_sleep_ms(1);
+    FT_EXPECT(rc == 0, "fi_trywait on an idle receive CQ = %d (%s)", rc, fi_strerror(-rc));
+    ft_fill(b[FT_CLI].tx.buf, LEN, 32);
+    FT_CHK(send_alone(c, &b[FT_CLI].tx, LEN, &txc));
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    FT_EXPECT(poll(&pfd, 1, 5000) == 1, "FI_GETWAIT's descriptor not readable 5 s after a send");
+    FT_TRY(read_one(r, s->rx.cq, &rxc, "the receive FI_GETWAIT announced"));
+    FT_TRY(ft_expect_pattern(r, b[FT_SRV].rx.buf, LEN, 32, "message announced by FI_GETWAIT"));
+    FT_TRY(read_one(r, c->tx.cq, &txc, "the client's second send"));
+out:
+    /* Still blocked: wake them the only other way, so they can be joined. */
+    for (int i = 0;
+         i < 100 && started && (atomic_load(&rxw.ret) == 1 || atomic_load(&txw.ret) == 1); i++) {
+        fi_cq_signal(s->rx.cq);
+        fi_cq_signal(s->tx.cq);
+        ft_sleep_ms(50);
+    }
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    ret = bufs_free(r, &p, b, ret);
+    return ft_pair_close(&p, ret);
+}
+
 const struct ft_test ft_msg_tests[] = {
     {"msg.connect", t_connect},
     {"msg.pingpong", t_pingpong},
@@ -581,5 +708,6 @@ const struct ft_test ft_msg_tests[] = {
     {"msg.reject", t_reject},
     {"msg.connect_refused", t_connect_refused},
     {"msg.shutdown", t_shutdown},
+    {"msg.cq_wait_traffic", t_cq_wait_traffic},
     {NULL, NULL},
 };

@@ -4,12 +4,14 @@
 #include "fabtest.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 /* ------------------------------------------------------------ fabric, domain */
 
@@ -427,6 +429,81 @@ out:
 
 static int t_cq_signal(struct ft_run *r) {
     return on_blocking_waits(r, cq_signal);
+}
+
+/* Descriptors this process has open now. */
+static size_t open_fds(void) {
+    DIR *dir = opendir("/proc/self/fd");
+    size_t n = 0;
+
+    if (!dir) return 0;
+    while (readdir(dir))
+        n++;
+    closedir(dir);
+    return n > 2 ? n - 2 : 0; /* . and .. */
+}
+
+/* fi_domain(3) promises cq_cnt CQs and fi_cq(3) ties none to a file
+ * descriptor: thousands open, whatever their wait object, while the process
+ * has only a few descriptors left (libfabric's own unit test opens as many
+ * as the domain allows).  Those that are waited on still time out, and
+ * fi_cq_signal still wakes them. */
+static int t_cq_many(struct ft_run *r) {
+    enum { MANY = 3000, SPARE = 48, WAITED = 6 };
+    static const enum fi_wait_obj waits[] = {FI_WAIT_UNSPEC, FI_WAIT_FD, FI_WAIT_NONE};
+    struct fid_cq **cqs = calloc(MANY, sizeof(*cqs));
+    struct rlimit old = {0}, low;
+    size_t n = 0, want = 0;
+    bool lowered = false, opened = false;
+    struct ft_dom d;
+    int ret = FT_OK, rc = 0;
+
+    if (!cqs) return ft_fail(r, "out of memory");
+    FT_TRY(ft_dom_open(r, &d));
+    opened = true;
+    want = d.info->domain_attr->cq_cnt < MANY ? d.info->domain_attr->cq_cnt : MANY;
+    FT_EXPECT(!getrlimit(RLIMIT_NOFILE, &old), "getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+    low = old;
+    low.rlim_cur = (rlim_t)(open_fds() + SPARE);
+    if (low.rlim_cur < old.rlim_cur) {
+        FT_EXPECT(!setrlimit(RLIMIT_NOFILE, &low), "setrlimit(RLIMIT_NOFILE, %llu): %s",
+                  (unsigned long long)low.rlim_cur, strerror(errno));
+        lowered = true;
+    }
+    for (; n < want; n++) {
+        struct fi_cq_attr attr = {
+            .size = 16, .format = FI_CQ_FORMAT_CONTEXT, .wait_obj = waits[n % 3]};
+        rc = fi_cq_open(d.domain, &attr, &cqs[n], NULL);
+        if (rc) break;
+    }
+    FT_TRY(ft_deviation(
+        r, n < want, "fi_cq_open of CQ %zu of %zu (wait %d), %llu descriptors allowed, = %d (%s)",
+        n + 1, want, waits[n % 3], (unsigned long long)low.rlim_cur, rc, fi_strerror(-rc)));
+    for (size_t i = 0; i < WAITED && i < n; i++) {
+        struct fi_cq_entry e;
+        enum fi_wait_obj wait = waits[i % 3];
+        if (wait == FI_WAIT_FD) {
+            int fd = -1;
+            FT_CHK(fi_control(&cqs[i]->fid, FI_GETWAIT, &fd));
+            FT_EXPECT(fd >= 0, "FI_GETWAIT gave fd %d", fd);
+        }
+        ssize_t got = fi_cq_sread(cqs[i], &e, 1, NULL, 10);
+        FT_EXPECT(got == -FI_EAGAIN, "fi_cq_sread(10 ms) on empty CQ %zu (wait %d) = %zd (%s)", i,
+                  wait, got, fi_strerror((int)-got));
+        FT_CHK(fi_cq_signal(cqs[i]));
+        uint64_t t0 = ft_now_us();
+        got = fi_cq_sread(cqs[i], &e, 1, NULL, 5000);
+        FT_EXPECT(got == -FI_EAGAIN || got == -FI_ECANCELED,
+                  "fi_cq_sread after fi_cq_signal on CQ %zu (wait %d) = %zd (%s)", i, wait, got,
+                  fi_strerror((int)-got));
+        FT_EXPECT(ft_now_us() - t0 < 1000000, "fi_cq_signal on CQ %zu (wait %d) was lost", i, wait);
+    }
+out:
+    if (lowered) setrlimit(RLIMIT_NOFILE, &old);
+    for (size_t i = 0; i < n; i++)
+        ret = close_cq(r, cqs[i], ret);
+    free(cqs);
+    return opened ? ft_dom_close(r, &d, ret) : ret;
 }
 
 static int t_cq_readerr_empty(struct ft_run *r) {
@@ -949,6 +1026,7 @@ const struct ft_test ft_object_tests[] = {
     {"cq.sread_timeout", t_cq_sread_timeout},
     {"cq.readerr_empty", t_cq_readerr_empty},
     {"cq.signal", t_cq_signal},
+    {"cq.many", t_cq_many},
     {"cq.strerror", t_cq_strerror},
     {"mr.reg", t_mr_reg},
     {"mr.regv", t_mr_regv},
