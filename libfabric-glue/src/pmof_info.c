@@ -720,6 +720,22 @@ int pmof_getinfo(uint32_t version, const char *node, const char *service, uint64
     if (!ndevs) return -FI_ENODATA;
     ret = gather_addrs(node, service, flags, hints, &a);
     if (ret) return ret;
+    if (a.has_dest && !a.has_src && hints && hints->domain_attr && hints->domain_attr->name) {
+        /* A domain named with a destination (fi_pingpong -d): leave from
+         * its address, as `-s` would, rather than the one the route picks,
+         * so two devices of one host can talk to each other. */
+        for (size_t i = 0; i < ndevs; i++) {
+            const struct pmof_dev *d = &devs[i];
+            if (strcmp(d->name, hints->domain_attr->name)) continue;
+            if (a.dest.ss_family == AF_INET && d->has_in4) {
+                memcpy(&a.src, &d->in4, sizeof(d->in4));
+                a.has_src = true;
+            } else if (a.dest.ss_family == AF_INET6 && d->has_in6) {
+                memcpy(&a.src, &d->in6, sizeof(d->in6));
+                a.has_src = true;
+            }
+        }
+    }
     if (a.has_dest) {
         struct sockaddr_storage src;
         ret = route_source(&a, route_dev, sizeof(route_dev), &src);
