@@ -157,6 +157,9 @@ size_t pmof_sockaddr_len(const struct sockaddr *sa);
 struct pmof_fabric {
     struct fid_fabric fabric_fid;
     atomic_int refs;
+    /* Before 1.5 the error entries of CQs and EQs end at err_data: their
+     * err_data_size is neither read nor written (fi_cq(3), fi_eq(3)). */
+    bool err_data_size;
 };
 
 int pmof_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context);

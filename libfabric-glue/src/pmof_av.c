@@ -73,10 +73,13 @@ static int av_insert(struct fid_av *av_fid, const void *addr, size_t count, fi_a
     struct pmof_av *av = container_of(av_fid, struct pmof_av, av_fid);
     size_t stride = av->addrlen, inserted = 0;
     const uint8_t *p = addr;
+    /* fi_av(3): with FI_SYNC_ERR, context is an array of one error code
+     * per address. */
+    int *errs = flags & FI_SYNC_ERR ? context : NULL;
 
-    (void)context;
-    if (flags & ~FI_MORE) return -FI_EBADFLAGS;
+    if (flags & ~(FI_MORE | FI_SYNC_ERR)) return -FI_EBADFLAGS;
     if (count && !addr) return -FI_EINVAL;
+    if ((flags & FI_SYNC_ERR) && count && !context) return -FI_EINVAL;
     pmof_lock(&av->lock);
     if (av_grow(av, av->count + count)) {
         pmof_unlock(&av->lock);
@@ -88,12 +91,20 @@ static int av_insert(struct fid_av *av_fid, const void *addr, size_t count, fi_a
 
         if (!len || len > stride) {
             if (fi_addr) fi_addr[i] = FI_ADDR_NOTAVAIL;
+            if (errs) errs[i] = -FI_EINVAL;
+            /* A table's indices follow the order of insertion, failed
+             * addresses included: the index stays, unusable. */
+            if (av->type == FI_AV_TABLE) {
+                memset(&av->addrs[av->count], 0, sizeof(av->addrs[0]));
+                av->used[av->count++] = false;
+            }
             continue;
         }
         memset(&av->addrs[av->count], 0, sizeof(av->addrs[0]));
         memcpy(&av->addrs[av->count], sa, len);
         av->used[av->count] = true;
         if (fi_addr) fi_addr[i] = av->count;
+        if (errs) errs[i] = 0;
         av->count++;
         inserted++;
     }
@@ -234,11 +245,15 @@ int pmof_av_open(struct fid_domain *domain, struct fi_av_attr *attr, struct fid_
     if (attr->type != FI_AV_UNSPEC && attr->type != FI_AV_MAP && attr->type != FI_AV_TABLE)
         return -FI_EINVAL;
     if (attr->name || attr->flags & ~(FI_EVENT | FI_READ | FI_SYMMETRIC)) return -FI_ENOSYS;
+    /* fi_av(3): read-only access is to a named AV that exists. */
+    if (attr->flags & FI_READ) return -FI_EINVAL;
     if (attr->flags & FI_EVENT) return -FI_ENOSYS;
     av = calloc(1, sizeof(*av));
     if (!av) return -FI_ENOMEM;
     av->dom = dom;
     av->type = attr->type == FI_AV_UNSPEC ? FI_AV_TABLE : attr->type;
+    /* fi_av(3): the type chosen for FI_AV_UNSPEC is returned in attr. */
+    attr->type = av->type;
     av->addrlen = dom->info->addr_format == FI_SOCKADDR_IN6 ? sizeof(struct sockaddr_in6)
                                                             : sizeof(struct sockaddr_in);
     if (dom->info->addr_format == FI_SOCKADDR) av->addrlen = sizeof(struct sockaddr_in6);

@@ -303,7 +303,7 @@ static ssize_t cq_readerr(struct fid_cq *cq_fid, struct fi_cq_err_entry *buf, ui
     buf->prov_errno = e->prov_errno;
     /* No error data: err_data_size is both the caller's buffer size
      * (libfabric >= 1.5) and what was written. */
-    buf->err_data_size = 0;
+    if (cq->dom->fab->err_data_size) buf->err_data_size = 0;
     cq->last_err = *e;
     cq->ring_head = (cq->ring_head + 1) % cq->ring_size;
     cq->ring_count--;

@@ -145,8 +145,9 @@ static ssize_t eq_readerr(struct fid_eq *eq_fid, struct fi_eq_err_entry *buf, ui
         goto out;
     }
     src = (struct fi_eq_err_entry *)e->data;
-    user_size = buf->err_data_size;
-    user_data = buf->err_data;
+    /* Before 1.5 the entry ends at err_data, which is the provider's. */
+    user_size = eq->fab->err_data_size ? buf->err_data_size : 0;
+    user_data = eq->fab->err_data_size ? buf->err_data : NULL;
     buf->fid = src->fid;
     buf->context = src->context;
     buf->data = src->data;
@@ -163,8 +164,8 @@ static ssize_t eq_readerr(struct fid_eq *eq_fid, struct fi_eq_err_entry *buf, ui
         if (eq->err_data)
             memcpy(eq->err_data, (uint8_t *)e->data + sizeof(*src), src->err_data_size);
         buf->err_data = eq->err_data;
-        buf->err_data_size = eq->err_data ? src->err_data_size : 0;
-    } else {
+        if (eq->fab->err_data_size) buf->err_data_size = eq->err_data ? src->err_data_size : 0;
+    } else if (eq->fab->err_data_size) {
         buf->err_data_size = 0;
     }
     ret = sizeof(*buf);

@@ -65,6 +65,7 @@ int pmof_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric, vo
     if (!attr || !pmof_fabric_name_ok(attr->name)) return -FI_ENODATA;
     fab = calloc(1, sizeof(*fab));
     if (!fab) return -FI_ENOMEM;
+    fab->err_data_size = attr->api_version >= FI_VERSION(1, 5);
     fab->fabric_fid.fid.fclass = FI_CLASS_FABRIC;
     fab->fabric_fid.fid.context = context;
     fab->fabric_fid.fid.ops = &fabric_fi_ops;

@@ -424,8 +424,13 @@ static enum fi_progress control_progress(enum fi_ep_type type) {
     return type == FI_EP_MSG ? FI_PROGRESS_MANUAL : FI_PROGRESS_AUTO;
 }
 
+/* Counters a domain offers: software objects, bounded only by memory. */
+#define PMOF_CNTR_CNT 1024
+
 static bool domain_attr_ok(const struct fi_domain_attr *h, const struct pmof_dev *d,
                            enum fi_ep_type type) {
+    const struct ibv_device_attr *a = &d->attr.orig_attr;
+
     if (!h) return true;
     if (h->name && strcmp(h->name, d->name)) return false;
     if (h->control_progress == FI_PROGRESS_AUTO && control_progress(type) != FI_PROGRESS_AUTO)
@@ -438,8 +443,14 @@ static bool domain_attr_ok(const struct fi_domain_attr *h, const struct pmof_dev
     else
         NOMATCH("av_type %d\n", h->av_type);
     if (h->caps & ~(FI_LOCAL_COMM | FI_REMOTE_COMM)) NOMATCH("domain caps not supported\n");
-    if (h->tx_ctx_cnt > 1 || h->rx_ctx_cnt > 1 || h->max_ep_tx_ctx > 1 || h->max_ep_rx_ctx > 1)
-        NOMATCH("scalable endpoints are not supported\n");
+    if (h->max_ep_tx_ctx > 1 || h->max_ep_rx_ctx > 1 || h->max_ep_stx_ctx || h->max_ep_srx_ctx)
+        NOMATCH("scalable endpoints and shared contexts are not supported\n");
+    /* fi_getinfo(3): the limits returned are at least those asked for. */
+    if (h->cq_cnt > (size_t)a->max_cq || h->ep_cnt > (size_t)a->max_qp ||
+        h->tx_ctx_cnt > (size_t)a->max_qp || h->rx_ctx_cnt > (size_t)a->max_qp ||
+        h->mr_cnt > (size_t)a->max_mr || h->cntr_cnt > PMOF_CNTR_CNT || h->mr_iov_limit > 1 ||
+        h->max_err_data > PMOF_CM_DATA_MAX)
+        NOMATCH("domain limits beyond %s's\n", d->name);
     return true;
 }
 
@@ -480,8 +491,9 @@ static uint64_t grant_caps(uint64_t asked, uint64_t offered) {
         caps |= FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
     if (!(caps & (FI_LOCAL_COMM | FI_REMOTE_COMM))) caps |= FI_LOCAL_COMM | FI_REMOTE_COMM;
     /* FI_RMA_PMEM is granted whenever the device has it, as libfabric's
-     * secondary caps are: an application that did not ask still learns. */
-    caps |= offered & FI_RMA_PMEM;
+     * secondary caps are: an application that did not ask still learns;
+     * but fi_getinfo(3) has it require FI_RMA. */
+    if (caps & FI_RMA) caps |= offered & FI_RMA_PMEM;
     return caps;
 }
 
@@ -534,6 +546,10 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
         PMOF_INFO(FI_LOG_CORE, "%s has no atomics\n", d->name);
         return NULL;
     }
+    if ((asked & FI_RMA_PMEM) && !(asked & FI_RMA)) {
+        PMOF_INFO(FI_LOG_CORE, "FI_RMA_PMEM without FI_RMA\n");
+        return NULL;
+    }
     if ((asked & FI_RMA_PMEM) && !(offered & FI_RMA_PMEM)) {
         PMOF_INFO(FI_LOG_CORE, "%s cannot make remote writes durable (FI_RMA_PMEM)\n", d->name);
         return NULL;
@@ -581,7 +597,7 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
     fi->domain_attr->max_ep_rx_ctx = 1;
     fi->domain_attr->max_ep_stx_ctx = 0;
     fi->domain_attr->max_ep_srx_ctx = 0;
-    fi->domain_attr->cntr_cnt = 1024;
+    fi->domain_attr->cntr_cnt = PMOF_CNTR_CNT;
     fi->domain_attr->mr_iov_limit = 1;
     fi->domain_attr->mr_cnt = d->attr.orig_attr.max_mr;
     fi->domain_attr->caps = FI_LOCAL_COMM | FI_REMOTE_COMM;
@@ -634,12 +650,19 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
             if (hints->rx_attr->size) fi->rx_attr->size = hints->rx_attr->size;
         }
         /* Immediate data consumes a posted receive: offered only to
-         * applications that take that mode, as libfabric's verbs does. */
+         * applications that take that mode, as libfabric's verbs does; a
+         * mode bit stays only where the application set it. */
+        if (!(hints->mode & FI_RX_CQ_DATA)) fi->mode &= ~FI_RX_CQ_DATA;
         if (!(hints->mode & FI_RX_CQ_DATA) &&
             !(hints->rx_attr && (hints->rx_attr->mode & FI_RX_CQ_DATA))) {
-            fi->mode &= ~FI_RX_CQ_DATA;
             fi->rx_attr->mode &= ~FI_RX_CQ_DATA;
             fi->domain_attr->cq_data_size = 0;
+            /* fi_getinfo(3): a non-zero size asked for is given or the
+             * call fails. */
+            if (hints->domain_attr && hints->domain_attr->cq_data_size) {
+                PMOF_INFO(FI_LOG_CORE, "cq_data_size needs the FI_RX_CQ_DATA mode\n");
+                goto err;
+            }
         }
     }
     if (type == FI_EP_MSG) fi->domain_attr->av_type = FI_AV_UNSPEC;

@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -559,6 +560,115 @@ out:
     return ret;
 }
 
+/* fi_getinfo(3): "specifying a non-zero value for input hints indicates
+ * that a provider must support the requested value or fail the operation
+ * with -FI_ENODATA" (cq_data_size); and the mode bits an info keeps are the
+ * application's, also when it sets FI_RX_CQ_DATA in rx_attr alone. */
+static int t_cq_data_size(struct ft_run *r) {
+    struct fi_info *hints = hints_for(r), *info = NULL;
+    int ret = FT_OK, rc;
+
+    FT_EXPECT(hints, "out of memory");
+    for (int variant = 0; variant < 3; variant++) {
+        hints->mode = FI_CONTEXT | FI_CONTEXT2 | (variant == 2 ? FI_RX_CQ_DATA : 0);
+        hints->rx_attr->mode = variant == 1 ? FI_RX_CQ_DATA : 0;
+        hints->domain_attr->cq_data_size = 4;
+        FT_TRY(ft_getinfo(r, r->opts->addr, NULL, FI_SOURCE, hints, &info, &rc));
+        if (rc == -FI_ENODATA) continue;
+        FT_EXPECT(!rc, "fi_getinfo(cq_data_size 4, variant %d) = %d (%s)", variant, rc,
+                  fi_strerror(-rc));
+        for (struct fi_info *i = info; i; i = i->next) {
+            FT_TRY(check_common(r, i, hints));
+            FT_EXPECT(i->domain_attr->cq_data_size >= 4,
+                      "cq_data_size 4 asked (variant %d), %zu given", variant,
+                      i->domain_attr->cq_data_size);
+        }
+        fi_freeinfo(info);
+        info = NULL;
+    }
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+/* fi_getinfo(3), domain attributes: "output values will be greater than or
+ * equal to requested input values". */
+static int t_domain_limits(struct ft_run *r) {
+    struct fi_info *hints = hints_for(r), *base = NULL, *info = NULL;
+    int ret = FT_OK, rc;
+
+    FT_EXPECT(hints, "out of memory");
+    FT_TRY(ft_getinfo_ok(r, r->opts->addr, NULL, FI_SOURCE, hints, &base));
+    const struct fi_domain_attr *b = base->domain_attr;
+    const struct {
+        const char *name;
+        size_t offset, have;
+    } limits[] = {
+        {"cq_cnt", offsetof(struct fi_domain_attr, cq_cnt), b->cq_cnt},
+        {"ep_cnt", offsetof(struct fi_domain_attr, ep_cnt), b->ep_cnt},
+        {"cntr_cnt", offsetof(struct fi_domain_attr, cntr_cnt), b->cntr_cnt},
+        {"mr_cnt", offsetof(struct fi_domain_attr, mr_cnt), b->mr_cnt},
+        {"mr_iov_limit", offsetof(struct fi_domain_attr, mr_iov_limit), b->mr_iov_limit},
+        {"max_err_data", offsetof(struct fi_domain_attr, max_err_data), b->max_err_data},
+    };
+    for (size_t k = 0; k < sizeof(limits) / sizeof(limits[0]); k++) {
+        for (size_t ask = limits[k].have; ask <= limits[k].have + 1; ask++) {
+            struct fi_domain_attr *h = hints->domain_attr;
+            *(size_t *)(void *)((char *)h + limits[k].offset) = ask;
+            FT_TRY(ft_getinfo(r, r->opts->addr, NULL, FI_SOURCE, hints, &info, &rc));
+            *(size_t *)(void *)((char *)h + limits[k].offset) = 0;
+            if (ask == limits[k].have)
+                FT_EXPECT(!rc, "fi_getinfo(%s %zu, as offered) = %d (%s)", limits[k].name, ask, rc,
+                          fi_strerror(-rc));
+            else if (rc == -FI_ENODATA)
+                continue;
+            for (struct fi_info *i = info; i; i = i->next) {
+                size_t got = *(size_t *)(void *)((char *)i->domain_attr + limits[k].offset);
+                FT_TRY(ft_deviation(r, got < ask, "%s %zu asked, %zu given", limits[k].name, ask,
+                                    got));
+            }
+            fi_freeinfo(info);
+            info = NULL;
+        }
+    }
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(base);
+    fi_freeinfo(hints);
+    return ret;
+}
+
+/* fi_getinfo(3): FI_RMA_PMEM "requires that FI_RMA be set". */
+static int t_pmem_needs_rma(struct ft_run *r) {
+    static const uint64_t asks[] = {FI_MSG, FI_TAGGED, FI_MSG | FI_RMA_PMEM, 0};
+    struct fi_info *hints = bare_hints(r), *info = NULL;
+    int ret = FT_OK, rc;
+
+    FT_EXPECT(hints, "out of memory");
+    for (size_t k = 0; k < sizeof(asks) / sizeof(asks[0]); k++) {
+        hints->caps = asks[k];
+        FT_TRY(ft_getinfo(r, NULL, NULL, 0, hints, &info, &rc));
+        if (rc == -FI_ENODATA) continue;
+        FT_EXPECT(!rc, "fi_getinfo(caps %#llx) = %d (%s)", (unsigned long long)asks[k], rc,
+                  fi_strerror(-rc));
+        for (struct fi_info *i = info; i; i = i->next) {
+            FT_TRY(ft_deviation(r, (i->caps & FI_RMA_PMEM) && !(i->caps & FI_RMA),
+                                "caps %#llx asked, info caps %#llx have FI_RMA_PMEM without FI_RMA",
+                                (unsigned long long)asks[k], (unsigned long long)i->caps));
+            FT_TRY(ft_deviation(r, (i->tx_attr->caps & FI_RMA_PMEM) && !(i->tx_attr->caps & FI_RMA),
+                                "tx_attr caps %#llx have FI_RMA_PMEM without FI_RMA",
+                                (unsigned long long)i->tx_attr->caps));
+        }
+        fi_freeinfo(info);
+        info = NULL;
+    }
+out:
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return ret;
+}
+
 const struct ft_test ft_info_tests[] = {
     {"getinfo.basic", t_basic},
     {"getinfo.caps_subset", t_caps_subset},
@@ -575,5 +685,8 @@ const struct ft_test ft_info_tests[] = {
     {"getinfo.no_hints", t_no_hints},
     {"getinfo.own_answer", t_own_answer},
     {"getinfo.mr_mode_bits", t_mr_mode_bits},
+    {"getinfo.cq_data_size", t_cq_data_size},
+    {"getinfo.domain_limits", t_domain_limits},
+    {"getinfo.pmem_needs_rma", t_pmem_needs_rma},
     {NULL, NULL},
 };
