@@ -555,7 +555,11 @@ class Matrix:
             cmd += [a.replace("@PORT@", port) for a in server] + ["--"]
             cmd += [a.replace("@PORT@", port) for a in client]
             if record:
-                self.commands.append((label, {}, None, cmd))
+                # As the other commands are listed: a fresh port, any
+                # scratch directory.
+                self.commands.append((label, {}, None, [
+                    "unshare", "--net", "--", "bash", "tools/perf/netns_pair.sh", self.sroce,
+                    "$(mktemp -d)", "@PORT@"] + list(server) + ["--"] + list(client)))
             cp = subprocess.run(cmd, env=self.env, capture_output=True, text=True,
                                 timeout=self.args.timeout)
             if cp.returncode != 0:
