@@ -215,25 +215,36 @@ else
 	fail "librpma rpma_flush_check"
 fi
 
+# four_ranks PROG OPT...: the MPMD arguments of four processes of PROG, in
+# RANKS: 0 and 2 on sroce0, 1 and 3 on sroce1 (so each ping-pong pair
+# crosses devices), each after OPT... with @DEV@ standing for its device.
+four_ranks() {
+	local prog=$1 dev a
+	shift
+	RANKS=()
+	for dev in sroce0 sroce1 sroce0 sroce1; do
+		((${#RANKS[@]} == 0)) || RANKS+=(:)
+		for a in "$@"; do
+			RANKS+=("${a//@DEV@/$dev}")
+		done
+		RANKS+=("$prog")
+	done
+}
+ROOT=()
+((EUID != 0)) || ROOT=(--allow-run-as-root)
+
 # --- Open MPI -------------------------------------------------------------------
-# Four ranks, 0 and 2 on sroce0, 1 and 3 on sroce1 (so each ping-pong pair
-# crosses devices); UCX with rc_verbs only for data: no shared memory
-# transport, and no BTL but self.
+# UCX with rc_verbs only for data: no shared memory transport, and no BTL
+# but self.
 if ! command -v mpirun >/dev/null; then
 	skip_client "Open MPI" "mpirun not installed (openmpi-bin; run scripts/setup.sh)"
 elif [[ ! -x $PROGS/mpi_check ]]; then
 	skip_client "Open MPI" "$PROGS/mpi_check not built (libopenmpi-dev; run scripts/setup.sh)"
 else
-	ranks=()
-	for dev in sroce0 sroce1 sroce0 sroce1; do
-		((${#ranks[@]} == 0)) || ranks+=(:)
-		ranks+=(-np 1 -x "UCX_NET_DEVICES=$dev:1" "$PROGS/mpi_check")
-	done
-	root=()
-	((EUID != 0)) || root=(--allow-run-as-root)
+	four_ranks "$PROGS/mpi_check" -np 1 -x UCX_NET_DEVICES=@DEV@:1
 	start=$(now)
 	if timeout -k 5 60 "$SROCE_BIN" exec -- env UCX_TLS=rc_verbs,ud_verbs:aux \
-		mpirun "${root[@]}" --oversubscribe --mca pml ucx --mca osc ucx --mca btl self "${ranks[@]}" \
+		mpirun "${ROOT[@]}" --oversubscribe --mca pml ucx --mca osc ucx --mca btl self "${RANKS[@]}" \
 		>"$WORK/mpi.log" 2>&1 && (($(grep -c '^ok ' "$WORK/mpi.log") == 9)); then
 		pass "Open MPI, 4 ranks over UCX rc_verbs: ping-pong 1 B to 1 MiB, allreduces, MPI_Put/MPI_Get between fences and MPI_Accumulate/MPI_Fetch_and_op under a lock checked ($(elapsed "$start") s; $(awk '/^ok ping-pong 1 bytes/ { print $7 " us" }' "$WORK/mpi.log") one way)"
 	else
@@ -250,14 +261,10 @@ if ! command -v mpiexec.mpich >/dev/null; then
 elif [[ ! -x $PROGS/mpi_check_mpich ]]; then
 	skip_client MPICH "$PROGS/mpi_check_mpich not built (libmpich-dev; run scripts/setup.sh)"
 else
-	ranks=()
-	for dev in sroce0 sroce1 sroce0 sroce1; do
-		((${#ranks[@]} == 0)) || ranks+=(:)
-		ranks+=(-n 1 -env UCX_NET_DEVICES "$dev:1" "$PROGS/mpi_check_mpich")
-	done
+	four_ranks "$PROGS/mpi_check_mpich" -n 1 -env UCX_NET_DEVICES @DEV@:1
 	start=$(now)
 	if timeout -k 5 90 "$SROCE_BIN" exec -- env UCX_TLS=rc_verbs,ud_verbs:aux MPIR_CVAR_NOLOCAL=1 \
-		mpiexec.mpich "${ranks[@]}" >"$WORK/mpich.log" 2>&1 &&
+		mpiexec.mpich "${RANKS[@]}" >"$WORK/mpich.log" 2>&1 &&
 		(($(grep -c '^ok ' "$WORK/mpich.log") == 9)); then
 		pass "MPICH (ch4:ucx), 4 ranks over UCX rc_verbs: ping-pong 1 B to 1 MiB, allreduces, MPI_Put/MPI_Get between fences and MPI_Accumulate/MPI_Fetch_and_op under a lock checked ($(elapsed "$start") s; $(awk '/^ok ping-pong 1 bytes/ { print $7 " us" }' "$WORK/mpich.log") one way)"
 	else
@@ -274,17 +281,11 @@ if ! command -v oshrun >/dev/null; then
 elif [[ ! -x $PROGS/shmem_check ]]; then
 	skip_client OpenSHMEM "$PROGS/shmem_check not built (libopenmpi-dev; run scripts/setup.sh)"
 else
-	pes=()
-	for dev in sroce0 sroce1 sroce0 sroce1; do
-		((${#pes[@]} == 0)) || pes+=(:)
-		pes+=(-np 1 -x "UCX_NET_DEVICES=$dev:1" "$PROGS/shmem_check")
-	done
-	root=()
-	((EUID != 0)) || root=(--allow-run-as-root)
+	four_ranks "$PROGS/shmem_check" -np 1 -x UCX_NET_DEVICES=@DEV@:1
 	start=$(now)
 	if timeout -k 5 90 "$SROCE_BIN" exec -- env UCX_TLS=rc_verbs,ud_verbs:aux \
-		oshrun "${root[@]}" --oversubscribe --mca spml ucx --mca pml ucx --mca btl self \
-		--mca opal_common_ucx_opal_mem_hooks 0 "${pes[@]}" \
+		oshrun "${ROOT[@]}" --oversubscribe --mca spml ucx --mca pml ucx --mca btl self \
+		--mca opal_common_ucx_opal_mem_hooks 0 "${RANKS[@]}" \
 		>"$WORK/shmem.log" 2>&1 && (($(grep -c '^ok ' "$WORK/shmem.log") == 6)); then
 		pass "OpenSHMEM (Open MPI, spml ucx), 4 PEs over UCX rc_verbs: puts, gets and non-blocking puts of 8 B to 1 MiB, a fenced flag, and atomics checked ($(elapsed "$start") s)"
 	else
