@@ -649,19 +649,24 @@ static struct fi_info *build_info(uint32_t version, const struct pmof_dev *d, en
             if (hints->rx_attr->op_flags) fi->rx_attr->op_flags = hints->rx_attr->op_flags;
             if (hints->rx_attr->size) fi->rx_attr->size = hints->rx_attr->size;
         }
-        /* Immediate data consumes a posted receive: offered only to
-         * applications that take that mode, as libfabric's verbs does; a
-         * mode bit stays only where the application set it. */
+        /* The immediate data of an RMA write consumes a posted receive:
+         * offered with RMA only to applications that take that mode, as
+         * libfabric's verbs does (a message's data comes with the receive
+         * it consumes anyway); a mode bit stays only where the application
+         * set it. */
         if (!(hints->mode & FI_RX_CQ_DATA)) fi->mode &= ~FI_RX_CQ_DATA;
         if (!(hints->mode & FI_RX_CQ_DATA) &&
             !(hints->rx_attr && (hints->rx_attr->mode & FI_RX_CQ_DATA))) {
             fi->rx_attr->mode &= ~FI_RX_CQ_DATA;
-            fi->domain_attr->cq_data_size = 0;
-            /* fi_getinfo(3): a non-zero size asked for is given or the
-             * call fails. */
-            if (hints->domain_attr && hints->domain_attr->cq_data_size) {
-                PMOF_INFO(FI_LOG_CORE, "cq_data_size needs the FI_RX_CQ_DATA mode\n");
-                goto err;
+            if (fi->caps & FI_RMA) {
+                fi->domain_attr->cq_data_size = 0;
+                /* fi_getinfo(3): a non-zero size asked for is given or
+                 * the call fails. */
+                if (hints->domain_attr && hints->domain_attr->cq_data_size) {
+                    PMOF_INFO(FI_LOG_CORE, "cq_data_size with FI_RMA needs the FI_RX_CQ_DATA "
+                                           "mode\n");
+                    goto err;
+                }
             }
         }
     }
