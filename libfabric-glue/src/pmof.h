@@ -142,6 +142,8 @@ int pmof_errno(int err); /* positive errno (or -errno) to -FI_E* */
 /* Before the provider starts a thread. */
 void pmof_pin_library(void);
 uint64_t pmof_now_ms(void);
+/* Adds `fd` to the epoll set `epfd` for reading; 0 or -FI_E*. */
+int pmof_epoll_add(int epfd, int fd);
 
 /* ------------------------------------------------------------- fi_info */
 

@@ -9,7 +9,6 @@
 #include "pmof.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -350,27 +349,18 @@ static int cq_wake_fd(struct pmof_cq *cq) {
 /* FI_GETWAIT's descriptor: an epoll set of the domain's channel and the
  * CQ's eventfd, made on first request; a descriptor or -FI_E*. */
 static int cq_epfd(struct pmof_cq *cq) {
-    int wake = cq_wake_fd(cq), ret;
+    int wake = cq_wake_fd(cq), ep, ret;
 
     if (wake < 0) return wake;
     pthread_mutex_lock(&cq->wait_lock);
-    if (cq->epfd < 0) {
-        struct epoll_event ev = {.events = EPOLLIN};
-        int ep = epoll_create1(EPOLL_CLOEXEC);
-
-        ev.data.fd = cq->dom->channel->fd;
-        if (ep >= 0 && !epoll_ctl(ep, EPOLL_CTL_ADD, ev.data.fd, &ev)) {
-            ev.data.fd = wake;
-            if (!epoll_ctl(ep, EPOLL_CTL_ADD, wake, &ev)) cq->epfd = ep;
-        }
-        if (cq->epfd < 0) {
-            ret = pmof_errno(errno);
-            if (ep >= 0) close(ep);
-            pthread_mutex_unlock(&cq->wait_lock);
-            return ret;
-        }
-    }
     ret = cq->epfd;
+    if (ret < 0) {
+        ep = epoll_create1(EPOLL_CLOEXEC);
+        ret = ep < 0 ? pmof_errno(errno) : pmof_epoll_add(ep, cq->dom->channel->fd);
+        if (!ret) ret = pmof_epoll_add(ep, wake);
+        if (ret && ep >= 0) close(ep);
+        if (!ret) ret = cq->epfd = ep;
+    }
     pthread_mutex_unlock(&cq->wait_lock);
     return ret;
 }

@@ -320,11 +320,6 @@ static struct fi_ops_eq eq_ops = {
     .strerror = eq_strerror,
 };
 
-static int eq_add_fd(int epfd, int fd) {
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
-    return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) ? pmof_errno(errno) : 0;
-}
-
 int pmof_eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr, struct fid_eq **out,
                  void *context) {
     struct pmof_fabric *fab = container_of(fabric, struct pmof_fabric, fabric_fid);
@@ -361,8 +356,8 @@ int pmof_eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr, struct fid_
         ret = pmof_errno(errno);
         goto err;
     }
-    ret = eq_add_fd(eq->epfd, eq->evfd);
-    if (!ret) ret = eq_add_fd(eq->epfd, eq->channel->fd);
+    ret = pmof_epoll_add(eq->epfd, eq->evfd);
+    if (!ret) ret = pmof_epoll_add(eq->epfd, eq->channel->fd);
     if (ret) goto err;
     eq->fab = fab;
     eq->eq_fid.fid.fclass = FI_CLASS_EQ;

@@ -8,6 +8,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <sys/epoll.h>
 #include <time.h>
 
 struct pmof_params pmof_params = {
@@ -154,6 +155,11 @@ int pmof_errno(int err) {
         /* libfabric's FI_E* below 256 are the errno values */
         return err < 256 ? -err : -FI_EOTHER;
     }
+}
+
+int pmof_epoll_add(int epfd, int fd) {
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+    return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) ? pmof_errno(errno) : 0;
 }
 
 uint64_t pmof_now_ms(void) {

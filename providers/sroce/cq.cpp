@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <ctime>
-#include <fcntl.h>
 #include <memory>
 #include <sys/socket.h>
 #include <unistd.h>
