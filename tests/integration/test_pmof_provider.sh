@@ -75,9 +75,31 @@ pingpong() {
 		fail "fi_pingpong -p pmof -e $ep $* -c"
 	fi
 }
+# A domain named with a destination is the device the client leaves from
+# (fi_pingpong -d): here pmof1, although the route to $A picks pmof0.
+sent_from() {
+	sed -n "s/^.*sroce: $1:.* tx_pkts \([0-9]*\).*/\1/p" "$RP_CLIENT_LOG" | awk '{ n += $1 } END { print n + 0 }'
+}
+pingpong_from_pmof1() {
+	if SROCE_STATS=1 run_pair fi_pingpong -p pmof -e msg -c -I 10 -S 4096 -d pmof0 -B @PORT@ -- \
+		fi_pingpong -p pmof -e msg -c -I 10 -S 4096 -d pmof1 -P @PORT@ $A; then
+		# The client's sends, summed over every context it opened on a device.
+		local on0 on1
+		on0=$(sent_from pmof0) on1=$(sent_from pmof1)
+		if grep -a -q '=10 ' "$RP_CLIENT_LOG" && ((on1 >= 10 && on0 == 0)); then
+			pass "fi_pingpong -p pmof -d pmof1 to $A: 10 round trips, $on1 packets sent from pmof1, none from pmof0"
+		else
+			fail "fi_pingpong -p pmof -d pmof1 to $A: the client sent $on0 packets from pmof0, $on1 from pmof1" \
+				"$(cat "$RP_CLIENT_LOG")"
+		fi
+	else
+		fail "fi_pingpong -p pmof -d pmof1 to $A"
+	fi
+}
 if command -v fi_pingpong >/dev/null; then
 	pingpong msg
 	pingpong rdm
+	pingpong_from_pmof1
 	# Tagged messages: eager up to 8 KiB, read by the receiver beyond.
 	pingpong rdm -m tagged
 else
