@@ -163,7 +163,8 @@ static int av_lookup(struct fid_av *av_fid, fi_addr_t fi_addr, void *addr, size_
     if (!addrlen || (*addrlen && !addr)) return -FI_EINVAL;
     if (!pmof_av_get(av, fi_addr, &ss)) return -FI_ENOENT;
     len = pmof_sockaddr_len((struct sockaddr *)&ss);
-    memcpy(addr, &ss, len < *addrlen ? len : *addrlen);
+    /* A NULL buffer of size 0 asks only for the size. */
+    if (*addrlen) memcpy(addr, &ss, len < *addrlen ? len : *addrlen);
     *addrlen = len;
     return 0;
 }
