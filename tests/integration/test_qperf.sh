@@ -36,8 +36,8 @@ private_agent
 "$SROCE_BIN" agent start ${SROCE_AGENT_LOG:+--log "$SROCE_AGENT_LOG"}
 
 # qperf CLIENT-ARGS...: one client run against a fresh qperf server on $A
-# (which serves until killed); leaves the client's output in $out and its
-# exit status in $rc.
+# (which serves until killed); leaves the client's output in $out, its
+# exit status in $rc and the server's output in $srv.
 qperf_run() {
 	next_port
 	local port=$PORT
@@ -52,6 +52,7 @@ qperf_run() {
 	fi
 	kill "$spid" 2>/dev/null || true
 	bg_wait "$spid"
+	srv=$(cat "$WORK/server.$port")
 }
 
 # figure TEST: the figure qperf printed under TEST ("latency  =  12.3 us").
@@ -82,11 +83,25 @@ for mode in events polling; do
 done
 
 # The two refusals of any RoCE device (see the top).
-qperf_run -t 1 $A uc_lat
-if ((rc)) && grep -q "failed to modify QP to RTR" <<<"$out"; then
-	pass "qperf uc_lat: refused as on the kernel's RoCE devices (RTR without a GRH)"
+# Both sides move their QP to RTR; whichever gets there first reports the
+# refusal and tells the other over TCP urgent data, which then exits quietly.
+# On a loaded machine the client has once printed nothing past the test's
+# name (exit status unknown, server output not kept then): a run where
+# neither side reports a failure is tried again, and the tries are counted.
+tries=0
+while :; do
+	tries=$((tries + 1))
+	qperf_run -t 1 $A uc_lat
+	((tries < 3)) && ! grep -q "failed" <<<"$out$srv" || break
+	echo "qperf uc_lat try $tries: exit $rc, nothing reported; client: $out; server: $srv" >&2
+done
+if ((rc)) && grep -q "failed to modify QP to RTR" <<<"$out$srv"; then
+	again=
+	((tries == 1)) || again=" ($tries tries)"
+	pass "qperf uc_lat: refused as on the kernel's RoCE devices (RTR without a GRH)$again"
 else
-	fail "qperf uc_lat: expected the kernel's refusal of an address vector without a GRH" "$out"
+	fail "qperf uc_lat: expected the kernel's refusal of an address vector without a GRH" \
+		"client (exit $rc): $out"$'\n'"server: $srv"
 fi
 qperf_run -cm1 -t 1 $A ud_lat
 if ((rc)) && grep -q "failed to create address handle" <<<"$out"; then
