@@ -19,6 +19,8 @@ require_cmds ss timeout ibv_rc_pingpong ibv_ud_pingpong ib_write_bw ib_send_bw
 require_loopback
 sroce_config sroce0 127.0.18.1 sroce1 127.0.18.2
 private_agent
+# Every agent's messages, those that programs start included.
+export SROCE_AGENT_LOG=$WORK/agent.log
 
 # --- server and client on one device ------------------------------------------
 if run_pair ibv_rc_pingpong -d sroce0 -g 1 -n 200 -c -p @PORT@ -- \
@@ -192,7 +194,7 @@ survived() {
 	local name=$1 f
 	shift
 	if ((BG_RC != 0)); then
-		fail "$name after the agent's SIGKILL" "exit $BG_RC:"$'\n'"$(cat "$@")"
+		fail "$name after the agent's SIGKILL" "exit $BG_RC:"$'\n'"$(cat "$@")"$'\n'"agents' log:"$'\n'"$(cat "$SROCE_AGENT_LOG")"
 		return
 	fi
 	for f in "$@"; do

@@ -693,7 +693,11 @@ int main(int argc, char **argv) {
                       "(0: never; default 10)")
             ->type_name("SECONDS");
     }
-    agent_start->add_option("--log", agent_opts.log, "Append messages to FILE")->type_name("FILE");
+    // The environment reaches the agents that programs start (a resumption
+    // after an agent's death), which no command line names.
+    agent_start->add_option("--log", agent_opts.log, "Append messages to FILE")
+        ->type_name("FILE")
+        ->envname("SROCE_AGENT_LOG");
     CLI::App *agent_stop = agent->add_subcommand("stop", "Stop the running agent");
     CLI::App *agent_status = agent->add_subcommand("status", "Show the running agent");
 

@@ -91,10 +91,18 @@ uint64_t mono_ms() {
     return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
 }
 
+// Stamped with the pid and the time of day: several agents may append to
+// one log (each started by a program after its predecessor died), and a
+// takeover is read against what the programs printed meanwhile.
 void log(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fputs("sroce agent: ", stderr);
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    tm t{};
+    localtime_r(&ts.tv_sec, &t);
+    fprintf(stderr, "sroce agent[%d] %02d:%02d:%02d.%03ld: ", int(getpid()), t.tm_hour, t.tm_min,
+            t.tm_sec, ts.tv_nsec / 1000000);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
