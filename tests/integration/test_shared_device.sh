@@ -230,6 +230,18 @@ if [[ -n $new_agent && $new_agent != "$old_agent" ]]; then
 else
 	fail "no new agent after pid $old_agent was killed: ${new_agent:-none}"
 fi
+# The new agent steers by the dead one's map, which still holds the
+# programs' sockets: nothing sent to them while they took their slots back
+# reached the agent as a packet of no one's.
+unroutable=$("$SROCE_BIN" -j agent status | python3 -c '
+import json, sys
+print(sum(d["rx_unroutable"] for d in json.load(sys.stdin)["devices"]))')
+kept=$(grep -c "taken over with its map from a dead agent" "$SROCE_AGENT_LOG" || true)
+if ((kept == 2 && unroutable == 0)); then
+	pass "the new agent kept the dead one's slot maps: no packet lost in the takeover"
+else
+	fail "the takeover: $kept of 2 maps kept, $unroutable packets unroutable" "$(cat "$SROCE_AGENT_LOG")"
+fi
 # new_pair WHAT: a new ib_write_bw pair runs, under the agent one of its
 # processes starts if none runs.
 new_pair() {

@@ -195,7 +195,8 @@ struct Dev {
     // Slot -> socket; -1 for a slot a dead agent's process holds and has not
     // resumed yet (only under a slot map).
     std::vector<int> socks;
-    int slot_map = -1; // steering.hpp; -1 under the classic program
+    int slot_map = -1;        // steering.hpp; -1 under the classic program
+    uint32_t slot_map_id = 0; // for the record a successor reads
     std::array<SlotUse, kMaxSlots> use;
     // Slots a dead agent's processes hold: kept for them while they live
     // (handover.hpp), resumed only by them.
@@ -475,9 +476,11 @@ void Agent::record_owners() {
         for (uint32_t s = 1; s < kMaxSlots; s++) {
             const SlotUse &u = d->use[s];
             if (u.conn >= 0)
-                owners.push_back({d->addr, s, u.pid, u.uid, proc_start(u.pid)});
-            else if (d->heldover[s].pid)
+                owners.push_back({d->addr, s, u.pid, u.uid, proc_start(u.pid), d->slot_map_id});
+            else if (d->heldover[s].pid) {
                 owners.push_back(d->heldover[s]);
+                owners.back().map = d->slot_map_id;
+            }
         }
     }
     if (!opts_.handover) return;
@@ -569,7 +572,23 @@ Dev *Agent::device(in_addr_t addr, const std::string &netdev, uid_t uid, std::st
     fcntl(fd, F_SETFL, O_NONBLOCK);
     d->socks.push_back(fd);
     std::string no_map;
-    d->slot_map = attach_slot_map(fd, no_map);
+    // The dead agent's map keeps the running programs' traffic flowing
+    // while they take their slots back; a new one would drop it until then.
+    bool kept_map = false;
+    if (adopting && owners.front().map) {
+        std::vector<uint32_t> held;
+        for (const SlotOwner &o : owners)
+            held.push_back(o.slot);
+        std::string no_adopt;
+        d->slot_map = adopt_slot_map(owners.front().map, fd, held, no_adopt);
+        kept_map = d->slot_map >= 0;
+        if (!kept_map)
+            log("%s: the dead agent's slot map cannot be kept (%s): its programs lose what is "
+                "sent to them until they take their slots back",
+                ip_text(addr).c_str(), no_adopt.c_str());
+    }
+    if (!kept_map) d->slot_map = attach_slot_map(fd, no_map);
+    if (d->slot_map >= 0) d->slot_map_id = slot_map_id(d->slot_map);
     if (d->slot_map < 0 && adopting) {
         why = busy;
         errno = EADDRINUSE;
@@ -590,8 +609,9 @@ Dev *Agent::device(in_addr_t addr, const std::string &netdev, uid_t uid, std::st
     log("serving %s (%s), steering by %s%s", ip_text(addr).c_str(), netdev.c_str(),
         d->slot_map >= 0 ? "slot map" : ("the classic program: " + no_map).c_str(),
         owners.empty() ? ""
-                       : (std::string(adopting ? ", its group taken over" : "") + " from a " +
-                          "dead agent, " + std::to_string(owners.size()) + " slots held over")
+                       : (std::string(adopting ? ", its group taken over" : "") +
+                          (kept_map ? " with its map" : "") + " from a dead agent, " +
+                          std::to_string(owners.size()) + " slots held over")
                              .c_str());
     devs_.push_back(std::move(d));
     return devs_.back().get();
@@ -843,7 +863,8 @@ int Agent::resume(const ucred &cred, Dev &d, uint32_t s, int sock, std::string &
         why = std::string("dup: ") + strerror(errno);
         return errno;
     }
-    if (int err = map_slot(d.slot_map, s, own)) {
+    // Under the dead agent's map the socket is still at its slot.
+    if (int err = slot_holds(d.slot_map, s, own) ? 0 : map_slot(d.slot_map, s, own)) {
         close(own);
         why = std::string("the socket cannot be steered: ") + strerror(err);
         return EINVAL;

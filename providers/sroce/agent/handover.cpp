@@ -80,8 +80,8 @@ int save_owners(const std::vector<SlotOwner> &owners) {
         return err;
     }
     for (const SlotOwner &o : owners)
-        fprintf(f, "%u %u %d %u %llu\n", unsigned(o.addr), o.slot, int(o.pid), unsigned(o.uid),
-                static_cast<unsigned long long>(o.start));
+        fprintf(f, "%u %u %d %u %llu %u\n", unsigned(o.addr), o.slot, int(o.pid), unsigned(o.uid),
+                static_cast<unsigned long long>(o.start), o.map);
     int err = ferror(f) ? EIO : 0;
     if (fclose(f) != 0 && !err) err = errno;
     if (!err && rename(tmp.c_str(), p.c_str()) < 0) err = errno;
@@ -93,12 +93,17 @@ std::vector<SlotOwner> load_owners() {
     std::vector<SlotOwner> out;
     if (geteuid() != 0) return out;
     std::ifstream f(path());
-    unsigned a, slot, uid;
-    int pid;
-    unsigned long long start;
-    while (f >> a >> slot >> pid >> uid >> start)
+    // A record written before maps were recorded has no sixth field.
+    for (std::string line; std::getline(f, line);) {
+        std::istringstream in(line);
+        unsigned a, slot, uid, map = 0;
+        int pid;
+        unsigned long long start;
+        if (!(in >> a >> slot >> pid >> uid >> start)) break;
+        in >> map;
         if (slot > 0 && slot < kMaxSlots && pid > 0 && proc_start(pid) == start)
-            out.push_back({in_addr_t(a), slot, pid_t(pid), uid_t(uid), start});
+            out.push_back({in_addr_t(a), slot, pid_t(pid), uid_t(uid), start, map});
+    }
     return out;
 }
 

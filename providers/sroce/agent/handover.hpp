@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: MIT
 //
 // What an agent leaves for the one that takes over after it dies: who holds
-// which slot of each address it serves with a slot map (steering.hpp).  The
-// programs keep their sockets, and with them their traffic, when the agent
-// dies; a new agent takes each slot back only from the process that held
-// it, and gives it to nobody else while that process lives.
+// which slot of each address it serves with a slot map (steering.hpp), and
+// which map that is.  The programs keep their sockets, and with them their
+// traffic, when the agent dies; a new agent keeps steering by the same map,
+// takes each slot back only from the process that held it, and gives it to
+// nobody else while that process lives.
 //
 // Root's agent keeps the record in /run/sroce (a directory of root's, 0755;
 // the file 0600), one file per network
@@ -26,6 +27,7 @@ struct SlotOwner {
     pid_t pid;
     uid_t uid;
     uint64_t start; // the process's start time (proc_start), against pid reuse
+    uint32_t map;   // the id of the slot map steering `addr` (steering.hpp), 0 if unknown
 };
 
 // /proc/PID/FILE, or "" when it cannot be read.  Never throws: a process

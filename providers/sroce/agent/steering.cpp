@@ -32,6 +32,9 @@ constexpr bpf_insn insn(uint8_t code, uint8_t dst, uint8_t src, int16_t off, int
 // its byte 5 is bits 16-23 of the destination QPN.
 constexpr int32_t kSlotByte = 8 + 5;
 
+// One entry per value of the slot byte.
+constexpr uint32_t kMapEntries = 256;
+
 } // namespace
 
 int attach_slot_map(int member, std::string &why) {
@@ -43,7 +46,7 @@ int attach_slot_map(int member, std::string &why) {
     a.map_type = BPF_MAP_TYPE_REUSEPORT_SOCKARRAY;
     a.key_size = sizeof(uint32_t);
     a.value_size = sizeof(uint64_t);
-    a.max_entries = 256;
+    a.max_entries = kMapEntries;
     int map = int(bpf(BPF_MAP_CREATE, a));
     if (map < 0) {
         why = std::string("no slot map (") + strerror(errno) + ")";
@@ -112,6 +115,73 @@ int attach_slot_map(int member, std::string &why) {
         return -1;
     }
     return map;
+}
+
+namespace {
+
+// The cookie of the socket at `slot` (what a lookup of a reuseport array
+// gives), 0 for an empty slot.
+uint64_t slot_cookie(int map, uint32_t slot) {
+    uint64_t cookie = 0;
+    bpf_attr a{};
+    a.map_fd = uint32_t(map);
+    a.key = reinterpret_cast<uintptr_t>(&slot);
+    a.value = reinterpret_cast<uintptr_t>(&cookie);
+    return bpf(BPF_MAP_LOOKUP_ELEM, a) < 0 ? 0 : cookie;
+}
+
+} // namespace
+
+int adopt_slot_map(uint32_t id, int member, const std::vector<uint32_t> &held, std::string &why) {
+    bpf_attr a{};
+    a.map_id = id;
+    int map = int(bpf(BPF_MAP_GET_FD_BY_ID, a));
+    if (map < 0) {
+        why = "map " + std::to_string(id) + ": " + strerror(errno);
+        return -1;
+    }
+    bpf_map_info info{};
+    a = {};
+    a.info.bpf_fd = uint32_t(map);
+    a.info.info_len = sizeof info;
+    a.info.info = reinterpret_cast<uintptr_t>(&info);
+    bool ours = bpf(BPF_OBJ_GET_INFO_BY_FD, a) == 0 &&
+                info.type == BPF_MAP_TYPE_REUSEPORT_SOCKARRAY &&
+                info.key_size == sizeof(uint32_t) && info.value_size == sizeof(uint64_t) &&
+                info.max_entries == kMapEntries;
+    bool kept = false;
+    for (uint32_t s : held)
+        kept |= ours && s < kMapEntries && slot_cookie(map, s) != 0;
+    if (!ours || !kept || slot_cookie(map, 0) != 0) {
+        why = "map " + std::to_string(id) +
+              (!ours   ? " is no slot map"
+               : !kept ? " holds none of the slots"
+                       : "'s slot 0 is taken");
+        close(map);
+        return -1;
+    }
+    if (int err = map_slot(map, 0, member)) {
+        why = "map " + std::to_string(id) + ": " + strerror(err);
+        close(map);
+        return -1;
+    }
+    return map;
+}
+
+uint32_t slot_map_id(int map) {
+    bpf_map_info info{};
+    bpf_attr a{};
+    a.info.bpf_fd = uint32_t(map);
+    a.info.info_len = sizeof info;
+    a.info.info = reinterpret_cast<uintptr_t>(&info);
+    return bpf(BPF_OBJ_GET_INFO_BY_FD, a) == 0 ? info.id : 0;
+}
+
+bool slot_holds(int map, uint32_t slot, int sock) {
+    uint64_t cookie = 0;
+    socklen_t l = sizeof cookie;
+    return getsockopt(sock, SOL_SOCKET, SO_COOKIE, &cookie, &l) == 0 && cookie != 0 &&
+           slot_cookie(map, slot) == cookie;
 }
 
 int map_slot(int map, uint32_t slot, int sock) {

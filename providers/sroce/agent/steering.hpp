@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace sroce::agent {
 
@@ -24,6 +25,23 @@ namespace sroce::agent {
 // `member`.  The map's descriptor, or -1 with `why` (the classic program
 // is then the way).  SROCE_AGENT_STEERING=classic makes it refuse.
 int attach_slot_map(int member, std::string &why);
+
+// The slot map a dead predecessor attached to the group that `member` has
+// just joined, found again by its id (slot_map_id), with `member` put at
+// its empty slot 0.  The sockets the running programs kept stay in it, so
+// their traffic goes on through the takeover, where a new map would drop it
+// until each program had handed its socket in.  It must hold a socket at
+// one of `held` (the slots the record says live processes hold), which a
+// map freed since and an id reused cannot.  The map's descriptor, or -1
+// with `why`.
+int adopt_slot_map(uint32_t id, int member, const std::vector<uint32_t> &held, std::string &why);
+
+// The kernel's id of `map`, by which a successor finds it; 0 if unknown.
+uint32_t slot_map_id(int map);
+
+// Whether `sock` is the socket at `slot`: one that a process kept in an
+// adopted map, which the kernel will not put there a second time (EBUSY).
+bool slot_holds(int map, uint32_t slot, int sock);
 
 // Puts `sock`, a member of the map's group, at `slot`.  0 or an errno:
 // EINVAL for a socket that is not a bound member of a reuseport group.
