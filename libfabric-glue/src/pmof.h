@@ -433,13 +433,18 @@ struct pmof_pep {
     struct fid_pep pep_fid;
     struct pmof_fabric *fab;
     struct fi_info *info;
+    /* NULL once an active endpoint took it (fi_endpoint(3): info->handle) */
     struct rdma_cm_id *id;
     struct pmof_eq *eq;
     int backlog;
+    bool listening;
 };
 
 int pmof_passive_ep(struct fid_fabric *fabric, struct fi_info *info, struct fid_pep **pep,
                     void *context);
+/* The pmof passive endpoint `fid` is, or NULL (another provider's, or no
+ * passive endpoint). */
+struct pmof_pep *pmof_pep_of(struct fid *fid);
 
 /* The handle of an FI_CONNREQ's fi_info. */
 struct pmof_connreq {
@@ -630,6 +635,9 @@ struct pmof_av {
     bool *used;
     size_t count, cap;
     atomic_int refs;
+    /* fi_av_remove calls that removed something: whoever keeps an fi_addr
+     * (an RDM endpoint's connections) looks it up again when this moved. */
+    atomic_uint removals;
 };
 
 int pmof_av_open(struct fid_domain *domain, struct fi_av_attr *attr, struct fid_av **av,
@@ -661,6 +669,7 @@ struct pmof_conn {
     uint32_t qpn;                 /* its QP's number, which completions carry */
     struct sockaddr_storage peer; /* the peer's name */
     fi_addr_t addr;               /* its index in our AV, once known */
+    unsigned addr_gen;            /* the AV's removals when `addr` was found */
     bool active;                  /* we connected */
     enum pmof_conn_state state;
 };
@@ -687,6 +696,7 @@ struct pmof_rdm {
     struct pmof_conn *conns;
     struct pmof_conn **send_conn; /* by fi_addr: the connection sends use */
     size_t send_cap;
+    unsigned send_gen; /* the AV's removals when send_conn was last emptied */
     /* the shared receive queue and its request slots */
     struct ibv_srq *srq;
     struct pmof_lock rx_lock;

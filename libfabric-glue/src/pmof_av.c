@@ -142,16 +142,23 @@ static int av_remove(struct fid_av *av_fid, fi_addr_t *fi_addr, size_t count, ui
     struct pmof_av *av = container_of(av_fid, struct pmof_av, av_fid);
     int ret = 0;
 
+    bool removed = false;
+
     if (flags) return -FI_EBADFLAGS;
     if (count && !fi_addr) return -FI_EINVAL;
     pmof_lock(&av->lock);
     for (size_t i = 0; i < count; i++) {
-        if (fi_addr[i] >= av->count || !av->used[fi_addr[i]])
+        if (fi_addr[i] >= av->count || !av->used[fi_addr[i]]) {
             ret = -FI_EINVAL;
-        else
+        } else {
             av->used[fi_addr[i]] = false;
+            removed = true;
+        }
     }
     pmof_unlock(&av->lock);
+    /* fi_av(3): a removed fi_addr is invalid until an fi_av_insert returns
+     * it again; endpoints drop what they kept of it. */
+    if (removed) atomic_fetch_add(&av->removals, 1);
     return ret;
 }
 

@@ -257,8 +257,11 @@ struct fi_ops_cm pmof_ep_cm_ops = {
 static int pep_listen(struct fid_pep *pep_fid) {
     struct pmof_pep *pep = container_of(pep_fid, struct pmof_pep, pep_fid);
 
+    if (!pep->id) return -FI_EOPBADSTATE; /* given to an active endpoint */
     if (!pep->eq) return -FI_ENOEQ;
-    return rdma_listen(pep->id, pep->backlog) ? pmof_errno(errno) : 0;
+    if (rdma_listen(pep->id, pep->backlog)) return pmof_errno(errno);
+    pep->listening = true;
+    return 0;
 }
 
 static int pep_reject(struct fid_pep *pep_fid, fid_t handle, const void *param, size_t len) {
@@ -280,6 +283,8 @@ static int pep_reject(struct fid_pep *pep_fid, fid_t handle, const void *param, 
 
 static int pep_getname(fid_t fid, void *addr, size_t *addrlen) {
     struct pmof_pep *pep = container_of(fid, struct pmof_pep, pep_fid.fid);
+
+    if (!pep->id) return -FI_EOPBADSTATE;
     return getname_common(pep->id, addr, addrlen, false);
 }
 
@@ -287,6 +292,7 @@ static int pep_setname(fid_t fid, void *addr, size_t addrlen) {
     struct pmof_pep *pep = container_of(fid, struct pmof_pep, pep_fid.fid);
 
     if (!addr || addrlen < pmof_sockaddr_len(addr)) return -FI_EINVAL;
+    if (!pep->id) return -FI_EOPBADSTATE;
     return rdma_bind_addr(pep->id, addr) ? pmof_errno(errno) : 0;
 }
 
@@ -311,6 +317,7 @@ static int pep_bind(struct fid *fid, struct fid *bfid, uint64_t flags) {
     if (!bfid || bfid->fclass != FI_CLASS_EQ) return -FI_EINVAL;
     if (pep->eq) return -FI_EINVAL;
     eq = container_of(bfid, struct pmof_eq, eq_fid.fid);
+    if (!pep->id) return -FI_EOPBADSTATE;
     if (rdma_migrate_id(pep->id, eq->channel)) return pmof_errno(errno);
     pep->eq = eq;
     atomic_fetch_add(&eq->refs, 1);
@@ -367,6 +374,11 @@ static struct fi_ops pep_fi_ops = {
 };
 
 static struct fi_ops_ep pep_base_ops;
+
+struct pmof_pep *pmof_pep_of(struct fid *fid) {
+    if (!fid || fid->fclass != FI_CLASS_PEP || fid->ops != &pep_fi_ops) return NULL;
+    return container_of(fid, struct pmof_pep, pep_fid.fid);
+}
 
 int pmof_passive_ep(struct fid_fabric *fabric, struct fi_info *info, struct fid_pep **out,
                     void *context) {

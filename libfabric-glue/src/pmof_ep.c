@@ -626,16 +626,53 @@ static int ep_open_id(struct pmof_ep *ep, const struct fi_info *info) {
     return 0;
 }
 
+/* fi_endpoint(3): an active endpoint made with a passive one in
+ * info->handle takes its rdma_cm id, and with it the address (and port) the
+ * passive endpoint was bound to; the passive endpoint keeps nothing but
+ * its closing.  Back on a channel of its own, as ep_open_id's ids are,
+ * until an EQ is bound. */
+static int ep_take_pep_id(struct pmof_ep *ep, const struct fi_info *info, struct pmof_pep *pep) {
+    struct rdma_cm_id *id = pep->id;
+
+    if (pep->eq && rdma_migrate_id(id, NULL)) return pmof_errno(errno);
+    if (info->dest_addr &&
+        rdma_resolve_addr(id, NULL, info->dest_addr, pmof_params.cm_timeout_ms)) {
+        int ret = pmof_errno(errno == ENODEV ? EHOSTUNREACH : errno);
+
+        PMOF_WARN(FI_LOG_EP_CTRL, "cannot resolve the destination: %s\n", fi_strerror(-ret));
+        /* The passive endpoint as it was: still usable. */
+        if (pep->eq) rdma_migrate_id(id, pep->eq->channel);
+        return ret;
+    }
+    ep->resolved = info->dest_addr != NULL;
+    if (pep->eq) {
+        atomic_fetch_sub(&pep->eq->refs, 1);
+        pep->eq = NULL;
+    }
+    pep->id = NULL;
+    ep->id = id;
+    id->context = &ep->ep_fid.fid;
+    return 0;
+}
+
 int pmof_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep **out,
                   void *context) {
     struct pmof_domain *dom = container_of(domain, struct pmof_domain, domain_fid);
+    struct pmof_pep *pep = NULL;
     struct pmof_ep *ep;
     int ret = -FI_ENOMEM;
 
     if (!info || !info->ep_attr || !out) return -FI_EINVAL;
     if (info->ep_attr->type == FI_EP_RDM) return pmof_rdm_endpoint(dom, info, out, context);
     if (info->ep_attr->type != FI_EP_MSG) return -FI_EINVAL;
-    if (info->handle && info->handle->fclass != FI_CLASS_CONNREQ) return -FI_EINVAL;
+    if (info->handle && info->handle->fclass == FI_CLASS_PEP) {
+        pep = pmof_pep_of(info->handle);
+        if (!pep) return -FI_EINVAL;
+        /* A listener keeps its id; one already taken has none. */
+        if (pep->listening || !pep->id) return -FI_EOPBADSTATE;
+    } else if (info->handle && info->handle->fclass != FI_CLASS_CONNREQ) {
+        return -FI_EINVAL;
+    }
     ep = calloc(1, sizeof(*ep));
     if (!ep) return -FI_ENOMEM;
     ep->dom = dom;
@@ -663,7 +700,11 @@ int pmof_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep
     ep->ep_fid.collective = &pmof_collective_ops_enosys;
     ep->pmof_ops.size = sizeof(ep->pmof_ops);
     ep->pmof_ops.commit = pmof_commit;
-    if (info->handle) {
+    if (pep) {
+        ep->info->handle = NULL;
+        ret = ep_take_pep_id(ep, info, pep);
+        if (ret) goto err;
+    } else if (info->handle) {
         struct pmof_connreq *cr = container_of(info->handle, struct pmof_connreq, handle);
         /* The request's id becomes this endpoint's; the info keeps only a
          * dangling handle, which fi_freeinfo does not follow. */

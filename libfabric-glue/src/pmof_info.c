@@ -317,11 +317,17 @@ static int gather_addrs(const char *node, const char *service, uint64_t flags,
 /* The device and source address the route to `dest` leaves from. */
 static int route_source(const struct pmof_addrs *a, char *dev, size_t devlen,
                         struct sockaddr_storage *src) {
+    struct sockaddr_storage from = a->src;
     struct rdma_cm_id *id;
     int ret;
 
+    /* The probe binds the source: its port may be taken already (by the
+     * passive endpoint in hints->handle, say), and the route does not
+     * depend on it. */
+    if (from.ss_family == AF_INET) ((struct sockaddr_in *)&from)->sin_port = 0;
+    if (from.ss_family == AF_INET6) ((struct sockaddr_in6 *)&from)->sin6_port = 0;
     if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP)) return -FI_ENODATA;
-    ret = rdma_resolve_addr(id, a->has_src ? (struct sockaddr *)&a->src : NULL,
+    ret = rdma_resolve_addr(id, a->has_src ? (struct sockaddr *)&from : NULL,
                             (struct sockaddr *)&a->dest, pmof_params.cm_timeout_ms);
     if (ret || !id->verbs) {
         PMOF_INFO(FI_LOG_CORE, "no RDMA route to the destination: %s\n", strerror(errno));
@@ -748,6 +754,18 @@ int pmof_getinfo(uint32_t version, const char *node, const char *service, uint64
     if (!ndevs) return -FI_ENODATA;
     ret = gather_addrs(node, service, flags, hints, &a);
     if (ret) return ret;
+    /* fi_getinfo(3): a passive endpoint in hints->handle comes back in
+     * every info; an active endpoint made from one leaves from where it
+     * is bound (fi_endpoint(3)), so that is the infos' source. */
+    struct pmof_pep *pep = hints ? pmof_pep_of(hints->handle) : NULL;
+    if (pep && pep->id && !a.has_src) {
+        const struct sockaddr *bound = rdma_get_local_addr(pep->id);
+        if ((bound->sa_family == AF_INET || bound->sa_family == AF_INET6) &&
+            !sockaddr_is_any(bound)) {
+            memcpy(&a.src, bound, pmof_sockaddr_len(bound));
+            a.has_src = true;
+        }
+    }
     if (a.has_dest && !a.has_src && hints && hints->domain_attr && hints->domain_attr->name) {
         /* A domain named with a destination (fi_pingpong -d): leave from
          * its address, as `-s` would, rather than the one the route picks,
@@ -798,6 +816,9 @@ int pmof_getinfo(uint32_t version, const char *node, const char *service, uint64
         }
     }
     if (!head) return -FI_ENODATA;
+    if (hints && hints->handle && hints->handle->fclass == FI_CLASS_PEP)
+        for (struct fi_info *fi = head; fi; fi = fi->next)
+            fi->handle = hints->handle;
     *info = head;
     return 0;
 }

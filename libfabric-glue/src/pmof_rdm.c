@@ -58,10 +58,18 @@ struct pmof_conn *pmof_rdm_conn_by_qpn(struct pmof_rdm *rdm, uint32_t qpn) {
 fi_addr_t pmof_rdm_src_addr(struct pmof_rdm *rdm, struct pmof_conn *c) {
     fi_addr_t a = c ? __atomic_load_n(&c->addr, __ATOMIC_RELAXED) : FI_ADDR_NOTAVAIL;
 
-    if (c && a == FI_ADDR_NOTAVAIL && rdm->av) {
-        /* A peer the application inserted after it connected. */
+    if (!c || !rdm->av) return a;
+    /* Removed since it was found (and maybe inserted again, at another
+     * index): the peer's fi_addr is whatever the AV says now. */
+    unsigned gen = atomic_load_explicit(&rdm->av->removals, memory_order_relaxed);
+    if (__atomic_load_n(&c->addr_gen, __ATOMIC_RELAXED) != gen) {
+        __atomic_store_n(&c->addr_gen, gen, __ATOMIC_RELAXED);
+        a = FI_ADDR_NOTAVAIL;
+    }
+    if (a == FI_ADDR_NOTAVAIL) {
+        /* Also a peer the application inserted after it connected. */
         a = pmof_av_find(rdm->av, (struct sockaddr *)&c->peer);
-        if (a != FI_ADDR_NOTAVAIL) __atomic_store_n(&c->addr, a, __ATOMIC_RELAXED);
+        __atomic_store_n(&c->addr, a, __ATOMIC_RELAXED);
     }
     return a;
 }
@@ -146,6 +154,7 @@ static struct pmof_conn *conn_new(struct pmof_rdm *rdm, struct pmof_ep *ep,
     c->ep = ep;
     c->active = active;
     c->state = PMOF_CONN_CONNECTING;
+    c->addr_gen = rdm->av ? atomic_load(&rdm->av->removals) : 0;
     c->addr = rdm->av ? pmof_av_find(rdm->av, peer) : FI_ADDR_NOTAVAIL;
     memcpy(&c->peer, peer, pmof_sockaddr_len(peer));
     c->qpn = ep->qp->qp_num;
@@ -273,6 +282,13 @@ struct pmof_ep *pmof_rdm_conn(struct pmof_rdm *rdm, fi_addr_t addr, ssize_t *err
     struct pmof_ep *ep = NULL;
 
     pmof_lock(&rdm->lock);
+    /* An address removed from the AV sends nowhere, even to a connection
+     * still up: the cache of connections by fi_addr starts again. */
+    unsigned gen = rdm->av ? atomic_load_explicit(&rdm->av->removals, memory_order_relaxed) : 0;
+    if (gen != rdm->send_gen) {
+        if (rdm->send_conn) memset(rdm->send_conn, 0, rdm->send_cap * sizeof(*rdm->send_conn));
+        rdm->send_gen = gen;
+    }
     if (addr < rdm->send_cap && rdm->send_conn[addr] && conn_usable(rdm->send_conn[addr])) {
         ep = rdm->send_conn[addr]->ep;
         goto out;
@@ -289,6 +305,7 @@ struct pmof_ep *pmof_rdm_conn(struct pmof_rdm *rdm, fi_addr_t addr, ssize_t *err
         }
         if (conn_usable(c)) {
             ep = c->ep;
+            __atomic_store_n(&c->addr_gen, gen, __ATOMIC_RELAXED);
             __atomic_store_n(&c->addr, addr, __ATOMIC_RELAXED);
             send_conn_set(rdm, addr, c);
         } else if (c->state == PMOF_CONN_CONNECTING) {

@@ -572,6 +572,130 @@ out:
     return ft_pair_close(&p, ret);
 }
 
+/* ------------------------------------------------------------ pep handle */
+
+static uint16_t port_of(const struct sockaddr_storage *ss) {
+    if (ss->ss_family == AF_INET) return ntohs(((const struct sockaddr_in *)ss)->sin_port);
+    if (ss->ss_family == AF_INET6) return ntohs(((const struct sockaddr_in6 *)ss)->sin6_port);
+    return 0;
+}
+
+/* fi_getinfo(3): a passive endpoint in hints->handle is copied to every
+ * info's handle.  fi_endpoint(3): an active endpoint made from such an info
+ * acquires the passive endpoint's properties (its bound address and port,
+ * "to reserve the fabric address of an endpoint prior to knowing" its
+ * side), and the passive endpoint is closed after it.  The server sees the
+ * connection come from the passive endpoint's port; messages cross both
+ * ways. */
+static int t_pep_handle(struct ft_run *r) {
+    struct ft_pair p = {0};
+    struct fi_info *src = NULL, *hints = NULL, *info = NULL;
+    struct fid_pep *cpep = NULL;
+    struct side_bufs b[2] = {0};
+    struct sockaddr_storage bound, srv, peer;
+    size_t blen = sizeof(bound), slen = sizeof(srv), plen = sizeof(peer);
+    char service[16];
+    struct ft_side *s = &p.s[FT_SRV], *c = &p.s[FT_CLI];
+    struct ft_eqev ev;
+    int ret = need_msg(r);
+
+    FT_TRY(ret);
+    FT_TRY(ft_pair_prepare(r, &p, NULL));
+    FT_TRY(ft_msg_listen(&p));
+    FT_TRY(ft_getinfo_ok(r, r->opts->addr, NULL, FI_SOURCE, p.hints, &src));
+    FT_CHK(fi_passive_ep(p.fabric, src, &cpep, NULL));
+    FT_CHK(fi_getname(&cpep->fid, &bound, &blen));
+    FT_EXPECT(port_of(&bound) != 0, "the client's passive endpoint has no port");
+    FT_CHK(fi_getname(&p.pep->fid, &srv, &slen));
+    snprintf(service, sizeof(service), "%u", port_of(&srv));
+    hints = fi_dupinfo(p.hints);
+    FT_EXPECT(hints, "fi_dupinfo");
+    hints->handle = &cpep->fid;
+    FT_TRY(ft_getinfo_ok(r, r->opts->addr, service, 0, hints, &info));
+    for (struct fi_info *fi = info; fi; fi = fi->next)
+        FT_EXPECT(fi->handle == &cpep->fid, "an info's handle is %p, not the passive endpoint %p",
+                  (void *)fi->handle, (void *)&cpep->fid);
+    FT_TRY(ft_side_open_ep(&p, c, info));
+    /* Spent: the application closes it (fi_endpoint(3)). */
+    FT_CHK(fi_close(&cpep->fid));
+    cpep = NULL;
+    FT_CHK(fi_connect(c->ep, info->dest_addr, NULL, 0));
+    FT_TRY(ft_wait_event(&p, &s->eq, FI_CONNREQ, &ev));
+    ret = check_connreq(&p, &ev);
+    if (ret) {
+        fi_freeinfo(ev.u.cm.info);
+        goto out;
+    }
+    FT_TRY(ft_msg_accept(&p, ev.u.cm.info));
+    FT_TRY(expect_connected(&p, s));
+    FT_TRY(expect_connected(&p, c));
+    p.connected = true;
+    FT_CHK(fi_getpeer(s->ep, &peer, &plen));
+    FT_EXPECT(peer.ss_family == bound.ss_family && port_of(&peer) == port_of(&bound),
+              "the server sees the client at port %u, not the passive endpoint's %u",
+              port_of(&peer), port_of(&bound));
+    FT_TRY(bufs_alloc(&p, 4096, b));
+    FT_TRY(one_way(&p, b, FT_CLI, 4096, 41));
+    FT_TRY(one_way(&p, b, FT_SRV, 4096, 42));
+out:
+    if (cpep) fi_close(&cpep->fid);
+    if (hints) hints->handle = NULL;
+    fi_freeinfo(hints);
+    fi_freeinfo(src);
+    if (info && c->info != info) fi_freeinfo(info);
+    ret = bufs_free(r, &p, b, ret);
+    return ft_pair_close(&p, ret);
+}
+
+/* pmof: a passive endpoint that listens, or whose id an active endpoint
+ * took, makes no active endpoint (-FI_EOPBADSTATE), and a spent one
+ * neither listens nor names an address. */
+static int t_pep_handle_spent(struct ft_run *r) {
+    struct ft_pair p = {0};
+    struct fi_info *src = NULL, *info = NULL;
+    struct fid_pep *cpep = NULL;
+    struct fid_ep *ep = NULL, *ep2 = NULL;
+    struct sockaddr_storage ss;
+    size_t len = sizeof(ss);
+    int ret = need_msg(r), rc;
+
+    FT_TRY(ret);
+    if (!ft_is_pmof_prov(r->opts))
+        return ft_skip(r, "what a spent passive endpoint does is pmof's");
+    FT_TRY(ft_pair_prepare(r, &p, NULL));
+    FT_TRY(ft_msg_listen(&p));
+    FT_TRY(ft_getinfo_ok(r, r->opts->addr, NULL, FI_SOURCE, p.hints, &src));
+    FT_CHK(fi_domain(p.fabric, src, &p.s[FT_CLI].domain, NULL));
+    info = fi_dupinfo(src);
+    FT_EXPECT(info, "fi_dupinfo");
+    struct fid_domain *dom = p.s[FT_CLI].domain;
+    info->handle = &p.pep->fid;
+    rc = fi_endpoint(dom, info, &ep, NULL);
+    FT_EXPECT(rc == -FI_EOPBADSTATE, "fi_endpoint from a listening passive endpoint = %d (%s)", rc,
+              fi_strerror(-rc));
+    FT_CHK(fi_passive_ep(p.fabric, src, &cpep, NULL));
+    info->handle = &cpep->fid;
+    FT_CHK(fi_endpoint(dom, info, &ep, NULL));
+    rc = fi_endpoint(dom, info, &ep2, NULL);
+    FT_EXPECT(rc == -FI_EOPBADSTATE, "a second fi_endpoint from one passive endpoint = %d (%s)", rc,
+              fi_strerror(-rc));
+    rc = fi_listen(cpep);
+    FT_EXPECT(rc == -FI_EOPBADSTATE, "fi_listen on a spent passive endpoint = %d (%s)", rc,
+              fi_strerror(-rc));
+    rc = fi_getname(&cpep->fid, &ss, &len);
+    FT_EXPECT(rc == -FI_EOPBADSTATE, "fi_getname on a spent passive endpoint = %d (%s)", rc,
+              fi_strerror(-rc));
+    FT_CHK(fi_getname(&ep->fid, &ss, &len));
+out:
+    if (ep2) fi_close(&ep2->fid);
+    if (ep) fi_close(&ep->fid);
+    if (cpep) fi_close(&cpep->fid);
+    if (info) info->handle = NULL;
+    fi_freeinfo(info);
+    fi_freeinfo(src);
+    return ft_pair_close(&p, ret);
+}
+
 /* ------------------------------------------------------------ waiting */
 
 struct sread_waiter {
@@ -696,6 +820,101 @@ out:
     return ft_pair_close(&p, ret);
 }
 
+/* ------------------------------------------------------------ AV reuse */
+
+/* The server receives one message of `len` bytes from the client, sent
+ * after the receive is posted, and reads its completion with the source
+ * the provider reports (fi_cq_readfrom).  Both CQs are read all along: a
+ * provider may need the server's to make the connection. */
+static int from_client(struct ft_pair *p, struct side_bufs *b, size_t len, unsigned seed,
+                       fi_addr_t *src) {
+    struct ft_side *s = &p->s[FT_SRV], *c = &p->s[FT_CLI];
+    struct fi_cq_tagged_entry e, te;
+    struct fi_context2 txc, rxc;
+    struct ft_run *r = p->r;
+    bool sent = false, received = false, send_done = false;
+    uint64_t t0 = ft_now_us();
+    ssize_t n;
+    int ret = FT_OK;
+
+    ft_fill(b[FT_CLI].tx.buf, len, seed);
+    memset(b[FT_SRV].rx.buf, 0, len);
+    FT_CHK(fi_recv(s->ep, b[FT_SRV].rx.buf, len, b[FT_SRV].rx.desc, FI_ADDR_UNSPEC, &rxc));
+    *src = FI_ADDR_UNSPEC;
+    while (!(received && send_done) && ft_now_us() - t0 < 5000000) {
+        if (!sent) {
+            n = fi_send(c->ep, b[FT_CLI].tx.buf, len, b[FT_CLI].tx.desc, c->peer, &txc);
+            FT_EXPECT(n == 0 || n == -FI_EAGAIN, "fi_send = %zd (%s)", n, fi_strerror((int)-n));
+            sent = n == 0;
+        }
+        n = fi_cq_read(c->tx.cq, &te, 1);
+        FT_EXPECT(n == 1 || n == -FI_EAGAIN, "fi_cq_read(client tx) = %zd", n);
+        if (n == 1) {
+            FT_EXPECT(te.op_context == &txc, "the completion of another send");
+            send_done = true;
+        }
+        if (received) continue;
+        n = fi_cq_readfrom(s->rx.cq, &e, 1, src);
+        FT_EXPECT(n == 1 || n == -FI_EAGAIN, "fi_cq_readfrom = %zd (%s)", n, fi_strerror((int)-n));
+        received = n == 1;
+    }
+    FT_EXPECT(received && send_done, "no %s within 5 s", received ? "send completion" : "message");
+    FT_EXPECT(e.op_context == &rxc && e.len == len, "the completion of another receive");
+    FT_TRY(ft_expect_pattern(r, b[FT_SRV].rx.buf, len, seed, "message from the client"));
+out:
+    return ret;
+}
+
+/* fi_av(3): "the removed address ... is invalid until it is returned
+ * again by a new fi_av_insert".  An RDM server that removes its client's
+ * address sees that client's next message come from FI_ADDR_NOTAVAIL, and
+ * may not send to the removed fi_addr; inserted again, the client is the
+ * fi_addr the insert returned, in completions and for sends. */
+static int t_av_remove_reinsert(struct ft_run *r) {
+    enum { LEN = 1024 };
+    struct ft_pair_cfg cfg = {.caps = FI_SOURCE};
+    struct side_bufs b[2] = {0};
+    struct ft_pair p = {0};
+    struct ft_side *s = &p.s[FT_SRV], *c = &p.s[FT_CLI];
+    uint8_t name[256];
+    size_t nlen = sizeof(name);
+    fi_addr_t src, old, again = FI_ADDR_NOTAVAIL;
+    struct fi_context2 txc;
+    int ret = FT_OK;
+    ssize_t rc;
+
+    if (r->opts->ep_type != FI_EP_RDM) return ft_skip(r, "fi_addr_t names peers of RDM endpoints");
+    FT_TRY(ft_pair_open(r, &p, &cfg));
+    FT_TRY(bufs_alloc(&p, LEN, b));
+    old = s->peer;
+    FT_TRY(from_client(&p, b, LEN, 51, &src));
+    FT_EXPECT(src == old, "a message from the client came from fi_addr %llu, not %llu",
+              (unsigned long long)src, (unsigned long long)old);
+
+    FT_CHK(fi_av_remove(s->av, &old, 1, 0));
+    FT_TRY(from_client(&p, b, LEN, 52, &src));
+    /* ofi_rxm (libfabric 1.17) still names the removed fi_addr here. */
+    FT_TRY(ft_deviation(r, src != FI_ADDR_NOTAVAIL,
+                        "after fi_av_remove, the client's message came from the removed fi_addr"));
+    if (ft_is_pmof_prov(r->opts)) {
+        rc = fi_send(s->ep, b[FT_SRV].tx.buf, LEN, b[FT_SRV].tx.desc, old, &txc);
+        FT_EXPECT(rc == -FI_EINVAL, "fi_send to a removed fi_addr = %zd (%s)", rc,
+                  fi_strerror((int)-rc));
+    }
+
+    FT_CHK(fi_getname(&c->ep->fid, name, &nlen));
+    FT_EXPECT(fi_av_insert(s->av, name, 1, &again, 0, NULL) == 1 && again != FI_ADDR_NOTAVAIL,
+              "fi_av_insert of the client again");
+    FT_TRY(from_client(&p, b, LEN, 53, &src));
+    FT_EXPECT(src == again, "inserted again as fi_addr %llu, the client's message came from %llu",
+              (unsigned long long)again, (unsigned long long)src);
+    s->peer = again;
+    FT_TRY(one_way(&p, b, FT_SRV, LEN, 54));
+out:
+    ret = bufs_free(r, &p, b, ret);
+    return ft_pair_close(&p, ret);
+}
+
 const struct ft_test ft_msg_tests[] = {
     {"msg.connect", t_connect},
     {"msg.pingpong", t_pingpong},
@@ -708,6 +927,9 @@ const struct ft_test ft_msg_tests[] = {
     {"msg.reject", t_reject},
     {"msg.connect_refused", t_connect_refused},
     {"msg.shutdown", t_shutdown},
+    {"msg.pep_handle", t_pep_handle},
+    {"msg.pep_handle_spent", t_pep_handle_spent},
     {"msg.cq_wait_traffic", t_cq_wait_traffic},
+    {"msg.av_remove_reinsert", t_av_remove_reinsert},
     {NULL, NULL},
 };
