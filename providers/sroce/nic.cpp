@@ -210,6 +210,8 @@ NicOptions NicOptions::from_env() {
     if (const char *a = getenv("SROCE_APP_PROGRESS"); a && *a == '0') o.app_progress = false;
     if (const char *s = getenv("SROCE_SPIN_US"); s && *s)
         o.spin_ns = strtoull(s, nullptr, 10) * 1000;
+    if (const char *s = getenv("SROCE_PARK_US"); s && *s)
+        o.park_ns = std::max<uint64_t>(strtoull(s, nullptr, 10), 1) * 1000;
     if (const char *r = getenv("SROCE_SELECTIVE_REPEAT"); r && *r == '0')
         o.selective_repeat = false;
     if (const char *a = getenv("SROCE_ANNOUNCE"); a && *a == '0') o.announce = false;

@@ -54,6 +54,7 @@ struct NicOptions {
     bool busy_poll = false;       // SROCE_BUSY_POLL=1
     bool app_progress = true;     // SROCE_APP_PROGRESS=0 turns it off
     uint64_t spin_ns = 50000;     // SROCE_SPIN_US
+    uint64_t park_ns = 50000;     // SROCE_PARK_US (Nic::wait_for_work)
     bool selective_repeat = true; // SROCE_SELECTIVE_REPEAT=0 turns it off
     bool announce = true;         // SROCE_ANNOUNCE=0 turns it off
     bool stats = false;           // SROCE_STATS=1
@@ -299,10 +300,10 @@ class Nic {
     // An application thread counts as spinning on its CQ (app_progress)
     // after this many polls, each less than kSpinningGapNs after the one
     // before, the last less than kSpinningGapNs ago; the progress thread
-    // then leaves the socket to it and looks again every kParkNs.
+    // then leaves the socket to it and looks again every park_ns
+    // (SROCE_PARK_US).
     static constexpr uint32_t kSpinningPolls = 8;
     static constexpr uint64_t kSpinningGapNs = 5000;
-    static constexpr uint64_t kParkNs = 50000;
     // How long the progress thread naps when an application thread holds
     // the receive lock.
     static constexpr uint64_t kBusyNapNs = 10000;

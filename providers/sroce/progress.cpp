@@ -97,9 +97,9 @@ void Nic::wait_for_work(uint64_t spin_until) {
     if (app_is_spinning(now)) {
         // Watching the socket too would only add a wake-up per datagram,
         // each one preempting a spinning thread on a small machine.  Look
-        // again after kParkNs: an application that stopped polling loses at
+        // again after park_ns: an application that stopped polling loses at
         // most that much.
-        nap(kParkNs);
+        nap(opt_.park_ns);
     } else if (now >= spin_until) {
         pollfd p[1 + kMaxPollFds] = {{wake_fd_, POLLIN, 0}};
         nfds_t n = 1 + nfds_t(port_->poll_fds(p + 1, kMaxPollFds));

@@ -275,7 +275,7 @@ void Nic::send_acks(TxBatch &tx) {
     // carries the ACK: without that, the peer's progress thread, asleep
     // while its application spins on memory (perftest's write latency),
     // would wake twice.  Only while it spins: then the progress thread
-    // looks every kParkNs and sends what is due.  Never a selective
+    // looks every park_ns and sends what is due.  Never a selective
     // acknowledgement or the news of a filled gap, which ask for resends.
     uint64_t now = now_ns();
     uint64_t due = rx_by_app_ && app_is_spinning(now) ? now + kAckHoldNs : 0;
