@@ -17,9 +17,11 @@ namespace {
 
 constexpr const char *kDir = kSystemDir;
 
+} // namespace
+
 // One record per agent: per network namespace, and per abstract name for an
 // agent of root's on one ($SROCE_AGENT_SOCKET).
-std::string path() {
+std::string record_path() {
     struct stat ns {};
     stat("/proc/self/ns/net", &ns);
     Endpoint e = own_endpoint();
@@ -30,8 +32,6 @@ std::string path() {
     return std::string(kDir) + "/slots-" + std::to_string(ns.st_ino) + (name.empty() ? "" : "-") +
            name;
 }
-
-} // namespace
 
 std::string read_rest(int fd) {
     std::string text;
@@ -69,7 +69,7 @@ uint64_t proc_start(pid_t pid) {
 
 int save_owners(const std::vector<SlotOwner> &owners) {
     if (geteuid() != 0) return EPERM;
-    std::string p = path(), tmp = p + ".new";
+    std::string p = record_path(), tmp = p + ".new";
     if (owners.empty()) return unlink(p.c_str()) < 0 && errno != ENOENT ? errno : 0;
     if (mkdir(kDir, 0755) < 0 && errno != EEXIST) return errno;
     int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -92,7 +92,7 @@ int save_owners(const std::vector<SlotOwner> &owners) {
 std::vector<SlotOwner> load_owners() {
     std::vector<SlotOwner> out;
     if (geteuid() != 0) return out;
-    std::ifstream f(path());
+    std::ifstream f(record_path());
     // A record written before maps were recorded has no sixth field.
     for (std::string line; std::getline(f, line);) {
         std::istringstream in(line);

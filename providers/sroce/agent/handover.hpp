@@ -41,6 +41,9 @@ std::string read_rest(int fd);
 // no such process is alive.
 uint64_t proc_start(pid_t pid);
 
+// Where this agent keeps its record (per network namespace and socket name).
+std::string record_path();
+
 // Replaces the record with `owners`.  0 or an errno.
 int save_owners(const std::vector<SlotOwner> &owners);
 
