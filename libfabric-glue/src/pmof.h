@@ -153,6 +153,8 @@ void pmof_info_cleanup(void);
 /* The fabric attributes of the templates; 0 if `attr` names none of ours. */
 bool pmof_fabric_name_ok(const char *name);
 size_t pmof_sockaddr_len(const struct sockaddr *sa);
+/* Sets an IPv4 or IPv6 address's port to 0 (any). */
+void pmof_sockaddr_clear_port(struct sockaddr *sa);
 
 /* --------------------------------------------------------------- fabric */
 

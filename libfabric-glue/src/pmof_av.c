@@ -140,9 +140,8 @@ static int av_insertsym(struct fid_av *av, const char *node, size_t nodecnt, con
 
 static int av_remove(struct fid_av *av_fid, fi_addr_t *fi_addr, size_t count, uint64_t flags) {
     struct pmof_av *av = container_of(av_fid, struct pmof_av, av_fid);
-    int ret = 0;
-
     bool removed = false;
+    int ret = 0;
 
     if (flags) return -FI_EBADFLAGS;
     if (count && !fi_addr) return -FI_EINVAL;

@@ -215,6 +215,11 @@ size_t pmof_sockaddr_len(const struct sockaddr *sa) {
     }
 }
 
+void pmof_sockaddr_clear_port(struct sockaddr *sa) {
+    if (sa->sa_family == AF_INET) ((struct sockaddr_in *)sa)->sin_port = 0;
+    if (sa->sa_family == AF_INET6) ((struct sockaddr_in6 *)sa)->sin6_port = 0;
+}
+
 static bool sockaddr_same_ip(const struct sockaddr *a, const struct sockaddr *b) {
     if (a->sa_family != b->sa_family) return false;
     if (a->sa_family == AF_INET)
@@ -324,8 +329,7 @@ static int route_source(const struct pmof_addrs *a, char *dev, size_t devlen,
     /* The probe binds the source: its port may be taken already (by the
      * passive endpoint in hints->handle, say), and the route does not
      * depend on it. */
-    if (from.ss_family == AF_INET) ((struct sockaddr_in *)&from)->sin_port = 0;
-    if (from.ss_family == AF_INET6) ((struct sockaddr_in6 *)&from)->sin6_port = 0;
+    pmof_sockaddr_clear_port((struct sockaddr *)&from);
     if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP)) return -FI_ENODATA;
     ret = rdma_resolve_addr(id, a->has_src ? (struct sockaddr *)&from : NULL,
                             (struct sockaddr *)&a->dest, pmof_params.cm_timeout_ms);
@@ -337,8 +341,7 @@ static int route_source(const struct pmof_addrs *a, char *dev, size_t devlen,
     snprintf(dev, devlen, "%s", ibv_get_device_name(id->verbs->device));
     memcpy(src, rdma_get_local_addr(id), pmof_sockaddr_len(rdma_get_local_addr(id)));
     rdma_destroy_id(id);
-    if (src->ss_family == AF_INET) ((struct sockaddr_in *)src)->sin_port = 0;
-    if (src->ss_family == AF_INET6) ((struct sockaddr_in6 *)src)->sin6_port = 0;
+    pmof_sockaddr_clear_port((struct sockaddr *)src);
     return 0;
 }
 

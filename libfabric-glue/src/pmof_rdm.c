@@ -231,11 +231,7 @@ static int rdm_connect(struct pmof_rdm *rdm, const struct sockaddr_storage *peer
     memcpy(info->dest_addr, peer, len);
     info->dest_addrlen = len;
     /* The listener owns our address's port: connect from another. */
-    if (info->src_addr) {
-        struct sockaddr *src = info->src_addr;
-        if (src->sa_family == AF_INET) ((struct sockaddr_in *)src)->sin_port = 0;
-        if (src->sa_family == AF_INET6) ((struct sockaddr_in6 *)src)->sin6_port = 0;
-    }
+    if (info->src_addr) pmof_sockaddr_clear_port(info->src_addr);
     ret = open_conn_ep(rdm, info, &ep);
     fi_freeinfo(info);
     if (ret) return ret;

@@ -7,6 +7,7 @@
 // context's command FD, devices in a child of fork() and the progress
 // thread of a device without QPs.  Two sroce devices on 127.0.13.3 /
 // 127.0.13.4.
+#include "nic.hpp"
 #include "rc_pair.hpp"
 
 #include <climits>
@@ -132,6 +133,19 @@ TEST(Device, ProgressThreadOfADeviceWithoutQpsSleeps) {
     EXPECT_EQ(ibv_destroy_qp(qp), 0);
     EXPECT_EQ(ibv_destroy_cq(cq), 0);
     EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+}
+
+// The progress thread's park while an application spins (SROCE_PARK_US,
+// sroce(8)): the default, a value, and 0, which would make it spin: at
+// least a microsecond.
+TEST(Device, ParkFromTheEnvironment) {
+    unsetenv("SROCE_PARK_US");
+    EXPECT_EQ(sroce::NicOptions::from_env().park_ns, 50000u);
+    setenv("SROCE_PARK_US", "200", 1);
+    EXPECT_EQ(sroce::NicOptions::from_env().park_ns, 200000u);
+    setenv("SROCE_PARK_US", "0", 1);
+    EXPECT_EQ(sroce::NicOptions::from_env().park_ns, 1000u);
+    unsetenv("SROCE_PARK_US");
 }
 
 TEST(Device, RtValuesCountMonotonicNanoseconds) {

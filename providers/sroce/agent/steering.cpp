@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "steering.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -130,6 +131,14 @@ uint64_t slot_cookie(int map, uint32_t slot) {
     return bpf(BPF_MAP_LOOKUP_ELEM, a) < 0 ? 0 : cookie;
 }
 
+bool map_info(int map, bpf_map_info &info) {
+    bpf_attr a{};
+    a.info.bpf_fd = uint32_t(map);
+    a.info.info_len = sizeof info;
+    a.info.info = reinterpret_cast<uintptr_t>(&info);
+    return bpf(BPF_OBJ_GET_INFO_BY_FD, a) == 0;
+}
+
 } // namespace
 
 int adopt_slot_map(uint32_t id, int member, const std::vector<uint32_t> &held, std::string &why) {
@@ -141,27 +150,20 @@ int adopt_slot_map(uint32_t id, int member, const std::vector<uint32_t> &held, s
         return -1;
     }
     bpf_map_info info{};
-    a = {};
-    a.info.bpf_fd = uint32_t(map);
-    a.info.info_len = sizeof info;
-    a.info.info = reinterpret_cast<uintptr_t>(&info);
-    bool ours = bpf(BPF_OBJ_GET_INFO_BY_FD, a) == 0 &&
-                info.type == BPF_MAP_TYPE_REUSEPORT_SOCKARRAY &&
-                info.key_size == sizeof(uint32_t) && info.value_size == sizeof(uint64_t) &&
-                info.max_entries == kMapEntries;
-    bool kept = false;
-    for (uint32_t s : held)
-        kept |= ours && s < kMapEntries && slot_cookie(map, s) != 0;
-    if (!ours || !kept || slot_cookie(map, 0) != 0) {
-        why = "map " + std::to_string(id) +
-              (!ours   ? " is no slot map"
-               : !kept ? " holds none of the slots"
-                       : "'s slot 0 is taken");
-        close(map);
-        return -1;
-    }
-    if (int err = map_slot(map, 0, member)) {
-        why = "map " + std::to_string(id) + ": " + strerror(err);
+    const char *bad = nullptr;
+    if (!map_info(map, info) || info.type != BPF_MAP_TYPE_REUSEPORT_SOCKARRAY ||
+        info.key_size != sizeof(uint32_t) || info.value_size != sizeof(uint64_t) ||
+        info.max_entries != kMapEntries)
+        bad = " is no slot map";
+    else if (std::none_of(held.begin(), held.end(), [map](uint32_t s) {
+                 return s < kMapEntries && slot_cookie(map, s) != 0;
+             }))
+        bad = " holds none of the slots";
+    else if (slot_cookie(map, 0) != 0)
+        bad = "'s slot 0 is taken";
+    int err = bad ? 0 : map_slot(map, 0, member);
+    if (bad || err) {
+        why = "map " + std::to_string(id) + (bad ? bad : std::string(": ") + strerror(err));
         close(map);
         return -1;
     }
@@ -170,11 +172,7 @@ int adopt_slot_map(uint32_t id, int member, const std::vector<uint32_t> &held, s
 
 uint32_t slot_map_id(int map) {
     bpf_map_info info{};
-    bpf_attr a{};
-    a.info.bpf_fd = uint32_t(map);
-    a.info.info_len = sizeof info;
-    a.info.info = reinterpret_cast<uintptr_t>(&info);
-    return bpf(BPF_OBJ_GET_INFO_BY_FD, a) == 0 ? info.id : 0;
+    return map_info(map, info) ? info.id : 0;
 }
 
 bool slot_holds(int map, uint32_t slot, int sock) {
