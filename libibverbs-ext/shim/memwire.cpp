@@ -28,7 +28,7 @@ __attribute__((visibility("default"))) long sroce_memwire_take(uint32_t addr, vo
     sroce::memwire::Packet p;
     if (!sroce::memwire::take(addr, p)) return -1;
     std::memcpy(buf, p.bytes.data(), std::min(cap, p.bytes.size()));
-    if (hdr) *hdr = {p.ip.src, p.ip.dst, p.ip.sport, p.ip.dport, p.ip.ip_id};
+    if (hdr) *hdr = {p.ip.src.v4_addr(), p.ip.dst.v4_addr(), p.ip.sport, p.ip.dport, p.ip.ip_id};
     return long(p.bytes.size());
 }
 

@@ -23,15 +23,25 @@ extern char **environ;
 
 namespace sroce::agent {
 
-void roce_socket_options(int fd, uint32_t addr) {
-    // DF set: an unconnected socket then makes Linux write IP ID 0, which
-    // keeps the IPv4 header (covered by the ICRC) predictable; a connected
-    // one numbers its datagrams, which sroce follows (design.md §7.3).
-    int pmtu = IP_PMTUDISC_DO;
-    setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-    // Multicast datagrams leave through the device's own interface.
-    in_addr ifaddr{addr};
-    setsockopt(fd, IPPROTO_IP, IP_MULTICAST_IF, &ifaddr, sizeof ifaddr);
+void roce_socket_options(int fd, const IpAddr &addr, int ifindex) {
+    if (addr.is_v4()) {
+        // DF set: an unconnected socket then makes Linux write IP ID 0, which
+        // keeps the IPv4 header (covered by the ICRC) predictable; a
+        // connected one numbers its datagrams, which sroce follows
+        // (design.md §7.3).
+        int pmtu = IP_PMTUDISC_DO;
+        setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+        // Multicast datagrams leave through the device's own interface.
+        in_addr ifaddr{addr.v4_addr()};
+        setsockopt(fd, IPPROTO_IP, IP_MULTICAST_IF, &ifaddr, sizeof ifaddr);
+    } else {
+        // A packet larger than the path takes is lost, not fragmented (the
+        // path MTU bounds every RoCE packet); only IPv6 on this socket.
+        int pmtu = IPV6_PMTUDISC_DO, one = 1;
+        setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu);
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        if (ifindex > 0) setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_IF, &ifindex, sizeof ifindex);
+    }
     int buf = 16 << 20;
     if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof buf) < 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
@@ -283,8 +293,8 @@ int connect_agent(bool start) {
     return -1;
 }
 
-int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int table_fd, Lease &out,
-               Resume *resume) {
+int lease_slot(const char *dev_name, const char *netdev, const IpAddr &addr, int table_fd,
+               Lease &out, Resume *resume) {
     int fd = connect_agent(!resume || resume->may_start);
     if (fd < 0) return errno;
     if (resume) {
@@ -302,7 +312,7 @@ int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int tabl
     rq.version = kProtoVersion;
     snprintf(rq.name, sizeof rq.name, "%s", dev_name);
     snprintf(rq.netdev, sizeof rq.netdev, "%s", netdev);
-    rq.addr = addr;
+    std::memcpy(rq.addr, addr.raw, 16);
     rq.arg = resume ? resume->slot : 0;
     int fds[2] = {table_fd, resume ? resume->sock : -1};
     if (send_with_fds(fd, &rq, sizeof rq, fds, fds[1] >= 0 ? 2 : 1) < 0) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "agent_proto.hpp"
+#include "inet.hpp"
 
 #include <string>
 #include <sys/types.h>
@@ -25,7 +26,7 @@ struct Lease {
 
 // The options every device socket gets, whoever makes it (the agent, or a
 // process with SROCE_AGENT=off): DF, the multicast interface, 16 MiB buffers.
-void roce_socket_options(int fd, uint32_t addr);
+void roce_socket_options(int fd, const IpAddr &addr, int ifindex);
 
 // One message with one descriptor attached (SCM_RIGHTS); -1 with errno.
 ssize_t send_with_fd(int sock, const void *buf, size_t len, int fd);
@@ -78,12 +79,12 @@ struct Resume {
     std::string why; // the agent's reason for a refusal (not printed)
 };
 
-// Leases a slot on the device at `addr` (network order), sharing the QP
+// Leases a slot on the device at `addr`, sharing the QP
 // table in `table_fd` for listings, or resumes one.  0 or an errno; the
 // reason is printed, but for EADDRNOTAVAIL (the address is not on the host).
 // A resumed slot of the agent's user comes without a socket (out.udp -1).
-int lease_slot(const char *dev_name, const char *netdev, uint32_t addr, int table_fd, Lease &out,
-               Resume *resume = nullptr);
+int lease_slot(const char *dev_name, const char *netdev, const IpAddr &addr, int table_fd,
+               Lease &out, Resume *resume = nullptr);
 
 // An rdma_cm event channel at the agent: `events` is the file the process
 // polls (one byte per event), `commands` carries the channel's commands.

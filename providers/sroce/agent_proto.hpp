@@ -23,8 +23,9 @@ namespace sroce::agent {
 // Bumped whenever a message's layout or meaning changes: a process and an
 // agent from different builds then refuse each other with a clear message
 // instead of misreading.
-// 3: relayed slots (OpenReply::flags); 4: slots resumed under a new agent
-constexpr uint32_t kProtoVersion = 4;
+// 3: relayed slots (OpenReply::flags); 4: slots resumed under a new agent;
+// 5: IPv6 addresses (16-byte addresses everywhere)
+constexpr uint32_t kProtoVersion = 5;
 
 // There is one agent per network namespace, which is exactly the scope of
 // the addresses it serves; where it listens is agent_client.hpp's
@@ -66,10 +67,10 @@ enum Op : uint32_t {
 // What a process's libibverbs says about one of its devices, for the
 // answers the rdma_cm ABI gives about it.
 struct CmDeviceInfo {
-    uint32_t addr;  // IPv4, network order
-    uint32_t index; // ibv_get_device_index()
-    uint64_t guid;  // ibv_get_device_guid(), as stored (network order)
-    uint8_t mtu;    // the port's active ibv_mtu
+    uint8_t addr[16]; // IPv6, or IPv4-mapped
+    uint32_t index;   // ibv_get_device_index()
+    uint64_t guid;    // ibv_get_device_guid(), as stored (network order)
+    uint8_t mtu;      // the port's active ibv_mtu
     uint8_t reserved[7];
     char name[64];
 };
@@ -92,9 +93,9 @@ constexpr size_t kCmMaxMsg = 4096;
 struct Request {
     uint32_t op;
     uint32_t version;
-    char name[64];   // kOpenDevice: the device's name, for listings
-    char netdev[16]; // kOpenDevice: its interface
-    uint32_t addr;   // kOpenDevice: IPv4 address, network order
+    char name[64];    // kOpenDevice: the device's name, for listings
+    char netdev[16];  // kOpenDevice: its interface
+    uint8_t addr[16]; // kOpenDevice: the address, IPv6 or IPv4-mapped
     // kOpenDevice: 0, or the slot this process held under an agent that
     // died (resuming it); kCmCommands: the channel's number.
     uint32_t arg;
@@ -119,6 +120,7 @@ struct Request {
 // with `arg` = the slot; a process of the agent's user attaches the slot's
 // socket after the QP table, and gets no descriptor back; another user's
 // gets a new relay).
+static_assert(sizeof(Request) == 108 && sizeof(CmDeviceInfo) == 104); // agent_wire.py
 constexpr uint32_t kOpenRelayed = 1;
 constexpr uint32_t kOpenSteeringKept = 2;
 struct OpenReply {
@@ -131,11 +133,11 @@ struct OpenReply {
 
 // What precedes each relayed datagram: where it came from.
 struct RelayHdr {
-    uint32_t from_addr; // IPv4, network order
-    uint16_t from_port; // network order
+    uint8_t from_addr[16]; // its GID: IPv6, or IPv4-mapped
+    uint16_t from_port;    // network order
     uint16_t reserved;
 };
-static_assert(sizeof(RelayHdr) == 8);
+static_assert(sizeof(RelayHdr) == 20);
 
 // The table a process shares with the agent (a memfd it sends with
 // kOpenDevice): one entry per QP slot of the process, written by the
@@ -147,10 +149,12 @@ struct QpEntry {
     // bit 63 valid, bits 40-47 state (ibv_qp_state), 32-39 type
     // (ibv_qp_type), 0-23 QPN
     std::atomic<uint64_t> id;
-    // bits 32-63 peer IPv4 address (network order), 0-23 peer QPN
+    // bits 0-23 peer QPN
     std::atomic<uint64_t> peer;
+    // the peer's address (IPv6, or IPv4-mapped), in two halves
+    std::atomic<uint64_t> peer_addr[2];
 };
-static_assert(sizeof(QpEntry) == 16);
+static_assert(sizeof(QpEntry) == 32);
 
 inline uint64_t qp_entry_id(uint32_t qpn, uint32_t type, uint32_t state) {
     return 1ull << 63 | uint64_t(state & 0xFF) << 40 | uint64_t(type & 0xFF) << 32 |

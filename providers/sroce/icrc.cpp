@@ -12,24 +12,40 @@
 namespace sroce {
 namespace {
 
-// Pseudo header: 8 x 0xFF, IPv4 (20), UDP (8), BTH (12).
+// Pseudo header: 8 x 0xFF, IPv4 (20) or IPv6 (40), UDP (8), BTH (12).
 constexpr size_t kPseudoLen = 8 + wire::kIpv4HdrLen + wire::kUdpHdrLen + wire::kBthLen;
+constexpr size_t kPseudoLen6 = 8 + wire::kIpv6HdrLen + wire::kUdpHdrLen + wire::kBthLen;
 constexpr size_t kIpIdOffset = 8 + 4;
 
-void build_pseudo(uint8_t *p, const Ipv4Header &ip, size_t udp_payload_len, const uint8_t *bth) {
+// Builds the masked pseudo header into p (kPseudoLen6 bytes of room);
+// returns its length.
+size_t build_pseudo(uint8_t *p, const IpHeader &ip, size_t udp_payload_len, const uint8_t *bth) {
     std::memset(p, 0xFF, 8);
     uint8_t *h = p + 8;
-    h[0] = 0x45;
-    h[1] = 0xFF; // TOS
-    wire::put16(h + 2, uint16_t(wire::kIpv4HdrLen + wire::kUdpHdrLen + udp_payload_len));
-    wire::put16(h + 4, ip.ip_id);
-    wire::put16(h + 6, ip.df ? 0x4000 : 0);
-    h[8] = 0xFF; // TTL
-    h[9] = IPPROTO_UDP;
-    h[10] = h[11] = 0xFF; // header checksum
-    std::memcpy(h + 12, &ip.src, 4);
-    std::memcpy(h + 16, &ip.dst, 4);
-    uint8_t *u = h + wire::kIpv4HdrLen;
+    uint8_t *u;
+    if (ip.src.is_v4()) {
+        h[0] = 0x45;
+        h[1] = 0xFF; // TOS
+        wire::put16(h + 2, uint16_t(wire::kIpv4HdrLen + wire::kUdpHdrLen + udp_payload_len));
+        wire::put16(h + 4, ip.ip_id);
+        wire::put16(h + 6, ip.df ? 0x4000 : 0);
+        h[8] = 0xFF; // TTL
+        h[9] = IPPROTO_UDP;
+        h[10] = h[11] = 0xFF; // header checksum
+        std::memcpy(h + 12, ip.src.raw + 12, 4);
+        std::memcpy(h + 16, ip.dst.raw + 12, 4);
+        u = h + wire::kIpv4HdrLen;
+    } else {
+        // Version 6; traffic class and flow label all ones.
+        h[0] = 0x6F;
+        h[1] = h[2] = h[3] = 0xFF;
+        wire::put16(h + 4, uint16_t(wire::kUdpHdrLen + udp_payload_len));
+        h[6] = IPPROTO_UDP;
+        h[7] = 0xFF; // hop limit
+        std::memcpy(h + 8, ip.src.raw, 16);
+        std::memcpy(h + 24, ip.dst.raw, 16);
+        u = h + wire::kIpv6HdrLen;
+    }
     wire::put16(u, ip.sport);
     wire::put16(u + 2, ip.dport);
     wire::put16(u + 4, uint16_t(wire::kUdpHdrLen + udp_payload_len));
@@ -37,6 +53,7 @@ void build_pseudo(uint8_t *p, const Ipv4Header &ip, size_t udp_payload_len, cons
     uint8_t *b = u + wire::kUdpHdrLen;
     std::memcpy(b, bth, wire::kBthLen);
     b[4] = 0xFF; // resv8a (FECN/BECN)
+    return size_t(b + wire::kBthLen - p);
 }
 
 // CRC-32 is linear: two datagrams of the same length whose covered bytes
@@ -198,16 +215,21 @@ struct IdSolver {
 // The ICRC over `covered` (whose last 4 bytes are the ICRC field) for a
 // datagram whose UDP payload is udp_len bytes: the two differ only for the
 // legacy FLUSH form, which covers more than it carries.
-uint32_t compute(const Ipv4Header &ip, size_t udp_len, const uint8_t *covered, size_t len) {
-    uint8_t pseudo[kPseudoLen];
-    build_pseudo(pseudo, ip, udp_len, covered);
-    uint32_t s = crc32_gzip_refl(0, pseudo, kPseudoLen);
+uint32_t compute(const IpHeader &ip, size_t udp_len, const uint8_t *covered, size_t len) {
+    uint8_t pseudo[kPseudoLen6];
+    size_t n = build_pseudo(pseudo, ip, udp_len, covered);
+    uint32_t s = crc32_gzip_refl(0, pseudo, n);
     return crc32_gzip_refl(s, covered + wire::kBthLen, len - wire::kBthLen - wire::kIcrcLen);
 }
 
-bool verify(Ipv4Header ip, size_t udp_len, const uint8_t *covered, size_t len, uint16_t *ip_id,
+bool verify(IpHeader ip, size_t udp_len, const uint8_t *covered, size_t len, uint16_t *ip_id,
             int32_t likely_id, int likely_count, int likely_behind) {
     uint32_t want = icrc_load(covered + len - wire::kIcrcLen);
+    if (!ip.src.is_v4()) {
+        // Nothing covered is hidden from the receiver: no ID to solve for.
+        if (ip_id) *ip_id = 0;
+        return compute(ip, udp_len, covered, len) == want;
+    }
     bool sroce = ip.sport == wire::kRoceV2Port;
     // A position past what one send holds cannot be a sroce packet's ID.
     if (sroce && ip.ip_id >= wire::kMaxSegments) ip.ip_id = 0;
@@ -257,10 +279,10 @@ uint32_t icrc_id_delta(size_t tail, uint16_t id_xor) {
     return mul_mod(r, tail < kZeroTable ? zero_table()[tail] : zero_bytes(tail));
 }
 
-uint32_t icrc_begin(const Ipv4Header &ip, size_t udp_payload_len, const uint8_t *bth) {
-    uint8_t pseudo[kPseudoLen];
-    build_pseudo(pseudo, ip, udp_payload_len, bth);
-    return crc32_gzip_refl(0, pseudo, kPseudoLen);
+uint32_t icrc_begin(const IpHeader &ip, size_t udp_payload_len, const uint8_t *bth) {
+    uint8_t pseudo[kPseudoLen6];
+    size_t n = build_pseudo(pseudo, ip, udp_payload_len, bth);
+    return crc32_gzip_refl(0, pseudo, n);
 }
 
 uint32_t icrc_update(uint32_t state, const void *data, size_t len) {
@@ -280,17 +302,17 @@ uint32_t icrc_copy(uint32_t state, void *dst, const void *src, size_t len) {
     return state;
 }
 
-uint32_t icrc_compute(const Ipv4Header &ip, const uint8_t *pkt, size_t len) {
+uint32_t icrc_compute(const IpHeader &ip, const uint8_t *pkt, size_t len) {
     return compute(ip, len, pkt, len);
 }
 
-bool icrc_verify(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id, int32_t likely_id,
+bool icrc_verify(IpHeader ip, const uint8_t *pkt, size_t len, uint16_t *ip_id, int32_t likely_id,
                  int likely_count, int likely_behind) {
     if (len < wire::kBthLen + wire::kIcrcLen) return false;
     return verify(ip, len, pkt, len, ip_id, likely_id, likely_count, likely_behind);
 }
 
-bool icrc_verify_flush_legacy(Ipv4Header ip, const uint8_t *pkt, size_t len, uint16_t *ip_id) {
+bool icrc_verify_flush_legacy(IpHeader ip, const uint8_t *pkt, size_t len, uint16_t *ip_id) {
     if (len < wire::kBthLen + wire::kIcrcLen || len > kMaxLegacyLen) return false;
     size_t body = len - wire::kIcrcLen;
     uint8_t covered[2 * kMaxLegacyLen];

@@ -277,7 +277,8 @@ int Nic::open_port() {
     }
     // Unbound stand-ins until the address's own socket: bind_socket() puts
     // the real one in their place.
-    auto udp = std::make_unique<UdpPort>(dev_->ibdev.name, dev_->addr, stats, opt_.udp);
+    auto udp =
+        std::make_unique<UdpPort>(dev_->ibdev.name, dev_->addr, dev_->ifindex, stats, opt_.udp);
     if (int err = udp->open()) return err;
     udp_ = udp.get();
     port_ = std::move(udp);
@@ -342,8 +343,11 @@ void Nic::publish_qp(const Qp *qp) {
     uint32_t i = qpn - qpn_base_;
     if (i >= kMaxQps) return;
     bool connected = qp->type != IBV_QPT_UD && qp->attr.state >= IBV_QPS_RTR;
-    table_[i].peer.store(connected ? uint64_t(qp->attr.dest_addr) << 32 | qp->attr.dest_qpn : 0,
-                         std::memory_order_relaxed);
+    uint64_t half[2] = {};
+    if (connected) std::memcpy(half, qp->attr.dest_addr.raw, 16);
+    table_[i].peer_addr[0].store(half[0], std::memory_order_relaxed);
+    table_[i].peer_addr[1].store(half[1], std::memory_order_relaxed);
+    table_[i].peer.store(connected ? qp->attr.dest_qpn : 0, std::memory_order_relaxed);
     table_[i].id.store(agent::qp_entry_id(qpn, qp->type, qp->attr.state),
                        std::memory_order_relaxed);
 }

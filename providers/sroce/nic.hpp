@@ -87,8 +87,9 @@ class Nic {
     // batch is sent, and a payload that no longer matches its ICRC is a
     // packet the requester drops, again on every retry).
     static constexpr unsigned kQueueLegacyFlush = 1, kQueueCopy = 2;
-    void queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
-               int iovcnt, uint32_t payload_len, unsigned flags = 0);
+    // `flow`: the destination's flow label (its UDP source port), or 0.
+    void queue(TxBatch &b, const IpAddr &dst, uint32_t flow, const uint8_t *hdr, size_t hdr_len,
+               const iovec *iov, int iovcnt, uint32_t payload_len, unsigned flags = 0);
     // Sends what the batch holds through the port, and empties it.
     void xmit(TxBatch &b);
 
@@ -110,11 +111,11 @@ class Nic {
         uint32_t i = qpn - qpn_base_;
         return i < kMaxQps ? qps_[i].load(std::memory_order_acquire) : nullptr;
     }
-    // Multicast (UD QPs): a group is an IPv4 multicast address, joined by a
+    // Multicast (UD QPs): a group is a multicast address, joined by a
     // socket of its own bound to the group's port 4791; datagrams to it
     // (destination QPN 0xFFFFFF) reach every QP attached.  0 or an errno.
-    int attach_mcast(Qp *qp, in_addr_t group);
-    int detach_mcast(Qp *qp, in_addr_t group);
+    int attach_mcast(Qp *qp, const IpAddr &group);
+    int detach_mcast(Qp *qp, const IpAddr &group);
     void detach_all(Qp *qp);
 
     // SRQ table, for the SRQ numbers XRC packets name: SRQN = srqn_base_ +
@@ -198,11 +199,12 @@ class Nic {
     // caller holds rx_mu_.  Returns the number of datagrams received.
     int rx_pass();
     // One packet through the fault injector (SROCE_FAULT) to dispatch().
-    void receive_one(const uint8_t *d, size_t len, const sockaddr_in &from, in_addr_t dst,
-                     uint16_t pos, TxBatch &tx);
+    void receive_one(const uint8_t *d, size_t len, const RxDatagram &from, uint16_t pos,
+                     TxBatch &tx);
     // One packet; `pos` is its place in a coalesced receive buffer (its IP ID).
-    void dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_addr_t dst,
-                  uint16_t pos, TxBatch &tx);
+    // `from`: the datagram's addresses and source port.
+    void dispatch(const uint8_t *data, size_t len, const RxDatagram &from, uint16_t pos,
+                  TxBatch &tx);
     void deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx);
     void fire_timers(TxBatch &tx);
     void send_acks(TxBatch &tx);
@@ -241,7 +243,7 @@ class Nic {
     // Multicast groups the port has joined, and the QPs attached to each:
     // changed under rx_mu_ and objects_mu, read under either.
     struct McGroup {
-        in_addr_t addr = 0; // 0: a free slot
+        IpAddr addr; // empty: a free slot
         std::vector<Qp *> members;
     };
     McGroup mc_[kMaxMcGroups];
@@ -249,7 +251,7 @@ class Nic {
     // The next IP ID each recent source's connected socket will send
     // (dispatch(): checked before solving for it); under rx_mu_.
     struct IdGuess {
-        in_addr_t addr = 0;
+        IpAddr addr;
         uint16_t port = 0;
         uint16_t base = 0; // ID of the last datagram, less its place in a run
         // The highest such ID seen: a datagram that two CPUs' receive queues
@@ -278,8 +280,7 @@ class Nic {
     struct Held {
         std::unique_ptr<uint8_t[]> data;
         size_t len = 0;
-        sockaddr_in from{};
-        in_addr_t dst = 0;
+        RxDatagram from; // its addresses
         uint16_t pos = 0;
     } held_;
     std::unique_ptr<TxBatch> tx_;

@@ -29,6 +29,13 @@ struct Route {
     uint16_t sport = wire::kRoceV2Port;
 };
 
+// rdma-core's ibv_flow_label_to_udp_sport(): the UDP source port of a
+// RoCEv2 flow whose flow label is not 0, in the range 0xC000-0xFFFF.
+constexpr uint16_t flow_label_sport(uint32_t fl) {
+    uint32_t fl_low = fl & 0x3FFF, fl_high = fl & 0xFC000;
+    return uint16_t(((fl_low ^ (fl_high >> 14)) & 0x3FFF) | 0xC000);
+}
+
 // Packets queued for one transmit.  Headers are copied into the slot; the
 // payload is referenced in place (user memory) unless others may write it
 // before the batch is sent (kQueueCopy: READ responses); that is copied here.
@@ -50,7 +57,8 @@ struct TxBatch {
     };
     // One datagram, or a run of packets sent as one segmentation-offload send.
     struct Run {
-        sockaddr_in dst;
+        SockAddr dst;
+        uint32_t flow = 0; // the destination's flow label
         Route route;
         uint16_t first = 0; // its first packet's slot
         uint32_t dqpn = 0;
@@ -82,8 +90,9 @@ struct TxBatch {
 struct RxDatagram {
     const uint8_t *data = nullptr;
     size_t len = 0;
-    sockaddr_in from{};
-    in_addr_t dst = 0; // the device's address, or a multicast group's
+    IpAddr src;         // the sender's
+    uint16_t sport = 0; // its UDP port
+    IpAddr dst;         // the device's address, or a multicast group's
     // A coalesced receive: each packet's size, the last possibly shorter,
     // each packet's IP ID its place (design.md §7.2); 0 for one packet.
     size_t seg = 0;
@@ -94,12 +103,13 @@ struct NicStats;
 class Port {
   public:
     static constexpr int kRxBatch = 64;
-    // A coalesced receive (UDP_GRO) holds up to one IPv4 datagram's worth.
+    // A coalesced receive (UDP_GRO) holds up to one IP datagram's worth.
     static constexpr size_t kMaxDatagram = 65536;
 
     virtual ~Port() = default;
-    // The way packets to `dst` leave; asked once per run.
-    virtual Route route(in_addr_t dst) = 0;
+    // The way packets to `dst` of flow label `flow` leave; asked once per
+    // run.  A flow label names the UDP source port (flow_label_sport).
+    virtual Route route(const IpAddr &dst, uint32_t flow) = 0;
     // Sends every run of the batch; the caller empties it.  A datagram that
     // cannot leave is lost, as on a wire: the transport recovers it.
     virtual void transmit(TxBatch &b) = 0;
@@ -107,8 +117,8 @@ class Port {
     // skipped (truncated, or malformed before it reached the port).
     virtual int receive(RxDatagram *out, int max) = 0;
     // Multicast groups whose datagrams receive() returns too.  0 or an errno.
-    virtual int join(in_addr_t group) = 0;
-    virtual void leave(in_addr_t group) = 0;
+    virtual int join(const IpAddr &group) = 0;
+    virtual void leave(const IpAddr &group) = 0;
     // Descriptors that turn readable when receive() has something, for the
     // progress thread to sleep on; none for a port without descriptors.
     virtual int poll_fds(pollfd *out, int max) = 0;

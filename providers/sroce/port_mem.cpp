@@ -19,32 +19,32 @@ struct Wire {
     std::mutex mu; // guards everything below
     std::vector<MemPort *> ports;
     struct Member {
-        in_addr_t group;
+        IpAddr group;
         MemPort *port;
     };
     std::vector<Member> members;
     struct Listener {
-        in_addr_t addr;
+        IpAddr addr;
         std::deque<memwire::Packet> kept;
     };
     std::vector<Listener> listeners;
     std::atomic<bool> manual{false};
 
     // Queues the datagram at its destination; caller holds mu.
-    bool deliver(const sockaddr_in &from, in_addr_t dst, const uint8_t *data, size_t len,
-                 size_t seg) {
+    bool deliver(const IpAddr &from, uint16_t sport, const IpAddr &dst, const uint8_t *data,
+                 size_t len, size_t seg) {
         bool any = false;
-        if (IN_MULTICAST(ntohl(dst))) {
+        if (dst.multicast()) {
             for (const Member &m : members)
                 if (m.group == dst) {
-                    m.port->deliver(from, dst, data, len, seg);
+                    m.port->deliver(from, sport, dst, data, len, seg);
                     any = true;
                 }
             return any;
         }
         for (MemPort *p : ports)
             if (p->addr() == dst) {
-                p->deliver(from, dst, data, len, seg);
+                p->deliver(from, sport, dst, data, len, seg);
                 return true;
             }
         for (Listener &l : listeners) {
@@ -54,8 +54,7 @@ struct Wire {
             uint16_t id = 0;
             for (size_t off = 0; off < len; off += step, id++) {
                 size_t n = std::min(step, len - off);
-                Ipv4Header ip{from.sin_addr.s_addr, dst, ntohs(from.sin_port), wire::kRoceV2Port,
-                              id};
+                IpHeader ip{from, dst, sport, wire::kRoceV2Port, id};
                 l.kept.push_back({std::vector<uint8_t>(data + off, data + off + n), ip});
             }
             return true;
@@ -83,7 +82,7 @@ Wire &wire_() {
 
 } // namespace
 
-MemPort::MemPort(in_addr_t addr) : addr_(addr) {
+MemPort::MemPort(const IpAddr &addr) : addr_(addr) {
     Wire &w = wire_();
     std::lock_guard<std::mutex> g(w.mu);
     w.ports.push_back(this);
@@ -101,10 +100,6 @@ MemPort::~MemPort() {
 
 void MemPort::transmit(TxBatch &b) {
     Wire &w = wire_();
-    sockaddr_in from{};
-    from.sin_family = AF_INET;
-    from.sin_addr.s_addr = addr_;
-    from.sin_port = htons(wire::kRoceV2Port);
     std::lock_guard<std::mutex> g(w.mu);
     for (int i = 0; i < b.nruns; i++) {
         const TxBatch::Run &r = b.runs[i];
@@ -115,18 +110,19 @@ void MemPort::transmit(TxBatch &b) {
             std::memcpy(gather_.data() + off, m.msg_iov[k].iov_base, m.msg_iov[k].iov_len);
             off += m.msg_iov[k].iov_len;
         }
-        w.deliver(from, r.dst.sin_addr.s_addr, gather_.data(), off, r.count > 1 ? r.seg : 0);
+        w.deliver(addr_, wire::kRoceV2Port, r.dst.addr(), gather_.data(), off,
+                  r.count > 1 ? r.seg : 0);
     }
 }
 
-void MemPort::deliver(const sockaddr_in &from, in_addr_t dst, const uint8_t *data, size_t len,
-                      size_t seg) {
+void MemPort::deliver(const IpAddr &from, uint16_t sport, const IpAddr &dst, const uint8_t *data,
+                      size_t len, size_t seg) {
     {
         std::lock_guard<std::mutex> g(mu_);
         // A full receive queue drops, as a full socket buffer does: a NIC
         // nobody polls must not grow without bound.
         if (queue_.size() >= kMaxQueued) return;
-        queue_.push_back({std::vector<uint8_t>(data, data + len), from, dst, seg});
+        queue_.push_back({std::vector<uint8_t>(data, data + len), from, sport, dst, seg});
         if (event_fd_ < 0 || signalled_) return;
         signalled_ = true;
         uint64_t one = 1;
@@ -144,7 +140,12 @@ int MemPort::receive(RxDatagram *out, int max) {
         const Datagram &d = taken_[n];
         // An empty datagram is one too (no data would mean "skip it").
         static const uint8_t kEmpty = 0;
-        out[n] = {d.bytes.empty() ? &kEmpty : d.bytes.data(), d.bytes.size(), d.from, d.dst, d.seg};
+        out[n] = {d.bytes.empty() ? &kEmpty : d.bytes.data(),
+                  d.bytes.size(),
+                  d.from,
+                  d.sport,
+                  d.dst,
+                  d.seg};
         n++;
     }
     // What is left keeps the event set, so the next pass does not sleep
@@ -159,14 +160,14 @@ int MemPort::receive(RxDatagram *out, int max) {
     return n;
 }
 
-int MemPort::join(in_addr_t group) {
+int MemPort::join(const IpAddr &group) {
     Wire &w = wire_();
     std::lock_guard<std::mutex> g(w.mu);
     w.members.push_back({group, this});
     return 0;
 }
 
-void MemPort::leave(in_addr_t group) {
+void MemPort::leave(const IpAddr &group) {
     Wire &w = wire_();
     std::lock_guard<std::mutex> g(w.mu);
     std::erase_if(w.members,
@@ -192,7 +193,7 @@ int MemPort::poll_fds(pollfd *out, int max) {
 
 namespace memwire {
 
-void listen(in_addr_t addr) {
+void listen(const IpAddr &addr) {
     Wire &w = wire_();
     std::lock_guard<std::mutex> g(w.mu);
     for (const Wire::Listener &l : w.listeners)
@@ -200,7 +201,7 @@ void listen(in_addr_t addr) {
     w.listeners.push_back({addr, {}});
 }
 
-bool take(in_addr_t addr, Packet &out) {
+bool take(const IpAddr &addr, Packet &out) {
     Wire &w = wire_();
     std::lock_guard<std::mutex> g(w.mu);
     for (Wire::Listener &l : w.listeners) {
@@ -218,13 +219,14 @@ void reset() {
     w.listeners.clear();
 }
 
-bool send(const sockaddr_in &from, in_addr_t to, const uint8_t *data, size_t len, size_t seg) {
+bool send(const IpAddr &from, uint16_t sport, const IpAddr &to, const uint8_t *data, size_t len,
+          size_t seg) {
     // No datagram is larger than UDP's: the receive path's buffers (the
     // fault injector's held packet) are that large.
     if (len > Port::kMaxDatagram) return false;
     Wire &w = wire_();
     std::lock_guard<std::mutex> g(w.mu);
-    return w.deliver(from, to, data, len, seg && seg < len ? seg : 0);
+    return w.deliver(from, sport, to, data, len, seg && seg < len ? seg : 0);
 }
 
 void set_manual_progress(bool manual) {

@@ -24,29 +24,30 @@ namespace sroce {
 
 class MemPort final : public Port {
   public:
-    explicit MemPort(in_addr_t addr);
+    explicit MemPort(const IpAddr &addr);
     ~MemPort() override;
 
-    Route route(in_addr_t) override { return {}; }
+    Route route(const IpAddr &, uint32_t) override { return {}; }
     void transmit(TxBatch &b) override;
     int receive(RxDatagram *out, int max) override;
-    int join(in_addr_t group) override;
-    void leave(in_addr_t group) override;
+    int join(const IpAddr &group) override;
+    void leave(const IpAddr &group) override;
     int poll_fds(pollfd *out, int max) override;
 
-    in_addr_t addr() const { return addr_; }
+    const IpAddr &addr() const { return addr_; }
     // Queues a datagram for receive(); called by the wire, from any thread.
-    void deliver(const sockaddr_in &from, in_addr_t dst, const uint8_t *data, size_t len,
-                 size_t seg);
+    void deliver(const IpAddr &from, uint16_t sport, const IpAddr &dst, const uint8_t *data,
+                 size_t len, size_t seg);
 
   private:
     struct Datagram {
         std::vector<uint8_t> bytes;
-        sockaddr_in from{};
-        in_addr_t dst = 0;
+        IpAddr from;
+        uint16_t sport = 0;
+        IpAddr dst;
         size_t seg = 0;
     };
-    in_addr_t addr_;
+    IpAddr addr_;
     std::mutex mu_; // guards queue_, event_fd_ and signalled_
     std::deque<Datagram> queue_;
     // Readable while the queue holds something, for a progress thread to
@@ -71,14 +72,20 @@ namespace memwire {
 // fields its ICRC covers.
 struct Packet {
     std::vector<uint8_t> bytes;
-    Ipv4Header ip;
+    IpHeader ip;
 };
 
 // Keeps what is sent to `addr` (a peer of the test's, no device's) for
 // take(); until then it is dropped, as a datagram to nobody.
-void listen(in_addr_t addr);
+void listen(const IpAddr &addr);
+inline void listen(in_addr_t addr) {
+    listen(IpAddr::v4(addr));
+}
 // The oldest packet sent to `addr` since listen(), or false.
-bool take(in_addr_t addr, Packet &out);
+bool take(const IpAddr &addr, Packet &out);
+inline bool take(in_addr_t addr, Packet &out) {
+    return take(IpAddr::v4(addr), out);
+}
 // Drops what is kept for every listened address, and stops keeping it.
 void reset();
 // A datagram of one packet (or a run: `seg` bytes each, the last possibly
@@ -86,7 +93,13 @@ void reset();
 // MemPort receivers assume: the source port of `from`, and each packet's
 // place in the datagram as its IP ID.  False when no device has `to`, or
 // the datagram is larger than UDP carries (Port::kMaxDatagram).
-bool send(const sockaddr_in &from, in_addr_t to, const uint8_t *data, size_t len, size_t seg = 0);
+bool send(const IpAddr &from, uint16_t sport, const IpAddr &to, const uint8_t *data, size_t len,
+          size_t seg = 0);
+inline bool send(const sockaddr_in &from, in_addr_t to, const uint8_t *data, size_t len,
+                 size_t seg = 0) {
+    return send(IpAddr::v4(from.sin_addr.s_addr), ntohs(from.sin_port), IpAddr::v4(to), data, len,
+                seg);
+}
 
 // NICs made from now on run no progress thread: the test drives them with
 // Nic::poll_once().  For a harness that must know when a packet has been

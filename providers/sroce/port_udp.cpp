@@ -54,7 +54,7 @@ struct UdpPort::RxState {
     std::unique_ptr<uint8_t[]> bufs{new uint8_t[size_t(kBatch) * kBufLen]};
     mmsghdr msgs[kBatch];
     iovec iovs[kBatch];
-    sockaddr_in froms[kBatch];
+    SockAddr froms[kBatch];
     static constexpr size_t kCtlLen = CMSG_SPACE(sizeof(int));
     alignas(cmsghdr) uint8_t ctls[kBatch][kCtlLen];
     int used = 0;    // entries the last recvmmsg() filled
@@ -65,8 +65,8 @@ struct UdpPort::RxState {
         for (int i = 0; i < kBatch; i++) {
             iovs[i] = {bufs.get() + size_t(i) * kBufLen, kBufLen};
             msgs[i].msg_hdr = {};
-            msgs[i].msg_hdr.msg_name = &froms[i];
-            msgs[i].msg_hdr.msg_namelen = sizeof froms[i];
+            msgs[i].msg_hdr.msg_name = &froms[i].sa;
+            msgs[i].msg_hdr.msg_namelen = sizeof froms[i].in6;
             msgs[i].msg_hdr.msg_iov = &iovs[i];
             msgs[i].msg_hdr.msg_iovlen = 1;
             msgs[i].msg_hdr.msg_control = ctls[i];
@@ -85,8 +85,9 @@ struct UdpPort::RxState {
     }
 };
 
-UdpPort::UdpPort(const char *name, in_addr_t addr, NicStats &stats, Options o)
-    : name_(name), addr_(addr), stats_(stats), opt_(o), rx_(std::make_unique<RxState>()) {
+UdpPort::UdpPort(const char *name, const IpAddr &addr, int ifindex, NicStats &stats, Options o)
+    : name_(name), addr_(addr), v4_(addr.is_v4()), ifindex_(ifindex), stats_(stats), opt_(o),
+      rx_(std::make_unique<RxState>()) {
     gso_.store(o.gso, std::memory_order_relaxed);
 }
 
@@ -104,8 +105,13 @@ void UdpPort::set_progress_thread() {
     t_progress_thread = true;
 }
 
+int UdpPort::new_socket(bool nonblock) const {
+    return socket(v4_ ? AF_INET : AF_INET6,
+                  SOCK_DGRAM | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
+}
+
 int UdpPort::open() {
-    fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    fd_ = new_socket(true);
     if (fd_ < 0) return errno;
     rx_fd_ = fcntl(fd_, F_DUPFD_CLOEXEC, 0);
     if (rx_fd_ < 0) return errno;
@@ -117,12 +123,10 @@ int UdpPort::adopt(int sock, bool relayed) {
     if (relayed) {
         // Packets come through the agent; this process sends from a
         // socket of its own on the address (any source port is RoCEv2's).
-        fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        sockaddr_in sa{};
-        sa.sin_family = AF_INET;
-        sa.sin_addr.s_addr = addr_;
-        if (fd >= 0) agent::roce_socket_options(fd, addr_);
-        if (fd < 0 || bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0) {
+        fd = new_socket(false);
+        SockAddr sa(addr_, 0, uint32_t(ifindex_));
+        if (fd >= 0) agent::roce_socket_options(fd, addr_, ifindex_);
+        if (fd < 0 || bind(fd, &sa.sa, sa.len) < 0) {
             int err = errno;
             if (fd >= 0) close(fd);
             close(sock);
@@ -146,24 +150,19 @@ int UdpPort::adopt(int sock, bool relayed) {
 }
 
 int UdpPort::bind_exclusive() const {
-    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    int fd = new_socket(false);
     if (fd < 0) return -1;
-    agent::roce_socket_options(fd, addr_);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(wire::kRoceV2Port);
-    sa.sin_addr.s_addr = addr_;
-    if (bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0) {
+    agent::roce_socket_options(fd, addr_, ifindex_);
+    SockAddr sa(addr_, wire::kRoceV2Port, uint32_t(ifindex_));
+    if (bind(fd, &sa.sa, sa.len) < 0) {
         int err = errno;
         close(fd);
         // A missing address is a port that is down, not news for stderr.
         if (err != EADDRNOTAVAIL) {
-            char a[INET_ADDRSTRLEN];
-            inet_ntop(AF_INET, &addr_, a, sizeof a);
             fprintf(stderr,
-                    "sroce: %s: cannot bind %s:%u: %s (SROCE_AGENT=off gives a process the "
+                    "sroce: %s: cannot bind [%s]:%u: %s (SROCE_AGENT=off gives a process the "
                     "address to itself)\n",
-                    name_.c_str(), a, wire::kRoceV2Port, strerror(err));
+                    name_.c_str(), addr_.text().c_str(), wire::kRoceV2Port, strerror(err));
         }
         errno = err;
         return -1;
@@ -172,7 +171,7 @@ int UdpPort::bind_exclusive() const {
 }
 
 void UdpPort::replace_rx(int rx) {
-    if (rx < 0) rx = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (rx < 0) rx = new_socket(true);
     if (rx < 0) return;
     dup2(rx, rx_fd_);
     close(rx);
@@ -182,20 +181,20 @@ void UdpPort::shut() {
     // An unbound socket in place of both: no thread ever uses a closed
     // descriptor number, and a relay whose agent is gone would poll
     // readable forever.
-    if (int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0); s >= 0) {
+    if (int s = new_socket(true); s >= 0) {
         dup2(s, fd_);
         dup2(s, rx_fd_);
         close(s);
     }
 }
 
-Route UdpPort::route(in_addr_t dst) {
-    PeerSocket *p = peer_socket(dst);
+Route UdpPort::route(const IpAddr &dst, uint32_t flow) {
+    PeerSocket *p = peer_socket(dst, flow);
     return {p, p ? p->port : wire::kRoceV2Port};
 }
 
-PeerSocket *UdpPort::peer_socket(in_addr_t dst) {
-    if (!opt_.connected || IN_MULTICAST(ntohl(dst))) return nullptr;
+PeerSocket *UdpPort::peer_socket(const IpAddr &dst, uint32_t flow) {
+    if (!opt_.connected || dst.multicast()) return nullptr;
     // The socket's lock is held across the send (the kernel numbers the
     // datagrams in the order they reach it).  The progress thread sending
     // an ACK while the application posts its next request to the same peer
@@ -207,32 +206,34 @@ PeerSocket *UdpPort::peer_socket(in_addr_t dst) {
     // lock at all once the table is full.
     bool full = true;
     for (PeerSocket &p : table) {
-        in_addr_t a = p.addr.load(std::memory_order_acquire);
-        if (a == dst) return p.usable.load(std::memory_order_relaxed) ? &p : nullptr;
-        if (!a) {
+        if (!p.set.load(std::memory_order_acquire)) {
             full = false;
             break;
         }
+        if (p.addr == dst && p.flow == flow)
+            return p.usable.load(std::memory_order_relaxed) ? &p : nullptr;
     }
     if (full) return nullptr;
     std::lock_guard<std::mutex> g(peers_mu_);
     for (PeerSocket &p : table) {
-        in_addr_t a = p.addr.load(std::memory_order_relaxed);
-        if (a == dst) return p.usable.load(std::memory_order_relaxed) ? &p : nullptr;
-        if (a) continue;
-        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        sockaddr_in sa{};
-        sa.sin_family = AF_INET;
-        sa.sin_addr.s_addr = addr_;
-        socklen_t len = sizeof sa;
+        if (p.set.load(std::memory_order_relaxed)) {
+            if (p.addr == dst && p.flow == flow)
+                return p.usable.load(std::memory_order_relaxed) ? &p : nullptr;
+            continue;
+        }
+        int fd = new_socket(false);
+        // A flow label names the source port (rdma-core's convention), which
+        // other sockets of the host may have too: they only send.
+        SockAddr sa(addr_, flow ? flow_label_sport(flow) : 0, uint32_t(ifindex_));
+        socklen_t len = sa.len;
         bool ok = fd >= 0;
-        if (ok) agent::roce_socket_options(fd, addr_);
-        ok = ok && bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0 &&
-             getsockname(fd, reinterpret_cast<sockaddr *>(&sa), &len) == 0;
-        p.port = ntohs(sa.sin_port);
-        sa.sin_port = htons(wire::kRoceV2Port);
-        sa.sin_addr.s_addr = dst;
-        ok = ok && connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0;
+        if (ok) agent::roce_socket_options(fd, addr_, ifindex_);
+        int one = 1;
+        if (ok && flow) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        ok = ok && bind(fd, &sa.sa, sa.len) == 0 && getsockname(fd, &sa.sa, &len) == 0;
+        p.port = sa.port();
+        SockAddr to(dst, wire::kRoceV2Port, uint32_t(ifindex_));
+        ok = ok && connect(fd, &to.sa, to.len) == 0;
         if (ok) {
             p.fd = fd;
             std::lock_guard<std::mutex> l(p.mu);
@@ -244,7 +245,9 @@ PeerSocket *UdpPort::peer_socket(in_addr_t dst) {
             p.fd = -1;
         }
         p.usable.store(ok, std::memory_order_relaxed);
-        p.addr.store(dst, std::memory_order_release);
+        p.addr = dst;
+        p.flow = flow;
+        p.set.store(true, std::memory_order_release);
         return ok ? &p : nullptr;
     }
     return nullptr;
@@ -270,12 +273,17 @@ int probe_ip_id(const uint8_t *data, ssize_t n, in_addr_t addr, uint16_t from, u
 } // namespace
 
 bool UdpPort::learn_ip_id(PeerSocket &p) {
+    if (!v4_) {
+        // Nothing of the IPv6 header the ICRC covers depends on the socket.
+        p.synced = true;
+        return true;
+    }
     p.synced = false;
     int rx = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (rx < 0) return false;
     sockaddr_in to{};
     to.sin_family = AF_INET;
-    to.sin_addr.s_addr = addr_;
+    to.sin_addr.s_addr = addr_.v4_addr();
     socklen_t len = sizeof to;
     int on = SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_TX_SOFTWARE, off = 0;
     bool ok = bind(rx, reinterpret_cast<sockaddr *>(&to), sizeof to) == 0 &&
@@ -306,7 +314,7 @@ bool UdpPort::learn_ip_id(PeerSocket &p) {
             m.msg_controllen = sizeof ctl;
             ssize_t n = recvmsg(p.fd, &m, MSG_ERRQUEUE | MSG_DONTWAIT);
             if (n >= 0) {
-                id = probe_ip_id(data, n, addr_, p.port, ntohs(to.sin_port));
+                id = probe_ip_id(data, n, addr_.v4_addr(), p.port, ntohs(to.sin_port));
                 continue;
             }
             if (errno != EAGAIN || waits++ == 1 || poll(&pf, 1, 100) <= 0) break;
@@ -376,7 +384,7 @@ void UdpPort::send_runs(TxBatch &b, int off, int end, PeerSocket *p) {
             return;
         }
         fd = p->fd;
-        renumber(b, off, end, uint16_t(p->last_id + 1));
+        if (v4_) renumber(b, off, end, uint16_t(p->last_id + 1));
         uint64_t n = 0;
         for (int i = off; i < end; i++)
             n += b.runs[i].count;
@@ -406,7 +414,7 @@ void UdpPort::send_runs(TxBatch &b, int off, int end, PeerSocket *p) {
             p->synced = false;
             if (err == ECONNREFUSED && !retried && learn_ip_id(*p)) {
                 retried = true;
-                renumber(b, off, end, uint16_t(p->last_id + 1));
+                if (v4_) renumber(b, off, end, uint16_t(p->last_id + 1));
                 continue;
             }
         }
@@ -438,13 +446,14 @@ int UdpPort::receive(RxDatagram *out, int max) {
     return n;
 }
 
-int UdpPort::receive_from(int fd, in_addr_t dst, bool adaptive, RxDatagram *out, int at, int max) {
+int UdpPort::receive_from(int fd, const IpAddr &dst, bool adaptive, RxDatagram *out, int at,
+                          int max) {
     RxState &rx = *rx_;
     mmsghdr *msgs = rx.msgs + at;
     // recvmmsg() rewrites only the name length and flags of the entries it
     // filled: restore those, so that an empty poll costs no set-up.
     for (int i = at; i < rx.used; i++) {
-        rx.msgs[i].msg_hdr.msg_namelen = sizeof rx.froms[i];
+        rx.msgs[i].msg_hdr.msg_namelen = sizeof rx.froms[i].in6;
         rx.msgs[i].msg_hdr.msg_controllen = RxState::kCtlLen;
         rx.msgs[i].msg_hdr.msg_flags = 0;
     }
@@ -474,7 +483,8 @@ int UdpPort::receive_from(int fd, in_addr_t dst, bool adaptive, RxDatagram *out,
         RxDatagram &d = out[i];
         d.data = rx.bufs.get() + size_t(i) * RxState::kBufLen;
         d.len = rx.msgs[i].msg_len;
-        d.from = rx.froms[i];
+        d.src = rx.froms[i].addr();
+        d.sport = rx.froms[i].port();
         d.dst = dst;
         d.seg = 0;
         // Nothing of a datagram larger than any packet is used.
@@ -490,9 +500,8 @@ int UdpPort::receive_from(int fd, in_addr_t dst, bool adaptive, RxDatagram *out,
                 continue;
             }
             std::memcpy(&h, d.data, sizeof h);
-            d.from.sin_family = AF_INET;
-            d.from.sin_addr.s_addr = h.from_addr;
-            d.from.sin_port = h.from_port;
+            d.src = IpAddr::of_gid(h.from_addr);
+            d.sport = ntohs(h.from_port);
             d.data += sizeof h;
             d.len -= sizeof h;
         }
@@ -504,7 +513,7 @@ int UdpPort::receive_from(int fd, in_addr_t dst, bool adaptive, RxDatagram *out,
     return n;
 }
 
-int UdpPort::join(in_addr_t group) {
+int UdpPort::join(const IpAddr &group) {
     Group *free_slot = nullptr;
     for (Group &g : groups_)
         if (g.fd.load(std::memory_order_relaxed) < 0) {
@@ -512,22 +521,32 @@ int UdpPort::join(in_addr_t group) {
             break;
         }
     if (!free_slot) return ENOMEM;
-    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int fd = new_socket(true);
     if (fd < 0) return errno;
     // Every device of the host joined to the group gets its own copy.
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(wire::kRoceV2Port);
-    sa.sin_addr.s_addr = group;
-    ip_mreq mreq{};
-    mreq.imr_multiaddr.s_addr = group;
-    mreq.imr_interface.s_addr = addr_;
+    if (!v4_) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    SockAddr sa(group, wire::kRoceV2Port, uint32_t(ifindex_));
     int gro = opt_.gro ? 1 : 0;
     setsockopt(fd, IPPROTO_UDP, UDP_GRO, &gro, sizeof gro);
-    if (bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0 ||
-        setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mreq, sizeof mreq) < 0) {
+    int joined;
+    if (v4_) {
+        ip_mreq mreq{};
+        mreq.imr_multiaddr.s_addr = group.v4_addr();
+        mreq.imr_interface.s_addr = addr_.v4_addr();
+        joined = bind(fd, &sa.sa, sa.len) == 0
+                     ? setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mreq, sizeof mreq)
+                     : -1;
+    } else {
+        ipv6_mreq mreq{};
+        mreq.ipv6mr_multiaddr = group.v6_addr();
+        mreq.ipv6mr_interface = unsigned(ifindex_);
+        joined = bind(fd, &sa.sa, sa.len) == 0
+                     ? setsockopt(fd, IPPROTO_IPV6, IPV6_JOIN_GROUP, &mreq, sizeof mreq)
+                     : -1;
+    }
+    if (joined < 0) {
         int err = errno;
         close(fd);
         return err;
@@ -539,7 +558,7 @@ int UdpPort::join(in_addr_t group) {
     return 0;
 }
 
-void UdpPort::leave(in_addr_t group) {
+void UdpPort::leave(const IpAddr &group) {
     for (Group &g : groups_) {
         if (g.fd.load(std::memory_order_relaxed) < 0 || g.addr != group) continue;
         close(g.fd.exchange(-1));

@@ -14,16 +14,18 @@ namespace sroce {
 
 struct NicStats;
 
-// A connected socket for one peer address.  Sending on it skips the route
-// lookup an unconnected socket makes for every datagram (about a tenth of a
-// small message's round trip on loopback), but Linux then numbers the IPv4
-// IDs from a counter of the socket's — a random start, one more per datagram,
-// the segments of a run that ID, +1, … — and the ICRC covers the ID.  So the
-// counter is read once (learn_ip_id), followed under `mu` for every send, and
-// each packet's ICRC corrected for its ID just before it leaves
-// (design.md §7.3).
+// A connected socket for one peer address and flow label.  Sending on it
+// skips the route lookup an unconnected socket makes for every datagram
+// (about a tenth of a small message's round trip on loopback), but over IPv4
+// Linux then numbers the IDs from a counter of the socket's — a random
+// start, one more per datagram, the segments of a run that ID, +1, … — and
+// the ICRC covers the ID.  So the counter is read once (learn_ip_id),
+// followed under `mu` for every send, and each packet's ICRC corrected for
+// its ID just before it leaves (design.md §7.3).  IPv6 has no such field.
 struct PeerSocket {
-    std::atomic<in_addr_t> addr{0}; // stored last, once the rest is set
+    std::atomic<bool> set{false}; // stored last, once the rest is set
+    IpAddr addr;
+    uint32_t flow = 0; // its flow label: the source port is the label's
     int fd = -1;
     // False: this peer gets the device socket (the socket could not be
     // made, or its counter no longer be read).
@@ -41,7 +43,8 @@ class UdpPort final : public Port {
         bool gro = true;       // SROCE_GRO
         bool connected = true; // SROCE_CONNECTED: a socket per peer address
     };
-    UdpPort(const char *name, in_addr_t addr, NicStats &stats, Options o);
+    // `ifindex`: the interface of the address, the scope of link-local peers.
+    UdpPort(const char *name, const IpAddr &addr, int ifindex, NicStats &stats, Options o);
     ~UdpPort() override;
 
     // Unbound stand-ins for the address's socket: every thread always has a
@@ -66,11 +69,11 @@ class UdpPort final : public Port {
     int tx_fd() const { return fd_; }
     bool relayed() const { return relayed_; }
 
-    Route route(in_addr_t dst) override;
+    Route route(const IpAddr &dst, uint32_t flow) override;
     void transmit(TxBatch &b) override;
     int receive(RxDatagram *out, int max) override;
-    int join(in_addr_t group) override;
-    void leave(in_addr_t group) override;
+    int join(const IpAddr &group) override;
+    void leave(const IpAddr &group) override;
     int poll_fds(pollfd *out, int max) override;
 
     // Marks the calling thread as the device's progress thread, which sends
@@ -78,9 +81,12 @@ class UdpPort final : public Port {
     static void set_progress_thread();
 
   private:
-    // The connected socket for packets to `dst`, made on first use; nullptr
-    // for multicast, when the table is full or the socket cannot be made.
-    PeerSocket *peer_socket(in_addr_t dst);
+    // An unbound socket of the address's family.
+    int new_socket(bool nonblock) const;
+    // The connected socket for packets to `dst` of flow label `flow`, made
+    // on first use; nullptr for multicast, when the table is full or the
+    // socket cannot be made.
+    PeerSocket *peer_socket(const IpAddr &dst, uint32_t flow);
     // Reads the socket's IP ID counter: a datagram to a socket of our own,
     // whose header comes back with its transmit timestamp.  p.mu held.
     bool learn_ip_id(PeerSocket &p);
@@ -92,10 +98,12 @@ class UdpPort final : public Port {
     static void renumber(TxBatch &b, int off, int end, uint16_t first);
     // One recvmmsg() on `fd` into entries [at, at + max) (the device socket
     // when `adaptive`, else a multicast group's whose address is `dst`).
-    int receive_from(int fd, in_addr_t dst, bool adaptive, RxDatagram *out, int at, int max);
+    int receive_from(int fd, const IpAddr &dst, bool adaptive, RxDatagram *out, int at, int max);
 
     std::string name_; // the device's, for messages
-    in_addr_t addr_;
+    IpAddr addr_;
+    bool v4_;
+    int ifindex_;
     NicStats &stats_;
     Options opt_;
     int fd_ = -1; // sends; and receives, unless the slot is relayed
@@ -111,7 +119,7 @@ class UdpPort final : public Port {
     // receive lock, so a receive never reads a closed one.
     struct Group {
         std::atomic<int> fd{-1};
-        in_addr_t addr = 0;
+        IpAddr addr;
     };
     Group groups_[kMaxMcGroups];
     std::atomic<int> ngroups_{0};

@@ -305,10 +305,11 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
 
     // Validate everything before changing anything.
     Device *dev = qp->ctx->dev;
-    in_addr_t dest = a.dest_addr;
+    IpAddr dest = a.dest_addr;
     if (mask & IBV_QP_AV) {
-        if (!attr->ah_attr.is_global || attr->ah_attr.grh.sgid_index >= kNumGids ||
-            !gid_ipv4(attr->ah_attr.grh.dgid, &dest))
+        if (!attr->ah_attr.is_global || attr->ah_attr.grh.sgid_index >= dev->ngids ||
+            !gid_addr(*dev, attr->ah_attr.grh.dgid, &dest) ||
+            attr->ah_attr.grh.flow_label > 0xFFFFF)
             return EINVAL;
     }
     if ((mask & IBV_QP_PORT) && attr->port_num != 1) return EINVAL;
@@ -1033,15 +1034,16 @@ int sroce_set_ece(struct ibv_qp *ibqp, struct ibv_ece *ece) {
     return 0;
 }
 
-// A RoCEv2 multicast GID over IPv4: the IPv4-mapped form of a class D address.
-static bool multicast_group(const union ibv_gid *gid, in_addr_t *group) {
-    return gid && gid_ipv4(*gid, group) && (gid->raw[12] & 0xF0) == 0xE0;
+// A RoCEv2 multicast GID: an IPv6 multicast address, or the IPv4-mapped form
+// of a class D one, of the port's family.
+static bool multicast_group(const Qp *qp, const union ibv_gid *gid, IpAddr *group) {
+    return gid && gid_addr(*qp->ctx->dev, *gid, group) && group->multicast();
 }
 
 int sroce_attach_mcast(struct ibv_qp *ibqp, const union ibv_gid *gid, uint16_t) try {
     Qp *qp = to_qp(ibqp);
-    in_addr_t group;
-    if (qp->type != IBV_QPT_UD || !multicast_group(gid, &group)) return EINVAL;
+    IpAddr group;
+    if (qp->type != IBV_QPT_UD || !multicast_group(qp, gid, &group)) return EINVAL;
     return qp->nic->attach_mcast(qp, group);
 } catch (const std::bad_alloc &) {
     return ENOMEM;
@@ -1049,8 +1051,8 @@ int sroce_attach_mcast(struct ibv_qp *ibqp, const union ibv_gid *gid, uint16_t) 
 
 int sroce_detach_mcast(struct ibv_qp *ibqp, const union ibv_gid *gid, uint16_t) {
     Qp *qp = to_qp(ibqp);
-    in_addr_t group;
-    if (qp->type != IBV_QPT_UD || !multicast_group(gid, &group)) return EINVAL;
+    IpAddr group;
+    if (qp->type != IBV_QPT_UD || !multicast_group(qp, gid, &group)) return EINVAL;
     return qp->nic->detach_mcast(qp, group);
 }
 

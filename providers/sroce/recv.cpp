@@ -27,8 +27,8 @@ double next_uniform(uint64_t &s) {
 
 } // namespace
 
-void Nic::receive_one(const uint8_t *d, size_t len, const sockaddr_in &from, in_addr_t dst,
-                      uint16_t pos, TxBatch &tx) {
+void Nic::receive_one(const uint8_t *d, size_t len, const RxDatagram &from, uint16_t pos,
+                      TxBatch &tx) {
     stats.rx_pkts.fetch_add(1, std::memory_order_relaxed);
     if (opt_.fault.enabled()) {
         uint64_t seq = ++fault_seq_;
@@ -43,19 +43,20 @@ void Nic::receive_one(const uint8_t *d, size_t len, const sockaddr_in &from, in_
             stats.rx_dropped_fault.fetch_add(1, std::memory_order_relaxed);
             return;
         }
-        if (next_uniform(rng_) < opt_.fault.dup) dispatch(d, len, from, dst, pos, tx);
+        if (next_uniform(rng_) < opt_.fault.dup) dispatch(d, len, from, pos, tx);
         if (!held_.len && next_uniform(rng_) < opt_.fault.reorder) {
             std::memcpy(held_.data.get(), d, len);
             held_.len = len;
-            held_.from = from;
-            held_.dst = dst;
+            held_.from.src = from.src;
+            held_.from.sport = from.sport;
+            held_.from.dst = from.dst;
             held_.pos = pos;
             return;
         }
     }
-    dispatch(d, len, from, dst, pos, tx);
+    dispatch(d, len, from, pos, tx);
     if (held_.len) {
-        dispatch(held_.data.get(), held_.len, held_.from, held_.dst, held_.pos, tx);
+        dispatch(held_.data.get(), held_.len, held_.from, held_.pos, tx);
         held_.len = 0;
     }
 }
@@ -84,7 +85,7 @@ int Nic::rx_pass() {
         size_t off = 0;
         uint16_t pos = 0;
         do {
-            receive_one(d.data + off, std::min(seg, d.len - off), d.from, d.dst, pos, tx);
+            receive_one(d.data + off, std::min(seg, d.len - off), d, pos, tx);
             off += seg;
             pos++;
         } while (off < d.len);
@@ -96,15 +97,16 @@ int Nic::rx_pass() {
     return n;
 }
 
-void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_addr_t dst,
-                   uint16_t pos, TxBatch &tx) {
+void Nic::dispatch(const uint8_t *data, size_t len, const RxDatagram &from, uint16_t pos,
+                   TxBatch &tx) {
     wire::Packet pkt;
     if (wire::parse(data, len, pkt) != wire::ParseError::kOk) {
         stats.rx_bad_hdr.fetch_add(1, std::memory_order_relaxed);
         return;
     }
-    uint16_t sport = ntohs(from.sin_port);
-    Ipv4Header ip{from.sin_addr.s_addr, dst, sport, wire::kRoceV2Port, pos};
+    const uint16_t sport = from.sport;
+    const IpAddr &dst = from.dst;
+    IpHeader ip{from.src, dst, sport, wire::kRoceV2Port, pos};
     // A source port other than 4791 is a connected socket (another sroce
     // process, Linux rxe): its next ID is most likely one more than its last
     // datagram's — or a few more, when datagrams went to other processes of
@@ -115,9 +117,9 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_
     // highest ID seen.
     IdGuess *guess = nullptr;
     int32_t likely = -1;
-    if (sport != wire::kRoceV2Port) {
-        guess = &id_guess_[(ntohl(from.sin_addr.s_addr) * 31u + sport) % std::size(id_guess_)];
-        if (guess->addr == from.sin_addr.s_addr && guess->port == sport)
+    if (sport != wire::kRoceV2Port && from.src.is_v4()) {
+        guess = &id_guess_[(from.src.hash() * 31u + sport) % std::size(id_guess_)];
+        if (guess->addr == from.src && guess->port == sport)
             likely = uint16_t(pos ? guess->base + pos : guess->high + 1);
     }
     uint16_t id = pos;
@@ -129,9 +131,9 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_
             // A run's segments take the IDs after its datagram's (renumber),
             // so the datagram's own ID is what the next one follows.
             uint16_t base = uint16_t(id - pos);
-            bool known = guess->addr == from.sin_addr.s_addr && guess->port == sport;
+            bool known = guess->addr == from.src && guess->port == sport;
             uint16_t high = known && int16_t(base - guess->high) < 0 ? guess->high : base;
-            *guess = {from.sin_addr.s_addr, sport, base, high};
+            *guess = {from.src, sport, base, high};
         }
     } else {
         if (pkt.opcode != wire::kFlush || !icrc_verify_flush_legacy(ip, data, len)) {
@@ -147,13 +149,13 @@ void Nic::dispatch(const uint8_t *data, size_t len, const sockaddr_in &from, in_
         stats.rx_bad_hdr.fetch_add(1, std::memory_order_relaxed);
         return;
     }
-    pkt.src_addr = from.sin_addr.s_addr;
-    pkt.src_port = ntohs(from.sin_port);
+    pkt.src_addr = from.src;
+    pkt.src_port = sport;
     pkt.dst_addr = dst;
     if (dst != dev_->addr) {
         // A multicast group's: every UD QP attached gets a copy.
         for (McGroup &m : mc_) {
-            if (!m.addr || m.addr != dst) continue;
+            if (m.addr.empty() || m.addr != dst) continue;
             if (pkt.qpn != wire::kMulticastQpn) break;
             for (Qp *qp : m.members)
                 deliver(qp, pkt, tx);
@@ -213,12 +215,12 @@ void Nic::deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx) {
     send_and_unlock(qp, tx, g);
 }
 
-int Nic::attach_mcast(Qp *qp, in_addr_t group) {
+int Nic::attach_mcast(Qp *qp, const IpAddr &group) {
     std::lock_guard<std::mutex> r(rx_mu_);
     std::lock_guard<std::mutex> g(objects_mu);
     McGroup *free_slot = nullptr;
     for (McGroup &m : mc_) {
-        if (!m.addr) {
+        if (m.addr.empty()) {
             if (!free_slot) free_slot = &m;
             continue;
         }
@@ -237,17 +239,17 @@ int Nic::attach_mcast(Qp *qp, in_addr_t group) {
     return 0;
 }
 
-int Nic::detach_mcast(Qp *qp, in_addr_t group) {
+int Nic::detach_mcast(Qp *qp, const IpAddr &group) {
     std::lock_guard<std::mutex> r(rx_mu_);
     std::lock_guard<std::mutex> g(objects_mu);
     for (McGroup &m : mc_) {
-        if (!m.addr || m.addr != group) continue;
+        if (m.addr.empty() || m.addr != group) continue;
         auto it = std::find(m.members.begin(), m.members.end(), qp);
         if (it == m.members.end()) return EINVAL;
         m.members.erase(it);
         if (m.members.empty()) {
             port_->leave(group);
-            m.addr = 0;
+            m.addr = {};
             mc_count_--;
         }
         return 0;
@@ -258,10 +260,11 @@ int Nic::detach_mcast(Qp *qp, in_addr_t group) {
 void Nic::detach_all(Qp *qp) {
     if (!mc_count_.load()) return;
     for (McGroup &m : mc_) {
-        in_addr_t addr;
+        IpAddr addr;
         {
             std::lock_guard<std::mutex> g(objects_mu);
-            if (!m.addr || std::find(m.members.begin(), m.members.end(), qp) == m.members.end())
+            if (m.addr.empty() ||
+                std::find(m.members.begin(), m.members.end(), qp) == m.members.end())
                 continue;
             addr = m.addr;
         }

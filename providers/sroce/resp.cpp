@@ -87,7 +87,8 @@ void send_aeth(Qp *qp, TxBatch &tx, uint8_t syndrome, uint32_t psn) {
                qp->attr.dest_qpn, false, psn);
     bth::announce(hdr, qp->announce);
     aeth::build(hdr + kBthLen, syndrome, qp->resp.msn);
-    qp->nic->queue(tx, qp->attr.dest_addr, hdr, sizeof hdr, nullptr, 0, 0);
+    qp->nic->queue(tx, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, hdr, sizeof hdr, nullptr, 0,
+                   0);
 }
 
 void send_read_responses(Qp *qp, TxBatch &tx, uint32_t psn, const uint8_t *src, uint32_t len) {
@@ -108,8 +109,8 @@ void send_read_responses(Qp *qp, TxBatch &tx, uint32_t psn, const uint8_t *src, 
         uint32_t off = i * mtu;
         uint32_t plen = std::min(mtu, len - off);
         iovec iov{const_cast<uint8_t *>(src) + off, plen};
-        qp->nic->queue(tx, qp->attr.dest_addr, hdr, info.hdr_len, &iov, plen ? 1 : 0, plen,
-                       Nic::kQueueCopy);
+        qp->nic->queue(tx, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, hdr, info.hdr_len, &iov,
+                       plen ? 1 : 0, plen, Nic::kQueueCopy);
     }
 }
 
@@ -120,7 +121,8 @@ void send_atomic_ack(Qp *qp, TxBatch &tx, uint32_t psn, uint64_t orig) {
     bth::announce(hdr, qp->announce);
     aeth::build(hdr + kBthLen, aeth::kAck | aeth::kNoCredits, qp->resp.msn);
     put64(hdr + kBthLen + kAethLen, orig);
-    qp->nic->queue(tx, qp->attr.dest_addr, hdr, sizeof hdr, nullptr, 0, 0);
+    qp->nic->queue(tx, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, hdr, sizeof hdr, nullptr, 0,
+                   0);
 }
 
 // ---------------------------------------------------------------------------
@@ -242,11 +244,11 @@ void finish_recv(Qp *qp, ibv_wc_status status, ibv_wc_opcode opcode, uint32_t by
         c.src_qp = pkt->src_qpn();
         c.wc_flags |= IBV_WC_GRH;
         // RoCE has no SL; RNICs report in it the network header type of the
-        // 40 bytes before the payload (mlx5's convention: 2 = IPv4, which
-        // is all sroce sends), and UCX's UD transport reads it to find the
-        // destination address there.  With 0 it takes the IPv4 header for an
-        // IPv6 GID and drops every datagram.
-        c.sl = kNetworkHdrIpv4;
+        // 40 bytes before the payload (wire.hpp), and UCX's UD transport
+        // reads it to find the destination address there.  With the wrong
+        // one it takes an IPv4 header for an IPv6 GID and drops every
+        // datagram.
+        c.sl = pkt->src_addr.is_v4() ? kNetworkHdrIpv4 : kNetworkHdrIpv6;
     }
     // Tag matching: what the TMH made of the message.
     ibv_wc_tm_info tm{};
@@ -273,20 +275,30 @@ bool place_recv(Responder &r, const uint8_t *src, uint32_t len) {
     return true;
 }
 
-// The 40-byte GRH area of a UD receive, as Linux rxe lays it out for
-// RoCEv2 over IPv4: 20 zero bytes, then the IPv4 header of the packet.
-// The sender's IP ID and TTL are not visible through a UDP socket; the
-// header carries what sroce itself sends (ID 0, DF, TTL 64).
+// The 40-byte GRH area of a UD receive, as Linux rxe lays it out: over IPv6
+// the packet's IPv6 header, over IPv4 20 zero bytes, then the IPv4 header.
+// The sender's IP ID, TTL, hop limit and flow label are not visible
+// through a UDP socket; the header carries what sroce itself sends (ID 0,
+// DF, TTL and hop limit 64).
 void make_grh(uint8_t grh[kGrhLen], const Packet &pkt) {
     std::memset(grh, 0, kGrhLen);
+    if (!pkt.src_addr.is_v4()) {
+        grh[0] = 0x60;
+        put16(grh + 4, uint16_t(kUdpHdrLen + pkt.len));
+        grh[6] = 17; // UDP
+        grh[7] = 64;
+        std::memcpy(grh + 8, pkt.src_addr.raw, 16);
+        std::memcpy(grh + 24, pkt.dst_addr.raw, 16);
+        return;
+    }
     uint8_t *ip = grh + 20;
     ip[0] = 0x45;
     put16(ip + 2, uint16_t(kIpv4HdrLen + kUdpHdrLen + pkt.len));
     put16(ip + 6, 0x4000); // DF
     ip[8] = 64;
     ip[9] = 17; // UDP
-    std::memcpy(ip + 12, &pkt.src_addr, 4);
-    std::memcpy(ip + 16, &pkt.dst_addr, 4);
+    std::memcpy(ip + 12, pkt.src_addr.raw + 12, 4);
+    std::memcpy(ip + 16, pkt.dst_addr.raw + 12, 4);
     uint32_t sum = 0;
     for (size_t i = 0; i < kIpv4HdrLen; i += 2)
         sum += get16(ip + i);
@@ -1021,8 +1033,8 @@ bool send_sack(Qp *qp, TxBatch &tx) {
     uint8_t *h = pkt + kBthLen + kAethLen;
     h[0] = 0;
     put24(h + 1, high);
-    qp->nic->queue(tx, qp->attr.dest_addr, pkt, kBthLen + kAethLen + 4 * (1 + nranges), nullptr, 0,
-                   0);
+    qp->nic->queue(tx, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, pkt,
+                   kBthLen + kAethLen + 4 * (1 + nranges), nullptr, 0, 0);
     return true;
 }
 

@@ -76,7 +76,7 @@ constexpr uint32_t kMaxCqe = 1 << 20;
 constexpr uint32_t kMaxRdAtomic = 128;
 constexpr uint64_t kMaxMsgSize = 1ull << 31;
 constexpr uint32_t kVendorId = 0xFFFFFF; // no OUI: same value Linux rxe reports
-constexpr int kNumGids = 2;              // populated GID entries
+constexpr int kMaxGids = 16;             // populated GID entries, at most
 // Entries the GID table reports, as Linux rxe: the rest are empty, so
 // programs can probe for free indices (ibv_query_gid_ex says ENODATA).
 constexpr int kGidTblLen = 1024;
@@ -89,12 +89,14 @@ struct Device {
     ibv_device ibdev; // first: handed out as struct ibv_device *
     Link link;
     int index = 0;
-    in_addr_t addr = 0; // network order
+    IpAddr addr;     // where the port sends from and receives
+    int ifindex = 0; // of link.netdev: the scope of link-local peers
     int ifmtu = 1500;
     ibv_mtu active_mtu = IBV_MTU_1024;
     uint8_t mac[6] = {};
     __be64 guid = 0;
-    ibv_gid gid[kNumGids] = {};
+    ibv_gid gid[kMaxGids] = {};
+    int ngids = 0;
     // On the in-memory wire (SROCE_PORT=memory, port_mem.hpp), not the
     // kernel's UDP: its port is always up, its MTU lo's.
     bool memory = false;
@@ -107,13 +109,11 @@ inline int port_down_reason(const Device &d) {
     return d.memory ? 0 : link_down_reason(d.link);
 }
 
-// The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), the only GIDs a
-// RoCEv2-over-IPv4 peer or group can have; false for any other GID.
-inline bool gid_ipv4(const ibv_gid &gid, in_addr_t *addr) {
-    static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
-    if (std::memcmp(gid.raw, kMapped, 12) != 0) return false;
-    std::memcpy(addr, gid.raw + 12, 4);
-    return true;
+// The address of a peer or group the device can reach at `gid`: one of the
+// port's own family (a RoCEv2 GID is an IP address; IPv4 ones mapped).
+inline bool gid_addr(const Device &d, const ibv_gid &gid, IpAddr *addr) {
+    *addr = IpAddr::of_gid(gid.raw);
+    return !addr->empty() && addr->is_v4() == d.addr.is_v4();
 }
 int mtu_bytes(ibv_mtu m);
 
@@ -348,7 +348,8 @@ struct SendWqe {
     uint32_t commit_flags = 0;   // enum ibv_write_commit_flags of a native commit
     bool signaled = false;
     // UD destination, resolved when posted
-    in_addr_t ud_addr = 0;
+    IpAddr ud_addr;
+    uint32_t ud_flow = 0; // its flow label
     uint32_t ud_qpn = 0, ud_qkey = 0;
     uint32_t xrc_srqn = 0; // XRC: the remote SRQ the message is for
     // BIND_MW: the window, its new rkey and the binding; LOCAL_INV: the rkey
@@ -485,7 +486,7 @@ inline Srq *to_srq(ibv_srq *s) {
 struct Ah {
     ibv_ah ibah; // first
     ibv_ah_attr attr{};
-    in_addr_t addr = 0; // destination IPv4 address (network order)
+    IpAddr addr; // destination
 };
 
 struct TxBatch;
@@ -507,7 +508,7 @@ struct QpAttr {
     ibv_mtu path_mtu = IBV_MTU_1024;
     uint32_t mtu = 1024;
     uint32_t dest_qpn = 0;
-    in_addr_t dest_addr = 0;
+    IpAddr dest_addr;
     ibv_ah_attr ah{};
     uint8_t timeout = 0, retry_cnt = 7, rnr_retry = 7, min_rnr_timer = 0;
     uint8_t max_rd_atomic = 1, max_dest_rd_atomic = 1;

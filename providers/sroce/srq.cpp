@@ -368,10 +368,11 @@ int sroce_destroy_srq(struct ibv_srq *ibsrq) {
 
 struct ibv_ah *sroce_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr) {
     // RoCE addresses are global: the GRH names the destination GID, an
-    // IPv4-mapped one for RoCEv2 over IPv4.
-    in_addr_t addr;
-    if (!attr->is_global || attr->port_num != 1 || attr->grh.sgid_index >= kNumGids ||
-        !gid_ipv4(attr->grh.dgid, &addr)) {
+    // IPv6 address or an IPv4-mapped one, of the port's family.
+    IpAddr addr;
+    const Device *dev = to_ctx(pd->context)->dev;
+    if (!attr->is_global || attr->port_num != 1 || attr->grh.sgid_index >= dev->ngids ||
+        !gid_addr(*dev, attr->grh.dgid, &addr) || attr->grh.flow_label > 0xFFFFF) {
         errno = EINVAL;
         return nullptr;
     }

@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <fstream>
 #include <mutex>
+#include <net/if.h>
 #include <new>
 #include <string>
 #include <string_view>
@@ -107,22 +108,21 @@ void load_devices() {
     for (const Link &l : links) {
         if (g_ndevs == kMaxDevices) break;
         Device &d = devices()[g_ndevs];
-        in_addr a;
-        if (inet_pton(AF_INET, l.addr.c_str(), &a) != 1) {
-            fprintf(stderr, "sroce: %s: only IPv4 addresses are supported, skipping %s\n",
-                    l.name.c_str(), l.addr.c_str());
+        if (!IpAddr::parse(l.addr.c_str(), &d.addr)) {
+            fprintf(stderr, "sroce: %s: '%s' is not an IP address, skipping it\n", l.name.c_str(),
+                    l.addr.c_str());
             continue;
         }
         d.link = l;
         d.index = g_ndevs;
-        d.addr = a.s_addr;
+        d.ifindex = memory ? 0 : int(if_nametoindex(l.netdev.c_str()));
         d.memory = memory;
         try {
             d.ifmtu = memory ? 65536 : interface_mtu(l.netdev);
         } catch (const std::exception &) {
             d.ifmtu = 1500;
         }
-        int m = roce_mtu(d.ifmtu);
+        int m = roce_mtu(d.ifmtu, !d.addr.is_v4());
         d.active_mtu = mtu_enum(m ? m : 256);
         if (!memory) read_mac(l.netdev, d.mac);
         // Interfaces without a MAC (lo) get a locally administered one made
@@ -131,18 +131,20 @@ void load_devices() {
         if (!std::memcmp(d.mac, zero, 6)) {
             d.mac[0] = 0x02;
             d.mac[1] = 0x00;
-            std::memcpy(d.mac + 2, &d.addr, 4);
+            std::memcpy(d.mac + 2, d.addr.raw + 12, 4);
         }
         uint8_t eui[8] = {
             uint8_t(d.mac[0] ^ 2), d.mac[1], d.mac[2], 0xFF, 0xFE, d.mac[3], d.mac[4], d.mac[5]};
         std::memcpy(&d.guid, eui, 8);
-        // GID table as Linux rxe builds it: link-local first, then the
-        // IPv4-mapped address, both RoCE v2.
+        // GID table as Linux rxe builds it: the link-local address the MAC
+        // makes first, then the address (IPv4-mapped, or IPv6 unless it is
+        // that link-local one), all RoCE v2.
         d.gid[0].raw[0] = 0xFE;
         d.gid[0].raw[1] = 0x80;
         std::memcpy(d.gid[0].raw + 8, eui, 8);
-        d.gid[1].raw[10] = d.gid[1].raw[11] = 0xFF;
-        std::memcpy(d.gid[1].raw + 12, &d.addr, 4);
+        d.ngids = 1;
+        if (std::memcmp(d.gid[0].raw, d.addr.raw, 16) != 0)
+            std::memcpy(d.gid[d.ngids++].raw, d.addr.raw, 16);
 
         ibv_device &ib = d.ibdev;
         ib.node_type = IBV_NODE_CA;
@@ -306,11 +308,11 @@ bool sysfs_value(const Device &d, std::string_view file, std::string &v) {
             v = hex("0x%08x", a.port_cap_flags);
         else if (file == "link_layer")
             v = "Ethernet";
-        else if (indexed("gids/", kNumGids))
+        else if (indexed("gids/", unsigned(d.ngids)))
             v = gid_text(d.gid[idx]);
-        else if (indexed("gid_attrs/types/", kNumGids))
+        else if (indexed("gid_attrs/types/", unsigned(d.ngids)))
             v = "RoCE v2";
-        else if (indexed("gid_attrs/ndevs/", kNumGids))
+        else if (indexed("gid_attrs/ndevs/", unsigned(d.ngids)))
             v = d.link.netdev;
         else if (indexed("pkeys/", 1))
             v = hex("0x%04x", wire::kDefaultPkey);
@@ -386,7 +388,7 @@ std::vector<agent::CmDeviceInfo> cm_device_infos() {
     for (int i = 0; i < g_ndevs; i++) {
         const Device &d = devices()[i];
         agent::CmDeviceInfo c{};
-        c.addr = d.addr;
+        std::memcpy(c.addr, d.addr.raw, 16);
         c.index = uint32_t(sroce_get_device_index(const_cast<ibv_device *>(&d.ibdev)));
         c.guid = d.guid;
         c.mtu = uint8_t(d.active_mtu);
@@ -607,42 +609,44 @@ int sroce_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_
         errno = EINVAL;
         return -1;
     }
-    *gid = index < kNumGids ? to_ctx(ctx)->dev->gid[index] : ibv_gid{};
+    const Device *d = to_ctx(ctx)->dev;
+    *gid = index < d->ngids ? d->gid[index] : ibv_gid{};
     return 0;
 }
 
-int sroce_query_gid_type(struct ibv_context *, uint8_t port, unsigned int index,
+int sroce_query_gid_type(struct ibv_context *ctx, uint8_t port, unsigned int index,
                          enum ibv_gid_type *type) {
     if (port != 1 || index >= unsigned(kGidTblLen)) {
         errno = EINVAL;
         return -1;
     }
     // An empty entry reads as IB / RoCE v1, as libibverbs reports one.
-    *type = index < unsigned(kNumGids) ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_IB;
+    *type = index < unsigned(to_ctx(ctx)->dev->ngids) ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_IB;
     return 0;
 }
 
 int sroce_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index,
                        struct ibv_gid_entry *entry, uint32_t flags) {
     if (flags || port != 1 || index >= uint32_t(kGidTblLen)) return EINVAL;
-    if (index >= uint32_t(kNumGids)) return ENODATA;
     Device *d = to_ctx(ctx)->dev;
+    if (index >= uint32_t(d->ngids)) return ENODATA;
     *entry = ibv_gid_entry{};
     entry->gid = d->gid[index];
     entry->gid_index = index;
     entry->port_num = 1;
     entry->gid_type = IBV_GID_TYPE_ROCE_V2;
-    entry->ndev_ifindex = 0;
+    entry->ndev_ifindex = uint32_t(d->ifindex);
     return 0;
 }
 
 ssize_t sroce_query_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *entries,
                               size_t max_entries, uint32_t flags) {
     if (flags) return -EINVAL;
-    if (max_entries < size_t(kNumGids)) return -EINVAL;
-    for (int i = 0; i < kNumGids; i++)
+    int n = to_ctx(ctx)->dev->ngids;
+    if (max_entries < size_t(n)) return -EINVAL;
+    for (int i = 0; i < n; i++)
         sroce_query_gid_ex(ctx, 1, uint32_t(i), &entries[i], 0);
-    return kNumGids;
+    return n;
 }
 
 int sroce_query_pkey(struct ibv_context *, uint8_t port, int index, __be16 *pkey) {

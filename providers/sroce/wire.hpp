@@ -7,6 +7,8 @@
 // here casts a buffer to a struct and parse() checks every length first.
 #pragma once
 
+#include "inet.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -36,13 +38,16 @@ constexpr size_t kDethLen = 8;   // Datagram ETH: Q_Key, reserved, source QP
 constexpr size_t kXrcEthLen = 4; // XRC ETH: reserved, XRC SRQ number
 constexpr size_t kIcrcLen = 4;
 constexpr size_t kIpv4HdrLen = 20;
+constexpr size_t kIpv6HdrLen = 40;
 constexpr size_t kUdpHdrLen = 8;
 // Largest transport header stack any opcode carries (BTH + XRCETH + AtomicETH).
 constexpr size_t kMaxHdrLen = kBthLen + kXrcEthLen + kAtomicEthLen;
 // The 40-byte GRH area in front of a UD receive buffer's payload.
 constexpr size_t kGrhLen = 40;
-// What a UD receive completion's SL reports of that area on RoCE
-// (RDMA_NETWORK_IPV4 in the kernel's numbering of network header types).
+// What a UD receive completion's SL reports of that area on RoCE: the L3
+// header type as mlx5 RNICs report it there (1 IPv6, 2 IPv4), which UCX's UD
+// transport reads to find the destination address in the area.
+constexpr uint8_t kNetworkHdrIpv6 = 1;
 constexpr uint8_t kNetworkHdrIpv4 = 2;
 // Q_Keys with the high bit set are controlled (privileged); a work request
 // naming one means "use the QP's own Q_Key" (IBTA 10.2.5).
@@ -293,8 +298,8 @@ struct Packet {
     bool se = false;
     const uint8_t *payload = nullptr;
     uint32_t payload_len = 0; // without pad and ICRC
-    uint32_t src_addr = 0;    // sender's IPv4 address (network order), set by the receiver
-    uint32_t dst_addr = 0;    // the address it was sent to: the device's or a multicast group's
+    IpAddr src_addr;          // sender's address, set by the receiver
+    IpAddr dst_addr;          // the address it was sent to: the device's or a multicast group's
     uint16_t src_port = 0;    // sender's UDP port (host order)
     bool legacy_icrc = false; // a FLUSH whose ICRC has Linux rxe's form (icrc.hpp)
 

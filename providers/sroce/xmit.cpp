@@ -10,8 +10,8 @@
 
 namespace sroce {
 
-void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, const iovec *iov,
-                int iovcnt, uint32_t payload_len, unsigned flags) {
+void Nic::queue(TxBatch &b, const IpAddr &dst, uint32_t flow, const uint8_t *hdr, size_t hdr_len,
+                const iovec *iov, int iovcnt, uint32_t payload_len, unsigned flags) {
     bool copy = flags & kQueueCopy;
     if (b.n == TxBatch::kSlots || b.niov + iovcnt + 2 > TxBatch::kIovs ||
         (copy && b.copied + payload_len > TxBatch::kCopyBytes)) {
@@ -32,17 +32,15 @@ void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, c
     // ICRC then covers the IP ID the segment will carry: its position.
     TxBatch::Run *run = b.nruns ? &b.runs[b.nruns - 1] : nullptr;
     msghdr *m = run ? &b.msgs[b.nruns - 1].msg_hdr : nullptr;
-    bool join = run && port_->gso() && !run->closed && run->dst.sin_addr.s_addr == dst &&
-                run->dqpn == dqpn && udp_len <= run->seg && run->count < wire::kMaxSegments &&
+    bool join = run && port_->gso() && !run->closed && run->flow == flow && run->dqpn == dqpn &&
+                run->dst.addr() == dst && udp_len <= run->seg && run->count < wire::kMaxSegments &&
                 run->bytes + udp_len <= wire::kMaxUdpPayload &&
                 m->msg_iovlen + size_t(iovcnt) + 2 <= size_t(IOV_MAX);
     if (!join) {
         run = &b.runs[b.nruns];
-        run->dst = {};
-        run->dst.sin_family = AF_INET;
-        run->dst.sin_port = htons(wire::kRoceV2Port);
-        run->dst.sin_addr.s_addr = dst;
-        run->route = port_->route(dst);
+        run->dst = SockAddr(dst, wire::kRoceV2Port, uint32_t(dev_->ifindex));
+        run->flow = flow;
+        run->route = port_->route(dst, flow);
         run->first = uint16_t(b.n);
         run->dqpn = dqpn;
         run->seg = udp_len;
@@ -52,8 +50,8 @@ void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, c
         m = &b.msgs[b.nruns].msg_hdr;
         *m = {};
         if (!run->route.peer) {
-            m->msg_name = &run->dst;
-            m->msg_namelen = sizeof run->dst;
+            m->msg_name = &run->dst.sa;
+            m->msg_namelen = run->dst.len;
         }
         m->msg_iov = b.iov + b.niov;
         b.nruns++;
@@ -64,7 +62,7 @@ void Nic::queue(TxBatch &b, in_addr_t dst, const uint8_t *hdr, size_t hdr_len, c
 
     // The ICRC is computed for ID `pos`, what the device socket gives; a
     // connected socket's packets are corrected when they are sent.
-    Ipv4Header ip{dev_->addr, dst, run->route.sport, wire::kRoceV2Port, pos};
+    IpHeader ip{dev_->addr, dst, run->route.sport, wire::kRoceV2Port, pos};
     uint32_t crc = icrc_begin(ip, udp_len, s.hdr);
     crc = icrc_update(crc, s.hdr + wire::kBthLen, hdr_len - wire::kBthLen);
     iovec *out = b.iov + b.niov;

@@ -216,7 +216,17 @@ void Harness::request(Input &in, Conn &c) {
     snprintf(rq.name, sizeof rq.name, "fuzz%u", op >> 4);
     snprintf(rq.netdev, sizeof rq.netdev, "lo");
     uint8_t dev = in.byte();
-    rq.addr = dev % 8 ? device_addr(dev) : in.u32();
+    // A device's address, any IPv4 one, or any 16 bytes (IPv6, mapped or not).
+    sroce::IpAddr addr = sroce::IpAddr::v4(device_addr(dev));
+    if (dev % 8 == 0 && dev & 8) {
+        addr = sroce::IpAddr::v4(in.u32());
+    } else if (dev % 8 == 0) {
+        for (int i = 0; i < 16; i += 4) {
+            uint32_t w = in.u32();
+            std::memcpy(addr.raw + i, &w, 4);
+        }
+    }
+    std::memcpy(rq.addr, addr.raw, 16);
     uint8_t a = in.byte();
     // A channel number the agent gave out, or anything.
     if (rq.op == kCmCommands && !channels_.empty() && a % 4)
@@ -229,7 +239,8 @@ void Harness::request(Input &in, Conn &c) {
     if (rq.op == kCmChannel && tail % 4) {
         for (uint8_t i = 0; i < tail % 4; i++) {
             CmDeviceInfo d{};
-            d.addr = device_addr(in.byte());
+            sroce::IpAddr da = sroce::IpAddr::v4(device_addr(in.byte()));
+            std::memcpy(d.addr, da.raw, 16);
             d.index = i;
             d.mtu = 5;
             snprintf(d.name, sizeof d.name, "fuzz%u", i);

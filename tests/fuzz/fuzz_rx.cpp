@@ -910,7 +910,7 @@ void check_replies() {
         }
         // Checked with the ID the wire says it carries first.
         // A FLUSH may be resent in Linux rxe's form (wire-protocol.md §4.4).
-        const Ipv4Header &ip = sent.ip;
+        const IpHeader &ip = sent.ip;
         if (!icrc_verify(ip, b, size_t(n)) &&
             !(pkt.opcode == wire::kFlush && icrc_verify_flush_legacy(ip, b, size_t(n)))) {
             // What it was, for a failure that the saved input alone (the
@@ -1094,7 +1094,8 @@ void aim(uint8_t *p, size_t n, bool window, bool persistent) {
 
 void fix_icrc(uint8_t *p, size_t n, uint16_t ip_id = 0) {
     if (n < wire::kBthLen + wire::kIcrcLen) return;
-    Ipv4Header ip{h.peer_addr, h.dev_addr, wire::kRoceV2Port, wire::kRoceV2Port, ip_id};
+    IpHeader ip{IpAddr::v4(h.peer_addr), IpAddr::v4(h.dev_addr), wire::kRoceV2Port,
+                wire::kRoceV2Port, ip_id};
     icrc_store(p + n - wire::kIcrcLen, icrc_compute(ip, p, n));
 }
 
@@ -1138,7 +1139,8 @@ void packet_record(uint8_t ctl, uint8_t target, uint8_t aim_bits, uint8_t *p, si
     {
         wire::Packet parsed;
         (void)wire::parse(p, n, parsed);
-        Ipv4Header ip{h.peer_addr, h.dev_addr, wire::kRoceV2Port, wire::kRoceV2Port};
+        IpHeader ip{IpAddr::v4(h.peer_addr), IpAddr::v4(h.dev_addr), wire::kRoceV2Port,
+                    wire::kRoceV2Port};
         uint16_t id;
         (void)icrc_verify(ip, p, n, &id);
         // Linux rxe's FLUSH form, with the IP ID solved as for rxe's ports.

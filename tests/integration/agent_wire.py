@@ -91,11 +91,11 @@ import struct
 import sys
 import time
 
-PROTO = 4
+PROTO = 5
 OPEN_DEVICE, STOP, STATUS, CM_CHANNEL, CM_COMMANDS = 1, 3, 4, 5, 6
-REQUEST = struct.Struct("<II64s16sII")
+REQUEST = struct.Struct("<II64s16s16sI")
 OPEN_REPLY = struct.Struct("<IiII256s")
-TABLE_BYTES = 4096 * 16
+TABLE_BYTES = 4096 * 32
 
 
 def system_socket():
@@ -111,7 +111,12 @@ def connect():
     return s
 
 
-def request(op, name=b"", netdev=b"", addr=0, reserved=0):
+def mapped(address):
+    """The 16-byte form of an IPv4 address the agent protocol carries."""
+    return bytes(10) + b"\xff\xff" + socket.inet_aton(address)
+
+
+def request(op, name=b"", netdev=b"", addr=bytes(16), reserved=0):
     return REQUEST.pack(op, PROTO, name, netdev, addr, reserved)
 
 
@@ -132,8 +137,7 @@ def lease(size, sealed, address="127.0.29.1"):
     if sealed:
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
     s = connect()
-    addr = struct.unpack("<I", socket.inet_aton(address))[0]
-    socket.send_fds(s, [request(OPEN_DEVICE, b"trust", b"lo", addr)], [fd])
+    socket.send_fds(s, [request(OPEN_DEVICE, b"trust", b"lo", mapped(address))], [fd])
     return s, fd, reply(s)
 
 
@@ -196,7 +200,7 @@ RDMA_PS_TCP, RDMA_PS_UDP, IBV_QPT_RC, IBV_QPT_UD = 0x0106, 0x0111, 2, 4
 EVENT_CONNECT_REQUEST = 4
 EAGAIN = 11
 # CmDeviceInfo: address, index, GUID, MTU, name.
-DEVICE_INFO = struct.Struct("<IIQB7x64s")
+DEVICE_INFO = struct.Struct("<16sI4xQB7x64s")
 
 
 def cm_command(s, cmd, body, out_cap):
@@ -213,8 +217,7 @@ def cm_channel(device=False):
     ev = connect()
     devices = b""
     if device:
-        devices = DEVICE_INFO.pack(struct.unpack("<I", socket.inet_aton("127.0.29.1"))[0], 0,
-                                   0x0200_0000_0000_0001, 3, b"trust0")
+        devices = DEVICE_INFO.pack(mapped("127.0.29.1"), 0, 0x0200_0000_0000_0001, 3, b"trust0")
     ev.send(request(CM_CHANNEL) + devices)
     r = reply(ev)
     if r is None or r[0]:
@@ -473,8 +476,7 @@ def steal(seconds):
     os.ftruncate(fd, TABLE_BYTES)
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
     s = connect()
-    addr = struct.unpack("<I", socket.inet_aton("127.0.29.1"))[0]
-    socket.send_fds(s, [request(OPEN_DEVICE, b"thief", b"lo", addr)], [fd])
+    socket.send_fds(s, [request(OPEN_DEVICE, b"thief", b"lo", mapped("127.0.29.1"))], [fd])
     data, fds, _, _ = socket.recv_fds(s, OPEN_REPLY.size, 4)
     if len(data) != OPEN_REPLY.size or not fds:
         print("lease-err no reply", flush=True)
@@ -519,14 +521,14 @@ def malformed():
     memfd = os.memfd_create("stray")
     answer("short", request(STATUS)[:12])
     answer("oversized", request(CM_CHANNEL) + bytes(20000))
-    answer("version", REQUEST.pack(STATUS, PROTO + 1, b"", b"", 0, 0))
+    answer("version", REQUEST.pack(STATUS, PROTO + 1, b"", b"", bytes(16), 0))
     answer("unknown", request(99))
     answer("stray-descriptor", request(STATUS), [memfd])
-    answer("open-without-table", request(OPEN_DEVICE, b"x", b"lo", 0x011D007F))
+    answer("open-without-table", request(OPEN_DEVICE, b"x", b"lo", mapped("127.0.29.1")))
     answer("cut-device-list", request(CM_CHANNEL) + bytes(40))
     table = sealed_table()
-    answer("two-descriptors", request(OPEN_DEVICE, b"x", b"lo", 0x011D007F), [table, memfd])
-    answer("resume-unheld", request(OPEN_DEVICE, b"x", b"lo", 0x011D007F, 1), [table])
+    answer("two-descriptors", request(OPEN_DEVICE, b"x", b"lo", mapped("127.0.29.1")), [table, memfd])
+    answer("resume-unheld", request(OPEN_DEVICE, b"x", b"lo", mapped("127.0.29.1"), 1), [table])
     os.close(table)
     os.close(memfd)
 
@@ -543,8 +545,7 @@ def resume(address, slot):
     death; prints the answer."""
     s = connect()
     fd = sealed_table()
-    addr = struct.unpack("<I", socket.inet_aton(address))[0]
-    socket.send_fds(s, [request(OPEN_DEVICE, b"trust", b"lo", addr, slot)], [fd])
+    socket.send_fds(s, [request(OPEN_DEVICE, b"trust", b"lo", mapped(address), slot)], [fd])
     r = reply(s)
     print("no reply" if r is None else f"err {r[0]} {r[2]}", flush=True)
 

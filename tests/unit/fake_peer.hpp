@@ -374,7 +374,7 @@ Bytes packet(uint8_t op, uint32_t qpn, uint32_t psn, const Bytes &ext, const Byt
     bth::build(p.data(), op, false, uint8_t(pad), pkey, qpn, ackreq, psn);
     auto tail = std::copy(ext.begin(), ext.end(), p.begin() + kBthLen);
     std::copy(payload.begin(), payload.end(), tail);
-    Ipv4Header ip{ip4(src), ip4(kDevAddr), sport, kRoceV2Port};
+    IpHeader ip{IpAddr::v4(ip4(src)), IpAddr::v4(ip4(kDevAddr)), sport, kRoceV2Port};
     ip.ip_id = ip_id;
     icrc_store(p.data() + p.size() - kIcrcLen, icrc_compute(ip, p.data(), p.size()));
     return p;
@@ -386,7 +386,7 @@ void seal_legacy(Bytes &p, const char *src, uint16_t sport, uint16_t ip_id) {
     size_t body = p.size() - kIcrcLen;
     Bytes covered(p.begin(), p.begin() + long(body));
     covered.insert(covered.end(), p.begin(), p.end());
-    Ipv4Header ip{ip4(src), ip4(kDevAddr), sport, kRoceV2Port};
+    IpHeader ip{IpAddr::v4(ip4(src)), IpAddr::v4(ip4(kDevAddr)), sport, kRoceV2Port};
     ip.ip_id = ip_id;
     uint32_t crc = icrc_begin(ip, p.size(), covered.data());
     crc = icrc_update(crc, covered.data() + kBthLen, covered.size() - kBthLen - kIcrcLen);
@@ -447,9 +447,10 @@ void check_wire_header(const Bytes &udp, uint16_t solved) {
         const uint8_t *payload = f + 28, *end = f + n;
         const uint8_t *at = n > 28 ? std::search(payload, end, udp.begin(), udp.end()) : end;
         if (at == end) continue; // an earlier datagram
-        Ipv4Header ip{};
-        std::memcpy(&ip.src, f + 12, 4);
-        std::memcpy(&ip.dst, f + 16, 4);
+        in_addr_t src, dst;
+        std::memcpy(&src, f + 12, 4);
+        std::memcpy(&dst, f + 16, 4);
+        IpHeader ip{IpAddr::v4(src), IpAddr::v4(dst), 0, 0};
         ip.sport = get16(f + 20);
         ip.dport = get16(f + 22);
         ip.df = f[6] & 0x40;
@@ -472,7 +473,7 @@ void check_wire_header(const Bytes &udp, uint16_t solved) {
 
 // The next datagram to `e` within `ms`, with the header fields its ICRC
 // covers (the IP ID only where the wire tells it: in memory).
-std::optional<Rx> next_datagram(const Endpoint &e, int ms, Ipv4Header &ip, bool &id_known) {
+std::optional<Rx> next_datagram(const Endpoint &e, int ms, IpHeader &ip, bool &id_known) {
     Rx rx;
     rx.raw.resize(65536);
     if (e.fd < 0) {
@@ -484,7 +485,7 @@ std::optional<Rx> next_datagram(const Endpoint &e, int ms, Ipv4Header &ip, bool 
             usleep(100);
         }
         rx.raw.resize(size_t(n));
-        ip = {h.src, h.dst, h.sport, h.dport, h.ip_id};
+        ip = {IpAddr::v4(h.src), IpAddr::v4(h.dst), h.sport, h.dport, h.ip_id};
         id_known = true;
         return rx;
     }
@@ -502,18 +503,19 @@ std::optional<Rx> next_datagram(const Endpoint &e, int ms, Ipv4Header &ip, bool 
     sockaddr_in self{};
     socklen_t sl = sizeof self;
     getsockname(e.fd, reinterpret_cast<sockaddr *>(&self), &sl);
-    ip = {from.sin_addr.s_addr, self.sin_addr.s_addr, ntohs(from.sin_port), ntohs(self.sin_port)};
+    ip = {IpAddr::v4(from.sin_addr.s_addr), IpAddr::v4(self.sin_addr.s_addr), ntohs(from.sin_port),
+          ntohs(self.sin_port)};
     id_known = false;
     return rx;
 }
 
 std::optional<Rx> receive(const Endpoint &at, int ms, bool legacy_ok = false) {
-    Ipv4Header ip{};
+    IpHeader ip{};
     bool id_known = false;
     std::optional<Rx> got = next_datagram(at, ms, ip, id_known);
     if (!got) return std::nullopt;
     Rx rx = std::move(*got);
-    EXPECT_EQ(ip.src, ip4(kDevAddr));
+    EXPECT_EQ(ip.src, IpAddr::v4(ip4(kDevAddr)));
     uint16_t sport = ip.sport;
     Packet pkt;
     ParseError e = parse(rx.raw.data(), rx.raw.size(), pkt);

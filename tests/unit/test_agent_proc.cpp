@@ -94,10 +94,10 @@ class HandoverRecord : public ::testing::Test {
 };
 
 TEST_F(HandoverRecord, KeepsTheOwnersAndTheMap) {
-    SlotOwner me{0x0100007f, 7, getpid(), getuid(), proc_start(getpid()), 4242};
+    SlotOwner me{sroce::IpAddr::v4(0x0100007f), 7, getpid(), getuid(), proc_start(getpid()), 4242};
     pid_t gone = sleeper();
     ASSERT_GT(gone, 0);
-    SlotOwner dead{0x0100007f, 8, gone, 0, proc_start(gone), 4242};
+    SlotOwner dead{sroce::IpAddr::v4(0x0100007f), 8, gone, 0, proc_start(gone), 4242};
     reap(gone);
     ASSERT_EQ(save_owners({me, dead}), 0);
     std::vector<SlotOwner> got = load_owners();
@@ -112,7 +112,9 @@ TEST_F(HandoverRecord, KeepsTheOwnersAndTheMap) {
 // A record an agent wrote before maps were recorded: its owners still count,
 // with no map to keep (the successor attaches a new one).
 TEST_F(HandoverRecord, ReadsARecordWithoutMaps) {
-    ASSERT_EQ(save_owners({{0x0100007f, 9, getpid(), getuid(), proc_start(getpid()), 1}}), 0);
+    ASSERT_EQ(save_owners({{sroce::IpAddr::v4(0x0100007f), 9, getpid(), getuid(),
+                            proc_start(getpid()), 1}}),
+              0);
     {
         std::ofstream f(record_path(), std::ios::trunc);
         f << 0x0100007f << " 9 " << getpid() << " " << getuid() << " " << proc_start(getpid())

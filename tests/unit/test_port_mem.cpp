@@ -54,7 +54,7 @@ TEST_F(PortMem, ListenerGetsARunPacketByPacket) {
         ASSERT_TRUE(memwire::take(ip4("127.0.8.2"), p)) << k;
         EXPECT_EQ(p.ip.ip_id, k);
         EXPECT_EQ(p.ip.sport, 50000);
-        EXPECT_EQ(p.ip.src, ip4("127.0.8.1"));
+        EXPECT_EQ(p.ip.src, IpAddr::v4(ip4("127.0.8.1")));
         ASSERT_EQ(p.bytes.size(), k < 2 ? 100u : 50u);
         EXPECT_EQ(p.bytes[0], uint8_t(k * 100));
     }
@@ -62,7 +62,7 @@ TEST_F(PortMem, ListenerGetsARunPacketByPacket) {
 }
 
 TEST_F(PortMem, DatagramLargerThanUdpIsRefused) {
-    MemPort port(ip4("127.0.8.3"));
+    MemPort port(IpAddr::v4(ip4("127.0.8.3")));
     std::vector<uint8_t> big(Port::kMaxDatagram + 1);
     EXPECT_FALSE(memwire::send(from("127.0.8.1", 4791), ip4("127.0.8.3"), big.data(), big.size()));
     big.resize(Port::kMaxDatagram);
@@ -75,7 +75,7 @@ TEST_F(PortMem, DatagramLargerThanUdpIsRefused) {
 // A port nobody receives from keeps a bounded queue: the rest is dropped,
 // as a full socket buffer drops, and what was kept comes out in order.
 TEST_F(PortMem, FullQueueDrops) {
-    MemPort port(ip4("127.0.8.4"));
+    MemPort port(IpAddr::v4(ip4("127.0.8.4")));
     for (uint32_t i = 0; i < 10000; i++)
         ASSERT_TRUE(memwire::send(from("127.0.8.1", 4791), ip4("127.0.8.4"),
                                   reinterpret_cast<const uint8_t *>(&i), sizeof i));
@@ -101,7 +101,7 @@ bool readable(int fd) {
 // before anybody asked for the descriptor), kept while a pass leaves some,
 // cleared when a pass empties the queue.
 TEST_F(PortMem, EventIsSetWhileTheQueueHoldsSomething) {
-    MemPort port(ip4("127.0.8.5"));
+    MemPort port(IpAddr::v4(ip4("127.0.8.5")));
     uint8_t b[8] = {};
     auto send = [&] {
         ASSERT_TRUE(memwire::send(from("127.0.8.1", 4791), ip4("127.0.8.5"), b, sizeof b));

@@ -254,13 +254,13 @@ Bytes build(uint8_t op, uint32_t qpn, uint32_t psn, uint32_t payload_len, bool a
     return p;
 }
 
-void seal(Bytes &p, const Ipv4Header &ip) {
+void seal(Bytes &p, const IpHeader &ip) {
     icrc_store(p.data() + p.size() - kIcrcLen, icrc_compute(ip, p.data(), p.size()));
 }
 
-Ipv4Header hdr(const char *src, const char *dst, uint16_t sport = kRoceV2Port, uint16_t ip_id = 0,
-               bool df = true) {
-    Ipv4Header h{ip4(src), ip4(dst), sport, kRoceV2Port};
+IpHeader hdr(const char *src, const char *dst, uint16_t sport = kRoceV2Port, uint16_t ip_id = 0,
+             bool df = true) {
+    IpHeader h{IpAddr::v4(ip4(src)), IpAddr::v4(ip4(dst)), sport, kRoceV2Port};
     h.ip_id = ip_id;
     h.df = df;
     return h;
@@ -270,13 +270,13 @@ Ipv4Header hdr(const char *src, const char *dst, uint16_t sport = kRoceV2Port, u
 // with the variant fields set to ones, and the transport packet with BTH
 // byte 4 set to ones, stored little-endian.  Linux rxe's form of a FLUSH
 // (legacy_flush) then covers the packet's bytes before the ICRC once more.
-uint32_t reference_icrc(const Ipv4Header &ip, const uint8_t *pkt, size_t len,
+uint32_t reference_icrc(const IpHeader &ip, const uint8_t *pkt, size_t len,
                         bool legacy_flush = false) {
     Bytes b(8, 0xFF);
     uint16_t ip_len = uint16_t(20 + 8 + len), udp_len = uint16_t(8 + len);
     uint8_t src[4], dst[4];
-    std::memcpy(src, &ip.src, 4);
-    std::memcpy(dst, &ip.dst, 4);
+    std::memcpy(src, ip.src.raw + 12, 4);
+    std::memcpy(dst, ip.dst.raw + 12, 4);
     const uint8_t ip_hdr[20] = {0x45,
                                 0xFF, // TOS
                                 uint8_t(ip_len >> 8),
@@ -615,7 +615,8 @@ TEST(Icrc, MatchesZlibReferenceOverManyPackets) {
         }
         Bytes p = build(op, rng() & kQpnMask, rng() & kPsnMask, plen, rng() & 1, uint8_t(rng()));
         p[4] = uint8_t(rng()); // FECN/BECN/resv: masked, any value
-        Ipv4Header ip{in_addr_t(rng()), in_addr_t(rng()), uint16_t(rng()), kRoceV2Port};
+        IpHeader ip{IpAddr::v4(in_addr_t(rng())), IpAddr::v4(in_addr_t(rng())), uint16_t(rng()),
+                    kRoceV2Port};
         ip.ip_id = (rng() & 1) ? uint16_t(rng()) : 0;
         ip.df = rng() & 1;
         uint32_t want = reference_icrc(ip, p.data(), p.size());
@@ -633,16 +634,16 @@ TEST(Icrc, MatchesZlibReferenceOverManyPackets) {
 
 TEST(Icrc, LinuxRxeFlushFormVerifiesOnlyAsSuch) {
     Bytes p = build(kFlush, 0x11, 0x222, 0);
-    Ipv4Header sent = hdr("10.0.0.7", "10.0.0.8", 0xC123, 0x3A3A, true);
+    IpHeader sent = hdr("10.0.0.7", "10.0.0.8", 0xC123, 0x3A3A, true);
     icrc_store(p.data() + p.size() - kIcrcLen, reference_icrc(sent, p.data(), p.size(), true));
-    Ipv4Header seen = hdr("10.0.0.7", "10.0.0.8", 0xC123, 0, true);
+    IpHeader seen = hdr("10.0.0.7", "10.0.0.8", 0xC123, 0, true);
     EXPECT_FALSE(icrc_verify(seen, p.data(), p.size()));
     EXPECT_TRUE(icrc_verify_flush_legacy(seen, p.data(), p.size()));
     Bytes bad = p;
     bad[kBthLen + 2] ^= 0x40;
     EXPECT_FALSE(icrc_verify_flush_legacy(seen, bad.data(), bad.size()));
     // From port 4791 only ID 0 with DF is taken, as for every sroce packet.
-    Ipv4Header from_sroce = hdr("10.0.0.7", "10.0.0.8");
+    IpHeader from_sroce = hdr("10.0.0.7", "10.0.0.8");
     EXPECT_FALSE(icrc_verify_flush_legacy(from_sroce, p.data(), p.size()));
     icrc_store(p.data() + p.size() - kIcrcLen,
                reference_icrc(from_sroce, p.data(), p.size(), true));
@@ -666,7 +667,7 @@ TEST(Icrc, StoredLittleEndian) {
 
 TEST(Icrc, BthByteFourAndVariantIpFieldsAreMasked) {
     Bytes p = build(kWriteOnly, 0x42, 0x99, 32);
-    Ipv4Header ip = hdr("10.1.2.3", "10.1.2.4");
+    IpHeader ip = hdr("10.1.2.3", "10.1.2.4");
     uint32_t c = icrc_compute(ip, p.data(), p.size());
     p[4] = 0xC0; // FECN + BECN set by a congested switch
     EXPECT_EQ(icrc_compute(ip, p.data(), p.size()), c);
@@ -678,11 +679,11 @@ TEST(Icrc, BthByteFourAndVariantIpFieldsAreMasked) {
         EXPECT_NE(icrc_compute(ip, q.data(), q.size()), c) << "BTH byte " << i;
     }
     // So are the addresses, ports, IP ID and DF.
-    for (auto mod : std::vector<void (*)(Ipv4Header &)>{
-             [](Ipv4Header &h) { h.src ^= htonl(1); }, [](Ipv4Header &h) { h.dst ^= htonl(1); },
-             [](Ipv4Header &h) { h.sport ^= 1; }, [](Ipv4Header &h) { h.dport ^= 1; },
-             [](Ipv4Header &h) { h.ip_id ^= 1; }, [](Ipv4Header &h) { h.df = !h.df; }}) {
-        Ipv4Header h = ip;
+    for (auto mod : std::vector<void (*)(IpHeader &)>{
+             [](IpHeader &h) { h.src.raw[15] ^= 1; }, [](IpHeader &h) { h.dst.raw[15] ^= 1; },
+             [](IpHeader &h) { h.sport ^= 1; }, [](IpHeader &h) { h.dport ^= 1; },
+             [](IpHeader &h) { h.ip_id ^= 1; }, [](IpHeader &h) { h.df = !h.df; }}) {
+        IpHeader h = ip;
         mod(h);
         EXPECT_NE(icrc_compute(h, p.data(), p.size()), c);
     }
@@ -746,7 +747,7 @@ const Golden kGolden[] = {
 TEST(IcrcGolden, ScapyPacketsMatchComputeAndReference) {
     for (const Golden &g : kGolden) {
         SCOPED_TRACE(g.what);
-        Ipv4Header ip = hdr(g.src, g.dst, g.sport, g.ip_id, g.df);
+        IpHeader ip = hdr(g.src, g.dst, g.sport, g.ip_id, g.df);
         const Bytes &p = g.bytes;
         uint32_t stored = icrc_load(p.data() + p.size() - kIcrcLen);
         EXPECT_EQ(icrc_compute(ip, p.data(), p.size()), stored);
@@ -760,7 +761,7 @@ TEST(IcrcGolden, ScapyPacketsVerifyWithTheIpIdUnknown) {
     for (const Golden &g : kGolden) {
         SCOPED_TRACE(g.what);
         // What a UDP socket sees: addresses and ports, not the ID or DF.
-        Ipv4Header ip = hdr(g.src, g.dst, g.sport, 0xFFFF, !g.df);
+        IpHeader ip = hdr(g.src, g.dst, g.sport, 0xFFFF, !g.df);
         uint16_t id = 0xFFFF;
         ASSERT_TRUE(icrc_verify(ip, g.bytes.data(), g.bytes.size(), &id));
         EXPECT_EQ(id, g.ip_id);
@@ -795,10 +796,10 @@ TEST(IcrcGolden, DecodedFields) {
 
 TEST(IcrcVerify, AcceptsIdZeroWithDf) {
     Bytes p = build(kSendOnly, 0x11, 0x22, 100);
-    Ipv4Header ip = hdr("127.0.0.1", "127.0.0.2");
+    IpHeader ip = hdr("127.0.0.1", "127.0.0.2");
     seal(p, ip);
     uint16_t id = 0xBEEF;
-    Ipv4Header seen = ip;
+    IpHeader seen = ip;
     seen.ip_id = 0x5555; // ignored: a receiver does not know it
     seen.df = false;
     EXPECT_TRUE(icrc_verify(seen, p.data(), p.size(), &id));
@@ -817,12 +818,13 @@ TEST(IcrcVerify, SolvesForARandomIpIdAsLinuxRxeSends) {
         bool df = rng() % 4 != 0;
         uint16_t real = uint16_t(rng());
         if (!real) real = 1;
-        Ipv4Header ip{in_addr_t(rng()), in_addr_t(rng()), uint16_t(0xC000 | rng()), kRoceV2Port};
+        IpHeader ip{IpAddr::v4(in_addr_t(rng())), IpAddr::v4(in_addr_t(rng())),
+                    uint16_t(0xC000 | rng()), kRoceV2Port};
         ip.ip_id = real;
         ip.df = df;
         seal(p, ip);
         ASSERT_EQ(icrc_load(p.data() + p.size() - 4), reference_icrc(ip, p.data(), p.size()));
-        Ipv4Header seen = ip;
+        IpHeader seen = ip;
         seen.ip_id = 0;
         seen.df = true;
         uint16_t id = 0;
@@ -833,7 +835,7 @@ TEST(IcrcVerify, SolvesForARandomIpIdAsLinuxRxeSends) {
 
 TEST(IcrcVerify, AcceptsDfClear) {
     Bytes p = build(kWriteOnly, 0x11, 0x22, 64);
-    Ipv4Header ip = hdr("127.0.0.1", "127.0.0.2", 0xC123, 0, false);
+    IpHeader ip = hdr("127.0.0.1", "127.0.0.2", 0xC123, 0, false);
     seal(p, ip);
     uint16_t id = 0xFFFF;
     EXPECT_TRUE(icrc_verify(hdr("127.0.0.1", "127.0.0.2", 0xC123), p.data(), p.size(), &id));
@@ -887,12 +889,12 @@ TEST(IcrcVerify, SolvesEveryIdAtEveryLength) {
         for (int i = 0; i < 40; i++) {
             uint8_t op = plen ? kWriteMiddle : kAcknowledge;
             Bytes p = build(op, rng() & kQpnMask, rng() & kPsnMask, plen);
-            Ipv4Header ip{in_addr_t(rng()), in_addr_t(rng()), uint16_t(0xC000 | rng()),
-                          kRoceV2Port};
+            IpHeader ip{IpAddr::v4(in_addr_t(rng())), IpAddr::v4(in_addr_t(rng())),
+                        uint16_t(0xC000 | rng()), kRoceV2Port};
             ip.ip_id = uint16_t(rng());
             ip.df = rng() & 1;
             seal(p, ip);
-            Ipv4Header seen = ip;
+            IpHeader seen = ip;
             seen.ip_id = uint16_t(rng());
             seen.df = true;
             uint16_t got = 0;
@@ -912,9 +914,10 @@ TEST(IcrcIdDelta, EqualsRecomputingWithTheOtherId) {
         for (int i = 0; i < 30; i++) {
             uint8_t op = plen ? kWriteMiddle : kAcknowledge;
             Bytes p = build(op, rng() & kQpnMask, rng() & kPsnMask, plen);
-            Ipv4Header a{in_addr_t(rng()), in_addr_t(rng()), uint16_t(rng()), kRoceV2Port};
+            IpHeader a{IpAddr::v4(in_addr_t(rng())), IpAddr::v4(in_addr_t(rng())), uint16_t(rng()),
+                       kRoceV2Port};
             a.ip_id = uint16_t(rng());
-            Ipv4Header b = a;
+            IpHeader b = a;
             b.ip_id = uint16_t(rng());
             uint32_t ca = icrc_compute(a, p.data(), p.size());
             uint32_t cb = icrc_compute(b, p.data(), p.size());
@@ -930,9 +933,9 @@ TEST(IcrcIdDelta, EqualsRecomputingWithTheOtherId) {
 // prediction does not make a corrupted packet pass.
 TEST(IcrcVerify, LikelyIdAcceptedExactlyOthersSolved) {
     Bytes p = build(kWriteOnly, 0x11, 0x22, 64);
-    Ipv4Header sent = hdr("127.0.0.1", "127.0.0.2", 0xC001, 0x8123, true);
+    IpHeader sent = hdr("127.0.0.1", "127.0.0.2", 0xC001, 0x8123, true);
     seal(p, sent);
-    Ipv4Header seen = hdr("127.0.0.1", "127.0.0.2", 0xC001, 0, true);
+    IpHeader seen = hdr("127.0.0.1", "127.0.0.2", 0xC001, 0, true);
     uint16_t got = 0;
     ASSERT_TRUE(icrc_verify(seen, p.data(), p.size(), &got, 0x8123));
     EXPECT_EQ(got, 0x8123);
@@ -948,7 +951,7 @@ TEST(IcrcVerify, LikelyIdAcceptedExactlyOthersSolved) {
     // that reaches it.
     Bytes q = build(kWriteOnly, 0x11, 0x23, 64);
     seal(q, hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, 0x8123, true));
-    Ipv4Header from_device = hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, 0, true);
+    IpHeader from_device = hdr("127.0.0.1", "127.0.0.2", kRoceV2Port, 0, true);
     EXPECT_FALSE(icrc_verify(from_device, q.data(), q.size(), &got));
     EXPECT_FALSE(icrc_verify(from_device, q.data(), q.size(), &got, 0x8121, 2));
     got = 0;
@@ -968,7 +971,7 @@ TEST(IcrcVerify, LikelyIdAcceptedExactlyOthersSolved) {
 
 TEST(IcrcVerify, RejectsWrongAddressesOrPorts) {
     Bytes p = build(kWriteOnly, 0x11, 0x22, 64);
-    Ipv4Header ip = hdr("127.0.0.1", "127.0.0.2", 50000, 0x1234);
+    IpHeader ip = hdr("127.0.0.1", "127.0.0.2", 50000, 0x1234);
     seal(p, ip);
     EXPECT_TRUE(icrc_verify(ip, p.data(), p.size()));
     EXPECT_FALSE(icrc_verify(hdr("127.0.0.3", "127.0.0.2", 50000), p.data(), p.size()));
@@ -979,7 +982,7 @@ TEST(IcrcVerify, RejectsWrongAddressesOrPorts) {
 TEST(IcrcVerify, RejectsTooShort) {
     uint8_t b[16] = {};
     for (size_t len = 0; len < 16; len++)
-        EXPECT_FALSE(icrc_verify(Ipv4Header{}, b, len));
+        EXPECT_FALSE(icrc_verify(IpHeader{}, b, len));
 }
 
 // Flipping any covered bit, in the BTH, extended headers, payload, pad or
@@ -999,9 +1002,9 @@ TEST(IcrcVerify, RejectsABitFlipInHeaderPayloadOrIcrc) {
         // Non-zero IDs and DF clear come from foreign peers, which never use
         // source port 4791 (sroce's own packets are held to ID 0 + DF).
         uint16_t sport = (c.id || !c.df) ? 0xC0DE : kRoceV2Port;
-        Ipv4Header ip = hdr("127.0.0.9", "127.0.0.8", sport, c.id, c.df);
+        IpHeader ip = hdr("127.0.0.9", "127.0.0.8", sport, c.id, c.df);
         seal(p, ip);
-        Ipv4Header seen = hdr("127.0.0.9", "127.0.0.8", sport);
+        IpHeader seen = hdr("127.0.0.9", "127.0.0.8", sport);
         ASSERT_TRUE(icrc_verify(seen, p.data(), p.size()));
         for (size_t i = 0; i < p.size(); i++) {
             for (int bit = 0; bit < 8; bit++) {
@@ -1040,7 +1043,7 @@ TEST(IcrcVerify, RejectsCorruptionsOfOneByte) {
         SCOPED_TRACE(testing::Message() << c.plen << " bytes, port " << c.sport << ", ID "
                                         << c.sent_id << " expected " << c.expected_id);
         Bytes p = build(kWriteOnly, 0x123, 0x456, c.plen);
-        Ipv4Header ip = hdr("127.0.0.9", "127.0.0.8", c.sport, c.sent_id);
+        IpHeader ip = hdr("127.0.0.9", "127.0.0.8", c.sport, c.sent_id);
         seal(p, ip);
         ip.ip_id = c.expected_id;
         size_t accepted = 0, tried = 0;

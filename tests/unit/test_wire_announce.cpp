@@ -17,7 +17,7 @@ constexpr uint8_t kSroceEnd =
 // `p` (from the peer) with resv7 set to `resv7`, sealed again.
 Bytes with_resv7(Bytes p, uint8_t resv7) {
     p[8] = uint8_t((p[8] & 0x80) | (resv7 & 0x7F));
-    Ipv4Header ip{ip4(kPeerAddr), ip4(kDevAddr), kRoceV2Port, kRoceV2Port};
+    IpHeader ip{IpAddr::v4(ip4(kPeerAddr)), IpAddr::v4(ip4(kDevAddr)), kRoceV2Port, kRoceV2Port};
     icrc_store(p.data() + p.size() - kIcrcLen, icrc_compute(ip, p.data(), p.size()));
     return p;
 }

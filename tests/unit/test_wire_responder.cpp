@@ -187,7 +187,8 @@ TEST_F(FakePeer, TruncatedHeadersAreDropped) {
         send(cut);
         // The same length with an ICRC that is right for what is left.
         if (len >= kBthLen + kIcrcLen) {
-            Ipv4Header ip{ip4(kPeerAddr), ip4(kDevAddr), kRoceV2Port, kRoceV2Port};
+            IpHeader ip{IpAddr::v4(ip4(kPeerAddr)), IpAddr::v4(ip4(kDevAddr)), kRoceV2Port,
+                        kRoceV2Port};
             icrc_store(cut.data() + len - kIcrcLen, icrc_compute(ip, cut.data(), len));
             send(cut);
         }
@@ -235,7 +236,7 @@ TEST_F(FakePeer, UnsupportedOpcodeIsDropped) {
 TEST_F(FakePeer, NonZeroTransportVersionIsDropped) {
     Bytes p = write_only(kRqPsn, 0x100, pattern(32, 8));
     p[1] |= 0x01;
-    Ipv4Header ip{ip4(kPeerAddr), ip4(kDevAddr), kRoceV2Port, kRoceV2Port};
+    IpHeader ip{IpAddr::v4(ip4(kPeerAddr)), IpAddr::v4(ip4(kDevAddr)), kRoceV2Port, kRoceV2Port};
     icrc_store(p.data() + p.size() - 4, icrc_compute(ip, p.data(), p.size()));
     ASSERT_NO_FATAL_FAILURE(expect_dropped(p));
     expect_untouched(0x100, 32);

@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <map>
 #include <memory>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <poll.h>
@@ -108,10 +109,12 @@ void log(const char *fmt, ...) {
     va_end(ap);
 }
 
+std::string ip_text(const IpAddr &a) {
+    return a.text();
+}
+
 std::string ip_text(in_addr_t a) {
-    char s[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &a, s, sizeof s);
-    return s;
+    return IpAddr::v4(a).text();
 }
 
 const char *type_name(uint32_t t) {
@@ -143,7 +146,7 @@ const char *state_name(uint32_t s) {
 // Root's lock on serving `addr` in this network namespace: a descriptor,
 // -2 when another agent holds it, -1 where root cannot make the file (a
 // user namespace, /run read-only) or for an agent not of root's.
-int address_file_lock(in_addr_t addr) {
+int address_file_lock(const IpAddr &addr) {
     if (geteuid() != 0 || (mkdir(kSystemDir, 0755) < 0 && errno != EEXIST)) return -1;
     struct stat ns {};
     stat("/proc/self/ns/net", &ns);
@@ -184,8 +187,9 @@ struct SlotUse {
 // another process's QPs; under a slot map, a slot's socket is put back
 // only when the slot is leased again.
 struct Dev {
-    in_addr_t addr = 0;
+    IpAddr addr;
     std::string netdev;
+    int ifindex = 0; // of netdev: the scope of link-local peers
     // Who had the agent serve it.  Another user's address goes when no slot
     // and no rdma_cm channel uses it any more (Agent::release_unused);
     // root's stay, as they always have.
@@ -230,8 +234,8 @@ struct CmConn {
     int fd = -1;
     uint32_t channel = 0;
     bool commands = false;
-    std::vector<in_addr_t> addrs; // the wake-up end: the devices the channel named
-    uid_t uid = 0;                // the wake-up end: its owner, for kChannelsPerUser
+    std::vector<IpAddr> addrs; // the wake-up end: the devices the channel named
+    uid_t uid = 0;             // the wake-up end: its owner, for kChannelsPerUser
 };
 
 class Agent {
@@ -274,15 +278,15 @@ class Agent {
     void send_mad(uint32_t local, uint32_t remote, const uint8_t *mad);
     void open_device(int fd, const Request &rq, int table_fd, int sock, Dev **owner,
                      uint32_t *slot);
-    Dev *device(in_addr_t addr, const std::string &netdev, uid_t uid, std::string &why);
+    Dev *device(const IpAddr &addr, const std::string &netdev, uid_t uid, std::string &why);
     uint32_t addrs_of(uid_t uid) const;
     void release_unused();
     // A device whose address is not on the host yet (its port is down):
     // retried every kAwaitRetryMs, so that its QP1 answers once the
     // address is back.  Other failures are logged only.
-    void await(in_addr_t addr, const std::string &netdev, uid_t uid, const std::string &why);
+    void await(const IpAddr &addr, const std::string &netdev, uid_t uid, const std::string &why);
     void retry_awaited();
-    int new_socket(in_addr_t addr, bool reuseport, std::string &why);
+    int new_socket(const Dev &d, bool reuseport, std::string &why);
     // Steers `slot`'s packets to d.socks[slot]; 0 or an errno.
     int steer(Dev &d, uint32_t slot);
     bool slot_free(Dev &d, uint32_t slot);
@@ -328,7 +332,7 @@ class Agent {
     std::vector<CmConn> cm_conns_;
     std::vector<CmConn> new_cm_conns_; // made while serving, joined after
     struct Awaited {
-        in_addr_t addr;
+        IpAddr addr;
         std::string netdev;
         uid_t uid;
     };
@@ -351,7 +355,7 @@ class Agent {
         static constexpr size_t kLen = 16 << 10; // past any MTU; longer is cut
         std::unique_ptr<uint8_t[]> data{new uint8_t[kBatch * kLen]};
         RelayHdr hdr[kBatch];
-        sockaddr_in from[kBatch];
+        SockAddr from[kBatch];
         iovec in[kBatch], out[kBatch][2];
         mmsghdr rx[kBatch], tx[kBatch];
     };
@@ -421,22 +425,20 @@ int Agent::listen_system(const Endpoint &e) {
     return 0;
 }
 
-int Agent::new_socket(in_addr_t addr, bool reuseport, std::string &why) {
-    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+int Agent::new_socket(const Dev &d, bool reuseport, std::string &why) {
+    const IpAddr &addr = d.addr;
+    int fd = socket(addr.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         why = std::string("socket: ") + strerror(errno);
         return -1;
     }
     int one = 1;
     if (reuseport) setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
-    roce_socket_options(fd, addr);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(wire::kRoceV2Port);
-    sa.sin_addr.s_addr = addr;
-    if (bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) < 0) {
+    roce_socket_options(fd, addr, d.ifindex);
+    SockAddr sa(addr, wire::kRoceV2Port, uint32_t(d.ifindex));
+    if (bind(fd, &sa.sa, sa.len) < 0) {
         int err = errno;
-        why = ip_text(addr) + ":4791: " + strerror(err);
+        why = "[" + ip_text(addr) + "]:4791: " + strerror(err);
         if (err == EADDRINUSE)
             why += " (held by a program outside this agent: an sroce process started with "
                    "SROCE_AGENT=off, another agent (SROCE_AGENT_SOCKET), or another RoCE "
@@ -497,7 +499,7 @@ uint32_t Agent::addrs_of(uid_t uid) const {
     return n;
 }
 
-Dev *Agent::device(in_addr_t addr, const std::string &netdev, uid_t uid, std::string &why) {
+Dev *Agent::device(const IpAddr &addr, const std::string &netdev, uid_t uid, std::string &why) {
     for (auto &d : devs_)
         if (d->addr == addr) return d.get();
     if (uid != 0 && addrs_of(uid) >= kAddrsPerUser) {
@@ -510,6 +512,7 @@ Dev *Agent::device(in_addr_t addr, const std::string &netdev, uid_t uid, std::st
     auto d = std::make_unique<Dev>();
     d->addr = addr;
     d->netdev = netdev;
+    d->ifindex = int(if_nametoindex(netdev.c_str()));
     d->creator = uid;
     recheck_unused_ |= uid != 0;
     // Two agents (SROCE_AGENT_SOCKET) must never build one group together:
@@ -559,7 +562,7 @@ Dev *Agent::device(in_addr_t addr, const std::string &netdev, uid_t uid, std::st
             if (!done) to.insert(to.end(), from.begin(), from.end());
         }
     } restore{owners, inherited_};
-    int probe = new_socket(addr, false, why);
+    int probe = new_socket(*d, false, why);
     if (probe < 0) {
         if (errno != EADDRINUSE || owners.empty()) return nullptr;
     } else {
@@ -567,7 +570,7 @@ Dev *Agent::device(in_addr_t addr, const std::string &netdev, uid_t uid, std::st
     }
     bool adopting = probe < 0;
     std::string busy = why;
-    int fd = new_socket(addr, true, why);
+    int fd = new_socket(*d, true, why);
     if (fd < 0) return nullptr;
     fcntl(fd, F_SETFL, O_NONBLOCK);
     d->socks.push_back(fd);
@@ -617,7 +620,8 @@ Dev *Agent::device(in_addr_t addr, const std::string &netdev, uid_t uid, std::st
     return devs_.back().get();
 }
 
-void Agent::await(in_addr_t addr, const std::string &netdev, uid_t uid, const std::string &why) {
+void Agent::await(const IpAddr &addr, const std::string &netdev, uid_t uid,
+                  const std::string &why) {
     if (errno != EADDRNOTAVAIL) {
         log("%s", why.c_str());
         return;
@@ -638,7 +642,7 @@ void Agent::await(in_addr_t addr, const std::string &netdev, uid_t uid, const st
 // held over for a live process of a dead agent.  So what a user
 // had served costs nothing once that user's processes are gone.
 void Agent::release_unused() {
-    auto named = [this](in_addr_t a) {
+    auto named = [this](const IpAddr &a) {
         for (const auto *v : {&cm_conns_, &new_cm_conns_})
             for (const CmConn &c : *v)
                 if (c.fd >= 0 && std::find(c.addrs.begin(), c.addrs.end(), a) != c.addrs.end())
@@ -688,7 +692,7 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, int sock, Dev *
                           std::to_string(kTableEntries * sizeof(QpEntry)) +
                           " bytes sealed against shrinking");
     ucred cred = this->cred(fd);
-    Dev *d = device(rq.addr, netdev, cred.uid, why);
+    Dev *d = device(IpAddr::of_gid(rq.addr), netdev, cred.uid, why);
     if (!d) return refuse(fd, errno ? errno : EADDRINUSE, why);
     // No user but root takes more than half an address's slots, so that
     // one cannot shut every other out of a device.
@@ -738,7 +742,7 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, int sock, Dev *
                           ip_text(d->addr) + " are in use");
     }
     if (s >= d->socks.size() || d->socks[s] < 0) {
-        int fresh = new_socket(d->addr, true, why);
+        int fresh = new_socket(*d, true, why);
         if (fresh >= 0) {
             if (s >= d->socks.size())
                 d->socks.push_back(fresh);
@@ -848,12 +852,12 @@ int Agent::resume(const ucred &cred, Dev &d, uint32_t s, int sock, std::string &
     if (sock < 0) return 0; // relayed: open_device makes the slot's socket
     // The socket must be the slot's member of this address's group: bound
     // here, and taken by the map (which refuses a socket in no group).
-    sockaddr_in sa{};
-    socklen_t l = sizeof sa;
+    SockAddr sa;
+    socklen_t l = sizeof sa.in6;
     int type = 0;
     socklen_t tl = sizeof type;
-    if (getsockname(sock, reinterpret_cast<sockaddr *>(&sa), &l) < 0 || sa.sin_family != AF_INET ||
-        sa.sin_addr.s_addr != d.addr || sa.sin_port != htons(wire::kRoceV2Port) ||
+    if (getsockname(sock, &sa.sa, &l) < 0 || sa.sa.sa_family != d.addr.family() ||
+        sa.addr() != d.addr || sa.port() != wire::kRoceV2Port ||
         getsockopt(sock, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_DGRAM) {
         why = "the socket is not one of " + ip_text(d.addr) + ":4791";
         return EINVAL;
@@ -886,8 +890,8 @@ void Agent::relay(Dev &d, uint32_t slot) {
         for (int i = 0; i < RelayBufs::kBatch; i++) {
             b.in[i] = {b.data.get() + size_t(i) * RelayBufs::kLen, RelayBufs::kLen};
             b.rx[i].msg_hdr = {};
-            b.rx[i].msg_hdr.msg_name = &b.from[i];
-            b.rx[i].msg_hdr.msg_namelen = sizeof b.from[i];
+            b.rx[i].msg_hdr.msg_name = &b.from[i].sa;
+            b.rx[i].msg_hdr.msg_namelen = sizeof b.from[i].in6;
             b.rx[i].msg_hdr.msg_iov = &b.in[i];
             b.rx[i].msg_hdr.msg_iovlen = 1;
         }
@@ -899,7 +903,9 @@ void Agent::relay(Dev &d, uint32_t slot) {
                 d.rx_relay_dropped++; // longer than any RoCE packet
                 continue;
             }
-            b.hdr[k] = {b.from[i].sin_addr.s_addr, b.from[i].sin_port, 0};
+            b.hdr[k] = {};
+            std::memcpy(b.hdr[k].from_addr, b.from[i].addr().raw, 16);
+            b.hdr[k].from_port = htons(b.from[i].port());
             b.out[k][0] = {&b.hdr[k], sizeof b.hdr[k]};
             b.out[k][1] = {b.in[i].iov_base, b.rx[i].msg_len};
             b.tx[k].msg_hdr = {};
@@ -958,12 +964,15 @@ json Agent::resources() const {
                 uint64_t id = u.table[i].id.load(std::memory_order_relaxed);
                 if (!(id >> 63)) continue;
                 uint64_t peer = u.table[i].peer.load(std::memory_order_relaxed);
+                uint64_t half[2] = {u.table[i].peer_addr[0].load(std::memory_order_relaxed),
+                                    u.table[i].peer_addr[1].load(std::memory_order_relaxed)};
+                IpAddr raddr = IpAddr::of_gid(half);
                 json q = {{"qpn", id & 0xFFFFFF},
                           {"type", type_name(uint32_t(id >> 32) & 0xFF)},
                           {"state", state_name(uint32_t(id >> 40) & 0xFF)}};
-                if (peer >> 32) {
+                if (!raddr.empty()) {
                     q["rqpn"] = peer & 0xFFFFFF;
-                    q["raddr"] = ip_text(in_addr_t(peer >> 32));
+                    q["raddr"] = ip_text(raddr);
                 }
                 qps.push_back(q);
             }
@@ -1093,12 +1102,13 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
             }
         }
         std::vector<CmDevice> devs;
-        std::vector<in_addr_t> addrs;
+        std::vector<IpAddr> addrs;
         for (size_t i = 0; i < ndev; i++) {
             CmDeviceInfo di;
             std::memcpy(&di, msg + sizeof rq + i * sizeof di, sizeof di);
+            IpAddr addr = IpAddr::of_gid(di.addr);
             CmDevice d;
-            d.addr = di.addr;
+            d.addr = addr.is_v4() ? addr.v4_addr() : 0;
             d.index = di.index;
             d.guid = di.guid;
             d.mtu = di.mtu;
@@ -1107,9 +1117,9 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
             devs.push_back(d);
             // QP1 of every device the process may connect through must
             // answer, whether or not a process has the device open.
-            addrs.push_back(d.addr);
+            addrs.push_back(addr);
             std::string why;
-            if (!device(d.addr, d.name, cred.uid, why)) await(d.addr, d.name, cred.uid, why);
+            if (!device(addr, d.name, cred.uid, why)) await(addr, d.name, cred.uid, why);
         }
         OpenReply rep{};
         rep.version = kProtoVersion;
@@ -1200,7 +1210,7 @@ void Agent::cm_command(CmConn &c) {
 void Agent::send_mad(uint32_t local, uint32_t remote, const uint8_t *mad) {
     Dev *d = nullptr;
     for (auto &x : devs_)
-        if (x->addr == local) d = x.get();
+        if (x->addr == IpAddr::v4(local)) d = x.get();
     if (!d) return;
     uint8_t pkt[wire::kBthLen + 8 + 256 + 4];
     wire::bth::build(pkt, wire::kUdSendOnly, false, 0, 0xFFFF, 1, true, d->gsi_psn);
@@ -1208,14 +1218,10 @@ void Agent::send_mad(uint32_t local, uint32_t remote, const uint8_t *mad) {
     wire::put32(pkt + wire::kBthLen, 0x80010000);
     wire::put32(pkt + wire::kBthLen + 4, 1);
     std::memcpy(pkt + wire::kBthLen + 8, mad, 256);
-    Ipv4Header ip{local, remote, wire::kRoceV2Port, wire::kRoceV2Port};
+    IpHeader ip{d->addr, IpAddr::v4(remote), wire::kRoceV2Port, wire::kRoceV2Port};
     icrc_store(pkt + sizeof pkt - 4, icrc_compute(ip, pkt, sizeof pkt));
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(wire::kRoceV2Port);
-    sa.sin_addr.s_addr = remote;
-    sendto(d->socks[0], pkt, sizeof pkt, MSG_DONTWAIT, reinterpret_cast<sockaddr *>(&sa),
-           sizeof sa);
+    SockAddr sa(ip.dst, wire::kRoceV2Port, uint32_t(d->ifindex));
+    sendto(d->socks[0], pkt, sizeof pkt, MSG_DONTWAIT, &sa.sa, sa.len);
 }
 
 void Agent::accept_conns() {
@@ -1231,10 +1237,9 @@ void Agent::accept_conns() {
 void Agent::drain_gsi(Dev &d) {
     alignas(8) uint8_t b[4096 + 256];
     for (;;) {
-        sockaddr_in from{};
-        socklen_t fl = sizeof from;
-        ssize_t n = recvfrom(d.socks[0], b, sizeof b, MSG_DONTWAIT,
-                             reinterpret_cast<sockaddr *>(&from), &fl);
+        SockAddr from;
+        socklen_t fl = sizeof from.in6;
+        ssize_t n = recvfrom(d.socks[0], b, sizeof b, MSG_DONTWAIT, &from.sa, &fl);
         if (n < 0) return;
         wire::Packet pkt;
         if (wire::parse(b, size_t(n), pkt) != wire::ParseError::kOk || pkt.qpn != 1) {
@@ -1242,14 +1247,19 @@ void Agent::drain_gsi(Dev &d) {
             continue;
         }
         d.rx_gsi++;
-        Ipv4Header ip{from.sin_addr.s_addr, d.addr, ntohs(from.sin_port), wire::kRoceV2Port};
+        IpHeader ip{from.addr(), d.addr, from.port(), wire::kRoceV2Port};
         // QP1 takes UD SENDs with the GSI Q_Key only, as rxe does.
         if (!icrc_verify(ip, b, size_t(n)) || pkt.opcode != wire::kUdSendOnly ||
             pkt.qkey() != 0x80010000 || (wire::bth::pkey(b) & 0x7FFF) != 0x7FFF) {
             d.rx_gsi_bad++;
             continue;
         }
-        cm_.receive(d.addr, from.sin_addr.s_addr, pkt.payload, pkt.payload_len);
+        // The CM's peers are IPv4 ones.
+        if (!d.addr.is_v4()) {
+            d.rx_gsi_bad++;
+            continue;
+        }
+        cm_.receive(d.addr.v4_addr(), from.addr().v4_addr(), pkt.payload, pkt.payload_len);
     }
 }
 

@@ -5,7 +5,9 @@
 #include "agent_proto.hpp"
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fcntl.h>
 #include <fstream>
 #include <sstream>
@@ -80,8 +82,8 @@ int save_owners(const std::vector<SlotOwner> &owners) {
         return err;
     }
     for (const SlotOwner &o : owners)
-        fprintf(f, "%u %u %d %u %llu %u\n", unsigned(o.addr), o.slot, int(o.pid), unsigned(o.uid),
-                static_cast<unsigned long long>(o.start), o.map);
+        fprintf(f, "%s %u %d %u %llu %u\n", o.addr.text().c_str(), o.slot, int(o.pid),
+                unsigned(o.uid), static_cast<unsigned long long>(o.start), o.map);
     int err = ferror(f) ? EIO : 0;
     if (fclose(f) != 0 && !err) err = errno;
     if (!err && rename(tmp.c_str(), p.c_str()) < 0) err = errno;
@@ -93,16 +95,27 @@ std::vector<SlotOwner> load_owners() {
     std::vector<SlotOwner> out;
     if (geteuid() != 0) return out;
     std::ifstream f(record_path());
-    // A record written before maps were recorded has no sixth field.
+    // A record written before maps were recorded has no sixth field, and
+    // one written before IPv6 an IPv4 address as a number (network order).
     for (std::string line; std::getline(f, line);) {
         std::istringstream in(line);
-        unsigned a, slot, uid, map = 0;
+        std::string a;
+        unsigned slot, uid, map = 0;
         int pid;
         unsigned long long start;
         if (!(in >> a >> slot >> pid >> uid >> start)) break;
         in >> map;
+        IpAddr addr;
+        if (a.find_first_of(".:") == a.npos) {
+            char *end;
+            unsigned long v = strtoul(a.c_str(), &end, 10);
+            if (*end || v > UINT32_MAX) break;
+            addr = IpAddr::v4(in_addr_t(v));
+        } else if (!IpAddr::parse(a.c_str(), &addr)) {
+            break;
+        }
         if (slot > 0 && slot < kMaxSlots && pid > 0 && proc_start(pid) == start)
-            out.push_back({in_addr_t(a), slot, pid_t(pid), uid_t(uid), start, map});
+            out.push_back({addr, slot, pid_t(pid), uid_t(uid), start, map});
     }
     return out;
 }

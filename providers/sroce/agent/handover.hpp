@@ -13,6 +13,8 @@
 // slot map either).
 #pragma once
 
+#include "inet.hpp"
+
 #include <cstdint>
 #include <netinet/in.h>
 #include <string>
@@ -22,7 +24,7 @@
 namespace sroce::agent {
 
 struct SlotOwner {
-    in_addr_t addr;
+    IpAddr addr;
     uint32_t slot;
     pid_t pid;
     uid_t uid;

@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: MIT
+//
+// IP addresses as RoCEv2 names them: by GID.  A RoCEv2 GID is an IPv6
+// address, or an IPv4 one mapped into IPv6 (::ffff:a.b.c.d), so one 16-byte
+// type carries both families and a peer's GID is its address.
+#pragma once
+
+#include <arpa/inet.h>
+#include <cstdint>
+#include <cstring>
+#include <netinet/in.h>
+#include <string>
+#include <sys/socket.h>
+
+namespace sroce {
+
+struct IpAddr {
+    uint8_t raw[16] = {};
+
+    static IpAddr v4(in_addr_t a) { // network order
+        IpAddr r;
+        r.raw[10] = r.raw[11] = 0xFF;
+        std::memcpy(r.raw + 12, &a, 4);
+        return r;
+    }
+    static IpAddr v6(const in6_addr &a) {
+        IpAddr r;
+        std::memcpy(r.raw, &a, 16);
+        return r;
+    }
+    static IpAddr of_gid(const void *gid) { // 16 bytes
+        IpAddr r;
+        std::memcpy(r.raw, gid, 16);
+        return r;
+    }
+    // An IPv4 or IPv6 literal (an IPv6 one without a scope); false if `s` is
+    // neither.
+    static bool parse(const char *s, IpAddr *out) {
+        in_addr a4;
+        in6_addr a6;
+        if (inet_pton(AF_INET, s, &a4) == 1) {
+            *out = v4(a4.s_addr);
+            return true;
+        }
+        if (inet_pton(AF_INET6, s, &a6) == 1) {
+            *out = v6(a6);
+            return true;
+        }
+        return false;
+    }
+
+    bool is_v4() const {
+        static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+        return std::memcmp(raw, kMapped, 12) == 0;
+    }
+    int family() const { return is_v4() ? AF_INET : AF_INET6; }
+    in_addr_t v4_addr() const { // network order; only for is_v4()
+        in_addr_t a;
+        std::memcpy(&a, raw + 12, 4);
+        return a;
+    }
+    in6_addr v6_addr() const {
+        in6_addr a;
+        std::memcpy(&a, raw, 16);
+        return a;
+    }
+    bool empty() const {
+        static constexpr uint8_t kZero[16] = {};
+        return std::memcmp(raw, kZero, 16) == 0;
+    }
+    bool multicast() const { return is_v4() ? (raw[12] & 0xF0) == 0xE0 : raw[0] == 0xFF; }
+    bool link_local() const { return raw[0] == 0xFE && (raw[1] & 0xC0) == 0x80; }
+    bool operator==(const IpAddr &) const = default;
+    // For tables indexed by peer: mixes every byte that differs between
+    // hosts of one network (the low ones of either family).
+    uint32_t hash() const {
+        uint32_t h[4];
+        std::memcpy(h, raw, 16);
+        return (h[0] ^ h[1] ^ h[2]) * 0x9E3779B1u ^ ntohl(h[3]);
+    }
+    std::string text() const {
+        char s[INET6_ADDRSTRLEN];
+        if (is_v4()) {
+            in_addr_t a = v4_addr();
+            return inet_ntop(AF_INET, &a, s, sizeof s);
+        }
+        in6_addr a = v6_addr();
+        return inet_ntop(AF_INET6, &a, s, sizeof s);
+    }
+};
+
+// A socket address of either family, as sendmmsg() and recvmmsg() take it.
+struct SockAddr {
+    union {
+        sockaddr sa;
+        sockaddr_in in;
+        sockaddr_in6 in6;
+    };
+    socklen_t len = 0;
+
+    SockAddr() { std::memset(&in6, 0, sizeof in6); }
+    // `scope`: the interface index a link-local IPv6 address is on.
+    SockAddr(const IpAddr &a, uint16_t port, uint32_t scope = 0) : SockAddr() {
+        if (a.is_v4()) {
+            in.sin_family = AF_INET;
+            in.sin_port = htons(port);
+            in.sin_addr.s_addr = a.v4_addr();
+            len = sizeof in;
+        } else {
+            in6.sin6_family = AF_INET6;
+            in6.sin6_port = htons(port);
+            in6.sin6_addr = a.v6_addr();
+            in6.sin6_scope_id = a.link_local() || a.multicast() ? scope : 0;
+            len = sizeof in6;
+        }
+    }
+    IpAddr addr() const {
+        if (sa.sa_family == AF_INET) return IpAddr::v4(in.sin_addr.s_addr);
+        if (sa.sa_family == AF_INET6) return IpAddr::v6(in6.sin6_addr);
+        return {};
+    }
+    uint16_t port() const { return ntohs(sa.sa_family == AF_INET6 ? in6.sin6_port : in.sin_port); }
+};
+
+} // namespace sroce
