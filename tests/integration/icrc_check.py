@@ -5,10 +5,13 @@
 scapy.contrib.roce's BTH.compute_icrc() builds the masked pseudo header from
 the IP and UDP headers as captured, independently of sroce's implementation.
 On lo the capture holds the IPv4 header exactly as sent, so the check is
-complete: no field the receiver cannot see is guessed.
+complete: no field the receiver cannot see is guessed.  scapy releases
+before 2.6 compute no ICRC over IPv6; for an IPv6 packet the same recipe
+scapy 2.6 follows is applied here to scapy's own parse of the packet (the
+IPv6 header's traffic class, flow label and hop limit set to ones).
 
 Also checks what sroce's receivers rely on (wire-protocol.md §1.1): DF on
-every packet, and IP IDs as the sending socket numbers them.  From the device
+every IPv4 packet, and IP IDs as the sending socket numbers them.  From the device
 socket (source port 4791) an ID is the packet's place in its segmentation-
 offload send - 0, or one more than the ID of the flow's packet before it
 (same addresses and destination QP), below 64.  From a connected socket (any
@@ -31,8 +34,9 @@ import collections
 import sys
 
 try:
-    from scapy.all import IP, UDP, PcapReader, raw
+    from scapy.all import IP, IPv6, UDP, PcapReader, Raw, raw
     from scapy.contrib.roce import BTH, _bth_opcodes
+    import zlib
 except ImportError as e:
     print(f"SKIP: scapy is not available: {e}", file=sys.stderr)
     sys.exit(77)
@@ -58,6 +62,19 @@ REQUIRED = {
 }
 
 
+def icrc_ipv6(pkt):
+    """The ICRC of an IPv6 RoCEv2 packet, little-endian as on the wire."""
+    ps = Raw(b"\xff" * 8) / pkt[IPv6].copy()
+    ps.tc, ps.fl, ps.hlim = 0xFF, 0xFFFFF, 0xFF
+    ps[UDP].chksum = 0xFFFF
+    ps[BTH].fecn = ps[BTH].becn = 1
+    ps[BTH].resv6 = 0xFF
+    bth = ps[BTH].self_build()
+    body = raw(ps[BTH].payload)
+    ps[UDP].payload = Raw(bth + body + b"\xff" * 4)
+    return (zlib.crc32(raw(ps)[:-4]) & 0xFFFFFFFF).to_bytes(4, "little")
+
+
 def main():
     args = sys.argv[1:]
     require_segmented = "--require-segmented" in args
@@ -71,9 +88,11 @@ def main():
     mismatches = []
     bad_ip = []
     total = 0
+    families = set()
     with PcapReader(args[0]) as reader:
         for n, pkt in enumerate(reader, 1):
-            if IP not in pkt or UDP not in pkt or pkt[UDP].dport != ROCE_PORT:
+            if (IP not in pkt and IPv6 not in pkt) or UDP not in pkt or \
+                    pkt[UDP].dport != ROCE_PORT:
                 continue
             udp = pkt[UDP]
             payload = raw(udp.payload)
@@ -81,14 +100,21 @@ def main():
                 mismatches.append((n, "not a RoCEv2 packet", payload[:16].hex()))
                 continue
             total += 1
-            ip = pkt[IP]
             opcode = payload[0]
             counts[opcode] += 1
-            want = pkt[BTH].compute_icrc(b"")
+            v6 = IP not in pkt
+            if v6:
+                families.add(6)
+            else:
+                families.add(4)
+            want = icrc_ipv6(pkt) if v6 else pkt[BTH].compute_icrc(b"")
             got = payload[-4:]
             if want != got:
                 mismatches.append((n, _bth_opcodes.get(opcode, hex(opcode)),
                                    f"ICRC {got.hex()} expected {want.hex()}"))
+            if v6:
+                continue  # no IP ID, no DF: nothing else the receiver relies on
+            ip = pkt[IP]
             if udp.sport == ROCE_PORT:
                 flow = (ip.src, ip.dst, int.from_bytes(payload[5:8], "big"))
                 in_run = ip.id == last_id.get(flow, -2) + 1
@@ -112,8 +138,8 @@ def main():
                 bad_ip.append((n, f"IP ID {ip.id:#06x} flags {ip.flags} from port {udp.sport} "
                                   f"(before it: {before})"))
 
-    print(f"{total} RoCEv2 packets, {segmented} of them showing segmentation-offload "
-          f"sends by their IP ID")
+    print(f"{total} RoCEv2 packets over IPv{'/IPv'.join(map(str, sorted(families))) or '?'}, "
+          f"{segmented} of them showing segmentation-offload sends by their IP ID")
     for op in sorted(counts):
         print(f"  {op:#04x} {_bth_opcodes.get(op, '?'):<36} {counts[op]}")
     ok = True

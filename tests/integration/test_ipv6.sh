@@ -1,0 +1,235 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# RoCEv2 over IPv6 between two hosts: network namespaces A and B joined by a
+# veth pair with IPv6 (fd00:31::1, fd00:31::2) and IPv4 (10.31.0.1,
+# 10.31.0.2) addresses, an sroce device on each address.  Checks:
+#   - the GID table as the /sys view shows it: link-local first, then the
+#     IPv6 address, RoCE v2;
+#   - ibv_rc/uc/ud/srq/xsrq_pingpong -g 1 over IPv6;
+#   - a seeded mix of SEND, WRITE, READ and atomics (sroce_xfer) with every
+#     byte checked, captured on the veth: scapy recomputes the ICRC of every
+#     IPv6 packet;
+#   - perftest ib_send_lat (64 B) and ib_write_bw (64 KiB) over the IPv6
+#     devices and then the IPv4 ones on the same veth, printed side by side.
+# The TCP side channels of the programs use the IPv4 addresses; the RoCE
+# traffic goes where the GIDs say.
+#
+# Usage: test_ipv6.sh BUILD-DIR
+# Exits 77 (ctest SKIP_RETURN_CODE) without root, network namespaces or veth.
+# Traffic stays inside the namespaces created here.
+#
+# ctest: TIMEOUT=600 LABELS=netns PROCESSORS=2
+set -uo pipefail
+
+build=${1:?usage: test_ipv6.sh BUILD-DIR}
+here=$(cd "$(dirname "$0")" && pwd)
+sroce=$build/tools/sroce/sroce
+xfer=$build/tests/progs/sroce_xfer
+for f in "$sroce" "$xfer"; do
+	[[ -x $f ]] || {
+		echo "FAIL: $f is not built" >&2
+		exit 1
+	}
+done
+
+skip() {
+	echo "SKIP: $*" >&2
+	exit 77
+}
+((EUID == 0)) || skip "needs root for network namespaces"
+command -v ip >/dev/null || skip "no ip(8)"
+
+ns_a=sroce-v6-a-$$
+ns_b=sroce-v6-b-$$
+tmp=$(mktemp -d)
+kill_in() {
+	local p
+	for p in $(ip netns pids "$1" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+}
+cleanup() {
+	kill_in "$ns_a"
+	kill_in "$ns_b"
+	wait 2>/dev/null
+	ip netns del "$ns_a" 2>/dev/null
+	ip netns del "$ns_b" 2>/dev/null
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+ip netns add "$ns_a" 2>"$tmp/err" || skip "ip netns unusable: $(cat "$tmp/err")"
+ip netns add "$ns_b" 2>"$tmp/err" || skip "ip netns unusable: $(cat "$tmp/err")"
+ip link add veth-a netns "$ns_a" type veth peer name veth-b netns "$ns_b" 2>"$tmp/err" ||
+	skip "cannot create a veth pair: $(cat "$tmp/err")"
+
+failures=0
+pass() { echo "ok   $*"; }
+fail() {
+	echo "FAIL $*" >&2
+	failures=$((failures + 1))
+}
+in_a() { ip netns exec "$ns_a" "$@"; }
+in_b() { ip netns exec "$ns_b" "$@"; }
+
+# nodad: the addresses are usable at once, not after duplicate detection.
+if ! { in_a ip link set lo up && in_b ip link set lo up &&
+	in_a ip addr add fd00:31::1/64 dev veth-a nodad && in_b ip addr add fd00:31::2/64 dev veth-b nodad &&
+	in_a ip addr add 10.31.0.1/24 dev veth-a && in_b ip addr add 10.31.0.2/24 dev veth-b &&
+	in_a ip link set veth-a up && in_b ip link set veth-b up; }; then
+	echo "FAIL: cannot configure the namespaces" >&2
+	exit 1
+fi
+deadline=$((SECONDS + 10))
+until [[ $(in_a cat /sys/class/net/veth-a/operstate) == up &&
+	$(in_b cat /sys/class/net/veth-b/operstate) == up ]]; do
+	((SECONDS < deadline)) || {
+		echo "FAIL: the veth pair did not come up" >&2
+		exit 1
+	}
+	sleep 0.05
+done
+
+conf_a=$tmp/a.conf
+conf_b=$tmp/b.conf
+if ! { in_a "$sroce" --config "$conf_a" link add v6a netdev veth-a addr fd00:31::1 &&
+	in_a "$sroce" --config "$conf_a" link add v4a netdev veth-a addr 10.31.0.1 &&
+	in_b "$sroce" --config "$conf_b" link add v6b netdev veth-b addr fd00:31::2 &&
+	in_b "$sroce" --config "$conf_b" link add v4b netdev veth-b addr 10.31.0.2; }; then
+	echo "FAIL: sroce link add" >&2
+	exit 1
+fi
+# One agent per namespace, of this test alone.
+export SROCE_AGENT_SOCKET=sroce-test-ipv6-$$
+run_a() { in_a env SROCE_CONFIG="$conf_a" "$sroce" --config "$conf_a" exec -- "$@"; }
+run_b() { in_b env SROCE_CONFIG="$conf_b" "$sroce" --config "$conf_b" exec -- "$@"; }
+
+# --- The GID table, as programs that read /sys see it.
+gids=/sys/class/infiniband/v6a/ports/1
+got=$(run_a cat "$gids/gids/0" "$gids/gids/1" "$gids/gid_attrs/types/1" 2>&1 | tr '\n' ' ')
+if [[ $got == "fe80:0000:0000:0000:"*" fd00:0031:0000:0000:0000:0000:0000:0001 RoCE v2 " ]]; then
+	pass "GID 0 link-local, GID 1 fd00:31::1, RoCE v2 ($got)"
+else
+	fail "the /sys GID table of v6a: '$got'"
+fi
+
+# pair NAME TIMEOUT SERVER-CMD... -- CLIENT-CMD...: A serves, B connects;
+# both must exit 0.  Output in $tmp/NAME.{a,b}.
+pair() {
+	local name=$1 limit=$2 server=() pid rc_a rc_b
+	shift 2
+	while [[ $1 != -- ]]; do
+		server+=("$1")
+		shift
+	done
+	shift
+	run_a timeout "$limit" "${server[@]}" >"$tmp/$name.a" 2>&1 &
+	pid=$!
+	# The server listens on its TCP port once its device is set up.
+	local deadline=$((SECONDS + 20))
+	until [[ -n $(in_a ss -Hltn 2>/dev/null) ]] || ((SECONDS >= deadline)); do sleep 0.05; done
+	run_b timeout "$limit" "$@" >"$tmp/$name.b" 2>&1
+	rc_b=$?
+	wait "$pid"
+	rc_a=$?
+	if ((rc_a == 0 && rc_b == 0)); then
+		return 0
+	fi
+	echo "  $name: server exit $rc_a, client exit $rc_b" >&2
+	sed "s/^/  $name.a: /" "$tmp/$name.a" >&2
+	sed "s/^/  $name.b: /" "$tmp/$name.b" >&2
+	return 1
+}
+
+# --- Every transport through rdma-core's own example programs.
+for prog in ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong; do
+	command -v "$prog" >/dev/null || {
+		fail "$prog is not installed"
+		continue
+	}
+	if pair "$prog" 60 "$prog" -d v6a -g 1 -n 2000 -- "$prog" -d v6b -g 1 -n 2000 10.31.0.1 &&
+		grep -q "remote address:.*GID fd00:31::1" "$tmp/$prog.b" &&
+		grep -q "2000 iters" "$tmp/$prog.b"; then
+		pass "$prog -g 1 over IPv6: $(grep iters "$tmp/$prog.b")"
+	else
+		fail "$prog -g 1 over IPv6"
+	fi
+done
+if command -v ibv_xsrq_pingpong >/dev/null &&
+	pair xsrq 60 ibv_xsrq_pingpong -d v6a -g 1 -- ibv_xsrq_pingpong -d v6b -g 1 10.31.0.1 &&
+	grep -q success "$tmp/xsrq.b"; then
+	pass "ibv_xsrq_pingpong -g 1 over IPv6 (XRC)"
+else
+	fail "ibv_xsrq_pingpong -g 1 over IPv6"
+fi
+
+# --- Every RC operation, each byte checked, and the ICRC of every packet
+# recomputed by scapy from a capture on B's end of the veth.  Sent without
+# segmentation offload, so that the capture holds packets, not sends.
+scapy=""
+for p in /usr/bin/python3 python3; do
+	if command -v "$p" >/dev/null && "$p" -c 'import scapy.contrib.roce' 2>/dev/null; then
+		scapy=$p
+		break
+	fi
+done
+if [[ -z $scapy ]] || ! command -v tshark >/dev/null; then
+	fail "scapy or tshark is missing: the IPv6 ICRCs cannot be checked"
+else
+	in_b tshark -i veth-b -B 64 -f "ip6 and udp port 4791" -w "$tmp/v6.pcap" >/dev/null 2>"$tmp/tshark.log" &
+	cap=$!
+	for _ in $(seq 100); do
+		grep -q "Capturing on" "$tmp/tshark.log" && break
+		sleep 0.1
+	done
+	sleep 0.5
+	if pair xfer 120 env SROCE_GSO=0 "$xfer" -d v6a -g 1 -p 18600 -- \
+		env SROCE_GSO=0 "$xfer" -d v6b -g 1 -p 18600 -n 3000 --seed 31 10.31.0.1; then
+		pass "sroce_xfer -g 1: 3000 operations over IPv6, every byte checked"
+	else
+		fail "sroce_xfer over IPv6"
+	fi
+	sleep 0.5
+	kill -TERM "$cap"
+	wait "$cap"
+	if "$scapy" "$here/icrc_check.py" "$tmp/v6.pcap" >"$tmp/icrc.out" 2>&1 &&
+		grep -q "over IPv6," "$tmp/icrc.out"; then
+		pass "scapy recomputed the ICRC of every IPv6 packet: $(head -1 "$tmp/icrc.out")"
+	else
+		fail "IPv6 ICRCs in the capture:"
+		sed 's/^/  /' "$tmp/icrc.out" >&2
+	fi
+fi
+
+# --- What perftest sees, over IPv6 and then IPv4 on the same veth.
+perf() {
+	local fam=$1 tool=$2 size=$3 port=$4
+	shift 4
+	pair "$tool-$fam" 120 "$tool" -d "v${fam}a" -x 1 -s "$size" -p "$port" "$@" -- \
+		"$tool" -d "v${fam}b" -x 1 -s "$size" -p "$port" "$@" 10.31.0.1 || return 1
+	awk -v s="$size" '$1 == s { print $0; found = 1 } END { exit !found }' "$tmp/$tool-$fam.b"
+}
+for fam in 6 4; do
+	if line=$(perf "$fam" ib_send_lat 64 18610 -n 5000); then
+		pass "ib_send_lat 64 B over IPv$fam: $line"
+		echo "$fam lat $line" >>"$tmp/perf"
+	else
+		fail "ib_send_lat over IPv$fam"
+	fi
+	if line=$(perf "$fam" ib_write_bw 65536 18611 -n 2000); then
+		pass "ib_write_bw 64 KiB over IPv$fam: $line"
+		echo "$fam bw $line" >>"$tmp/perf"
+	else
+		fail "ib_write_bw over IPv$fam"
+	fi
+done
+if [[ -s $tmp/perf ]]; then
+	echo "IPv6 next to IPv4 (64 B t_typical usec; 64 KiB BW average MB/s):"
+	awk '$2 == "lat" { printf "  IPv%s ib_send_lat %s us\n", $1, $7 }
+	     $2 == "bw"  { printf "  IPv%s ib_write_bw %s MB/s\n", $1, $6 }' "$tmp/perf"
+fi
+
+if ((failures)); then
+	echo "$failures check(s) failed" >&2
+	exit 1
+fi
+echo "all checks passed"
