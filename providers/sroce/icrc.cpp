@@ -226,8 +226,9 @@ bool verify(IpHeader ip, size_t udp_len, const uint8_t *covered, size_t len, uin
             int32_t likely_id, int likely_count, int likely_behind) {
     uint32_t want = icrc_load(covered + len - wire::kIcrcLen);
     if (!ip.src.is_v4()) {
-        // Nothing covered is hidden from the receiver: no ID to solve for.
-        if (ip_id) *ip_id = 0;
+        // Nothing covered is hidden from the receiver: no ID to solve for,
+        // and the one expected is as good as any.
+        if (ip_id) *ip_id = ip.ip_id;
         return compute(ip, udp_len, covered, len) == want;
     }
     bool sroce = ip.sport == wire::kRoceV2Port;

@@ -96,7 +96,9 @@ TEST(IcrcIpv6, CoversAddressesPortsAndLengthAndNoIpId) {
         IpHeader ip = hdr6(g);
         ip.ip_id = id;
         ip.df = id & 1;
-        EXPECT_TRUE(icrc_verify(ip, p.data(), p.size(), nullptr, id, 4, 4)) << id;
+        uint16_t used = 0xABCD;
+        EXPECT_TRUE(icrc_verify(ip, p.data(), p.size(), &used, id, 4, 4)) << id;
+        EXPECT_EQ(used, id) << "an ID expected is no ID solved for";
     }
     for (auto mod : std::vector<void (*)(IpHeader &)>{
              [](IpHeader &h) { h.src.raw[15] ^= 1; }, [](IpHeader &h) { h.src.raw[0] ^= 0x80; },
