@@ -104,6 +104,8 @@ using namespace sroce;
 constexpr const char *kDevName = "sroce_fuzz";
 constexpr const char *kDevAddr = "127.0.5.1";
 constexpr const char *kPeerAddr = "127.0.5.2";
+constexpr const char *kDevAddr6 = "fd00:5::1";
+constexpr const char *kPeerAddr6 = "fd00:5::2";
 constexpr uint32_t kPeerQpn = 0x000777;
 constexpr size_t kBufLen = 64 << 10;
 constexpr size_t kMaxDatagram = 4200;
@@ -281,9 +283,11 @@ struct Harness {
     ibv_mr *src_mr = nullptr;
     uint8_t src[4096] = {};
     Nic *nic = nullptr;
-    in_addr_t dev_addr = 0, peer_addr = 0;
-    sockaddr_in peer_sa{}; // where the peer's datagrams come from
-    bool trace = false;    // FUZZ_RX_TRACE: one line per record on stderr
+    // The device's and the peer's addresses: IPv4, or IPv6 under
+    // FUZZ_RX_IPV6 (the same inputs then exercise the IPv6 header's ICRC,
+    // GRH and addressing).
+    IpAddr dev_addr, peer_addr;
+    bool trace = false; // FUZZ_RX_TRACE: one line per record on stderr
     // What the run reached, printed at exit.
     struct {
         uint64_t packets = 0, qp1 = 0, deregs = 0, dereg_busy = 0, access = 0, access_refused = 0,
@@ -310,11 +314,6 @@ void trace(const char *fmt, ...) {
     va_end(ap);
 }
 
-in_addr_t ip4(const char *s) {
-    in_addr a{};
-    inet_pton(AF_INET, s, &a);
-    return a.s_addr;
-}
 
 // ---------------------------------------------------------------------------
 // Memory
@@ -621,8 +620,7 @@ void connect_qp(ibv_qp *qp, Kind kind) {
         a.ah_attr.is_global = 1;
         a.ah_attr.port_num = 1;
         a.ah_attr.grh.sgid_index = 1;
-        a.ah_attr.grh.dgid.raw[10] = a.ah_attr.grh.dgid.raw[11] = 0xFF;
-        std::memcpy(a.ah_attr.grh.dgid.raw + 12, &h.peer_addr, 4);
+        std::memcpy(a.ah_attr.grh.dgid.raw, h.peer_addr.raw, 16);
         mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
     }
     if (kind == kRc || kind == kRcSrq || kind == kXrc) {
@@ -712,7 +710,9 @@ void setup() {
     char tmpl[] = "/tmp/sroce-fuzz-XXXXXX";
     if (!mkdtemp(tmpl)) die("mkdtemp");
     std::string conf = std::string(tmpl) + "/links.conf";
-    std::ofstream(conf) << kDevName << " netdev lo addr " << kDevAddr << "\n";
+    bool v6 = getenv("FUZZ_RX_IPV6") != nullptr;
+    const char *dev_addr = v6 ? kDevAddr6 : kDevAddr, *peer_addr = v6 ? kPeerAddr6 : kPeerAddr;
+    std::ofstream(conf) << kDevName << " netdev lo addr " << dev_addr << "\n";
     setenv("SROCE_CONFIG", conf.c_str(), 1);
     unsetenv("SROCE_FAULT");
     unsetenv("SROCE_BUSY_POLL");
@@ -721,11 +721,8 @@ void setup() {
     setenv("SROCE_PORT", "memory", 1);
     memwire::set_manual_progress(true);
 
-    h.dev_addr = ip4(kDevAddr);
-    h.peer_addr = ip4(kPeerAddr);
-    h.peer_sa.sin_family = AF_INET;
-    h.peer_sa.sin_port = htons(wire::kRoceV2Port);
-    h.peer_sa.sin_addr.s_addr = h.peer_addr;
+    if (!IpAddr::parse(dev_addr, &h.dev_addr) || !IpAddr::parse(peer_addr, &h.peer_addr))
+        die("addresses");
     memwire::listen(h.peer_addr);
 
     ibv_device **list = nullptr;
@@ -774,8 +771,7 @@ void setup() {
     ah.is_global = 1;
     ah.port_num = 1;
     ah.grh.sgid_index = 1;
-    ah.grh.dgid.raw[10] = ah.grh.dgid.raw[11] = 0xFF;
-    std::memcpy(ah.grh.dgid.raw + 12, &h.peer_addr, 4);
+    std::memcpy(ah.grh.dgid.raw, h.peer_addr.raw, 16);
     h.peer_ah = sroce_create_ah(h.pd, &ah);
     h.mw1 = ibv_alloc_mw(h.pd, IBV_MW_TYPE_1);
     h.mw2 = ibv_alloc_mw(h.pd, IBV_MW_TYPE_2);
@@ -886,7 +882,7 @@ void windows_action(uint8_t arg) {
 // of `count` packets of that size - and has the device handle them.
 void inject(const uint8_t *p, size_t n, uint16_t seg = 0, unsigned count = 1) {
     uint64_t before = h.nic->stats.rx_pkts.load();
-    if (!memwire::send(h.peer_sa, h.dev_addr, p, n, seg)) die("memwire::send");
+    if (!memwire::send(h.peer_addr, wire::kRoceV2Port, h.dev_addr, p, n, seg)) die("memwire::send");
     while (h.nic->poll_once() > 0) {
     }
     if (h.nic->stats.rx_pkts.load() < before + count) {
@@ -1094,8 +1090,7 @@ void aim(uint8_t *p, size_t n, bool window, bool persistent) {
 
 void fix_icrc(uint8_t *p, size_t n, uint16_t ip_id = 0) {
     if (n < wire::kBthLen + wire::kIcrcLen) return;
-    IpHeader ip{IpAddr::v4(h.peer_addr), IpAddr::v4(h.dev_addr), wire::kRoceV2Port,
-                wire::kRoceV2Port, ip_id};
+    IpHeader ip{h.peer_addr, h.dev_addr, wire::kRoceV2Port, wire::kRoceV2Port, ip_id};
     icrc_store(p + n - wire::kIcrcLen, icrc_compute(ip, p, n));
 }
 
@@ -1139,8 +1134,7 @@ void packet_record(uint8_t ctl, uint8_t target, uint8_t aim_bits, uint8_t *p, si
     {
         wire::Packet parsed;
         (void)wire::parse(p, n, parsed);
-        IpHeader ip{IpAddr::v4(h.peer_addr), IpAddr::v4(h.dev_addr), wire::kRoceV2Port,
-                    wire::kRoceV2Port};
+        IpHeader ip{h.peer_addr, h.dev_addr, wire::kRoceV2Port, wire::kRoceV2Port};
         uint16_t id;
         (void)icrc_verify(ip, p, n, &id);
         // Linux rxe's FLUSH form, with the IP ID solved as for rxe's ports.
