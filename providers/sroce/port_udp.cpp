@@ -189,7 +189,11 @@ void UdpPort::shut() {
 }
 
 Route UdpPort::route(const IpAddr &dst, uint32_t flow) {
-    PeerSocket *p = peer_socket(dst, flow);
+    // Over IPv4 a receiver tells the IP ID counters of connected sockets
+    // apart by source port, and the application's and the progress
+    // thread's sockets to one peer would share a flow label's port: the
+    // label picks no port there.
+    PeerSocket *p = peer_socket(dst, v4_ ? 0 : flow);
     return {p, p ? p->port : wire::kRoceV2Port};
 }
 

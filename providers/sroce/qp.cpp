@@ -308,8 +308,7 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
     IpAddr dest = a.dest_addr;
     if (mask & IBV_QP_AV) {
         if (!attr->ah_attr.is_global || attr->ah_attr.grh.sgid_index >= dev->ngids ||
-            !gid_addr(*dev, attr->ah_attr.grh.dgid, &dest) ||
-            attr->ah_attr.grh.flow_label > 0xFFFFF)
+            !gid_addr(*dev, attr->ah_attr.grh.dgid, &dest))
             return EINVAL;
     }
     if ((mask & IBV_QP_PORT) && attr->port_num != 1) return EINVAL;
@@ -344,6 +343,8 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
     if (mask & IBV_QP_QKEY) a.qkey = attr->qkey;
     if (mask & IBV_QP_AV) {
         a.ah = attr->ah_attr;
+        // 20 bits, as RNICs take it (UCX fills the field with more).
+        a.ah.grh.flow_label &= 0xFFFFF;
         a.dest_addr = dest;
     }
     if (mask & IBV_QP_PATH_MTU) {

@@ -372,7 +372,7 @@ struct ibv_ah *sroce_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr) {
     IpAddr addr;
     const Device *dev = to_ctx(pd->context)->dev;
     if (!attr->is_global || attr->port_num != 1 || attr->grh.sgid_index >= dev->ngids ||
-        !gid_addr(*dev, attr->grh.dgid, &addr) || attr->grh.flow_label > 0xFFFFF) {
+        !gid_addr(*dev, attr->grh.dgid, &addr)) {
         errno = EINVAL;
         return nullptr;
     }
@@ -382,6 +382,7 @@ struct ibv_ah *sroce_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr) {
         return nullptr;
     }
     ah->attr = *attr;
+    ah->attr.grh.flow_label &= 0xFFFFF; // 20 bits, as RNICs take it
     ah->addr = addr;
     ah->ibah.context = pd->context;
     ah->ibah.pd = pd;
