@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 #include "config.hpp"
 
+#include "inet.hpp"
+
 #include <arpa/inet.h>
 #include <cerrno>
 #include <cstdlib>
@@ -244,9 +246,13 @@ std::string link_error(const Link &link) {
                " characters from A-Z a-z 0-9 _ . -)";
     if (!valid_netdev_name(link.netdev))
         return "invalid interface name '" + link.netdev + "' for link '" + link.name + "'";
-    if (canonical_addr(link.addr).empty())
+    IpAddr a;
+    if (!IpAddr::parse(link.addr.c_str(), &a))
         return "invalid address '" + link.addr + "' for link '" + link.name +
                "' (expected an IPv4 or IPv6 address)";
+    if (!a.unicast())
+        return "address " + link.addr + " of link '" + link.name +
+               "' is no address of one host (unspecified, multicast or broadcast)";
     return {};
 }
 

@@ -70,6 +70,14 @@ struct IpAddr {
     }
     bool multicast() const { return is_v4() ? (raw[12] & 0xF0) == 0xE0 : raw[0] == 0xFF; }
     bool link_local() const { return raw[0] == 0xFE && (raw[1] & 0xC0) == 0x80; }
+    // An address one host can have: not unspecified (a wildcard to bind),
+    // not multicast, not IPv4's broadcast.
+    bool unicast() const {
+        if (multicast()) return false;
+        if (!is_v4()) return !empty();
+        in_addr_t a = ntohl(v4_addr());
+        return a != INADDR_ANY && a != INADDR_BROADCAST;
+    }
     bool operator==(const IpAddr &) const = default;
     // For tables indexed by peer: mixes every byte that differs between
     // hosts of one network (the low ones of either family).

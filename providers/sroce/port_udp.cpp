@@ -534,23 +534,15 @@ int UdpPort::join(const IpAddr &group) {
     SockAddr sa(group, wire::kRoceV2Port, uint32_t(ifindex_));
     int gro = opt_.gro ? 1 : 0;
     setsockopt(fd, IPPROTO_UDP, UDP_GRO, &gro, sizeof gro);
-    int joined;
-    if (v4_) {
-        ip_mreq mreq{};
-        mreq.imr_multiaddr.s_addr = group.v4_addr();
-        mreq.imr_interface.s_addr = addr_.v4_addr();
-        joined = bind(fd, &sa.sa, sa.len) == 0
-                     ? setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mreq, sizeof mreq)
-                     : -1;
-    } else {
-        ipv6_mreq mreq{};
-        mreq.ipv6mr_multiaddr = group.v6_addr();
-        mreq.ipv6mr_interface = unsigned(ifindex_);
-        joined = bind(fd, &sa.sa, sa.len) == 0
-                     ? setsockopt(fd, IPPROTO_IPV6, IPV6_JOIN_GROUP, &mreq, sizeof mreq)
-                     : -1;
-    }
-    if (joined < 0) {
+    ip_mreq m4{};
+    m4.imr_multiaddr.s_addr = group.v4_addr();
+    m4.imr_interface.s_addr = addr_.v4_addr();
+    ipv6_mreq m6{};
+    m6.ipv6mr_multiaddr = group.v6_addr();
+    m6.ipv6mr_interface = unsigned(ifindex_);
+    if (bind(fd, &sa.sa, sa.len) < 0 ||
+        (v4_ ? setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &m4, sizeof m4)
+             : setsockopt(fd, IPPROTO_IPV6, IPV6_JOIN_GROUP, &m6, sizeof m6)) < 0) {
         int err = errno;
         close(fd);
         return err;

@@ -529,6 +529,12 @@ def malformed():
     table = sealed_table()
     answer("two-descriptors", request(OPEN_DEVICE, b"x", b"lo", mapped("127.0.29.1")), [table, memfd])
     answer("resume-unheld", request(OPEN_DEVICE, b"x", b"lo", mapped("127.0.29.1"), 1), [table])
+    # No wildcard (IPv6 or IPv4), group or broadcast address is a device's.
+    answer("any6", request(OPEN_DEVICE, b"x", b"lo", bytes(16)), [table])
+    answer("any4", request(OPEN_DEVICE, b"x", b"lo", mapped("0.0.0.0")), [table])
+    answer("group6", request(OPEN_DEVICE, b"x", b"lo", socket.inet_pton(socket.AF_INET6, "ff02::1")),
+           [table])
+    answer("broadcast", request(OPEN_DEVICE, b"x", b"lo", mapped("255.255.255.255")), [table])
     os.close(table)
     os.close(memfd)
 

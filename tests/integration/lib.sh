@@ -43,6 +43,7 @@ _sroce_cleanup() {
 		wait "$pid" 2>/dev/null || true
 	done
 	# Gone already (idle exit) is fine.
+	netns_cleanup
 	[[ -z ${SROCE_PRIVATE_AGENT:-} ]] || "$SROCE_BIN" agent stop &>/dev/null || true
 	[[ -n ${WORK:-} && -d $WORK ]] && rm -rf "$WORK"
 	return 0
@@ -231,6 +232,42 @@ wait_listen() {
 		sleep 0.05
 	done
 	return 1
+}
+
+# netns_pair A B: two network namespaces of the script's own, A and B, joined
+# by a veth pair (veth-a in A, veth-b in B) with every link up and the
+# carrier there; skips where namespaces or veth are unusable.  netns_cleanup
+# (called from _sroce_cleanup) kills what runs in them and deletes them.
+SROCE_NETNS=()
+netns_pair() {
+	local err deadline
+	err=$(ip netns add "$1" 2>&1) || skip "ip netns unusable: $err"
+	SROCE_NETNS+=("$1")
+	err=$(ip netns add "$2" 2>&1) || skip "ip netns unusable: $err"
+	SROCE_NETNS+=("$2")
+	# Made inside the namespaces, so the names cannot clash with the host's.
+	err=$(ip link add veth-a netns "$1" type veth peer name veth-b netns "$2" 2>&1) ||
+		skip "cannot create a veth pair: $err"
+	if ! { ip -n "$1" link set lo up && ip -n "$2" link set lo up &&
+		ip -n "$1" link set veth-a up && ip -n "$2" link set veth-b up; }; then
+		die "cannot bring up the links of $1 and $2"
+	fi
+	# sroce reports a port's state from its interface's.
+	deadline=$((SECONDS + 10))
+	until [[ $(ip netns exec "$1" cat /sys/class/net/veth-a/operstate) == up &&
+		$(ip netns exec "$2" cat /sys/class/net/veth-b/operstate) == up ]]; do
+		((SECONDS < deadline)) || die "the veth pair of $1 and $2 did not come up"
+		sleep 0.05
+	done
+}
+netns_cleanup() {
+	local ns p
+	for ns in "${SROCE_NETNS[@]}"; do
+		for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+	done
+	# Deleting a namespace also deletes its end of the veth pair.
+	for ns in "${SROCE_NETNS[@]}"; do ip netns del "$ns" 2>/dev/null; done
+	SROCE_NETNS=()
 }
 
 # now: seconds since the epoch with microseconds.

@@ -22,82 +22,33 @@
 # ctest: TIMEOUT=600 LABELS=netns PROCESSORS=2
 set -uo pipefail
 
-build=${1:?usage: test_ipv6.sh BUILD-DIR}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+sroce_init "${1:?usage: test_ipv6.sh BUILD-DIR}"
 here=$(cd "$(dirname "$0")" && pwd)
-sroce=$build/tools/sroce/sroce
-xfer=$build/tests/progs/sroce_xfer
-for f in "$sroce" "$xfer"; do
-	[[ -x $f ]] || {
-		echo "FAIL: $f is not built" >&2
-		exit 1
-	}
-done
-
-skip() {
-	echo "SKIP: $*" >&2
-	exit 77
-}
+sroce=$SROCE_BIN
+xfer=$BUILD_DIR/tests/progs/sroce_xfer
+[[ -x $xfer ]] || die "$xfer is not built"
 ((EUID == 0)) || skip "needs root for network namespaces"
 command -v ip >/dev/null || skip "no ip(8)"
 
+tmp=$WORK
 ns_a=sroce-v6-a-$$
 ns_b=sroce-v6-b-$$
-tmp=$(mktemp -d)
-kill_in() {
-	local p
-	for p in $(ip netns pids "$1" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
-}
-cleanup() {
-	kill_in "$ns_a"
-	kill_in "$ns_b"
-	wait 2>/dev/null
-	ip netns del "$ns_a" 2>/dev/null
-	ip netns del "$ns_b" 2>/dev/null
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-ip netns add "$ns_a" 2>"$tmp/err" || skip "ip netns unusable: $(cat "$tmp/err")"
-ip netns add "$ns_b" 2>"$tmp/err" || skip "ip netns unusable: $(cat "$tmp/err")"
-ip link add veth-a netns "$ns_a" type veth peer name veth-b netns "$ns_b" 2>"$tmp/err" ||
-	skip "cannot create a veth pair: $(cat "$tmp/err")"
-
-failures=0
-pass() { echo "ok   $*"; }
-fail() {
-	echo "FAIL $*" >&2
-	failures=$((failures + 1))
-}
+netns_pair "$ns_a" "$ns_b"
 in_a() { ip netns exec "$ns_a" "$@"; }
 in_b() { ip netns exec "$ns_b" "$@"; }
-
 # nodad: the addresses are usable at once, not after duplicate detection.
-if ! { in_a ip link set lo up && in_b ip link set lo up &&
-	in_a ip addr add fd00:31::1/64 dev veth-a nodad && in_b ip addr add fd00:31::2/64 dev veth-b nodad &&
-	in_a ip addr add 10.31.0.1/24 dev veth-a && in_b ip addr add 10.31.0.2/24 dev veth-b &&
-	in_a ip link set veth-a up && in_b ip link set veth-b up; }; then
-	echo "FAIL: cannot configure the namespaces" >&2
-	exit 1
-fi
-deadline=$((SECONDS + 10))
-until [[ $(in_a cat /sys/class/net/veth-a/operstate) == up &&
-	$(in_b cat /sys/class/net/veth-b/operstate) == up ]]; do
-	((SECONDS < deadline)) || {
-		echo "FAIL: the veth pair did not come up" >&2
-		exit 1
-	}
-	sleep 0.05
-done
+{ in_a ip addr add fd00:31::1/64 dev veth-a nodad && in_b ip addr add fd00:31::2/64 dev veth-b nodad &&
+	in_a ip addr add 10.31.0.1/24 dev veth-a && in_b ip addr add 10.31.0.2/24 dev veth-b; } ||
+	die "cannot address the namespaces"
 
 conf_a=$tmp/a.conf
 conf_b=$tmp/b.conf
-if ! { in_a "$sroce" --config "$conf_a" link add v6a netdev veth-a addr fd00:31::1 &&
+{ in_a "$sroce" --config "$conf_a" link add v6a netdev veth-a addr fd00:31::1 &&
 	in_a "$sroce" --config "$conf_a" link add v4a netdev veth-a addr 10.31.0.1 &&
 	in_b "$sroce" --config "$conf_b" link add v6b netdev veth-b addr fd00:31::2 &&
-	in_b "$sroce" --config "$conf_b" link add v4b netdev veth-b addr 10.31.0.2; }; then
-	echo "FAIL: sroce link add" >&2
-	exit 1
-fi
+	in_b "$sroce" --config "$conf_b" link add v4b netdev veth-b addr 10.31.0.2; } ||
+	die "sroce link add"
 # One agent per namespace, of this test alone.
 export SROCE_AGENT_SOCKET=sroce-test-ipv6-$$
 run_a() { in_a env SROCE_CONFIG="$conf_a" "$sroce" --config "$conf_a" exec -- "$@"; }
@@ -165,13 +116,7 @@ fi
 # --- Every RC operation, each byte checked, and the ICRC of every packet
 # recomputed by scapy from a capture on B's end of the veth.  Sent without
 # segmentation offload, so that the capture holds packets, not sends.
-scapy=""
-for p in /usr/bin/python3 python3; do
-	if command -v "$p" >/dev/null && "$p" -c 'import scapy.contrib.roce' 2>/dev/null; then
-		scapy=$p
-		break
-	fi
-done
+scapy=$(scapy_python)
 if [[ -z $scapy ]] || ! command -v tshark >/dev/null; then
 	fail "scapy or tshark is missing: the IPv6 ICRCs cannot be checked"
 else
@@ -228,8 +173,4 @@ if [[ -s $tmp/perf ]]; then
 	     $2 == "bw"  { printf "  IPv%s ib_write_bw %s MB/s\n", $1, $6 }' "$tmp/perf"
 fi
 
-if ((failures)); then
-	echo "$failures check(s) failed" >&2
-	exit 1
-fi
-echo "all checks passed"
+finish

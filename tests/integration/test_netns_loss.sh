@@ -14,6 +14,7 @@
 #
 # ctest: TIMEOUT=600 LABELS=netns PROCESSORS=2
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 build=${1:?usage: test_netns_loss.sh BUILD-DIR}
 sroce=$build/tools/sroce/sroce
@@ -52,22 +53,13 @@ kill_in() {
 cleanup() {
 	local p
 	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-	kill_in "$ns_a"
-	kill_in "$ns_b"
+	netns_cleanup
 	wait 2>/dev/null
-	# Deleting a namespace also deletes its end of the veth pair.
-	ip netns del "$ns_a" 2>/dev/null
-	ip netns del "$ns_b" 2>/dev/null
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
 
-ip netns add "$ns_a" 2>"$tmp/err" || skip "ip netns unusable: $(cat "$tmp/err")"
-ip netns add "$ns_b" 2>"$tmp/err" || skip "ip netns unusable: $(cat "$tmp/err")"
-# Created directly inside the namespaces, so the names cannot clash with
-# anything on the host.
-ip link add veth-a netns "$ns_a" type veth peer name veth-b netns "$ns_b" 2>"$tmp/err" ||
-	skip "cannot create a veth pair: $(cat "$tmp/err")"
+netns_pair "$ns_a" "$ns_b"
 
 fail() {
 	echo "FAIL: $*" >&2
@@ -77,19 +69,9 @@ fail() {
 in_a() { ip netns exec "$ns_a" "$@"; }
 in_b() { ip netns exec "$ns_b" "$@"; }
 
-if ! { in_a ip link set lo up && in_b ip link set lo up &&
-	in_a ip addr add 10.200.0.1/24 dev veth-a && in_b ip addr add 10.200.0.2/24 dev veth-b &&
-	in_a ip link set veth-a up && in_b ip link set veth-b up; }; then
+if ! { in_a ip addr add 10.200.0.1/24 dev veth-a && in_b ip addr add 10.200.0.2/24 dev veth-b; }; then
 	fail "cannot configure the namespaces"
 fi
-# sroce reports the port's state from the interface's, so let the veth
-# carrier come up before anything looks at it.
-deadline=$((SECONDS + 10))
-until [[ $(in_a cat /sys/class/net/veth-a/operstate) == up &&
-	$(in_b cat /sys/class/net/veth-b/operstate) == up ]]; do
-	((SECONDS < deadline)) || fail "the veth pair did not come up"
-	sleep 0.05
-done
 
 # Both hooks in B: B's requests are dropped on their way out and A's
 # responses and ACKs (also sent to port 4791) on their way in.

@@ -226,6 +226,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadLine{"sroce0 netdev lo addr 127.1\n", 1, "invalid address '127.1'"},
         BadLine{"sroce0 netdev lo addr localhost\n", 1, "invalid address 'localhost'"},
         BadLine{"sroce0 netdev lo addr fe80::1%lo\n", 1, "invalid address"},
+        BadLine{"sroce0 netdev lo addr ::\n", 1, "address :: of link 'sroce0' is no address of"},
+        BadLine{"sroce0 netdev lo addr 0.0.0.0\n", 1, "is no address of one host"},
+        BadLine{"sroce0 netdev lo addr 255.255.255.255\n", 1, "is no address of one host"},
+        BadLine{"sroce0 netdev lo addr 239.1.2.3\n", 1, "is no address of one host"},
+        BadLine{"sroce0 netdev lo addr ff02::1\n", 1, "is no address of one host"},
         BadLine{"sroce0 netdev a/b addr 127.0.0.1\n", 1, "invalid interface name 'a/b'"},
         BadLine{"sroce0 netdev abcdefghijklmnop addr 127.0.0.1\n", 1, "invalid interface name"},
         BadLine{"sroce0 netdev lo addr 127.0.0.1\n"

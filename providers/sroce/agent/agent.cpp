@@ -502,6 +502,12 @@ uint32_t Agent::addrs_of(uid_t uid) const {
 Dev *Agent::device(const IpAddr &addr, const std::string &netdev, uid_t uid, std::string &why) {
     for (auto &d : devs_)
         if (d->addr == addr) return d.get();
+    // A wildcard would take every address's RoCE traffic, a group's none.
+    if (!addr.unicast()) {
+        why = ip_text(addr) + " is no address of one host (unspecified, multicast or broadcast)";
+        errno = EINVAL;
+        return nullptr;
+    }
     if (uid != 0 && addrs_of(uid) >= kAddrsPerUser) {
         why = "uid " + std::to_string(uid) + " has the agent serve " +
               std::to_string(kAddrsPerUser) + " addresses, as many as one user but root may; " +
