@@ -24,7 +24,25 @@ extern char **environ;
 namespace sroce::agent {
 
 void roce_socket_options(int fd, const IpAddr &addr, int ifindex) {
-    if (addr.is_v4()) {
+    if (addr.empty()) {
+        // Every address of the interface, of both families: IPv4 ones
+        // arrive mapped, each datagram says which address it was sent to,
+        // and what leaves names its source (IPV6_PKTINFO).  Bound to the
+        // interface, so that other interfaces' addresses stay other
+        // devices'.
+        int pmtu4 = IP_PMTUDISC_DO, pmtu6 = IPV6_PMTUDISC_DO, zero = 0, one = 1;
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+        setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu4, sizeof pmtu4);
+        setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof pmtu6);
+        setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof one);
+        if (ifindex > 0) {
+            setsockopt(fd, SOL_SOCKET, SO_BINDTOIFINDEX, &ifindex, sizeof ifindex);
+            ip_mreqn m{};
+            m.imr_ifindex = ifindex;
+            setsockopt(fd, IPPROTO_IP, IP_MULTICAST_IF, &m, sizeof m);
+            setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_IF, &ifindex, sizeof ifindex);
+        }
+    } else if (addr.is_v4()) {
         // DF set: an unconnected socket then makes Linux write IP ID 0, which
         // keeps the IPv4 header (covered by the ICRC) predictable; a
         // connected one numbers its datagrams, which sroce follows

@@ -26,6 +26,7 @@ struct Lease {
 
 // The options every device socket gets, whoever makes it (the agent, or a
 // process with SROCE_AGENT=off): DF, the multicast interface, 16 MiB buffers.
+// An empty `addr`: a socket for every address of interface `ifindex`.
 void roce_socket_options(int fd, const IpAddr &addr, int ifindex);
 
 // One message with one descriptor attached (SCM_RIGHTS); -1 with errno.

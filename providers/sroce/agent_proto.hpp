@@ -24,8 +24,10 @@ namespace sroce::agent {
 // agent from different builds then refuse each other with a clear message
 // instead of misreading.
 // 3: relayed slots (OpenReply::flags); 4: slots resumed under a new agent;
-// 5: IPv6 addresses (16-byte addresses everywhere)
-constexpr uint32_t kProtoVersion = 5;
+// 5: IPv6 addresses (16-byte addresses everywhere); 6: devices that follow
+// their net device (an empty address), RelayHdr::to_addr,
+// CmDeviceInfo::netdev
+constexpr uint32_t kProtoVersion = 6;
 
 // There is one agent per network namespace, which is exactly the scope of
 // the addresses it serves; where it listens is agent_client.hpp's
@@ -73,6 +75,8 @@ struct CmDeviceInfo {
     uint8_t mtu;      // the port's active ibv_mtu
     uint8_t reserved[7];
     char name[64];
+    char netdev[16]; // its interface: all of whose addresses are the
+                     // device's when `addr` is empty
 };
 
 // One rdma_ucm command: the command struct after its header (`in_len`
@@ -93,9 +97,11 @@ constexpr size_t kCmMaxMsg = 4096;
 struct Request {
     uint32_t op;
     uint32_t version;
-    char name[64];    // kOpenDevice: the device's name, for listings
-    char netdev[16];  // kOpenDevice: its interface
-    uint8_t addr[16]; // kOpenDevice: the address, IPv6 or IPv4-mapped
+    char name[64];   // kOpenDevice: the device's name, for listings
+    char netdev[16]; // kOpenDevice: its interface
+    // kOpenDevice: the address, IPv6 or IPv4-mapped; empty: every address
+    // of the interface (a device that follows its net device)
+    uint8_t addr[16];
     // kOpenDevice: 0, or the slot this process held under an agent that
     // died (resuming it); kCmCommands: the channel's number.
     uint32_t arg;
@@ -120,7 +126,7 @@ struct Request {
 // with `arg` = the slot; a process of the agent's user attaches the slot's
 // socket after the QP table, and gets no descriptor back; another user's
 // gets a new relay).
-static_assert(sizeof(Request) == 108 && sizeof(CmDeviceInfo) == 104); // agent_wire.py
+static_assert(sizeof(Request) == 108 && sizeof(CmDeviceInfo) == 120); // agent_wire.py
 constexpr uint32_t kOpenRelayed = 1;
 constexpr uint32_t kOpenSteeringKept = 2;
 struct OpenReply {
@@ -131,13 +137,15 @@ struct OpenReply {
     char msg[256];  // why not, for the process to print
 };
 
-// What precedes each relayed datagram: where it came from.
+// What precedes each relayed datagram: where it came from, and which
+// address of the device it was sent to.
 struct RelayHdr {
     uint8_t from_addr[16]; // its GID: IPv6, or IPv4-mapped
     uint16_t from_port;    // network order
     uint16_t reserved;
+    uint8_t to_addr[16];
 };
-static_assert(sizeof(RelayHdr) == 20);
+static_assert(sizeof(RelayHdr) == 36);
 
 // The table a process shares with the agent (a memfd it sends with
 // kOpenDevice): one entry per QP slot of the process, written by the

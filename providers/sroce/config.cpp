@@ -124,7 +124,8 @@ std::string parse_line(const std::vector<std::string> &words, Link &link) {
         *seen = true;
     }
     if (!have_netdev) return "link '" + link.name + "' has no 'netdev IF'";
-    if (!have_addr) return "link '" + link.name + "' has no 'addr IP'";
+    // Without an address the link has every address of its interface.
+    if (have_addr && link.addr.empty()) return "empty address for link '" + link.name + "'";
     return link_error(link);
 }
 
@@ -193,11 +194,17 @@ std::string resolve_target(const std::string &path) {
     return p.string();
 }
 
+// What no two links may share: an address, or the interface a link without
+// one follows.
+std::string place_key(const Link &l) {
+    return l.addr.empty() ? "%" + l.netdev : canonical_addr(l.addr);
+}
+
 std::string render(const std::vector<Link> &links) {
-    std::string out = "# sroce links, one per line: NAME netdev IF addr IP\n"
+    std::string out = "# sroce links, one per line: NAME netdev IF [addr IP]\n"
                       "# Edited by 'sroce link add/del'; see sroce(8).\n";
     for (const Link &l : links)
-        out += l.name + " netdev " + l.netdev + " addr " + l.addr + "\n";
+        out += l.name + " netdev " + l.netdev + (l.addr.empty() ? "" : " addr " + l.addr) + "\n";
     return out;
 }
 
@@ -247,6 +254,7 @@ std::string link_error(const Link &link) {
     if (!valid_netdev_name(link.netdev))
         return "invalid interface name '" + link.netdev + "' for link '" + link.name + "'";
     IpAddr a;
+    if (link.addr.empty()) return {};
     if (!IpAddr::parse(link.addr.c_str(), &a))
         return "invalid address '" + link.addr + "' for link '" + link.name +
                "' (expected an IPv4 or IPv6 address)";
@@ -262,10 +270,12 @@ std::string links_error(const std::vector<Link> &links) {
     for (const Link &l : links) {
         if (std::string err = link_error(l); !err.empty()) return err;
         if (!names.insert(l.name).second) return "duplicate link name '" + l.name + "'";
-        auto [it, fresh] = addrs.emplace(canonical_addr(l.addr), l.name);
+        auto [it, fresh] = addrs.emplace(place_key(l), l.name);
         if (!fresh)
-            return "address " + l.addr + " of link '" + l.name + "' is already used by link '" +
-                   it->second + "'";
+            return l.addr.empty() ? "interface " + l.netdev + " of link '" + l.name +
+                                        "' is already followed by link '" + it->second + "'"
+                                  : "address " + l.addr + " of link '" + l.name +
+                                        "' is already used by link '" + it->second + "'";
     }
     return {};
 }
@@ -300,10 +310,12 @@ std::vector<Link> load_links(const std::string &path) {
             fail("duplicate link name '" + link.name + "' (first defined on line " +
                  std::to_string(it->second) + ")");
         if (auto [it, fresh] =
-                addr_line.emplace(canonical_addr(link.addr), std::make_pair(lineno, link.name));
+                addr_line.emplace(place_key(link), std::make_pair(lineno, link.name));
             !fresh)
-            fail("address " + link.addr + " is already used by link '" + it->second.second +
-                 "' on line " + std::to_string(it->second.first));
+            fail((link.addr.empty() ? "interface " + link.netdev + " is already followed"
+                                    : "address " + link.addr + " is already used") +
+                 " by link '" + it->second.second + "' on line " +
+                 std::to_string(it->second.first));
         links.push_back(std::move(link));
     }
     return links;
@@ -345,6 +357,23 @@ void save_links(const std::string &path, const std::vector<Link> &links) {
     // so a failure here is not worth reporting.
     Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (dfd.get() >= 0) ::fsync(dfd.get());
+}
+
+std::vector<IpAddr> netdev_addrs(const std::string &netdev) {
+    std::vector<IpAddr> v4, v6;
+    ifaddrs *list = nullptr;
+    if (getifaddrs(&list) != 0) return v4;
+    for (ifaddrs *ifa = list; ifa; ifa = ifa->ifa_next) {
+        if (!ifa->ifa_addr || netdev != ifa->ifa_name) continue;
+        if (ifa->ifa_addr->sa_family == AF_INET)
+            v4.push_back(
+                IpAddr::v4(reinterpret_cast<sockaddr_in *>(ifa->ifa_addr)->sin_addr.s_addr));
+        else if (ifa->ifa_addr->sa_family == AF_INET6)
+            v6.push_back(IpAddr::v6(reinterpret_cast<sockaddr_in6 *>(ifa->ifa_addr)->sin6_addr));
+    }
+    freeifaddrs(list);
+    v4.insert(v4.end(), v6.begin(), v6.end());
+    return v4;
 }
 
 std::string interface_ipv4(const std::string &netdev) {
@@ -422,7 +451,8 @@ int link_down_reason(const Link &link) {
     // One socket serves both questions.
     Fd sock(::socket(is_ipv6_addr(link.addr) ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
     if (sock.get() < 0) return 0;
-    if (!binds(sock.get(), link.addr, link.netdev)) return EADDRNOTAVAIL;
+    // A link that follows its net device is up with it, as rxe's port.
+    if (!link.addr.empty() && !binds(sock.get(), link.addr, link.netdev)) return EADDRNOTAVAIL;
     if (!valid_netdev_name(link.netdev)) return ENETDOWN;
     ifreq ifr{};
     std::memcpy(ifr.ifr_name, link.netdev.c_str(), link.netdev.size() + 1);

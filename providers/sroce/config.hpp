@@ -5,6 +5,8 @@
 // by the sroce(8) tool (to edit the list), so both agree on one file format.
 #pragma once
 
+#include "inet.hpp"
+
 #include <string>
 #include <vector>
 
@@ -13,7 +15,9 @@ namespace sroce {
 struct Link {
     std::string name;   // device name, as ibv_get_device_name() reports it
     std::string netdev; // interface the address lives on; used for MTU and state
-    std::string addr;   // IPv4 dotted quad, or an IPv6 literal
+    // IPv4 dotted quad, or an IPv6 literal; empty: every address of
+    // netdev, as an rxe link has (the device follows its net device)
+    std::string addr;
 
     bool operator==(const Link &) const = default;
 };
@@ -45,6 +49,10 @@ std::string links_error(const std::vector<Link> &links);
 std::string canonical_addr(const std::string &addr);
 bool is_ipv6_addr(const std::string &addr);
 
+// The addresses of `netdev` in the order the kernel's GID cache adds them to
+// an RDMA device's table: IPv4 ones (mapped), then IPv6 ones.  None for an
+// unknown interface.
+std::vector<IpAddr> netdev_addrs(const std::string &netdev);
 // First IPv4 address of `netdev`; throws if the interface is unknown or has none.
 std::string interface_ipv4(const std::string &netdev);
 // Throws if the interface is unknown.

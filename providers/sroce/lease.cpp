@@ -66,6 +66,16 @@ void Nic::port_seen(int reason) {
     post_device_event(this, reason ? IBV_EVENT_PORT_ERR : IBV_EVENT_PORT_ACTIVE);
 }
 
+void Nic::watch_gids() {
+    if (!dev_->follow || dev_->memory) return;
+    dev_->gids.update(dev_->default_gid, netdev_addrs(dev_->link.netdev));
+    // Another NIC of the device (another context's) may have made the
+    // change: each posts the event to its own contexts.
+    uint64_t gen = dev_->gids.generation();
+    if (gen != gids_seen_) post_device_event(this, IBV_EVENT_GID_CHANGE);
+    gids_seen_ = gen;
+}
+
 void Nic::watch_agent() {
     if (!bound_.load(std::memory_order_acquire) || resuming_.load(std::memory_order_acquire) ||
         lease_.conn < 0 || lost())

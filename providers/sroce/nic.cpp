@@ -275,6 +275,8 @@ int Nic::open_port() {
         qp_next_ = 0;
         return 0;
     }
+    // What the device's table is now; the first look updates it.
+    gids_seen_ = dev_->gids.generation();
     // Unbound stand-ins until the address's own socket: bind_socket() puts
     // the real one in their place.
     auto udp =

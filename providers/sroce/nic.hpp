@@ -87,9 +87,11 @@ class Nic {
     // batch is sent, and a payload that no longer matches its ICRC is a
     // packet the requester drops, again on every retry).
     static constexpr unsigned kQueueLegacyFlush = 1, kQueueCopy = 2;
+    // `src`: the address it leaves from (the AV's sgid_index's);
     // `flow`: the destination's flow label (its UDP source port), or 0.
-    void queue(TxBatch &b, const IpAddr &dst, uint32_t flow, const uint8_t *hdr, size_t hdr_len,
-               const iovec *iov, int iovcnt, uint32_t payload_len, unsigned flags = 0);
+    void queue(TxBatch &b, const IpAddr &src, const IpAddr &dst, uint32_t flow, const uint8_t *hdr,
+               size_t hdr_len, const iovec *iov, int iovcnt, uint32_t payload_len,
+               unsigned flags = 0);
     // Sends what the batch holds through the port, and empties it.
     void xmit(TxBatch &b);
 
@@ -235,6 +237,11 @@ class Nic {
     // an address come or go without a netlink socket in every process.
     std::atomic<int> port_down_{0};
     static constexpr uint64_t kPortCheckNs = 200000000;
+    // A device that follows its net device: its GID table made again from
+    // the addresses at each port check (getifaddrs(3): 40-100 us), and
+    // IBV_EVENT_GID_CHANGE for what changed since gids_seen_.
+    void watch_gids();
+    uint64_t gids_seen_ = 0; // the progress thread's
     int wake_fd_ = -1;
     std::atomic<bool> stop_{false};
     std::thread thread_;

@@ -58,6 +58,7 @@ struct TxBatch {
     // One datagram, or a run of packets sent as one segmentation-offload send.
     struct Run {
         SockAddr dst;
+        IpAddr src;
         uint32_t flow = 0; // the destination's flow label
         Route route;
         uint16_t first = 0; // its first packet's slot
@@ -66,7 +67,10 @@ struct TxBatch {
         uint32_t bytes = 0; // UDP payload of the whole run
         uint16_t count = 0;
         bool closed = false; // ends with a shorter packet: nothing more joins
-        alignas(cmsghdr) uint8_t ctl[CMSG_SPACE(sizeof(uint16_t))];
+        // UDP_SEGMENT, and the source address where the socket is not
+        // bound to it (IPV6_PKTINFO).
+        alignas(
+            cmsghdr) uint8_t ctl[CMSG_SPACE(sizeof(uint16_t)) + CMSG_SPACE(sizeof(in6_pktinfo))];
     };
     Slot slots[kSlots];
     Run runs[kSlots];
@@ -92,7 +96,7 @@ struct RxDatagram {
     size_t len = 0;
     IpAddr src;         // the sender's
     uint16_t sport = 0; // its UDP port
-    IpAddr dst;         // the device's address, or a multicast group's
+    IpAddr dst;         // an address of the device, or a multicast group's
     // A coalesced receive: each packet's size, the last possibly shorter,
     // each packet's IP ID its place (design.md §7.2); 0 for one packet.
     size_t seg = 0;
@@ -107,9 +111,10 @@ class Port {
     static constexpr size_t kMaxDatagram = 65536;
 
     virtual ~Port() = default;
-    // The way packets to `dst` of flow label `flow` leave; asked once per
-    // run.  A flow label names the UDP source port (flow_label_sport).
-    virtual Route route(const IpAddr &dst, uint32_t flow) = 0;
+    // The way packets from `src` to `dst` of flow label `flow` leave; asked
+    // once per run.  A flow label names the UDP source port
+    // (flow_label_sport).
+    virtual Route route(const IpAddr &src, const IpAddr &dst, uint32_t flow) = 0;
     // Sends every run of the batch; the caller empties it.  A datagram that
     // cannot leave is lost, as on a wire: the transport recovers it.
     virtual void transmit(TxBatch &b) = 0;

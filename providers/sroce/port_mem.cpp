@@ -110,7 +110,7 @@ void MemPort::transmit(TxBatch &b) {
             std::memcpy(gather_.data() + off, m.msg_iov[k].iov_base, m.msg_iov[k].iov_len);
             off += m.msg_iov[k].iov_len;
         }
-        w.deliver(addr_, wire::kRoceV2Port, r.dst.addr(), gather_.data(), off,
+        w.deliver(r.src, wire::kRoceV2Port, r.dst.addr(), gather_.data(), off,
                   r.count > 1 ? r.seg : 0);
     }
 }

@@ -27,7 +27,7 @@ class MemPort final : public Port {
     explicit MemPort(const IpAddr &addr);
     ~MemPort() override;
 
-    Route route(const IpAddr &, uint32_t) override { return {}; }
+    Route route(const IpAddr &, const IpAddr &, uint32_t) override { return {}; }
     void transmit(TxBatch &b) override;
     int receive(RxDatagram *out, int max) override;
     int join(const IpAddr &group) override;

@@ -55,7 +55,9 @@ struct UdpPort::RxState {
     mmsghdr msgs[kBatch];
     iovec iovs[kBatch];
     SockAddr froms[kBatch];
-    static constexpr size_t kCtlLen = CMSG_SPACE(sizeof(int));
+    // UDP_GRO's segment size; where the port has every address of its
+    // interface, the one each datagram was sent to (IPV6_PKTINFO).
+    static constexpr size_t kCtlLen = CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(in6_pktinfo));
     alignas(cmsghdr) uint8_t ctls[kBatch][kCtlLen];
     int used = 0;    // entries the last recvmmsg() filled
     int vlen = 1;    // entries the next recvmmsg() asks for
@@ -73,20 +75,26 @@ struct UdpPort::RxState {
             msgs[i].msg_hdr.msg_controllen = kCtlLen;
         }
     }
-    // The segment size of a coalesced receive, or 0.
-    static size_t segment_size(const msghdr &m) {
+    // The segment size of a coalesced receive, or 0; and the address it
+    // was sent to, where the socket says.
+    static size_t control(const msghdr &m, IpAddr *dst) {
+        size_t seg = 0;
         for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(const_cast<msghdr *>(&m), c))
             if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
                 int v;
                 std::memcpy(&v, CMSG_DATA(c), sizeof v);
-                return v > 0 ? size_t(v) : 0;
+                seg = v > 0 ? size_t(v) : 0;
+            } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
+                in6_pktinfo pi;
+                std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
+                *dst = IpAddr::v6(pi.ipi6_addr);
             }
-        return 0;
+        return seg;
     }
 };
 
 UdpPort::UdpPort(const char *name, const IpAddr &addr, int ifindex, NicStats &stats, Options o)
-    : name_(name), addr_(addr), v4_(addr.is_v4()), ifindex_(ifindex), stats_(stats), opt_(o),
+    : name_(name), addr_(addr), any_(addr.empty()), ifindex_(ifindex), stats_(stats), opt_(o),
       rx_(std::make_unique<RxState>()) {
     gso_.store(o.gso, std::memory_order_relaxed);
 }
@@ -106,7 +114,7 @@ void UdpPort::set_progress_thread() {
 }
 
 int UdpPort::new_socket(bool nonblock) const {
-    return socket(v4_ ? AF_INET : AF_INET6,
+    return socket(any_ ? AF_INET6 : addr_.family(),
                   SOCK_DGRAM | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
 }
 
@@ -188,16 +196,16 @@ void UdpPort::shut() {
     }
 }
 
-Route UdpPort::route(const IpAddr &dst, uint32_t flow) {
+Route UdpPort::route(const IpAddr &src, const IpAddr &dst, uint32_t flow) {
     // Over IPv4 a receiver tells the IP ID counters of connected sockets
     // apart by source port, and the application's and the progress
     // thread's sockets to one peer would share a flow label's port: the
     // label picks no port there.
-    PeerSocket *p = peer_socket(dst, v4_ ? 0 : flow);
+    PeerSocket *p = peer_socket(src, dst, dst.is_v4() ? 0 : flow);
     return {p, p ? p->port : wire::kRoceV2Port};
 }
 
-PeerSocket *UdpPort::peer_socket(const IpAddr &dst, uint32_t flow) {
+PeerSocket *UdpPort::peer_socket(const IpAddr &src, const IpAddr &dst, uint32_t flow) {
     if (!opt_.connected || dst.multicast()) return nullptr;
     // The socket's lock is held across the send (the kernel numbers the
     // datagrams in the order they reach it).  The progress thread sending
@@ -214,28 +222,32 @@ PeerSocket *UdpPort::peer_socket(const IpAddr &dst, uint32_t flow) {
             full = false;
             break;
         }
-        if (p.addr == dst && p.flow == flow)
+        if (p.addr == dst && p.src == src && p.flow == flow)
             return p.usable.load(std::memory_order_relaxed) ? &p : nullptr;
     }
     if (full) return nullptr;
     std::lock_guard<std::mutex> g(peers_mu_);
     for (PeerSocket &p : table) {
         if (p.set.load(std::memory_order_relaxed)) {
-            if (p.addr == dst && p.flow == flow)
+            if (p.addr == dst && p.src == src && p.flow == flow)
                 return p.usable.load(std::memory_order_relaxed) ? &p : nullptr;
             continue;
         }
-        int fd = new_socket(false);
+        // Of the peer's family, bound to the address the QP sends from.
+        int fd = socket(dst.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
         // A flow label names the source port (rdma-core's convention), which
         // other sockets of the host may have too: they only send.
-        SockAddr sa(addr_, flow ? flow_label_sport(flow) : 0, uint32_t(ifindex_));
+        SockAddr sa(src, flow ? flow_label_sport(flow) : 0, uint32_t(ifindex_));
         socklen_t len = sa.len;
         bool ok = fd >= 0;
-        if (ok) agent::roce_socket_options(fd, addr_, ifindex_);
+        if (ok) agent::roce_socket_options(fd, src, ifindex_);
         int one = 1;
         if (ok && flow) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         ok = ok && bind(fd, &sa.sa, sa.len) == 0 && getsockname(fd, &sa.sa, &len) == 0;
         p.port = sa.port();
+        p.addr = dst;
+        p.src = src;
+        p.flow = flow;
         SockAddr to(dst, wire::kRoceV2Port, uint32_t(ifindex_));
         ok = ok && connect(fd, &to.sa, to.len) == 0;
         if (ok) {
@@ -249,8 +261,6 @@ PeerSocket *UdpPort::peer_socket(const IpAddr &dst, uint32_t flow) {
             p.fd = -1;
         }
         p.usable.store(ok, std::memory_order_relaxed);
-        p.addr = dst;
-        p.flow = flow;
         p.set.store(true, std::memory_order_release);
         return ok ? &p : nullptr;
     }
@@ -277,7 +287,7 @@ int probe_ip_id(const uint8_t *data, ssize_t n, in_addr_t addr, uint16_t from, u
 } // namespace
 
 bool UdpPort::learn_ip_id(PeerSocket &p) {
-    if (!v4_) {
+    if (!p.addr.is_v4()) {
         // Nothing of the IPv6 header the ICRC covers depends on the socket.
         p.synced = true;
         return true;
@@ -287,7 +297,7 @@ bool UdpPort::learn_ip_id(PeerSocket &p) {
     if (rx < 0) return false;
     sockaddr_in to{};
     to.sin_family = AF_INET;
-    to.sin_addr.s_addr = addr_.v4_addr();
+    to.sin_addr.s_addr = p.src.v4_addr();
     socklen_t len = sizeof to;
     int on = SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_TX_SOFTWARE, off = 0;
     bool ok = bind(rx, reinterpret_cast<sockaddr *>(&to), sizeof to) == 0 &&
@@ -318,7 +328,7 @@ bool UdpPort::learn_ip_id(PeerSocket &p) {
             m.msg_controllen = sizeof ctl;
             ssize_t n = recvmsg(p.fd, &m, MSG_ERRQUEUE | MSG_DONTWAIT);
             if (n >= 0) {
-                id = probe_ip_id(data, n, addr_.v4_addr(), p.port, ntohs(to.sin_port));
+                id = probe_ip_id(data, n, p.src.v4_addr(), p.port, ntohs(to.sin_port));
                 continue;
             }
             if (errno != EAGAIN || waits++ == 1 || poll(&pf, 1, 100) <= 0) break;
@@ -338,16 +348,33 @@ void UdpPort::transmit(TxBatch &b) {
     for (int i = 0; i < b.nruns; i++) {
         TxBatch::Run &r = b.runs[i];
         msghdr &m = b.msgs[i].msg_hdr;
-        if (r.count < 2) continue;
-        segmented += r.count;
+        // The device socket of a port with every address of its interface
+        // is bound to none: the run names the one it leaves from.
+        bool pktinfo = any_ && !r.route.peer;
+        if (r.count < 2 && !pktinfo) continue;
         m.msg_control = r.ctl;
         m.msg_controllen = sizeof r.ctl;
         cmsghdr *c = CMSG_FIRSTHDR(&m);
-        c->cmsg_level = SOL_UDP;
-        c->cmsg_type = UDP_SEGMENT;
-        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-        uint16_t seg = uint16_t(r.seg);
-        std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
+        size_t len = 0;
+        if (r.count >= 2) {
+            segmented += r.count;
+            c->cmsg_level = SOL_UDP;
+            c->cmsg_type = UDP_SEGMENT;
+            c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            uint16_t seg = uint16_t(r.seg);
+            std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
+            len += CMSG_SPACE(sizeof seg);
+            c = CMSG_NXTHDR(&m, c);
+        }
+        if (pktinfo) {
+            c->cmsg_level = IPPROTO_IPV6;
+            c->cmsg_type = IPV6_PKTINFO;
+            c->cmsg_len = CMSG_LEN(sizeof(in6_pktinfo));
+            in6_pktinfo pi{r.src.v6_addr(), unsigned(ifindex_)};
+            std::memcpy(CMSG_DATA(c), &pi, sizeof pi);
+            len += CMSG_SPACE(sizeof pi);
+        }
+        m.msg_controllen = len;
     }
     // Consecutive runs for one socket leave in one sendmmsg().  A failure
     // loses the rest of that socket's runs (the transport recovers them),
@@ -388,7 +415,7 @@ void UdpPort::send_runs(TxBatch &b, int off, int end, PeerSocket *p) {
             return;
         }
         fd = p->fd;
-        if (v4_) renumber(b, off, end, uint16_t(p->last_id + 1));
+        if (p->addr.is_v4()) renumber(b, off, end, uint16_t(p->last_id + 1));
         uint64_t n = 0;
         for (int i = off; i < end; i++)
             n += b.runs[i].count;
@@ -418,7 +445,7 @@ void UdpPort::send_runs(TxBatch &b, int off, int end, PeerSocket *p) {
             p->synced = false;
             if (err == ECONNREFUSED && !retried && learn_ip_id(*p)) {
                 retried = true;
-                if (v4_) renumber(b, off, end, uint16_t(p->last_id + 1));
+                if (p->addr.is_v4()) renumber(b, off, end, uint16_t(p->last_id + 1));
                 continue;
             }
         }
@@ -506,10 +533,11 @@ int UdpPort::receive_from(int fd, const IpAddr &dst, bool adaptive, RxDatagram *
             std::memcpy(&h, d.data, sizeof h);
             d.src = IpAddr::of_gid(h.from_addr);
             d.sport = ntohs(h.from_port);
+            d.dst = IpAddr::of_gid(h.to_addr);
             d.data += sizeof h;
             d.len -= sizeof h;
         }
-        d.seg = RxState::segment_size(mh);
+        d.seg = RxState::control(mh, &d.dst);
         if (d.seg >= d.len) d.seg = 0;
         if (d.seg)
             stats_.rx_coalesced.fetch_add((d.len + d.seg - 1) / d.seg, std::memory_order_relaxed);
@@ -525,24 +553,29 @@ int UdpPort::join(const IpAddr &group) {
             break;
         }
     if (!free_slot) return ENOMEM;
-    int fd = new_socket(true);
+    int fd = socket(group.family(), SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return errno;
     // Every device of the host joined to the group gets its own copy.
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (!v4_) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (!group.is_v4()) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
     SockAddr sa(group, wire::kRoceV2Port, uint32_t(ifindex_));
     int gro = opt_.gro ? 1 : 0;
     setsockopt(fd, IPPROTO_UDP, UDP_GRO, &gro, sizeof gro);
-    ip_mreq m4{};
+    // On the device's interface: by its address, or where the port has
+    // every address of it, by its index.
+    ip_mreqn m4{};
     m4.imr_multiaddr.s_addr = group.v4_addr();
-    m4.imr_interface.s_addr = addr_.v4_addr();
+    if (any_)
+        m4.imr_ifindex = ifindex_;
+    else
+        m4.imr_address.s_addr = addr_.v4_addr();
     ipv6_mreq m6{};
     m6.ipv6mr_multiaddr = group.v6_addr();
     m6.ipv6mr_interface = unsigned(ifindex_);
     if (bind(fd, &sa.sa, sa.len) < 0 ||
-        (v4_ ? setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &m4, sizeof m4)
-             : setsockopt(fd, IPPROTO_IPV6, IPV6_JOIN_GROUP, &m6, sizeof m6)) < 0) {
+        (group.is_v4() ? setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &m4, sizeof m4)
+                       : setsockopt(fd, IPPROTO_IPV6, IPV6_JOIN_GROUP, &m6, sizeof m6)) < 0) {
         int err = errno;
         close(fd);
         return err;

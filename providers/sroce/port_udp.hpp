@@ -25,6 +25,7 @@ struct NicStats;
 struct PeerSocket {
     std::atomic<bool> set{false}; // stored last, once the rest is set
     IpAddr addr;
+    IpAddr src;        // the address it is bound to
     uint32_t flow = 0; // its flow label: the source port is the label's
     int fd = -1;
     // False: this peer gets the device socket (the socket could not be
@@ -44,6 +45,8 @@ class UdpPort final : public Port {
         bool connected = true; // SROCE_CONNECTED: a socket per peer address
     };
     // `ifindex`: the interface of the address, the scope of link-local peers.
+    // An empty `addr`: every address of that interface is the port's (a
+    // device that follows its net device).
     UdpPort(const char *name, const IpAddr &addr, int ifindex, NicStats &stats, Options o);
     ~UdpPort() override;
 
@@ -69,7 +72,7 @@ class UdpPort final : public Port {
     int tx_fd() const { return fd_; }
     bool relayed() const { return relayed_; }
 
-    Route route(const IpAddr &dst, uint32_t flow) override;
+    Route route(const IpAddr &src, const IpAddr &dst, uint32_t flow) override;
     void transmit(TxBatch &b) override;
     int receive(RxDatagram *out, int max) override;
     int join(const IpAddr &group) override;
@@ -81,12 +84,12 @@ class UdpPort final : public Port {
     static void set_progress_thread();
 
   private:
-    // An unbound socket of the address's family.
+    // An unbound socket of the address's family (IPv6 for every address).
     int new_socket(bool nonblock) const;
-    // The connected socket for packets to `dst` of flow label `flow`, made
-    // on first use; nullptr for multicast, when the table is full or the
-    // socket cannot be made.
-    PeerSocket *peer_socket(const IpAddr &dst, uint32_t flow);
+    // The connected socket for packets from `src` to `dst` of flow label
+    // `flow`, made on first use; nullptr for multicast, when the table is
+    // full or the socket cannot be made.
+    PeerSocket *peer_socket(const IpAddr &src, const IpAddr &dst, uint32_t flow);
     // Reads the socket's IP ID counter: a datagram to a socket of our own,
     // whose header comes back with its transmit timestamp.  p.mu held.
     bool learn_ip_id(PeerSocket &p);
@@ -102,7 +105,7 @@ class UdpPort final : public Port {
 
     std::string name_; // the device's, for messages
     IpAddr addr_;
-    bool v4_;
+    bool any_; // addr_ is empty: every address of the interface
     int ifindex_;
     NicStats &stats_;
     Options opt_;

@@ -172,6 +172,7 @@ void Nic::run() {
             }
             if (now - last_port_check > kPortCheckNs) {
                 port_seen(port_down_reason(*dev_));
+                watch_gids();
                 last_port_check = now;
             }
         }

@@ -305,10 +305,9 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
 
     // Validate everything before changing anything.
     Device *dev = qp->ctx->dev;
-    IpAddr dest = a.dest_addr;
+    IpAddr dest = a.dest_addr, src = a.src_addr;
     if (mask & IBV_QP_AV) {
-        if (!attr->ah_attr.is_global || attr->ah_attr.grh.sgid_index >= dev->ngids ||
-            !gid_addr(*dev, attr->ah_attr.grh.dgid, &dest))
+        if (!attr->ah_attr.is_global || path_addrs(*dev, attr->ah_attr.grh, &src, &dest))
             return EINVAL;
     }
     if ((mask & IBV_QP_PORT) && attr->port_num != 1) return EINVAL;
@@ -346,6 +345,7 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
         // 20 bits, as RNICs take it (UCX fills the field with more).
         a.ah.grh.flow_label &= 0xFFFFF;
         a.dest_addr = dest;
+        a.src_addr = src;
     }
     if (mask & IBV_QP_PATH_MTU) {
         a.path_mtu = std::min(attr->path_mtu, dev->active_mtu);

@@ -152,7 +152,7 @@ void Nic::dispatch(const uint8_t *data, size_t len, const RxDatagram &from, uint
     pkt.src_addr = from.src;
     pkt.src_port = sport;
     pkt.dst_addr = dst;
-    if (dst != dev_->addr) {
+    if (dst.multicast()) {
         // A multicast group's: every UD QP attached gets a copy.
         for (McGroup &m : mc_) {
             if (m.addr.empty() || m.addr != dst) continue;
@@ -178,7 +178,7 @@ void Nic::deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx) {
     // Responses come only from the connected peer (the responder checks
     // requests per transport).
     if (qp->attr.state < IBV_QPS_RTR || qp->attr.state == IBV_QPS_ERR ||
-        (!request && pkt.src_addr != qp->attr.dest_addr)) {
+        (!request && (pkt.src_addr != qp->attr.dest_addr || pkt.dst_addr != qp->attr.src_addr))) {
         stats.rx_no_qp.fetch_add(1, std::memory_order_relaxed);
         return;
     }

@@ -87,8 +87,8 @@ void send_aeth(Qp *qp, TxBatch &tx, uint8_t syndrome, uint32_t psn) {
                qp->attr.dest_qpn, false, psn);
     bth::announce(hdr, qp->announce);
     aeth::build(hdr + kBthLen, syndrome, qp->resp.msn);
-    qp->nic->queue(tx, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, hdr, sizeof hdr, nullptr, 0,
-                   0);
+    qp->nic->queue(tx, qp->attr.src_addr, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, hdr,
+                   sizeof hdr, nullptr, 0, 0);
 }
 
 void send_read_responses(Qp *qp, TxBatch &tx, uint32_t psn, const uint8_t *src, uint32_t len) {
@@ -109,8 +109,8 @@ void send_read_responses(Qp *qp, TxBatch &tx, uint32_t psn, const uint8_t *src, 
         uint32_t off = i * mtu;
         uint32_t plen = std::min(mtu, len - off);
         iovec iov{const_cast<uint8_t *>(src) + off, plen};
-        qp->nic->queue(tx, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, hdr, info.hdr_len, &iov,
-                       plen ? 1 : 0, plen, Nic::kQueueCopy);
+        qp->nic->queue(tx, qp->attr.src_addr, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, hdr,
+                       info.hdr_len, &iov, plen ? 1 : 0, plen, Nic::kQueueCopy);
     }
 }
 
@@ -121,8 +121,8 @@ void send_atomic_ack(Qp *qp, TxBatch &tx, uint32_t psn, uint64_t orig) {
     bth::announce(hdr, qp->announce);
     aeth::build(hdr + kBthLen, aeth::kAck | aeth::kNoCredits, qp->resp.msn);
     put64(hdr + kBthLen + kAethLen, orig);
-    qp->nic->queue(tx, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, hdr, sizeof hdr, nullptr, 0,
-                   0);
+    qp->nic->queue(tx, qp->attr.src_addr, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, hdr,
+                   sizeof hdr, nullptr, 0, 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -406,9 +406,12 @@ RdResource &new_resource(Qp *qp, uint32_t first_psn, uint32_t last_psn) {
 Outcome check_transport(Rx &rx) {
     Qp *qp = rx.qp;
     uint8_t t = transport_of(rx.pkt.opcode);
-    // Only the connected peer may talk to a connected QP: checked first, so
-    // that no stranger's packet can fail the QP.
-    if (qp->connected() && rx.pkt.src_addr != qp->attr.dest_addr) return Outcome::kDrop;
+    // Only the connected peer may talk to a connected QP, at the address
+    // the QP sends from (rxe's check_addr): checked first, so that no
+    // stranger's packet can fail the QP.
+    if (qp->connected() &&
+        (rx.pkt.src_addr != qp->attr.dest_addr || rx.pkt.dst_addr != qp->attr.src_addr))
+        return Outcome::kDrop;
     switch (qp->type) {
     case IBV_QPT_RC:
         if (t != kTransportRc && t != kTransportVendor) return Outcome::kDrop;
@@ -1033,7 +1036,7 @@ bool send_sack(Qp *qp, TxBatch &tx) {
     uint8_t *h = pkt + kBthLen + kAethLen;
     h[0] = 0;
     put24(h + 1, high);
-    qp->nic->queue(tx, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, pkt,
+    qp->nic->queue(tx, qp->attr.src_addr, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, pkt,
                    kBthLen + kAethLen + 4 * (1 + nranges), nullptr, 0, 0);
     return true;
 }
@@ -1053,7 +1056,7 @@ void drain_held(Qp *qp, TxBatch &tx) {
         if (!ok) return;
         pkt.src_addr = qp->attr.dest_addr;
         pkt.src_port = kRoceV2Port;
-        pkt.dst_addr = qp->nic->device()->addr;
+        pkt.dst_addr = qp->attr.src_addr;
         // No new data reaches the slot while it is read: only packets past
         // a gap are held, and this one's PSN is the expected one.
         process(qp, pkt, tx);

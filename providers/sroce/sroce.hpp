@@ -84,19 +84,51 @@ constexpr int kGidTblLen = 1024;
 // CLOCK_MONOTONIC: a "core clock" of 1 GHz, given in kHz.
 constexpr uint64_t kCoreClockKhz = 1000000;
 
+// A port's GID table, as the kernel's GID cache keeps rxe's: entry 0 the
+// link-local GID the MAC makes, then the net device's addresses (IPv4
+// ones mapped, then IPv6 ones), all RoCE v2.  An address that goes leaves
+// its entry empty, and one that comes takes the first empty entry, so the
+// index of an address a program has chosen never changes under it.  Read
+// by the verbs, changed by the progress threads (Nic::watch_gids).
+class GidTable {
+  public:
+    // A device with one address: the MAC's link-local GID and that address.
+    void set_fixed(const ibv_gid &deflt, const IpAddr &addr);
+    // The table for `addrs` (in the kernel's order) after the one it holds,
+    // keeping the entries of addresses still there; true if it changed.
+    bool update(const ibv_gid &deflt, const std::vector<IpAddr> &addrs);
+    // Entry `index`; false for an empty one.
+    bool get(uint32_t index, ibv_gid *gid) const;
+    // One past the last entry that is not empty.
+    uint32_t size() const;
+    // Counts the changes, so that each NIC posts IBV_EVENT_GID_CHANGE once.
+    uint64_t generation() const { return gen_.load(std::memory_order_acquire); }
+
+  private:
+    mutable std::mutex mu_; // the entries (a leaf)
+    ibv_gid gid_[kMaxGids] = {};
+    bool used_[kMaxGids] = {};
+    std::atomic<uint64_t> gen_{0};
+};
+
 // One configured link; lives for the whole process.
 struct Device {
     ibv_device ibdev; // first: handed out as struct ibv_device *
     Link link;
     int index = 0;
-    IpAddr addr;     // where the port sends from and receives
+    // Where the port sends from and receives; empty for a device that
+    // follows its net device (a link without an address, as an rxe link
+    // is): every address of the net device is then the port's, its GID
+    // table lists them all, and a QP sends from its AV's sgid_index.
+    IpAddr addr;
+    bool follow = false;
     int ifindex = 0; // of link.netdev: the scope of link-local peers
     int ifmtu = 1500;
     ibv_mtu active_mtu = IBV_MTU_1024;
     uint8_t mac[6] = {};
     __be64 guid = 0;
-    ibv_gid gid[kMaxGids] = {};
-    int ngids = 0;
+    ibv_gid default_gid = {}; // the link-local GID the MAC makes
+    GidTable gids;
     // On the in-memory wire (SROCE_PORT=memory, port_mem.hpp), not the
     // kernel's UDP: its port is always up, its MTU lo's.
     bool memory = false;
@@ -110,11 +142,19 @@ inline int port_down_reason(const Device &d) {
 }
 
 // The address of a peer or group the device can reach at `gid`: one of the
-// port's own family (a RoCEv2 GID is an IP address; IPv4 ones mapped).
+// port's own family (a RoCEv2 GID is an IP address; IPv4 ones mapped), or
+// of either for a device that follows its net device.
 inline bool gid_addr(const Device &d, const ibv_gid &gid, IpAddr *addr) {
     *addr = IpAddr::of_gid(gid.raw);
-    return !addr->empty() && addr->is_v4() == d.addr.is_v4();
+    return !addr->empty() && (d.follow || addr->is_v4() == d.addr.is_v4());
 }
+
+// The addresses a packet of `grh` (an AV's or an AH's) leaves from and goes
+// to: its source the entry `sgid_index` names (a device with one address
+// sends from it, whichever entry is named), its destination the GID, of
+// the source's family — a route between the families does not exist, as
+// rxe has it.  0 or EINVAL.
+int path_addrs(const Device &d, const ibv_global_route &grh, IpAddr *src, IpAddr *dst);
 int mtu_bytes(ibv_mtu m);
 
 struct Qp;
@@ -348,7 +388,7 @@ struct SendWqe {
     uint32_t commit_flags = 0;   // enum ibv_write_commit_flags of a native commit
     bool signaled = false;
     // UD destination, resolved when posted
-    IpAddr ud_addr;
+    IpAddr ud_addr, ud_src;
     uint32_t ud_flow = 0; // its flow label
     uint32_t ud_qpn = 0, ud_qkey = 0;
     uint32_t xrc_srqn = 0; // XRC: the remote SRQ the message is for
@@ -487,6 +527,7 @@ struct Ah {
     ibv_ah ibah; // first
     ibv_ah_attr attr{};
     IpAddr addr; // destination
+    IpAddr src;  // source (path_addrs)
 };
 
 struct TxBatch;
@@ -509,6 +550,7 @@ struct QpAttr {
     uint32_t mtu = 1024;
     uint32_t dest_qpn = 0;
     IpAddr dest_addr;
+    IpAddr src_addr; // the AV's sgid_index's (path_addrs)
     ibv_ah_attr ah{};
     uint8_t timeout = 0, retry_cnt = 7, rnr_retry = 7, min_rnr_timer = 0;
     uint8_t max_rd_atomic = 1, max_dest_rd_atomic = 1;

@@ -369,10 +369,9 @@ int sroce_destroy_srq(struct ibv_srq *ibsrq) {
 struct ibv_ah *sroce_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr) {
     // RoCE addresses are global: the GRH names the destination GID, an
     // IPv6 address or an IPv4-mapped one, of the port's family.
-    IpAddr addr;
+    IpAddr addr, src;
     const Device *dev = to_ctx(pd->context)->dev;
-    if (!attr->is_global || attr->port_num != 1 || attr->grh.sgid_index >= dev->ngids ||
-        !gid_addr(*dev, attr->grh.dgid, &addr)) {
+    if (!attr->is_global || attr->port_num != 1 || path_addrs(*dev, attr->grh, &src, &addr)) {
         errno = EINVAL;
         return nullptr;
     }
@@ -384,6 +383,7 @@ struct ibv_ah *sroce_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr) {
     ah->attr = *attr;
     ah->attr.grh.flow_label &= 0xFFFFF; // 20 bits, as RNICs take it
     ah->addr = addr;
+    ah->src = src;
     ah->ibah.context = pd->context;
     ah->ibah.pd = pd;
     static std::atomic<uint32_t> handles{1};

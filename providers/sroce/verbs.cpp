@@ -108,7 +108,15 @@ void load_devices() {
     for (const Link &l : links) {
         if (g_ndevs == kMaxDevices) break;
         Device &d = devices()[g_ndevs];
-        if (!IpAddr::parse(l.addr.c_str(), &d.addr)) {
+        d.follow = l.addr.empty();
+        if (d.follow && memory) {
+            fprintf(stderr,
+                    "sroce: %s: a link without an address has its interface's, which the "
+                    "in-memory wire has not; skipping it\n",
+                    l.name.c_str());
+            continue;
+        }
+        if (!d.follow && !IpAddr::parse(l.addr.c_str(), &d.addr)) {
             fprintf(stderr, "sroce: %s: '%s' is not an IP address, skipping it\n", l.name.c_str(),
                     l.addr.c_str());
             continue;
@@ -122,7 +130,9 @@ void load_devices() {
         } catch (const std::exception &) {
             d.ifmtu = 1500;
         }
-        int m = roce_mtu(d.ifmtu, !d.addr.is_v4());
+        // A device that follows its net device may carry IPv6: its MTU is
+        // the one both families fit in.
+        int m = roce_mtu(d.ifmtu, d.follow || !d.addr.is_v4());
         d.active_mtu = mtu_enum(m ? m : 256);
         if (!memory) read_mac(l.netdev, d.mac);
         // Interfaces without a MAC (lo) get a locally administered one made
@@ -131,20 +141,24 @@ void load_devices() {
         if (!std::memcmp(d.mac, zero, 6)) {
             d.mac[0] = 0x02;
             d.mac[1] = 0x00;
-            std::memcpy(d.mac + 2, d.addr.raw + 12, 4);
+            if (d.follow)
+                std::memcpy(d.mac + 2, &d.ifindex, 4);
+            else
+                std::memcpy(d.mac + 2, d.addr.raw + 12, 4);
         }
         uint8_t eui[8] = {
             uint8_t(d.mac[0] ^ 2), d.mac[1], d.mac[2], 0xFF, 0xFE, d.mac[3], d.mac[4], d.mac[5]};
         std::memcpy(&d.guid, eui, 8);
         // GID table as Linux rxe builds it: the link-local address the MAC
-        // makes first, then the address (IPv4-mapped, or IPv6 unless it is
-        // that link-local one), all RoCE v2.
-        d.gid[0].raw[0] = 0xFE;
-        d.gid[0].raw[1] = 0x80;
-        std::memcpy(d.gid[0].raw + 8, eui, 8);
-        d.ngids = 1;
-        if (std::memcmp(d.gid[0].raw, d.addr.raw, 16) != 0)
-            std::memcpy(d.gid[d.ngids++].raw, d.addr.raw, 16);
+        // makes first, then the addresses (IPv4-mapped, or IPv6 unless one
+        // is that link-local one), all RoCE v2.
+        d.default_gid.raw[0] = 0xFE;
+        d.default_gid.raw[1] = 0x80;
+        std::memcpy(d.default_gid.raw + 8, eui, 8);
+        if (d.follow)
+            d.gids.update(d.default_gid, memory ? std::vector<IpAddr>{} : netdev_addrs(l.netdev));
+        else
+            d.gids.set_fixed(d.default_gid, d.addr);
 
         ibv_device &ib = d.ibdev;
         ib.node_type = IBV_NODE_CA;
@@ -308,11 +322,12 @@ bool sysfs_value(const Device &d, std::string_view file, std::string &v) {
             v = hex("0x%08x", a.port_cap_flags);
         else if (file == "link_layer")
             v = "Ethernet";
-        else if (indexed("gids/", unsigned(d.ngids)))
-            v = gid_text(d.gid[idx]);
-        else if (indexed("gid_attrs/types/", unsigned(d.ngids)))
+        else if (ibv_gid g{}; indexed("gids/", unsigned(kGidTblLen)))
+            v = d.gids.get(idx, &g) ? gid_text(g) : gid_text(ibv_gid{});
+        // An empty entry's attributes cannot be read (EINVAL), as rxe's.
+        else if (indexed("gid_attrs/types/", d.gids.size()) && d.gids.get(idx, &g))
             v = "RoCE v2";
-        else if (indexed("gid_attrs/ndevs/", unsigned(d.ngids)))
+        else if (indexed("gid_attrs/ndevs/", d.gids.size()) && d.gids.get(idx, &g))
             v = d.link.netdev;
         else if (indexed("pkeys/", 1))
             v = hex("0x%04x", wire::kDefaultPkey);
@@ -393,6 +408,7 @@ std::vector<agent::CmDeviceInfo> cm_device_infos() {
         c.guid = d.guid;
         c.mtu = uint8_t(d.active_mtu);
         snprintf(c.name, sizeof c.name, "%s", d.ibdev.name);
+        snprintf(c.netdev, sizeof c.netdev, "%s", d.link.netdev.c_str());
         out.push_back(c);
     }
     return out;
@@ -609,8 +625,7 @@ int sroce_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_
         errno = EINVAL;
         return -1;
     }
-    const Device *d = to_ctx(ctx)->dev;
-    *gid = index < d->ngids ? d->gid[index] : ibv_gid{};
+    if (!to_ctx(ctx)->dev->gids.get(uint32_t(index), gid)) *gid = ibv_gid{};
     return 0;
 }
 
@@ -621,7 +636,8 @@ int sroce_query_gid_type(struct ibv_context *ctx, uint8_t port, unsigned int ind
         return -1;
     }
     // An empty entry reads as IB / RoCE v1, as libibverbs reports one.
-    *type = index < unsigned(to_ctx(ctx)->dev->ngids) ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_IB;
+    ibv_gid g;
+    *type = to_ctx(ctx)->dev->gids.get(index, &g) ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_IB;
     return 0;
 }
 
@@ -629,9 +645,10 @@ int sroce_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index,
                        struct ibv_gid_entry *entry, uint32_t flags) {
     if (flags || port != 1 || index >= uint32_t(kGidTblLen)) return EINVAL;
     Device *d = to_ctx(ctx)->dev;
-    if (index >= uint32_t(d->ngids)) return ENODATA;
+    ibv_gid g;
+    if (!d->gids.get(index, &g)) return ENODATA;
     *entry = ibv_gid_entry{};
-    entry->gid = d->gid[index];
+    entry->gid = g;
     entry->gid_index = index;
     entry->port_num = 1;
     entry->gid_type = IBV_GID_TYPE_ROCE_V2;
@@ -642,11 +659,17 @@ int sroce_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index,
 ssize_t sroce_query_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *entries,
                               size_t max_entries, uint32_t flags) {
     if (flags) return -EINVAL;
-    int n = to_ctx(ctx)->dev->ngids;
-    if (max_entries < size_t(n)) return -EINVAL;
-    for (int i = 0; i < n; i++)
-        sroce_query_gid_ex(ctx, 1, uint32_t(i), &entries[i], 0);
-    return n;
+    // The entries that are not empty, in index order, as the kernel lists
+    // them (ibv_query_gid_table(3)).
+    uint32_t size = to_ctx(ctx)->dev->gids.size();
+    size_t n = 0;
+    for (uint32_t i = 0; i < size; i++) {
+        ibv_gid_entry e;
+        if (sroce_query_gid_ex(ctx, 1, i, &e, 0)) continue;
+        if (n == max_entries) return -EINVAL;
+        entries[n++] = e;
+    }
+    return ssize_t(n);
 }
 
 int sroce_query_pkey(struct ibv_context *, uint8_t port, int index, __be16 *pkey) {

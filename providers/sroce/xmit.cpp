@@ -10,8 +10,9 @@
 
 namespace sroce {
 
-void Nic::queue(TxBatch &b, const IpAddr &dst, uint32_t flow, const uint8_t *hdr, size_t hdr_len,
-                const iovec *iov, int iovcnt, uint32_t payload_len, unsigned flags) {
+void Nic::queue(TxBatch &b, const IpAddr &src, const IpAddr &dst, uint32_t flow, const uint8_t *hdr,
+                size_t hdr_len, const iovec *iov, int iovcnt, uint32_t payload_len,
+                unsigned flags) {
     bool copy = flags & kQueueCopy;
     if (b.n == TxBatch::kSlots || b.niov + iovcnt + 2 > TxBatch::kIovs ||
         (copy && b.copied + payload_len > TxBatch::kCopyBytes)) {
@@ -33,14 +34,15 @@ void Nic::queue(TxBatch &b, const IpAddr &dst, uint32_t flow, const uint8_t *hdr
     TxBatch::Run *run = b.nruns ? &b.runs[b.nruns - 1] : nullptr;
     msghdr *m = run ? &b.msgs[b.nruns - 1].msg_hdr : nullptr;
     bool join = run && port_->gso() && !run->closed && run->flow == flow && run->dqpn == dqpn &&
-                run->dst.addr() == dst && udp_len <= run->seg && run->count < wire::kMaxSegments &&
-                run->bytes + udp_len <= wire::kMaxUdpPayload &&
+                run->dst.addr() == dst && run->src == src && udp_len <= run->seg &&
+                run->count < wire::kMaxSegments && run->bytes + udp_len <= wire::kMaxUdpPayload &&
                 m->msg_iovlen + size_t(iovcnt) + 2 <= size_t(IOV_MAX);
     if (!join) {
         run = &b.runs[b.nruns];
         run->dst = SockAddr(dst, wire::kRoceV2Port, uint32_t(dev_->ifindex));
+        run->src = src;
         run->flow = flow;
-        run->route = port_->route(dst, flow);
+        run->route = port_->route(src, dst, flow);
         run->first = uint16_t(b.n);
         run->dqpn = dqpn;
         run->seg = udp_len;
@@ -53,6 +55,7 @@ void Nic::queue(TxBatch &b, const IpAddr &dst, uint32_t flow, const uint8_t *hdr
             m->msg_name = &run->dst.sa;
             m->msg_namelen = run->dst.len;
         }
+        m->msg_controllen = 0;
         m->msg_iov = b.iov + b.niov;
         b.nruns++;
     }
@@ -62,7 +65,7 @@ void Nic::queue(TxBatch &b, const IpAddr &dst, uint32_t flow, const uint8_t *hdr
 
     // The ICRC is computed for ID `pos`, what the device socket gives; a
     // connected socket's packets are corrected when they are sent.
-    IpHeader ip{dev_->addr, dst, run->route.sport, wire::kRoceV2Port, pos};
+    IpHeader ip{src, dst, run->route.sport, wire::kRoceV2Port, pos};
     uint32_t crc = icrc_begin(ip, udp_len, s.hdr);
     crc = icrc_update(crc, s.hdr + wire::kBthLen, hdr_len - wire::kBthLen);
     iovec *out = b.iov + b.niov;

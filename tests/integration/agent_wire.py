@@ -91,7 +91,7 @@ import struct
 import sys
 import time
 
-PROTO = 5
+PROTO = 6
 OPEN_DEVICE, STOP, STATUS, CM_CHANNEL, CM_COMMANDS = 1, 3, 4, 5, 6
 REQUEST = struct.Struct("<II64s16s16sI")
 OPEN_REPLY = struct.Struct("<IiII256s")
@@ -199,8 +199,8 @@ CMD_CONNECT, CMD_LISTEN, CMD_GET_EVENT, CMD_JOIN_MCAST = 6, 7, 12, 22
 RDMA_PS_TCP, RDMA_PS_UDP, IBV_QPT_RC, IBV_QPT_UD = 0x0106, 0x0111, 2, 4
 EVENT_CONNECT_REQUEST = 4
 EAGAIN = 11
-# CmDeviceInfo: address, index, GUID, MTU, name.
-DEVICE_INFO = struct.Struct("<16sI4xQB7x64s")
+# CmDeviceInfo: address, index, GUID, MTU, name, interface.
+DEVICE_INFO = struct.Struct("<16sI4xQB7x64s16s")
 
 
 def cm_command(s, cmd, body, out_cap):
@@ -217,7 +217,7 @@ def cm_channel(device=False):
     ev = connect()
     devices = b""
     if device:
-        devices = DEVICE_INFO.pack(mapped("127.0.29.1"), 0, 0x0200_0000_0000_0001, 3, b"trust0")
+        devices = DEVICE_INFO.pack(mapped("127.0.29.1"), 0, 0x0200_0000_0000_0001, 3, b"trust0", b"lo")
     ev.send(request(CM_CHANNEL) + devices)
     r = reply(ev)
     if r is None or r[0]:
@@ -529,8 +529,9 @@ def malformed():
     table = sealed_table()
     answer("two-descriptors", request(OPEN_DEVICE, b"x", b"lo", mapped("127.0.29.1")), [table, memfd])
     answer("resume-unheld", request(OPEN_DEVICE, b"x", b"lo", mapped("127.0.29.1"), 1), [table])
-    # No wildcard (IPv6 or IPv4), group or broadcast address is a device's.
-    answer("any6", request(OPEN_DEVICE, b"x", b"lo", bytes(16)), [table])
+    # No wildcard (IPv6 or IPv4), group or broadcast address is a device's;
+    # an empty one is every address of an interface, which must exist.
+    answer("any6", request(OPEN_DEVICE, b"x", b"nosuchif0", bytes(16)), [table])
     answer("any4", request(OPEN_DEVICE, b"x", b"lo", mapped("0.0.0.0")), [table])
     answer("group6", request(OPEN_DEVICE, b"x", b"lo", socket.inet_pton(socket.AF_INET6, "ff02::1")),
            [table])

@@ -231,7 +231,7 @@ fi
 
 # --- 2b. malformed requests ------------------------------------------------------------
 got=$(as_nobody "$PY" "$WIRE" malformed 2>&1 | tr '\n' ' ')
-want="short err 22 oversized err 90 version err 71 unknown err 22 stray-descriptor err 22 open-without-table err 22 cut-device-list err 22 two-descriptors err 22 resume-unheld err 1 any6 err 22 any4 err 22 group6 err 22 broadcast err 22 "
+want="short err 22 oversized err 90 version err 71 unknown err 22 stray-descriptor err 22 open-without-table err 22 cut-device-list err 22 two-descriptors err 22 resume-unheld err 1 any6 err 19 any4 err 22 group6 err 22 broadcast err 22 "
 if [[ $got == "$want" ]] && alive; then
 	pass "malformed requests each get an error reply; the agent serves on ($got)"
 else

@@ -71,7 +71,7 @@ roce_mtu=0
 for m in 256 512 1024 2048 4096; do
 	if ((m <= lo_mtu - 20 - 8 - 12 - 28 - 4)); then roce_mtu=$m; fi
 done
-line0="link sroce0/1 state ACTIVE physical_state LINK_UP netdev lo addr 127.0.0.1 mtu $roce_mtu"
+line0="link sroce0/1 state ACTIVE physical_state LINK_UP netdev lo mtu $roce_mtu"
 line1="link sroce1/1 state ACTIVE physical_state LINK_UP netdev lo addr 127.0.0.2 mtu $roce_mtu"
 
 # --- generic options and usage errors ---
@@ -108,14 +108,17 @@ out_is "[]"
 expect 0 "$sroce" link add sroce0 netdev lo
 out_is ""
 [[ -f $SROCE_CONFIG ]] || fail "add did not create $SROCE_CONFIG"
-grep -qx 'sroce0 netdev lo addr 127.0.0.1' "$SROCE_CONFIG" || fail "default address not 127.0.0.1"
+# Without an address the link follows its interface, as an rxe link does.
+grep -qx 'sroce0 netdev lo' "$SROCE_CONFIG" || fail "a link without addr was written as: $(cat "$SROCE_CONFIG")"
 expect 0 "$sroce" link add sroce1 netdev lo addr 127.0.0.2
 
 expect 1 "$sroce" link add sroce0 netdev lo addr 127.0.0.5
 err_is_ours
 err_has "link 'sroce0' already exists"
 expect 1 "$sroce" link add sroce2 netdev lo addr 127.0.0.2
-err_has "127.0.0.2 is already used by link 'sroce1'"
+err_has "127.0.0.2 of link 'sroce2' is already used by link 'sroce1'"
+expect 1 "$sroce" link add sroce2 netdev lo
+err_has "interface lo of link 'sroce2' is already followed by link 'sroce0'"
 expect 1 "$sroce" link add sroce2 netdev nosuchif0
 err_is_ours
 err_has "no such interface 'nosuchif0'"
@@ -178,7 +181,7 @@ out_has "link sroce9/1"
 
 # --- a hand-broken file is reported with its line number ---
 bad=$tmp/bad.conf
-printf '# ok\nsroce0 netdev lo\n' >"$bad"
+printf '# ok\nsroce0 netdev lo addr 127.0.0.300\n' >"$bad"
 expect 1 "$sroce" --config "$bad" link show
 err_has "$bad:2:"
 

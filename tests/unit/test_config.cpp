@@ -159,11 +159,24 @@ TEST_F(ConfigTest, SaveRejectsInvalidLists) {
     std::vector<Link> dup_name = {{"a", "lo", "127.0.0.1"}, {"a", "lo", "127.0.0.2"}};
     std::vector<Link> dup_addr = {{"a", "lo", "127.0.0.1"}, {"b", "lo", "127.0.0.1"}};
     std::vector<Link> bad_addr = {{"a", "lo", "127.0.0.300"}};
-    std::vector<Link> no_addr = {{"a", "lo", ""}};
-    for (const auto &links : {dup_name, dup_addr, bad_addr, no_addr}) {
+    std::vector<Link> two_followers = {{"a", "lo", ""}, {"b", "lo", ""}};
+    for (const auto &links : {dup_name, dup_addr, bad_addr, two_followers}) {
         EXPECT_THROW(sroce::save_links(path(), links), std::runtime_error);
         EXPECT_FALSE(fs::exists(path())) << "nothing may be written for an invalid list";
     }
+}
+
+// A link without an address follows its interface, as an rxe link does;
+// it is written back without one, and an address of the interface may
+// still be another link's.
+TEST_F(ConfigTest, LinkWithoutAddressFollowsItsInterface) {
+    std::vector<Link> links = {{"sroce0", "lo", ""}, {"sroce1", "lo", "127.0.0.2"}};
+    sroce::save_links(path(), links);
+    EXPECT_EQ(sroce::load_links(path()), links);
+    std::ifstream f(path());
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("\nsroce0 netdev lo\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("\nsroce1 netdev lo addr 127.0.0.2\n"), std::string::npos) << text;
 }
 
 TEST_F(ConfigTest, CommentsAndBlankLines) {
@@ -214,7 +227,9 @@ TEST_P(MalformedTest, ReportsPathLineAndReason) {
 INSTANTIATE_TEST_SUITE_P(
     Config, MalformedTest,
     ::testing::Values(
-        BadLine{"sroce0\n", 1, "no 'netdev IF'"}, BadLine{"sroce0 netdev lo\n", 1, "no 'addr IP'"},
+        BadLine{"sroce0\n", 1, "no 'netdev IF'"},
+        BadLine{"sroce0 netdev lo\nsroce1 netdev lo\n", 2,
+                "interface lo is already followed by link 'sroce0' on line 1"},
         BadLine{"# c\nsroce0 addr 127.0.0.1\n", 2, "no 'netdev IF'"},
         BadLine{"\n\nsroce0 netdev lo addr\n", 3, "missing value after 'addr'"},
         BadLine{"sroce0 netdev\n", 1, "missing value after 'netdev'"},

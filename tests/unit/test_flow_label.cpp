@@ -34,20 +34,20 @@ TEST(FlowLabel, PicksTheUdpSourcePortOfAnIpv6Route) {
     NicStats stats;
     IpAddr lo6 = ip6("::1");
     UdpPort v6("flow6", lo6, int(if_nametoindex("lo")), stats, {});
-    Route plain = v6.route(lo6, 0);
+    Route plain = v6.route(lo6, lo6, 0);
     if (!plain.peer) GTEST_SKIP() << "no IPv6 socket on ::1";
     for (uint32_t fl : {0x12345u, 0x00001u}) {
-        Route r = v6.route(lo6, fl);
+        Route r = v6.route(lo6, lo6, fl);
         ASSERT_NE(r.peer, nullptr) << fl;
         EXPECT_EQ(r.sport, ibv_flow_label_to_udp_sport(fl)) << fl;
         EXPECT_NE(r.peer, plain.peer);
-        EXPECT_EQ(v6.route(lo6, fl).peer, r.peer) << "one socket per peer and label";
+        EXPECT_EQ(v6.route(lo6, lo6, fl).peer, r.peer) << "one socket per peer and label";
     }
     IpAddr lo4 = IpAddr::v4(htonl(INADDR_LOOPBACK));
     UdpPort v4("flow4", lo4, int(if_nametoindex("lo")), stats, {});
-    Route r4 = v4.route(lo4, 0x12345);
+    Route r4 = v4.route(lo4, lo4, 0x12345);
     ASSERT_NE(r4.peer, nullptr);
-    EXPECT_EQ(r4.peer, v4.route(lo4, 0).peer);
+    EXPECT_EQ(r4.peer, v4.route(lo4, lo4, 0).peer);
 }
 
 } // namespace

@@ -121,26 +121,22 @@ void link_add(const std::string &path, const std::string &name,
 
     if (!sroce::interface_exists(link.netdev))
         throw std::runtime_error("no such interface '" + link.netdev + "'");
+    // Without an address the link follows its interface, as an rxe link
+    // does: every address of it, now and later, is the device's.
     if (args.addr) {
         if (sroce::canonical_addr(link.addr).empty())
             throw std::runtime_error("invalid address '" + link.addr +
                                      "' (expected an IPv4 or IPv6 address)");
         check_local_address(link.addr, link.netdev);
-    } else {
-        link.addr = sroce::interface_ipv4(link.netdev);
     }
     if (std::string err = sroce::link_error(link); !err.empty()) throw std::runtime_error(err);
 
     sroce::ConfigLock lock(path);
     std::vector<sroce::Link> links = sroce::load_links(path);
-    const std::string canon = sroce::canonical_addr(link.addr);
-    for (const sroce::Link &l : links) {
+    for (const sroce::Link &l : links)
         if (l.name == link.name) throw std::runtime_error("link '" + name + "' already exists");
-        if (sroce::canonical_addr(l.addr) == canon)
-            throw std::runtime_error("address " + link.addr + " is already used by link '" +
-                                     l.name + "'");
-    }
     links.push_back(link);
+    if (std::string err = sroce::links_error(links); !err.empty()) throw std::runtime_error(err);
     sroce::save_links(path, links);
 }
 
@@ -167,7 +163,8 @@ LinkStatus link_status(const sroce::Link &link) {
     // As the port of a running program has it (the address must be on the host).
     st.active = sroce::link_down_reason(link) == 0;
     try {
-        st.mtu = sroce::roce_mtu(sroce::interface_mtu(link.netdev), sroce::is_ipv6_addr(link.addr));
+        st.mtu = sroce::roce_mtu(sroce::interface_mtu(link.netdev),
+                                 link.addr.empty() || sroce::is_ipv6_addr(link.addr));
     } catch (const std::runtime_error &) {
         // The interface vanished between the two queries; report it as gone.
         st = LinkStatus{false, std::nullopt, std::nullopt};
@@ -197,7 +194,7 @@ nlohmann::ordered_json link_rows(const std::string &path, const std::optional<st
         j["physical_state"] = st.active ? "LINK_UP" : "DISABLED";
         j["netdev"] = l.netdev;
         if (st.netdev_index) j["netdev_index"] = *st.netdev_index;
-        j["addr"] = l.addr;
+        if (!l.addr.empty()) j["addr"] = l.addr; // none: every address of netdev
         if (st.mtu) j["mtu"] = *st.mtu;
         out.push_back(std::move(j));
     }
@@ -209,7 +206,8 @@ std::string link_text(const nlohmann::ordered_json &row) {
     std::string line = "link " + row["ifname"].get<std::string>() + "/1 state " +
                        row["state"].get<std::string>() + " physical_state " +
                        row["physical_state"].get<std::string>() + " netdev " +
-                       row["netdev"].get<std::string>() + " addr " + row["addr"].get<std::string>();
+                       row["netdev"].get<std::string>();
+    if (row.contains("addr")) line += " addr " + row["addr"].get<std::string>();
     if (row.contains("mtu")) line += " mtu " + std::to_string(row["mtu"].get<int>());
     return line;
 }

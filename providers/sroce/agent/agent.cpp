@@ -4,6 +4,7 @@
 #include "agent_client.hpp"
 #include "agent_proto.hpp"
 #include "cm.hpp"
+#include "config.hpp"
 #include "handover.hpp"
 #include "icrc.hpp"
 #include "steering.hpp"
@@ -117,6 +118,12 @@ std::string ip_text(in_addr_t a) {
     return IpAddr::v4(a).text();
 }
 
+// What the agent serves, in messages and lock names: an address, or
+// "%IF" for every address of interface IF.
+std::string place_text(const IpAddr &addr, const std::string &netdev) {
+    return addr.empty() ? "%" + netdev : ip_text(addr);
+}
+
 const char *type_name(uint32_t t) {
     switch (t) {
     case 1:
@@ -146,12 +153,12 @@ const char *state_name(uint32_t s) {
 // Root's lock on serving `addr` in this network namespace: a descriptor,
 // -2 when another agent holds it, -1 where root cannot make the file (a
 // user namespace, /run read-only) or for an agent not of root's.
-int address_file_lock(const IpAddr &addr) {
+int address_file_lock(const std::string &place) {
     if (geteuid() != 0 || (mkdir(kSystemDir, 0755) < 0 && errno != EEXIST)) return -1;
     struct stat ns {};
     stat("/proc/self/ns/net", &ns);
-    std::string path = std::string(kSystemDir) + "/addr-" + std::to_string(ns.st_ino) + "-" +
-                       ip_text(addr) + ".lock";
+    std::string path =
+        std::string(kSystemDir) + "/addr-" + std::to_string(ns.st_ino) + "-" + place + ".lock";
     int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) return -1;
     if (flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
@@ -187,7 +194,7 @@ struct SlotUse {
 // another process's QPs; under a slot map, a slot's socket is put back
 // only when the slot is leased again.
 struct Dev {
-    IpAddr addr;
+    IpAddr addr; // empty: every address of netdev (a device that follows it)
     std::string netdev;
     int ifindex = 0; // of netdev: the scope of link-local peers
     // Who had the agent serve it.  Another user's address goes when no slot
@@ -210,6 +217,8 @@ struct Dev {
     uint64_t rx_gsi = 0, rx_unroutable = 0, rx_gsi_bad = 0;
     uint64_t rx_relayed = 0, rx_relay_dropped = 0; // for relayed slots (Agent::relay)
 
+    std::string text() const { return place_text(addr, netdev); }
+
     ~Dev() {
         for (int fd : socks)
             if (fd >= 0) close(fd);
@@ -222,6 +231,18 @@ struct Dev {
         }
     }
 };
+
+// The address of the device a datagram was sent to: its own, or for one
+// that has every address of its interface, the one the kernel says.
+IpAddr sent_to(const msghdr &m, const Dev &d) {
+    for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(const_cast<msghdr *>(&m), c))
+        if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
+            in6_pktinfo pi;
+            std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
+            return IpAddr::v6(pi.ipi6_addr);
+        }
+    return d.addr;
+}
 
 // A connection whose first message has not come yet, or an sroce(8) query.
 struct Conn {
@@ -356,6 +377,7 @@ class Agent {
         std::unique_ptr<uint8_t[]> data{new uint8_t[kBatch * kLen]};
         RelayHdr hdr[kBatch];
         SockAddr from[kBatch];
+        alignas(cmsghdr) uint8_t ctl[kBatch][CMSG_SPACE(sizeof(in6_pktinfo))];
         iovec in[kBatch], out[kBatch][2];
         mmsghdr rx[kBatch], tx[kBatch];
     };
@@ -435,14 +457,30 @@ int Agent::new_socket(const Dev &d, bool reuseport, std::string &why) {
     int one = 1;
     if (reuseport) setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
     roce_socket_options(fd, addr, d.ifindex);
+    // Unbound from the interface, a socket for every address would take
+    // every interface's.
+    int bound_to = 0;
+    socklen_t bl = sizeof bound_to;
+    if (addr.empty() && (getsockopt(fd, SOL_SOCKET, SO_BINDTOIFINDEX, &bound_to, &bl) < 0 ||
+                         bound_to != d.ifindex)) {
+        why = "cannot bind a socket to interface " + d.netdev;
+        close(fd);
+        errno = ENODEV;
+        return -1;
+    }
     SockAddr sa(addr, wire::kRoceV2Port, uint32_t(d.ifindex));
     if (bind(fd, &sa.sa, sa.len) < 0) {
         int err = errno;
-        why = "[" + ip_text(addr) + "]:4791: " + strerror(err);
+        why = addr.empty() ? "[::]:4791 on " + d.netdev + ": " + strerror(err)
+                           : "[" + ip_text(addr) + "]:4791: " + strerror(err);
         if (err == EADDRINUSE)
-            why += " (held by a program outside this agent: an sroce process started with "
-                   "SROCE_AGENT=off, another agent (SROCE_AGENT_SOCKET), or another RoCE "
-                   "stack)";
+            why += addr.empty()
+                       ? " (port 4791 of some address is held: a device with an address of its "
+                         "own, an sroce process started with SROCE_AGENT=off, another agent "
+                         "(SROCE_AGENT_SOCKET), or another RoCE stack)"
+                       : " (held by a program outside this agent: an sroce process started with "
+                         "SROCE_AGENT=off, another agent (SROCE_AGENT_SOCKET), or another RoCE "
+                         "stack)";
         close(fd);
         errno = err;
         return -1;
@@ -453,7 +491,7 @@ int Agent::new_socket(const Dev &d, bool reuseport, std::string &why) {
 int Agent::steer(Dev &d, uint32_t slot) {
     int err = d.slot_map >= 0 ? map_slot(d.slot_map, slot, d.socks[slot])
                               : attach_classic(d.socks[0], uint32_t(d.socks.size()));
-    if (err) log("%s: cannot steer slot %u: %s", ip_text(d.addr).c_str(), slot, strerror(err));
+    if (err) log("%s: cannot steer slot %u: %s", d.text().c_str(), slot, strerror(err));
     return err;
 }
 
@@ -478,7 +516,8 @@ void Agent::record_owners() {
         for (uint32_t s = 1; s < kMaxSlots; s++) {
             const SlotUse &u = d->use[s];
             if (u.conn >= 0)
-                owners.push_back({d->addr, s, u.pid, u.uid, proc_start(u.pid), d->slot_map_id});
+                owners.push_back(
+                    {d->addr, s, u.pid, u.uid, proc_start(u.pid), d->slot_map_id, d->netdev});
             else if (d->heldover[s].pid) {
                 owners.push_back(d->heldover[s]);
                 owners.back().map = d->slot_map_id;
@@ -501,17 +540,24 @@ uint32_t Agent::addrs_of(uid_t uid) const {
 
 Dev *Agent::device(const IpAddr &addr, const std::string &netdev, uid_t uid, std::string &why) {
     for (auto &d : devs_)
-        if (d->addr == addr) return d.get();
-    // A wildcard would take every address's RoCE traffic, a group's none.
-    if (!addr.unicast()) {
-        why = ip_text(addr) + " is no address of one host (unspecified, multicast or broadcast)";
+        if (d->addr == addr && (!addr.empty() || d->netdev == netdev)) return d.get();
+    std::string place = place_text(addr, netdev);
+    // A wildcard would take every address's RoCE traffic, a group's none;
+    // every address of one interface is what a device that follows it has.
+    if (addr.empty() && if_nametoindex(netdev.c_str()) == 0) {
+        why = "no interface " + netdev + " to serve every address of";
+        errno = ENODEV;
+        return nullptr;
+    }
+    if (!addr.empty() && !addr.unicast()) {
+        why = place + " is no address of one host (unspecified, multicast or broadcast)";
         errno = EINVAL;
         return nullptr;
     }
     if (uid != 0 && addrs_of(uid) >= kAddrsPerUser) {
         why = "uid " + std::to_string(uid) + " has the agent serve " +
               std::to_string(kAddrsPerUser) + " addresses, as many as one user but root may; " +
-              ip_text(addr) + " is not served";
+              place + " is not served";
         errno = EMFILE;
         return nullptr;
     }
@@ -527,23 +573,23 @@ Dev *Agent::device(const IpAddr &addr, const std::string &netdev, uid_t uid, std
     // next one from taking over; an abstract name, which anyone can bind,
     // tells agents of other users (who lock only that), and a real one of
     // those also holds the port, which the probe below finds.
-    d->file_lock = address_file_lock(addr);
+    d->file_lock = address_file_lock(place);
     if (d->file_lock == -2) {
-        why = ip_text(addr) + " is served by another sroce agent";
+        why = place + " is served by another sroce agent";
         errno = EADDRINUSE;
         return nullptr;
     }
     d->lock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (d->lock < 0) {
-        why = "cannot serve " + ip_text(addr) + ": socket: " + strerror(errno);
+        why = "cannot serve " + place + ": socket: " + strerror(errno);
         return nullptr;
     }
     sockaddr_un sa;
-    socklen_t len = abstract_addr("sroce-addr:" + ip_text(addr), sa);
+    socklen_t len = abstract_addr("sroce-addr:" + place, sa);
     if (bind(d->lock, reinterpret_cast<sockaddr *>(&sa), len) < 0 && d->file_lock < 0) {
         int err = errno;
-        why = err == EADDRINUSE ? ip_text(addr) + " is served by another sroce agent"
-                                : "cannot serve " + ip_text(addr) + ": " + strerror(err);
+        why = err == EADDRINUSE ? place + " is served by another sroce agent"
+                                : "cannot serve " + place + ": " + strerror(err);
         errno = err;
         return nullptr;
     }
@@ -555,7 +601,7 @@ Dev *Agent::device(const IpAddr &addr, const std::string &netdev, uid_t uid, std
     // their slots are theirs again all the same.
     std::vector<SlotOwner> owners;
     std::erase_if(inherited_, [&](const SlotOwner &o) {
-        if (o.addr != addr) return false;
+        if (o.addr != addr || (addr.empty() && o.netdev != netdev)) return false;
         owners.push_back(o);
         return true;
     });
@@ -594,7 +640,7 @@ Dev *Agent::device(const IpAddr &addr, const std::string &netdev, uid_t uid, std
         if (!kept_map)
             log("%s: the dead agent's slot map cannot be kept (%s): its programs lose what is "
                 "sent to them until they take their slots back",
-                ip_text(addr).c_str(), no_adopt.c_str());
+                place.c_str(), no_adopt.c_str());
     }
     if (!kept_map) d->slot_map = attach_slot_map(fd, no_map);
     if (d->slot_map >= 0) d->slot_map_id = slot_map_id(d->slot_map);
@@ -605,7 +651,7 @@ Dev *Agent::device(const IpAddr &addr, const std::string &netdev, uid_t uid, std
     }
     if (d->slot_map < 0) owners.clear();
     if (d->slot_map < 0 && steer(*d, 0)) {
-        why = "cannot serve " + ip_text(addr) + ": the steering program does not attach";
+        why = "cannot serve " + place + ": the steering program does not attach";
         errno = EIO;
         return nullptr;
     }
@@ -615,7 +661,7 @@ Dev *Agent::device(const IpAddr &addr, const std::string &netdev, uid_t uid, std
         d->next = std::max(d->next, o.slot + 1);
     }
     if (d->slot_map >= 0) d->socks.resize(kMaxSlots, -1);
-    log("serving %s (%s), steering by %s%s", ip_text(addr).c_str(), netdev.c_str(),
+    log("serving %s (%s), steering by %s%s", place.c_str(), netdev.c_str(),
         d->slot_map >= 0 ? "slot map" : ("the classic program: " + no_map).c_str(),
         owners.empty() ? ""
                        : (std::string(adopting ? ", its group taken over" : "") +
@@ -660,8 +706,7 @@ void Agent::release_unused() {
         if (d->creator == 0 || named(d->addr)) return false;
         for (uint32_t s = 1; s < kMaxSlots; s++)
             if (!slot_free(*d, s)) return false;
-        log("no longer serving %s (uid %u's, unused)", ip_text(d->addr).c_str(),
-            unsigned(d->creator));
+        log("no longer serving %s (uid %u's, unused)", d->text().c_str(), unsigned(d->creator));
         return true;
     });
 }
@@ -710,13 +755,13 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, int sock, Dev *
         if (mine >= kSlotsPerUser)
             return refuse(fd, EMFILE,
                           "uid " + std::to_string(cred.uid) + " holds " + std::to_string(mine) +
-                              " process slots of " + ip_text(d->addr) +
+                              " process slots of " + d->text() +
                               ", as many as one user but root may");
     }
     if (rq.arg && (rq.arg >= kMaxSlots || d->slot_map < 0))
         return refuse(fd, EINVAL,
-                      d->slot_map < 0 ? ip_text(d->addr) + " is not steered by a slot map: "
-                                                           "no slot is taken back"
+                      d->slot_map < 0 ? d->text() + " is not steered by a slot map: "
+                                                    "no slot is taken back"
                                       : "no slot " + std::to_string(rq.arg));
     bool direct = cred.uid == geteuid();
     void *table =
@@ -744,8 +789,8 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, int sock, Dev *
     if (!s) {
         munmap(table, kTableEntries * sizeof(QpEntry));
         return refuse(fd, EMFILE,
-                      "all " + std::to_string(kMaxSlots - 1) + " process slots of " +
-                          ip_text(d->addr) + " are in use");
+                      "all " + std::to_string(kMaxSlots - 1) + " process slots of " + d->text() +
+                          " are in use");
     }
     if (s >= d->socks.size() || d->socks[s] < 0) {
         int fresh = new_socket(*d, true, why);
@@ -833,7 +878,7 @@ void Agent::open_device(int fd, const Request &rq, int table_fd, int sock, Dev *
     if (!rq.arg) d->next = s + 1;
     *owner = d;
     *slot = s;
-    log("%s slot %u: pid %d (%s)%s%s", ip_text(d->addr).c_str(), s, int(u.pid), u.comm.c_str(),
+    log("%s slot %u: pid %d (%s)%s%s", d->text().c_str(), s, int(u.pid), u.comm.c_str(),
         relayed ? ", relayed" : "", rq.arg ? ", resumed" : "");
 }
 
@@ -845,8 +890,7 @@ int Agent::resume(const ucred &cred, Dev &d, uint32_t s, int sock, std::string &
     const SlotOwner &h = d.heldover[s];
     if (d.use[s].conn >= 0 || !h.pid || h.pid != cred.pid || h.uid != cred.uid ||
         proc_start(h.pid) != h.start) {
-        why = "slot " + std::to_string(s) + " of " + ip_text(d.addr) +
-              " is not this process's to resume";
+        why = "slot " + std::to_string(s) + " of " + d.text() + " is not this process's to resume";
         return EPERM;
     }
     bool direct = cred.uid == geteuid();
@@ -865,7 +909,7 @@ int Agent::resume(const ucred &cred, Dev &d, uint32_t s, int sock, std::string &
     if (getsockname(sock, &sa.sa, &l) < 0 || sa.sa.sa_family != d.addr.family() ||
         sa.addr() != d.addr || sa.port() != wire::kRoceV2Port ||
         getsockopt(sock, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_DGRAM) {
-        why = "the socket is not one of " + ip_text(d.addr) + ":4791";
+        why = "the socket is not one of " + d.text() + ":4791";
         return EINVAL;
     }
     int own = fcntl(sock, F_DUPFD_CLOEXEC, 0);
@@ -900,6 +944,8 @@ void Agent::relay(Dev &d, uint32_t slot) {
             b.rx[i].msg_hdr.msg_namelen = sizeof b.from[i].in6;
             b.rx[i].msg_hdr.msg_iov = &b.in[i];
             b.rx[i].msg_hdr.msg_iovlen = 1;
+            b.rx[i].msg_hdr.msg_control = b.ctl[i];
+            b.rx[i].msg_hdr.msg_controllen = sizeof b.ctl[i];
         }
         int n = recvmmsg(d.socks[slot], b.rx, RelayBufs::kBatch, MSG_DONTWAIT, nullptr);
         if (n <= 0) return;
@@ -912,6 +958,8 @@ void Agent::relay(Dev &d, uint32_t slot) {
             b.hdr[k] = {};
             std::memcpy(b.hdr[k].from_addr, b.from[i].addr().raw, 16);
             b.hdr[k].from_port = htons(b.from[i].port());
+            IpAddr to = sent_to(b.rx[i].msg_hdr, d);
+            std::memcpy(b.hdr[k].to_addr, to.raw, 16);
             b.out[k][0] = {&b.hdr[k], sizeof b.hdr[k]};
             b.out[k][1] = {b.in[i].iov_base, b.rx[i].msg_len};
             b.tx[k].msg_hdr = {};
@@ -935,7 +983,7 @@ void Agent::relay(Dev &d, uint32_t slot) {
 void Agent::release(Dev &d, uint32_t slot) {
     recheck_unused_ = true;
     SlotUse &u = d.use[slot];
-    log("%s slot %u: pid %d left", ip_text(d.addr).c_str(), slot, int(u.pid));
+    log("%s slot %u: pid %d left", d.text().c_str(), slot, int(u.pid));
     if (u.table) munmap(const_cast<QpEntry *>(u.table), kTableEntries * sizeof(QpEntry));
     close(u.conn);
     if (u.relay >= 0) close(u.relay);
@@ -988,7 +1036,7 @@ json Agent::resources() const {
                              {"ifname", u.dev_name},
                              {"qps", qps}});
         }
-        devs.push_back({{"addr", ip_text(d->addr)}, {"netdev", d->netdev}, {"processes", procs}});
+        devs.push_back({{"addr", d->text()}, {"netdev", d->netdev}, {"processes", procs}});
     }
     return {{"devices", devs}};
 }
@@ -1002,7 +1050,7 @@ json Agent::status() const {
             made += s < d->socks.size() && d->socks[s] >= 0;
             held += d->heldover[s].pid != 0;
         }
-        devs.push_back({{"addr", ip_text(d->addr)},
+        devs.push_back({{"addr", d->text()},
                         {"netdev", d->netdev},
                         {"steering", d->slot_map >= 0 ? "slot map" : "classic"},
                         {"slots", made},
@@ -1115,6 +1163,9 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
             IpAddr addr = IpAddr::of_gid(di.addr);
             CmDevice d;
             d.addr = addr.is_v4() ? addr.v4_addr() : 0;
+            d.follow = addr.empty();
+            std::memcpy(d.netdev, di.netdev, sizeof d.netdev);
+            d.netdev[sizeof d.netdev - 1] = 0;
             d.index = di.index;
             d.guid = di.guid;
             d.mtu = di.mtu;
@@ -1125,7 +1176,7 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
             // answer, whether or not a process has the device open.
             addrs.push_back(addr);
             std::string why;
-            if (!device(addr, d.name, cred.uid, why)) await(addr, d.name, cred.uid, why);
+            if (!device(addr, d.netdev, cred.uid, why)) await(addr, d.netdev, cred.uid, why);
         }
         OpenReply rep{};
         rep.version = kProtoVersion;
@@ -1214,9 +1265,16 @@ void Agent::cm_command(CmConn &c) {
 // one (docs/connection-manager.md, QP1): UD SEND ONLY with AckReq, P_Key 0xFFFF,
 // DETH Q_Key 0x80010000 from QP1.
 void Agent::send_mad(uint32_t local, uint32_t remote, const uint8_t *mad) {
+    IpAddr src = IpAddr::v4(local);
     Dev *d = nullptr;
     for (auto &x : devs_)
-        if (x->addr == IpAddr::v4(local)) d = x.get();
+        if (x->addr == src) d = x.get();
+    // Else a device that has every address of the interface `local` is on.
+    for (auto &x : devs_)
+        if (!d && x->addr.empty()) {
+            std::vector<IpAddr> on = netdev_addrs(x->netdev);
+            if (std::find(on.begin(), on.end(), src) != on.end()) d = x.get();
+        }
     if (!d) return;
     uint8_t pkt[wire::kBthLen + 8 + 256 + 4];
     wire::bth::build(pkt, wire::kUdSendOnly, false, 0, 0xFFFF, 1, true, d->gsi_psn);
@@ -1224,10 +1282,28 @@ void Agent::send_mad(uint32_t local, uint32_t remote, const uint8_t *mad) {
     wire::put32(pkt + wire::kBthLen, 0x80010000);
     wire::put32(pkt + wire::kBthLen + 4, 1);
     std::memcpy(pkt + wire::kBthLen + 8, mad, 256);
-    IpHeader ip{d->addr, IpAddr::v4(remote), wire::kRoceV2Port, wire::kRoceV2Port};
+    IpHeader ip{src, IpAddr::v4(remote), wire::kRoceV2Port, wire::kRoceV2Port};
     icrc_store(pkt + sizeof pkt - 4, icrc_compute(ip, pkt, sizeof pkt));
     SockAddr sa(ip.dst, wire::kRoceV2Port, uint32_t(d->ifindex));
-    sendto(d->socks[0], pkt, sizeof pkt, MSG_DONTWAIT, &sa.sa, sa.len);
+    iovec iov{pkt, sizeof pkt};
+    msghdr m{};
+    m.msg_name = &sa.sa;
+    m.msg_namelen = sa.len;
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    // A socket of every address leaves from the one named.
+    alignas(cmsghdr) uint8_t ctl[CMSG_SPACE(sizeof(in6_pktinfo))];
+    if (d->addr.empty()) {
+        m.msg_control = ctl;
+        m.msg_controllen = sizeof ctl;
+        cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = IPPROTO_IPV6;
+        c->cmsg_type = IPV6_PKTINFO;
+        c->cmsg_len = CMSG_LEN(sizeof(in6_pktinfo));
+        in6_pktinfo pi{src.v6_addr(), unsigned(d->ifindex)};
+        std::memcpy(CMSG_DATA(c), &pi, sizeof pi);
+    }
+    sendmsg(d->socks[0], &m, MSG_DONTWAIT);
 }
 
 void Agent::accept_conns() {
@@ -1244,16 +1320,25 @@ void Agent::drain_gsi(Dev &d) {
     alignas(8) uint8_t b[4096 + 256];
     for (;;) {
         SockAddr from;
-        socklen_t fl = sizeof from.in6;
-        ssize_t n = recvfrom(d.socks[0], b, sizeof b, MSG_DONTWAIT, &from.sa, &fl);
+        iovec iov{b, sizeof b};
+        alignas(cmsghdr) uint8_t ctl[CMSG_SPACE(sizeof(in6_pktinfo))];
+        msghdr m{};
+        m.msg_name = &from.sa;
+        m.msg_namelen = sizeof from.in6;
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = ctl;
+        m.msg_controllen = sizeof ctl;
+        ssize_t n = recvmsg(d.socks[0], &m, MSG_DONTWAIT);
         if (n < 0) return;
+        IpAddr to = sent_to(m, d);
         wire::Packet pkt;
         if (wire::parse(b, size_t(n), pkt) != wire::ParseError::kOk || pkt.qpn != 1) {
             d.rx_unroutable++;
             continue;
         }
         d.rx_gsi++;
-        IpHeader ip{from.addr(), d.addr, from.port(), wire::kRoceV2Port};
+        IpHeader ip{from.addr(), to, from.port(), wire::kRoceV2Port};
         // QP1 takes UD SENDs with the GSI Q_Key only, as rxe does.
         if (!icrc_verify(ip, b, size_t(n)) || pkt.opcode != wire::kUdSendOnly ||
             pkt.qkey() != 0x80010000 || (wire::bth::pkey(b) & 0x7FFF) != 0x7FFF) {
@@ -1261,11 +1346,11 @@ void Agent::drain_gsi(Dev &d) {
             continue;
         }
         // The CM's peers are IPv4 ones.
-        if (!d.addr.is_v4()) {
+        if (!to.is_v4()) {
             d.rx_gsi_bad++;
             continue;
         }
-        cm_.receive(d.addr.v4_addr(), from.addr().v4_addr(), pkt.payload, pkt.payload_len);
+        cm_.receive(to.v4_addr(), from.addr().v4_addr(), pkt.payload, pkt.payload_len);
     }
 }
 

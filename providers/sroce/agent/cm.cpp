@@ -6,6 +6,7 @@
 // the choices.
 #include "cm.hpp"
 #include "cm_internal.hpp"
+#include "config.hpp"
 
 #include <algorithm>
 #include <arpa/inet.h>
@@ -51,10 +52,15 @@ bool local_address(uint32_t a) {
     return local;
 }
 
+bool interface_address(uint32_t a, const char *netdev) {
+    std::vector<IpAddr> on = netdev_addrs(netdev);
+    return std::find(on.begin(), on.end(), IpAddr::v4(a)) != on.end();
+}
+
 } // namespace
 
 HostRoutes kernel_routes() {
-    return {local_address, route_source};
+    return {local_address, route_source, interface_address};
 }
 
 Cm::Cm(MadSender send, HostRoutes host) : send_(std::move(send)), host_(host) {
@@ -118,7 +124,8 @@ Cm::Id *Cm::find_id(uint32_t handle) {
 
 CmDevice *Cm::device_of(Channel &c, uint32_t addr) {
     for (CmDevice &d : c.devs)
-        if (d.addr == addr) return &d;
+        if (d.follow ? host_.on_interface && host_.on_interface(addr, d.netdev) : d.addr == addr)
+            return &d;
     return nullptr;
 }
 

@@ -30,6 +30,10 @@ namespace sroce::agent {
 // match what that process's libibverbs says (GUID, index).
 struct CmDevice {
     uint32_t addr = 0; // IPv4, network order
+    // Every address of `netdev` is the device's (it follows its net device;
+    // addr is 0).
+    bool follow = false;
+    char netdev[16] = {};
     uint64_t guid = 0; // node GUID as stored in ibv_device_attr (network order bytes)
     uint32_t index = 0;
     uint8_t mtu = 3; // ibv_mtu of the port
@@ -47,6 +51,8 @@ struct HostRoutes {
     bool (*is_local)(uint32_t addr);
     // The source address the host would send from to reach `dst`, 0 if none.
     uint32_t (*source_for)(uint32_t dst);
+    // Whether `addr` is an address of interface `netdev`; none: never.
+    bool (*on_interface)(uint32_t addr, const char *netdev) = nullptr;
 };
 // The kernel's answers.
 HostRoutes kernel_routes();

@@ -82,8 +82,9 @@ int save_owners(const std::vector<SlotOwner> &owners) {
         return err;
     }
     for (const SlotOwner &o : owners)
-        fprintf(f, "%s %u %d %u %llu %u\n", o.addr.text().c_str(), o.slot, int(o.pid),
-                unsigned(o.uid), static_cast<unsigned long long>(o.start), o.map);
+        fprintf(f, "%s %u %d %u %llu %u\n",
+                o.addr.empty() ? ("%" + o.netdev).c_str() : o.addr.text().c_str(), o.slot,
+                int(o.pid), unsigned(o.uid), static_cast<unsigned long long>(o.start), o.map);
     int err = ferror(f) ? EIO : 0;
     if (fclose(f) != 0 && !err) err = errno;
     if (!err && rename(tmp.c_str(), p.c_str()) < 0) err = errno;
@@ -97,6 +98,7 @@ std::vector<SlotOwner> load_owners() {
     std::ifstream f(record_path());
     // A record written before maps were recorded has no sixth field, and
     // one written before IPv6 an IPv4 address as a number (network order).
+    // "%IF" is a device that has every address of interface IF.
     for (std::string line; std::getline(f, line);) {
         std::istringstream in(line);
         std::string a;
@@ -106,7 +108,10 @@ std::vector<SlotOwner> load_owners() {
         if (!(in >> a >> slot >> pid >> uid >> start)) break;
         in >> map;
         IpAddr addr;
-        if (a.find_first_of(".:") == a.npos) {
+        std::string netdev;
+        if (a.size() > 1 && a[0] == '%') {
+            netdev = a.substr(1);
+        } else if (a.find_first_of(".:") == a.npos) {
             char *end;
             unsigned long v = strtoul(a.c_str(), &end, 10);
             if (*end || v > UINT32_MAX) break;
@@ -115,7 +120,7 @@ std::vector<SlotOwner> load_owners() {
             break;
         }
         if (slot > 0 && slot < kMaxSlots && pid > 0 && proc_start(pid) == start)
-            out.push_back({addr, slot, pid_t(pid), uid_t(uid), start, map});
+            out.push_back({addr, slot, pid_t(pid), uid_t(uid), start, map, netdev});
     }
     return out;
 }

@@ -30,6 +30,9 @@ struct SlotOwner {
     uid_t uid;
     uint64_t start; // the process's start time (proc_start), against pid reuse
     uint32_t map;   // the id of the slot map steering `addr` (steering.hpp), 0 if unknown
+    // With an empty `addr`: the interface of a device that has every
+    // address of it.
+    std::string netdev = {};
 };
 
 // /proc/PID/FILE, or "" when it cannot be read.  Never throws: a process
