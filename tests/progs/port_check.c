@@ -1,21 +1,27 @@
 // SPDX-License-Identifier: MIT
 //
 // What a program sees of one port through the standard verbs API, for
-// test_link_down.sh: one context of DEVICE stays open while the actions
-// run in order, so a port that goes down or comes up under a running
-// program is seen as such a program sees it.
+// test_link_down.sh and test_gid_table.sh: one context of DEVICE stays open
+// while the actions run in order, so a port that goes down or comes up, or
+// an address that comes or goes, under a running program is seen as such a
+// program sees it.
 //
 //   port_check DEVICE ACTION...
 //     state          prints "state PORT_ACTIVE" (or PORT_DOWN, ...)
 //     qp             creates an RC QP and takes it to RTS, connected to
 //                    itself; prints "qp ok" or "qp STEP: strerror(errno)"
+//     gids           prints the GID table as ibv_query_gid_table() gives it,
+//                    "gid INDEX GID TYPE IFINDEX" per entry, then
+//                    ibv_query_gid_ex() of the first empty index below 16:
+//                    "empty INDEX ERRNO-NAME"
 //     wait EVENT S   waits up to S seconds for the async event EVENT
-//                    (PORT_ACTIVE, PORT_ERR); prints "waiting EVENT" first
-//                    and "event EVENT" or "no event EVENT" after
+//                    (PORT_ACTIVE, PORT_ERR, GID_CHANGE); prints "waiting
+//                    EVENT" first and "event EVENT" or "no event EVENT" after
 //
 // Exit status 0 when every action could be carried out (a refused verb is
 // a result, printed), 2 on a usage error or when the device cannot be
 // opened, 1 when an awaited event did not come.
+#include <arpa/inet.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
@@ -44,6 +50,8 @@ static int event_of(const char *name, enum ibv_event_type *ev) {
         *ev = IBV_EVENT_PORT_ACTIVE;
     else if (!strcmp(name, "PORT_ERR"))
         *ev = IBV_EVENT_PORT_ERR;
+    else if (!strcmp(name, "GID_CHANGE"))
+        *ev = IBV_EVENT_GID_CHANGE;
     else
         return -1;
     return 0;
@@ -57,6 +65,28 @@ static void print_state(struct ibv_context *ctx) {
         printf("state query: %s\n", strerror(rc));
     else
         printf("state %s\n", port_state_name(a.state));
+}
+
+static void print_gids(struct ibv_context *ctx) {
+    struct ibv_gid_entry e[64];
+    ssize_t n = ibv_query_gid_table(ctx, e, 64, 0);
+    if (n < 0) {
+        printf("gid table: %s\n", strerror((int)-n));
+        return;
+    }
+    for (ssize_t i = 0; i < n; i++) {
+        char text[INET6_ADDRSTRLEN];
+        inet_ntop(AF_INET6, e[i].gid.raw, text, sizeof(text));
+        printf("gid %u %s %s %u\n", e[i].gid_index, text,
+               e[i].gid_type == IBV_GID_TYPE_ROCE_V2 ? "RoCEv2" : "other", e[i].ndev_ifindex);
+    }
+    for (uint32_t i = 0; i < 16; i++) {
+        struct ibv_gid_entry one;
+        int rc = ibv_query_gid_ex(ctx, 1, i, &one, 0);
+        if (!rc) continue;
+        printf("empty %u %s\n", i, rc == ENODATA ? "ENODATA" : strerror(rc));
+        break;
+    }
 }
 
 // An RC QP to RTS, connected to itself: every step a port that is down can
@@ -158,7 +188,7 @@ static int wait_event(struct ibv_context *ctx, const char *name, int seconds) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s DEVICE state|qp|wait EVENT SECONDS...\n", argv[0]);
+        fprintf(stderr, "usage: %s DEVICE state|qp|gids|wait EVENT SECONDS...\n", argv[0]);
         return 2;
     }
     int n = 0;
@@ -176,6 +206,8 @@ int main(int argc, char **argv) {
             print_state(ctx);
         } else if (!strcmp(argv[i], "qp")) {
             try_qp(ctx);
+        } else if (!strcmp(argv[i], "gids")) {
+            print_gids(ctx);
         } else if (!strcmp(argv[i], "wait") && i + 2 < argc) {
             int r = wait_event(ctx, argv[i + 1], atoi(argv[i + 2]));
             if (r == 2) {
