@@ -270,6 +270,34 @@ netns_cleanup() {
 	SROCE_NETNS=()
 }
 
+# netns_run_pair NAME TIMEOUT SERVER-CMD... -- CLIENT-CMD...: the server in
+# the first namespace (the caller's run_a, whose ss(8) in_a runs), the
+# client in the second (run_b) once the server listens on a TCP port; true
+# when both exit 0, else both outputs on stderr.  Output in
+# $WORK/NAME.{a,b}.
+netns_run_pair() {
+	local name=$1 limit=$2 server=() pid rc_a rc_b deadline
+	shift 2
+	while [[ $1 != -- ]]; do
+		server+=("$1")
+		shift
+	done
+	shift
+	run_a timeout "$limit" "${server[@]}" >"$WORK/$name.a" 2>&1 &
+	pid=$!
+	deadline=$((SECONDS + 20))
+	until [[ -n $(in_a ss -Hltn 2>/dev/null) ]] || ((SECONDS >= deadline)); do sleep 0.05; done
+	run_b timeout "$limit" "$@" >"$WORK/$name.b" 2>&1
+	rc_b=$?
+	wait "$pid"
+	rc_a=$?
+	((rc_a == 0 && rc_b == 0)) && return 0
+	echo "  $name: server exit $rc_a, client exit $rc_b" >&2
+	sed "s/^/  $name.a: /" "$WORK/$name.a" >&2
+	sed "s/^/  $name.b: /" "$WORK/$name.b" >&2
+	return 1
+}
+
 # now: seconds since the epoch with microseconds.
 now() { printf '%s\n' "${EPOCHREALTIME/,/.}"; }
 

@@ -92,37 +92,12 @@ check "the /sys GID table" "$got" \
 got=$(run_a rdma link show 2>&1)
 check "rdma link show" "$got" "link fa/1 state ACTIVE physical_state LINK_UP netdev veth-a mtu 1024"
 
-# pair NAME TIMEOUT SERVER-CMD... -- CLIENT-CMD...: A serves, B connects;
-# both must exit 0.  Output in $tmp/NAME.{a,b}.
-pair() {
-	local name=$1 limit=$2 server=() pid rc_a rc_b
-	shift 2
-	while [[ $1 != -- ]]; do
-		server+=("$1")
-		shift
-	done
-	shift
-	run_a timeout "$limit" "${server[@]}" >"$tmp/$name.a" 2>&1 &
-	pid=$!
-	local deadline=$((SECONDS + 20))
-	until [[ -n $(in_a ss -Hltn 2>/dev/null) ]] || ((SECONDS >= deadline)); do sleep 0.05; done
-	run_b timeout "$limit" "$@" >"$tmp/$name.b" 2>&1
-	rc_b=$?
-	wait "$pid"
-	rc_a=$?
-	((rc_a == 0 && rc_b == 0)) && return 0
-	echo "  $name: server exit $rc_a, client exit $rc_b" >&2
-	sed "s/^/  $name.a: /" "$tmp/$name.a" >&2
-	sed "s/^/  $name.b: /" "$tmp/$name.b" >&2
-	return 1
-}
-
 # --- Each GID index reaches the peer's entry of the same index: the
 # link-local one too, which is what a program that takes GID 0 meets.
 declare -A peer_gid=([0]="fe80::" [1]="::ffff:10.32.0.1" [2]="fd00:32::1")
 for prog in ibv_rc_pingpong ibv_ud_pingpong; do
 	for g in 0 1 2; do
-		if pair "$prog$g" 60 "$prog" -d fa -g "$g" -n 500 -- "$prog" -d fb -g "$g" -n 500 10.32.0.1 &&
+		if netns_run_pair "$prog$g" 60 "$prog" -d fa -g "$g" -n 500 -- "$prog" -d fb -g "$g" -n 500 10.32.0.1 &&
 			grep -q "remote address:.*GID ${peer_gid[$g]}" "$tmp/$prog$g.b" &&
 			grep -q "500 iters" "$tmp/$prog$g.b"; then
 			pass "$prog -g $g: $(grep -o 'remote address:.*' "$tmp/$prog$g.b")"
@@ -136,7 +111,7 @@ done
 if command -v ib_send_lat >/dev/null; then
 	for x in "-x 0" ""; do
 		# shellcheck disable=SC2086 # $x is zero or two words
-		if pair "perf$x" 60 ib_send_lat -d fa $x -n 500 -- ib_send_lat -d fb $x -n 500 10.32.0.1 &&
+		if netns_run_pair "perf$x" 60 ib_send_lat -d fa $x -n 500 -- ib_send_lat -d fb $x -n 500 10.32.0.1 &&
 			grep -q "^ *2 *500 " "$tmp/perf$x.b"; then
 			pass "ib_send_lat ${x:-with its own GID choice}: $(grep -m1 -o 'GID: [0-9a-f:]*' "$tmp/perf$x.b")"
 		else

@@ -63,41 +63,13 @@ else
 	fail "the /sys GID table of v6a: '$got'"
 fi
 
-# pair NAME TIMEOUT SERVER-CMD... -- CLIENT-CMD...: A serves, B connects;
-# both must exit 0.  Output in $tmp/NAME.{a,b}.
-pair() {
-	local name=$1 limit=$2 server=() pid rc_a rc_b
-	shift 2
-	while [[ $1 != -- ]]; do
-		server+=("$1")
-		shift
-	done
-	shift
-	run_a timeout "$limit" "${server[@]}" >"$tmp/$name.a" 2>&1 &
-	pid=$!
-	# The server listens on its TCP port once its device is set up.
-	local deadline=$((SECONDS + 20))
-	until [[ -n $(in_a ss -Hltn 2>/dev/null) ]] || ((SECONDS >= deadline)); do sleep 0.05; done
-	run_b timeout "$limit" "$@" >"$tmp/$name.b" 2>&1
-	rc_b=$?
-	wait "$pid"
-	rc_a=$?
-	if ((rc_a == 0 && rc_b == 0)); then
-		return 0
-	fi
-	echo "  $name: server exit $rc_a, client exit $rc_b" >&2
-	sed "s/^/  $name.a: /" "$tmp/$name.a" >&2
-	sed "s/^/  $name.b: /" "$tmp/$name.b" >&2
-	return 1
-}
-
 # --- Every transport through rdma-core's own example programs.
 for prog in ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong; do
 	command -v "$prog" >/dev/null || {
 		fail "$prog is not installed"
 		continue
 	}
-	if pair "$prog" 60 "$prog" -d v6a -g 1 -n 2000 -- "$prog" -d v6b -g 1 -n 2000 10.31.0.1 &&
+	if netns_run_pair "$prog" 60 "$prog" -d v6a -g 1 -n 2000 -- "$prog" -d v6b -g 1 -n 2000 10.31.0.1 &&
 		grep -q "remote address:.*GID fd00:31::1" "$tmp/$prog.b" &&
 		grep -q "2000 iters" "$tmp/$prog.b"; then
 		pass "$prog -g 1 over IPv6: $(grep iters "$tmp/$prog.b")"
@@ -106,7 +78,7 @@ for prog in ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong; do
 	fi
 done
 if command -v ibv_xsrq_pingpong >/dev/null &&
-	pair xsrq 60 ibv_xsrq_pingpong -d v6a -g 1 -- ibv_xsrq_pingpong -d v6b -g 1 10.31.0.1 &&
+	netns_run_pair xsrq 60 ibv_xsrq_pingpong -d v6a -g 1 -- ibv_xsrq_pingpong -d v6b -g 1 10.31.0.1 &&
 	grep -q success "$tmp/xsrq.b"; then
 	pass "ibv_xsrq_pingpong -g 1 over IPv6 (XRC)"
 else
@@ -127,7 +99,7 @@ else
 		sleep 0.1
 	done
 	sleep 0.5
-	if pair xfer 120 env SROCE_GSO=0 "$xfer" -d v6a -g 1 -p 18600 -- \
+	if netns_run_pair xfer 120 env SROCE_GSO=0 "$xfer" -d v6a -g 1 -p 18600 -- \
 		env SROCE_GSO=0 "$xfer" -d v6b -g 1 -p 18600 -n 3000 --seed 31 10.31.0.1; then
 		pass "sroce_xfer -g 1: 3000 operations over IPv6, every byte checked"
 	else
@@ -149,7 +121,7 @@ fi
 perf() {
 	local fam=$1 tool=$2 size=$3 port=$4
 	shift 4
-	pair "$tool-$fam" 120 "$tool" -d "v${fam}a" -x 1 -s "$size" -p "$port" "$@" -- \
+	netns_run_pair "$tool-$fam" 120 "$tool" -d "v${fam}a" -x 1 -s "$size" -p "$port" "$@" -- \
 		"$tool" -d "v${fam}b" -x 1 -s "$size" -p "$port" "$@" 10.31.0.1 || return 1
 	awk -v s="$size" '$1 == s { print $0; found = 1 } END { exit !found }' "$tmp/$tool-$fam.b"
 }
