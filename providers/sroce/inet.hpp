@@ -130,4 +130,27 @@ struct SockAddr {
     uint16_t port() const { return ntohs(sa.sa_family == AF_INET6 ? in6.sin6_port : in.sin_port); }
 };
 
+// IPV6_PKTINFO, through which a socket for every address of an interface
+// (IPv6, both families, IPv4 ones mapped) says which address a datagram
+// was sent to, and is told which one to send from.
+constexpr size_t kPktinfoSpace = CMSG_SPACE(sizeof(in6_pktinfo));
+// The address `c` names, if it is an IPV6_PKTINFO message.
+inline bool read_pktinfo(const cmsghdr *c, IpAddr *addr) {
+    if (c->cmsg_level != IPPROTO_IPV6 || c->cmsg_type != IPV6_PKTINFO) return false;
+    in6_pktinfo pi;
+    std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
+    *addr = IpAddr::v6(pi.ipi6_addr);
+    return true;
+}
+// Writes an IPV6_PKTINFO message at `c`: send from `src` on interface
+// `ifindex`.  Returns the room it takes (kPktinfoSpace).
+inline size_t write_pktinfo(cmsghdr *c, const IpAddr &src, int ifindex) {
+    c->cmsg_level = IPPROTO_IPV6;
+    c->cmsg_type = IPV6_PKTINFO;
+    c->cmsg_len = CMSG_LEN(sizeof(in6_pktinfo));
+    in6_pktinfo pi{src.v6_addr(), unsigned(ifindex)};
+    std::memcpy(CMSG_DATA(c), &pi, sizeof pi);
+    return kPktinfoSpace;
+}
+
 } // namespace sroce

@@ -69,8 +69,7 @@ struct TxBatch {
         bool closed = false; // ends with a shorter packet: nothing more joins
         // UDP_SEGMENT, and the source address where the socket is not
         // bound to it (IPV6_PKTINFO).
-        alignas(
-            cmsghdr) uint8_t ctl[CMSG_SPACE(sizeof(uint16_t)) + CMSG_SPACE(sizeof(in6_pktinfo))];
+        alignas(cmsghdr) uint8_t ctl[CMSG_SPACE(sizeof(uint16_t)) + kPktinfoSpace];
     };
     Slot slots[kSlots];
     Run runs[kSlots];

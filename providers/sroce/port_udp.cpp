@@ -57,7 +57,7 @@ struct UdpPort::RxState {
     SockAddr froms[kBatch];
     // UDP_GRO's segment size; where the port has every address of its
     // interface, the one each datagram was sent to (IPV6_PKTINFO).
-    static constexpr size_t kCtlLen = CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(in6_pktinfo));
+    static constexpr size_t kCtlLen = CMSG_SPACE(sizeof(int)) + kPktinfoSpace;
     alignas(cmsghdr) uint8_t ctls[kBatch][kCtlLen];
     int used = 0;    // entries the last recvmmsg() filled
     int vlen = 1;    // entries the next recvmmsg() asks for
@@ -84,10 +84,8 @@ struct UdpPort::RxState {
                 int v;
                 std::memcpy(&v, CMSG_DATA(c), sizeof v);
                 seg = v > 0 ? size_t(v) : 0;
-            } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
-                in6_pktinfo pi;
-                std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
-                *dst = IpAddr::v6(pi.ipi6_addr);
+            } else {
+                read_pktinfo(c, dst);
             }
         return seg;
     }
@@ -366,14 +364,7 @@ void UdpPort::transmit(TxBatch &b) {
             len += CMSG_SPACE(sizeof seg);
             c = CMSG_NXTHDR(&m, c);
         }
-        if (pktinfo) {
-            c->cmsg_level = IPPROTO_IPV6;
-            c->cmsg_type = IPV6_PKTINFO;
-            c->cmsg_len = CMSG_LEN(sizeof(in6_pktinfo));
-            in6_pktinfo pi{r.src.v6_addr(), unsigned(ifindex_)};
-            std::memcpy(CMSG_DATA(c), &pi, sizeof pi);
-            len += CMSG_SPACE(sizeof pi);
-        }
+        if (pktinfo) len += write_pktinfo(c, r.src, ifindex_);
         m.msg_controllen = len;
     }
     // Consecutive runs for one socket leave in one sendmmsg().  A failure

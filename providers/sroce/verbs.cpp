@@ -322,12 +322,13 @@ bool sysfs_value(const Device &d, std::string_view file, std::string &v) {
             v = hex("0x%08x", a.port_cap_flags);
         else if (file == "link_layer")
             v = "Ethernet";
-        else if (ibv_gid g{}; indexed("gids/", unsigned(kGidTblLen)))
-            v = d.gids.get(idx, &g) ? gid_text(g) : gid_text(ibv_gid{});
-        // An empty entry's attributes cannot be read (EINVAL), as rxe's.
-        else if (indexed("gid_attrs/types/", d.gids.size()) && d.gids.get(idx, &g))
+        // An empty entry reads as the zero GID; its attributes cannot be
+        // read (EINVAL), as rxe's.
+        else if (ibv_gid g{}; indexed("gids/", kGidTblLen))
+            v = gid_text(d.gids.get(idx, &g) ? g : ibv_gid{});
+        else if (indexed("gid_attrs/types/", kGidTblLen) && d.gids.get(idx, &g))
             v = "RoCE v2";
-        else if (indexed("gid_attrs/ndevs/", d.gids.size()) && d.gids.get(idx, &g))
+        else if (indexed("gid_attrs/ndevs/", kGidTblLen) && d.gids.get(idx, &g))
             v = d.link.netdev;
         else if (indexed("pkeys/", 1))
             v = hex("0x%04x", wire::kDefaultPkey);

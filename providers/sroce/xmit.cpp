@@ -55,7 +55,6 @@ void Nic::queue(TxBatch &b, const IpAddr &src, const IpAddr &dst, uint32_t flow,
             m->msg_name = &run->dst.sa;
             m->msg_namelen = run->dst.len;
         }
-        m->msg_controllen = 0;
         m->msg_iov = b.iov + b.niov;
         b.nruns++;
     }

@@ -12,6 +12,7 @@
 #   - ibv_rc_pingpong and ibv_ud_pingpong with -g 0 (link-local), -g 1
 #     (IPv4) and -g 2 (IPv6), each side sending from the GID its index names;
 #   - perftest with -x 0 and with its own choice of GID;
+#   - rping (rdma_cm, IPv4) between the two following devices;
 #   - an address added under a running program: IBV_EVENT_GID_CHANGE and
 #     the new GID in the first empty entry; removed: the entry empty again
 #     (ENODATA), the others where they were.
@@ -120,6 +121,31 @@ if command -v ib_send_lat >/dev/null; then
 	done
 else
 	fail "perftest is not installed"
+fi
+
+# --- rdma_cm over a following device: the CM finds the device by the
+# interface the address is on, and QP1's MADs leave from that address.
+if command -v rping >/dev/null; then
+	run_a timeout 60 rping -s -a 10.32.0.1 -p 7532 -v -C 10 >"$tmp/rping.a" 2>&1 &
+	srv=$!
+	for _ in $(seq 150); do
+		in_a env SROCE_AGENT_SOCKET="$SROCE_AGENT_SOCKET" "$sroce" -j agent status 2>/dev/null |
+			grep -q '"port":7532[,}]' && break
+		sleep 0.1
+	done
+	run_b timeout 30 rping -c -a 10.32.0.1 -p 7532 -v -C 10 >"$tmp/rping.b" 2>&1
+	rc=$?
+	wait "$srv"
+	src=$?
+	if ((rc == 0 && src == 0)) && (($(grep -c 'ping data: rdma-ping-' "$tmp/rping.b") == 10)); then
+		pass "rping -v over IPv4 between following devices: 10 pings verified"
+	else
+		fail "rping over following devices (server exit $src, client exit $rc)"
+		sed 's/^/  rping.a: /' "$tmp/rping.a" >&2
+		sed 's/^/  rping.b: /' "$tmp/rping.b" >&2
+	fi
+else
+	fail "rping is not installed"
 fi
 
 # --- Addresses that come and go under a running program.

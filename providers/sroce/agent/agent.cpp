@@ -235,13 +235,10 @@ struct Dev {
 // The address of the device a datagram was sent to: its own, or for one
 // that has every address of its interface, the one the kernel says.
 IpAddr sent_to(const msghdr &m, const Dev &d) {
+    IpAddr to = d.addr;
     for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(const_cast<msghdr *>(&m), c))
-        if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
-            in6_pktinfo pi;
-            std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
-            return IpAddr::v6(pi.ipi6_addr);
-        }
-    return d.addr;
+        if (read_pktinfo(c, &to)) break;
+    return to;
 }
 
 // A connection whose first message has not come yet, or an sroce(8) query.
@@ -377,7 +374,7 @@ class Agent {
         std::unique_ptr<uint8_t[]> data{new uint8_t[kBatch * kLen]};
         RelayHdr hdr[kBatch];
         SockAddr from[kBatch];
-        alignas(cmsghdr) uint8_t ctl[kBatch][CMSG_SPACE(sizeof(in6_pktinfo))];
+        alignas(cmsghdr) uint8_t ctl[kBatch][kPktinfoSpace];
         iovec in[kBatch], out[kBatch][2];
         mmsghdr rx[kBatch], tx[kBatch];
     };
@@ -1292,16 +1289,11 @@ void Agent::send_mad(uint32_t local, uint32_t remote, const uint8_t *mad) {
     m.msg_iov = &iov;
     m.msg_iovlen = 1;
     // A socket of every address leaves from the one named.
-    alignas(cmsghdr) uint8_t ctl[CMSG_SPACE(sizeof(in6_pktinfo))];
+    alignas(cmsghdr) uint8_t ctl[kPktinfoSpace];
     if (d->addr.empty()) {
         m.msg_control = ctl;
         m.msg_controllen = sizeof ctl;
-        cmsghdr *c = CMSG_FIRSTHDR(&m);
-        c->cmsg_level = IPPROTO_IPV6;
-        c->cmsg_type = IPV6_PKTINFO;
-        c->cmsg_len = CMSG_LEN(sizeof(in6_pktinfo));
-        in6_pktinfo pi{src.v6_addr(), unsigned(d->ifindex)};
-        std::memcpy(CMSG_DATA(c), &pi, sizeof pi);
+        write_pktinfo(CMSG_FIRSTHDR(&m), src, d->ifindex);
     }
     sendmsg(d->socks[0], &m, MSG_DONTWAIT);
 }
@@ -1321,7 +1313,7 @@ void Agent::drain_gsi(Dev &d) {
     for (;;) {
         SockAddr from;
         iovec iov{b, sizeof b};
-        alignas(cmsghdr) uint8_t ctl[CMSG_SPACE(sizeof(in6_pktinfo))];
+        alignas(cmsghdr) uint8_t ctl[kPktinfoSpace];
         msghdr m{};
         m.msg_name = &from.sa;
         m.msg_namelen = sizeof from.in6;
