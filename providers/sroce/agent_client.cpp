@@ -35,6 +35,11 @@ void roce_socket_options(int fd, const IpAddr &addr, int ifindex) {
         setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu4, sizeof pmtu4);
         setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof pmtu6);
         setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof one);
+        // A wildcard socket would also get a copy of every multicast
+        // datagram to port 4791 of any group joined on the host; groups
+        // arrive on the sockets that join them (UdpPort::join).
+        setsockopt(fd, IPPROTO_IP, IP_MULTICAST_ALL, &zero, sizeof zero);
+        setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_ALL, &zero, sizeof zero);
         if (ifindex > 0) {
             setsockopt(fd, SOL_SOCKET, SO_BINDTOIFINDEX, &ifindex, sizeof ifindex);
             ip_mreqn m{};

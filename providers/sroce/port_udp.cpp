@@ -549,6 +549,9 @@ int UdpPort::join(const IpAddr &group) {
     // Every device of the host joined to the group gets its own copy.
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    // A device of every address has [::]:4791, in the agent's reuseport
+    // group: the group's address shares the port with it as its user's.
+    if (any_) setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
     if (!group.is_v4()) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
     SockAddr sa(group, wire::kRoceV2Port, uint32_t(ifindex_));
     int gro = opt_.gro ? 1 : 0;
