@@ -26,8 +26,8 @@ namespace sroce::agent {
 // 3: relayed slots (OpenReply::flags); 4: slots resumed under a new agent;
 // 5: IPv6 addresses (16-byte addresses everywhere); 6: devices that follow
 // their net device (an empty address), RelayHdr::to_addr,
-// CmDeviceInfo::netdev
-constexpr uint32_t kProtoVersion = 6;
+// CmDeviceInfo::netdev; 7: CmDeviceInfo::gids
+constexpr uint32_t kProtoVersion = 7;
 
 // There is one agent per network namespace, which is exactly the scope of
 // the addresses it serves; where it listens is agent_client.hpp's
@@ -77,6 +77,9 @@ struct CmDeviceInfo {
     char name[64];
     char netdev[16]; // its interface: all of whose addresses are the
                      // device's when `addr` is empty
+    // Its GID table by index, an unused entry all zeros: the sgid_index an
+    // address handle the CM gives names.
+    uint8_t gids[16][16];
 };
 
 // One rdma_ucm command: the command struct after its header (`in_len`
@@ -126,7 +129,7 @@ struct Request {
 // with `arg` = the slot; a process of the agent's user attaches the slot's
 // socket after the QP table, and gets no descriptor back; another user's
 // gets a new relay).
-static_assert(sizeof(Request) == 108 && sizeof(CmDeviceInfo) == 120); // agent_wire.py
+static_assert(sizeof(Request) == 108 && sizeof(CmDeviceInfo) == 376); // agent_wire.py
 constexpr uint32_t kOpenRelayed = 1;
 constexpr uint32_t kOpenSteeringKept = 2;
 struct OpenReply {

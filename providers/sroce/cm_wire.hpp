@@ -7,6 +7,7 @@
 // is untrusted input, so fields are read from bytes, never by casting.
 #pragma once
 
+#include "inet.hpp"
 #include "wire.hpp"
 
 #include <cstddef>
@@ -298,12 +299,24 @@ struct CmaHdr {
         std::memcpy(dst, p + 20, 16);
         return true;
     }
-    void set_ipv4(uint32_t src_be, uint32_t dst_be) {
-        ip_version = 4;
-        std::memset(src, 0, 16);
-        std::memset(dst, 0, 16);
-        std::memcpy(src + 12, &src_be, 4);
-        std::memcpy(dst + 12, &dst_be, 4);
+    // IP version 4 when both are IPv4 (unmapped: zeros, then the address),
+    // else 6.
+    void set(const IpAddr &s, const IpAddr &d) {
+        ip_version = s.is_v4() && d.is_v4() ? 4 : 6;
+        for (auto [to, a] : {std::pair{src, &s}, std::pair{dst, &d}}) {
+            std::memcpy(to, a->raw, 16);
+            if (ip_version == 4) std::memset(to, 0, 12);
+        }
+    }
+    IpAddr src_addr() const { return field(src); }
+    IpAddr dst_addr() const { return field(dst); }
+
+  private:
+    IpAddr field(const uint8_t *f) const {
+        if (ip_version != 4) return IpAddr::of_gid(f);
+        in_addr_t a;
+        std::memcpy(&a, f + 12, 4);
+        return IpAddr::v4(a);
     }
 };
 

@@ -70,6 +70,10 @@ struct IpAddr {
     }
     bool multicast() const { return is_v4() ? (raw[12] & 0xF0) == 0xE0 : raw[0] == 0xFF; }
     bool link_local() const { return raw[0] == 0xFE && (raw[1] & 0xC0) == 0x80; }
+    bool loopback() const {
+        static constexpr uint8_t kLoop6[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+        return is_v4() ? raw[12] == 127 : std::memcmp(raw, kLoop6, 16) == 0;
+    }
     // An address one host can have: not unspecified (a wildcard to bind),
     // not multicast, not IPv4's broadcast.
     bool unicast() const {
@@ -128,6 +132,31 @@ struct SockAddr {
         return {};
     }
     uint16_t port() const { return ntohs(sa.sa_family == AF_INET6 ? in6.sin6_port : in.sin_port); }
+    void set_port(uint16_t p) {
+        (sa.sa_family == AF_INET6 ? in6.sin6_port : in.sin_port) = htons(p);
+    }
+    // The interface a link-local IPv6 address is on; 0 for any other.
+    uint32_t scope() const { return sa.sa_family == AF_INET6 ? in6.sin6_scope_id : 0; }
+    int family() const { return sa.sa_family; }
+    // An IPv4 or IPv6 socket address from the start of `p`, which has room
+    // for a sockaddr_in6 (an ABI's address field); false for other families.
+    // An IPv6 one keeps its scope and flow information.
+    static bool load(const void *p, SockAddr *out) {
+        sa_family_t f;
+        std::memcpy(&f, p, sizeof f);
+        if (f != AF_INET && f != AF_INET6) return false;
+        *out = SockAddr();
+        out->len = f == AF_INET ? sizeof out->in : sizeof out->in6;
+        std::memcpy(&out->in6, p, out->len);
+        return true;
+    }
+    // The wildcard address of family `f` (AF_INET or AF_INET6).
+    static SockAddr any(int f) {
+        SockAddr r;
+        r.sa.sa_family = sa_family_t(f);
+        r.len = f == AF_INET ? sizeof r.in : sizeof r.in6;
+        return r;
+    }
 };
 
 // IPV6_PKTINFO, through which a socket for every address of an interface

@@ -410,6 +410,11 @@ std::vector<agent::CmDeviceInfo> cm_device_infos() {
         c.mtu = uint8_t(d.active_mtu);
         snprintf(c.name, sizeof c.name, "%s", d.ibdev.name);
         snprintf(c.netdev, sizeof c.netdev, "%s", d.link.netdev.c_str());
+        static_assert(std::size(c.gids) == kMaxGids);
+        for (uint32_t i = 0; i < uint32_t(kMaxGids); i++) {
+            ibv_gid g;
+            if (d.gids.get(i, &g)) std::memcpy(c.gids[i], g.raw, 16);
+        }
         out.push_back(c);
     }
     return out;

@@ -69,10 +69,21 @@ uint32_t ip4(uint8_t a, uint8_t b, uint8_t c, uint8_t d) {
     return htonl(uint32_t(a) << 24 | uint32_t(b) << 16 | uint32_t(c) << 8 | d);
 }
 
-// Documentation addresses (RFC 5737): the scene's host (scene_is_local)
-// answers for them, never the kernel.
-const uint32_t kDevA = ip4(192, 0, 2, 1), kDevB = ip4(192, 0, 2, 2), kPeer = ip4(198, 51, 100, 9),
-               kPeer2 = ip4(203, 0, 113, 7), kLoopback = ip4(127, 0, 0, 1);
+IpAddr ip6(const char *s) {
+    IpAddr a;
+    if (!IpAddr::parse(s, &a)) fail("a bad IPv6 literal in the scene");
+    return a;
+}
+
+// Documentation addresses (RFC 5737, RFC 3849): the scene's host
+// (scene_is_local) answers for them, never the kernel.  Devices A and B are
+// IPv4, C is IPv6 with a link-local address on interface kScopeC too.
+const IpAddr kDevA = IpAddr::v4(ip4(192, 0, 2, 1)), kDevB = IpAddr::v4(ip4(192, 0, 2, 2)),
+             kPeer = IpAddr::v4(ip4(198, 51, 100, 9)), kPeer2 = IpAddr::v4(ip4(203, 0, 113, 7)),
+             kLoopback = IpAddr::v4(ip4(127, 0, 0, 1)), kDevC = ip6("2001:db8::1"),
+             kDevCLink = ip6("fe80::c"), kPeer6 = ip6("2001:db8::9"), kPeer6Link = ip6("fe80::9"),
+             kLoopback6 = ip6("::1");
+constexpr uint32_t kScopeC = 3;
 constexpr uint16_t kTcpPort = 7471, kUdpPort = 7472;
 constexpr size_t kReplyCap = 4096; // the agent's reply buffer (kCmMaxMsg)
 constexpr size_t kHistory = 32;    // MADs sent that a step can answer or loop back
@@ -184,33 +195,33 @@ constexpr Service kServices[] = {
 // the peers are reached from device A and B, anything else not at all.
 // Answered here so that the outcome of an input never depends on the
 // machine's addresses and routes.
-bool scene_is_local(uint32_t a) {
-    return a == kDevA || a == kDevB || (ntohl(a) >> 24) == 127;
+bool scene_is_local(const IpAddr &a, uint32_t scope) {
+    if (a == kDevCLink) return scope == kScopeC;
+    return a == kDevA || a == kDevB || a == kDevC || a.loopback();
 }
-uint32_t scene_source_for(uint32_t dst) {
-    if (scene_is_local(dst)) return (ntohl(dst) >> 24) == 127 ? kLoopback : dst;
+IpAddr scene_source_for(const IpAddr &dst, uint32_t scope) {
+    if (scene_is_local(dst, scope)) return dst;
     if (dst == kPeer) return kDevA;
     if (dst == kPeer2) return kDevB;
-    return 0;
+    if (dst == kPeer6) return kDevC;
+    if (dst.link_local() && scope == kScopeC) return kDevCLink;
+    return {};
+}
+bool scene_on_interface(const IpAddr &a, const char *netdev) {
+    return std::strcmp(netdev, "eth_c") == 0 && (a == kDevC || a == kDevCLink);
 }
 
-uint32_t local_of(unsigned k) {
-    const uint32_t t[] = {kDevA, kDevB, kDevA, kPeer};
+IpAddr local_of(unsigned k) {
+    const IpAddr t[] = {kDevA, kDevB, kDevC, kPeer};
     return t[k % 4];
 }
-uint32_t remote_of(unsigned k) {
-    const uint32_t t[] = {kPeer, kDevA, kDevB, kPeer2};
+IpAddr remote_of(unsigned k) {
+    const IpAddr t[] = {kPeer, kDevA, kPeer6, kPeer2};
     return t[k % 4];
-}
-
-void mapped_gid(uint32_t addr, uint8_t *gid) {
-    std::memset(gid, 0, 16);
-    gid[10] = gid[11] = 0xFF;
-    std::memcpy(gid + 12, &addr, 4);
 }
 
 struct Sent {
-    uint32_t local, remote;
+    IpAddr local, remote;
     uint8_t mad[cm::kMadLen];
 };
 
@@ -221,8 +232,8 @@ class Harness {
     void finish();
 
   private:
-    void on_send(uint32_t local, uint32_t remote, const uint8_t *mad);
-    void deliver(uint32_t local, uint32_t remote, const uint8_t *mad, size_t len);
+    void on_send(const IpAddr &local, const IpAddr &remote, const uint8_t *mad);
+    void deliver(const IpAddr &local, const IpAddr &remote, const uint8_t *mad, size_t len);
     int command(uint32_t ch, uint32_t cmd, const void *in, size_t in_len,
                 size_t out_cap = kReplyCap, std::vector<uint8_t> *reply = nullptr);
     template <class T>
@@ -262,28 +273,25 @@ class Harness {
 };
 
 Harness::Harness(int event_fd)
-    : cm_([this](uint32_t l, uint32_t r, const uint8_t *m) { on_send(l, r, m); },
-          {scene_is_local, scene_source_for}),
+    : cm_([this](const IpAddr &l, const IpAddr &r, const uint8_t *m) { on_send(l, r, m); },
+          {scene_is_local, scene_source_for, scene_on_interface, false}),
       event_fd_(event_fd), clock_(mono_ms()) {
     uint32_t p1 = open(0), p2 = open(1);
     auto ok = [](int e) {
         if (e) fail("setting the scene failed");
     };
-    auto sa = [](void *dst, uint32_t addr, uint16_t port) {
-        sockaddr_in s{};
-        s.sin_family = AF_INET;
-        s.sin_addr.s_addr = addr;
-        s.sin_port = htons(port);
-        std::memcpy(dst, &s, sizeof s);
+    auto sa = [](void *dst, const IpAddr &addr, uint16_t port) {
+        SockAddr s(addr, port, kScopeC);
+        std::memcpy(dst, &s.in6, s.len);
     };
-    auto listen = [&](uint16_t ps, uint64_t uid, uint32_t addr, uint16_t port) {
+    auto listen = [&](uint16_t ps, uint64_t uid, const IpAddr &addr, uint16_t port) {
         rdma_ucm_bind_ip b{};
         b.id = create(p1, ps, uid);
         sa(&b.addr, addr, port);
         ok(command(p1, RDMA_USER_CM_CMD_BIND_IP, b));
         ok(command(p1, RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{b.id, 4}));
     };
-    auto connect = [&](uint32_t ch, uint16_t ps, uint64_t uid, uint32_t src, uint32_t dst,
+    auto connect = [&](uint32_t ch, uint16_t ps, uint64_t uid, const IpAddr &src, const IpAddr &dst,
                        uint16_t port, uint32_t qpn) {
         rdma_ucm_resolve_ip r{};
         r.id = create(ch, ps, uid);
@@ -302,14 +310,18 @@ Harness::Harness(int event_fd)
         k.conn_param.valid = 1;
         ok(command(ch, RDMA_USER_CM_CMD_CONNECT, k));
     };
-    listen(RDMA_PS_TCP, 0x1001, 0, kTcpPort);
+    listen(RDMA_PS_TCP, 0x1001, IpAddr::v4(INADDR_ANY), kTcpPort);
     listen(RDMA_PS_UDP, 0x1002, kDevA, kUdpPort);
     connect(p1, RDMA_PS_TCP, 0x2001, kDevA, kDevA, kTcpPort, 0x000111);
     connect(p1, RDMA_PS_UDP, 0x2002, kDevB, kDevA, kUdpPort, 0x000222);
     connect(p2, RDMA_PS_TCP, 0x3001, kDevA, kPeer, kTcpPort, 0x000333);
+    // IPv6: a wildcard listener of both families (no AFONLY) and a REQ to it
+    // from device C.  Last, so that the seeds' positions above hold.
+    listen(RDMA_PS_TCP, 0x1003, IpAddr{}, 7473);
+    connect(p1, RDMA_PS_TCP, 0x2003, kDevC, kDevC, 7473, 0x000444);
 }
 
-void Harness::on_send(uint32_t local, uint32_t remote, const uint8_t *mad) {
+void Harness::on_send(const IpAddr &local, const IpAddr &remote, const uint8_t *mad) {
     Sent s;
     s.local = local;
     s.remote = remote;
@@ -327,7 +339,7 @@ void Harness::on_send(uint32_t local, uint32_t remote, const uint8_t *mad) {
     sent_.push_back(s);
 }
 
-void Harness::deliver(uint32_t local, uint32_t remote, const uint8_t *mad, size_t len) {
+void Harness::deliver(const IpAddr &local, const IpAddr &remote, const uint8_t *mad, size_t len) {
     std::unique_ptr<uint8_t[]> copy(new uint8_t[len]);
     if (len) std::memcpy(copy.get(), mad, len);
     receives_++;
@@ -348,8 +360,9 @@ int Harness::command(uint32_t ch, uint32_t cmd, const void *in, size_t in_len, s
 }
 
 uint32_t Harness::open(unsigned devs) {
-    CmDevice a, b;
+    CmDevice a, b, c;
     a.addr = kDevA;
+    a.gids = {ip6("fe80::a"), kDevA};
     a.guid = htobe64(0x0002C9FFFE000001);
     a.index = 0;
     a.mtu = 3;
@@ -359,10 +372,21 @@ uint32_t Harness::open(unsigned devs) {
     b.index = 1;
     b.mtu = 5;
     std::strcpy(b.name, "sroce_b");
+    b.gids = {ip6("fe80::b"), kDevB};
+    // C follows its interface: the table the process saw lists both its
+    // addresses, the link-local one first.
+    c.follow = true;
+    std::strcpy(c.netdev, "eth_c");
+    c.ifindex = kScopeC;
+    c.guid = htobe64(0x0002C9FFFE000003);
+    c.index = 2;
+    c.mtu = 4;
+    std::strcpy(c.name, "sroce_c");
+    c.gids = {kDevCLink, IpAddr{}, kDevC};
     std::vector<CmDevice> d;
     switch (devs % 4) {
     case 0:
-        d = {a, b};
+        d = {a, b, c};
         break;
     case 1:
         d = {a};
@@ -426,25 +450,30 @@ uint64_t Harness::pick_uid(Input &in) {
     return b < 4 ? t[b] : 0x6000 + b;
 }
 
+// An address of either family: bits 0-2 pick it, 3-5 the port, 6 the
+// family (IPv6: its wildcard, device C's global and link-local addresses,
+// the peer's, loopback, a link-local address without a scope, and an IPv4
+// one mapped), 7 an unspecified family.
 void Harness::put_addr(void *sa, Input &in) {
     uint8_t b = in.u8();
-    const uint32_t addrs[] = {0, kDevA, kDevB, kPeer, kLoopback, kDevA, kDevB, 0};
+    const IpAddr v4[] = {IpAddr::v4(INADDR_ANY), kDevA, kDevB, kPeer, kLoopback, kDevA, kDevB,
+                         IpAddr::v4(INADDR_ANY)};
+    const IpAddr v6[] = {IpAddr{},   kDevC,      kDevCLink,  kPeer6,
+                         kLoopback6, kPeer6Link, kPeer6Link, kDevA};
     const uint16_t ports[] = {0, kTcpPort, kUdpPort, 7473, 80, 0, kTcpPort, kUdpPort};
     uint16_t port = ports[b >> 3 & 7];
     if ((b >> 3 & 7) == 5) port = in.u16();
-    if ((b & 7) == 7) {
-        sockaddr_in6 s{};
-        s.sin6_family = AF_INET6;
-        s.sin6_port = htons(port);
-        s.sin6_addr.s6_addr[15] = 1;
-        std::memcpy(sa, &s, sizeof s);
-        return;
+    SockAddr s;
+    if (b & 0x40) {
+        s = SockAddr::any(AF_INET6);
+        s.in6.sin6_addr = v6[b & 7].v6_addr();
+        s.in6.sin6_scope_id = (b & 7) == 2 || (b & 7) == 5 ? kScopeC : 0;
+        s.set_port(port);
+    } else {
+        s = SockAddr(v4[b & 7], port);
     }
-    sockaddr_in s{};
-    s.sin_family = b & 0x80 ? AF_UNSPEC : AF_INET;
-    s.sin_addr.s_addr = addrs[b & 7];
-    s.sin_port = htons(port);
-    std::memcpy(sa, &s, sizeof s);
+    if (b & 0x80) s.sa.sa_family = AF_UNSPEC;
+    std::memcpy(sa, &s.in6, sizeof s.in6);
 }
 
 void Harness::fill_param(rdma_ucm_conn_param &p, Input &in) {
@@ -509,7 +538,7 @@ void Harness::mad_step(Input &in, uint8_t op, bool answer) {
                                           kDrep, kSidrReq, kSidrRep, kLap, kReq, kRep};
     uint16_t attr = kAttrs[(op >> 3) % std::size(kAttrs)];
     uint8_t how = in.u8();
-    uint32_t local = local_of(how), remote = remote_of(how >> 2);
+    IpAddr local = local_of(how), remote = remote_of(how >> 2);
     Sent s;
     bool answering = answer && pick_sent(in.u8(), s);
     uint8_t mad[kMadLen] = {};
@@ -530,11 +559,11 @@ void Harness::mad_step(Input &in, uint8_t op, bool answer) {
             set(b, attr == kReq ? req::kServiceId : sidr_req::kServiceId,
                 service_id(sv.ps, sv.port));
             CmaHdr c;
-            c.set_ipv4(remote, local);
+            c.set(remote, local);
             c.port = get16(b + pd + 2);
             c.store(b + pd);
         }
-        if (attr == kReq) mapped_gid(remote, b + req::kPrimaryLocalGid);
+        if (attr == kReq) std::memcpy(b + req::kPrimaryLocalGid, remote.raw, 16);
     }
     if (answering) {
         Mad sm;

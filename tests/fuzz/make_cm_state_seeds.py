@@ -32,10 +32,10 @@ AIM = 1 << 4
 # The scene: channels (by position) and handles (by position, in the order
 # the harness learns them).
 P1, P2 = 0, 1
-L_TCP, L_UDP, A_SELF, A_SIDR, A_PEER, NEW = range(6)
+L_TCP, L_UDP, A_SELF, A_SIDR, A_PEER, L_V6, A_V6, NEW = range(8)
 # MADs the CM sent after the scene, newest first.
-SENT_PEER_REQ, SENT_SIDR_REQ, SENT_SELF_REQ = range(3)
-FIRST_NEW_EVENT = 4  # the scene's ADDR_RESOLVED and ROUTE_RESOLVED on P1
+SENT_V6_REQ, SENT_PEER_REQ, SENT_SIDR_REQ, SENT_SELF_REQ = range(4)
+FIRST_NEW_EVENT = 6  # the scene's ADDR_RESOLVED and ROUTE_RESOLVED on P1
 
 
 def op(step, arg=0):
@@ -132,6 +132,12 @@ def seeds():
     yield "self_rc_reject", (loop(SENT_SELF_REQ) + get_events(P1, FIRST_NEW_EVENT + 1) +
                              cmd(P1, REJECT, 1, NEW, 20) + loop() + get_events(P1, 1))
     yield "self_rc_duplicate_req", loop(SENT_SELF_REQ) + loop(SENT_SELF_REQ) + loop(SENT_SELF_REQ)
+    # The same over IPv6, device C's REQ to the wildcard listener of both
+    # families, then an IPv4 REQ to that listener.
+    yield "self_rc_v6", (loop(SENT_V6_REQ) + get_events(P1, FIRST_NEW_EVENT + 1) +
+                         accept(P1, NEW, 0x999) + loop() + accept_rtu(P1, A_V6) + loop() +
+                         get_events(P1, 2) + cmd(P1, DISCONNECT, 0, A_V6) + loop() + loop())
+    yield "req_v4_to_dual_listener", mad(REQ, AIM | 2 << 5, req_body()) + get_events(P1, 8)
 
     # SIDR with itself: SIDR_REQ to the UDP listener, accepted or refused.
     self_sidr = loop(SENT_SIDR_REQ) + get_events(P1, FIRST_NEW_EVENT + 1)

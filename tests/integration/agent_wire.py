@@ -91,7 +91,7 @@ import struct
 import sys
 import time
 
-PROTO = 6
+PROTO = 7
 OPEN_DEVICE, STOP, STATUS, CM_CHANNEL, CM_COMMANDS = 1, 3, 4, 5, 6
 REQUEST = struct.Struct("<II64s16s16sI")
 OPEN_REPLY = struct.Struct("<IiII256s")
@@ -199,8 +199,8 @@ CMD_CONNECT, CMD_LISTEN, CMD_GET_EVENT, CMD_JOIN_MCAST = 6, 7, 12, 22
 RDMA_PS_TCP, RDMA_PS_UDP, IBV_QPT_RC, IBV_QPT_UD = 0x0106, 0x0111, 2, 4
 EVENT_CONNECT_REQUEST = 4
 EAGAIN = 11
-# CmDeviceInfo: address, index, GUID, MTU, name, interface.
-DEVICE_INFO = struct.Struct("<16sI4xQB7x64s16s")
+# CmDeviceInfo: address, index, GUID, MTU, name, interface, GID table.
+DEVICE_INFO = struct.Struct("<16sI4xQB7x64s16s256s")
 
 
 def cm_command(s, cmd, body, out_cap):
@@ -217,7 +217,8 @@ def cm_channel(device=False):
     ev = connect()
     devices = b""
     if device:
-        devices = DEVICE_INFO.pack(mapped("127.0.29.1"), 0, 0x0200_0000_0000_0001, 3, b"trust0", b"lo")
+        devices = DEVICE_INFO.pack(mapped("127.0.29.1"), 0, 0x0200_0000_0000_0001, 3, b"trust0", b"lo",
+                                   bytes(16) + mapped("127.0.29.1"))
     ev.send(request(CM_CHANNEL) + devices)
     r = reply(ev)
     if r is None or r[0]:
@@ -520,7 +521,7 @@ def malformed():
 
     memfd = os.memfd_create("stray")
     answer("short", request(STATUS)[:12])
-    answer("oversized", request(CM_CHANNEL) + bytes(20000))
+    answer("oversized", request(CM_CHANNEL) + bytes(40000))
     answer("version", REQUEST.pack(STATUS, PROTO + 1, b"", b"", bytes(16), 0))
     answer("unknown", request(99))
     answer("stray-descriptor", request(STATUS), [memfd])

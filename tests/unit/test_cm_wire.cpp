@@ -8,11 +8,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <random>
 #include <vector>
 
 using namespace sroce::cm;
+using sroce::IpAddr;
 
 namespace {
 
@@ -178,7 +180,7 @@ TEST(CmWire, ParseRefusesWhatIsNoCmMessage) {
 TEST(CmWire, CmaHeaderAsLinuxWritesIt) {
     CmaHdr h;
     h.port = 7471;
-    h.set_ipv4(inet_addr("10.201.0.1"), inet_addr("10.201.0.2"));
+    h.set(IpAddr::v4(inet_addr("10.201.0.1")), IpAddr::v4(inet_addr("10.201.0.2")));
     uint8_t p[CmaHdr::kLen];
     h.store(p);
     EXPECT_EQ(p[0], 0);
@@ -191,6 +193,9 @@ TEST(CmWire, CmaHeaderAsLinuxWritesIt) {
     ASSERT_TRUE(back.load(p, sizeof p));
     EXPECT_EQ(back.port, 7471);
     EXPECT_EQ(std::memcmp(back.dst, h.dst, 16), 0);
+    EXPECT_EQ(back.dst_addr(), IpAddr::v4(inet_addr("10.201.0.2")));
+    EXPECT_TRUE(std::all_of(p + 4, p + 16, [](uint8_t b) { return b == 0; }))
+        << "IPv4 is not mapped: the kernel zeroes the first 12 bytes";
     EXPECT_FALSE(back.load(p, sizeof p - 1));
     p[1] = 0x50;
     EXPECT_FALSE(back.load(p, sizeof p)) << "IP version 5";
@@ -199,6 +204,25 @@ TEST(CmWire, CmaHeaderAsLinuxWritesIt) {
     p[0] = 1;
     EXPECT_FALSE(back.load(p, sizeof p)) << "cma version";
     EXPECT_EQ(service_id(kPsTcp, 7471), 0x0000000001061D2Full);
+}
+
+TEST(CmWire, CmaHeaderForIpv6) {
+    IpAddr src, dst;
+    ASSERT_TRUE(IpAddr::parse("fd00:31::1", &src));
+    ASSERT_TRUE(IpAddr::parse("fe80::2", &dst));
+    CmaHdr h;
+    h.port = 40000;
+    h.set(src, dst);
+    uint8_t p[CmaHdr::kLen];
+    h.store(p);
+    EXPECT_EQ(p[1], 0x60);
+    EXPECT_EQ(std::memcmp(p + 4, src.raw, 16), 0);
+    EXPECT_EQ(std::memcmp(p + 20, dst.raw, 16), 0);
+    CmaHdr back;
+    ASSERT_TRUE(back.load(p, sizeof p));
+    EXPECT_EQ(back.src_addr(), src);
+    EXPECT_EQ(back.dst_addr(), dst);
+    EXPECT_EQ(back.port, 40000);
     EXPECT_EQ(service_id(kPsUdp, 1), 0x0000000001110001ull);
 }
 

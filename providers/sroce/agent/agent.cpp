@@ -114,10 +114,6 @@ std::string ip_text(const IpAddr &a) {
     return a.text();
 }
 
-std::string ip_text(in_addr_t a) {
-    return IpAddr::v4(a).text();
-}
-
 // What the agent serves, in messages and lock names: an address, or
 // "%IF" for every address of interface IF.
 std::string place_text(const IpAddr &addr, const std::string &netdev) {
@@ -259,7 +255,8 @@ struct CmConn {
 class Agent {
   public:
     explicit Agent(const Options &o)
-        : opts_(o), cm_([this](uint32_t l, uint32_t r, const uint8_t *m) { send_mad(l, r, m); }) {}
+        : opts_(o),
+          cm_([this](const IpAddr &l, const IpAddr &r, const uint8_t *m) { send_mad(l, r, m); }) {}
     ~Agent() {
         for (Conn &c : conns_)
             close(c.fd);
@@ -293,7 +290,7 @@ class Agent {
     enum class Served { kKeep, kClose, kSlot, kCm };
     Served serve(int fd, Dev **owner, uint32_t *slot);
     void cm_command(CmConn &c);
-    void send_mad(uint32_t local, uint32_t remote, const uint8_t *mad);
+    void send_mad(const IpAddr &local, const IpAddr &remote, const uint8_t *mad);
     void open_device(int fd, const Request &rq, int table_fd, int sock, Dev **owner,
                      uint32_t *slot);
     Dev *device(const IpAddr &addr, const std::string &netdev, uid_t uid, std::string &why);
@@ -1060,9 +1057,16 @@ json Agent::status() const {
                         {"rx_relay_dropped", d->rx_relay_dropped}});
     }
     json listeners = json::array();
-    for (const Cm::Listener &l : cm_.listeners())
-        listeners.push_back(
-            {{"addr", ip_text(l.addr)}, {"port", l.port}, {"ps", l.ps}, {"pid", int(l.pid)}});
+    for (const Cm::Listener &l : cm_.listeners()) {
+        bool v4 = l.family == AF_INET;
+        bool any = l.addr.empty() || l.addr == IpAddr::v4(INADDR_ANY);
+        std::string family = v4 ? "ipv4" : l.afonly ? "ipv6" : "ipv6+ipv4";
+        listeners.push_back({{"addr", any ? (v4 ? "0.0.0.0" : "::") : ip_text(l.addr)},
+                             {"family", family},
+                             {"port", l.port},
+                             {"ps", l.ps},
+                             {"pid", int(l.pid)}});
+    }
     json joins = json::array();
     for (const Cm::Join &j : cm_.joins())
         joins.push_back({{"group", ip_text(j.group)},
@@ -1085,7 +1089,7 @@ json Agent::status() const {
 
 Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
     // One byte more than a request may have: a longer one shows as such.
-    constexpr size_t kMaxRequest = 16384;
+    constexpr size_t kMaxRequest = 32768; // an rdma_cm channel of kMaxDevices devices
     alignas(8) uint8_t msg[kMaxRequest + 1];
     int fds[2];
     ssize_t n = recv_with_fds(fd, msg, sizeof msg, MSG_DONTWAIT, fds, 2);
@@ -1159,10 +1163,15 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
             std::memcpy(&di, msg + sizeof rq + i * sizeof di, sizeof di);
             IpAddr addr = IpAddr::of_gid(di.addr);
             CmDevice d;
-            d.addr = addr.is_v4() ? addr.v4_addr() : 0;
+            d.addr = addr;
             d.follow = addr.empty();
             std::memcpy(d.netdev, di.netdev, sizeof d.netdev);
             d.netdev[sizeof d.netdev - 1] = 0;
+            d.ifindex = if_nametoindex(d.netdev);
+            for (const auto &g : di.gids)
+                d.gids.push_back(IpAddr::of_gid(g));
+            while (!d.gids.empty() && d.gids.back().empty())
+                d.gids.pop_back();
             d.index = di.index;
             d.guid = di.guid;
             d.mtu = di.mtu;
@@ -1261,8 +1270,7 @@ void Agent::cm_command(CmConn &c) {
 // A MAD to QP1 of `remote` from the device at `local`, as the kernel sends
 // one (docs/connection-manager.md, QP1): UD SEND ONLY with AckReq, P_Key 0xFFFF,
 // DETH Q_Key 0x80010000 from QP1.
-void Agent::send_mad(uint32_t local, uint32_t remote, const uint8_t *mad) {
-    IpAddr src = IpAddr::v4(local);
+void Agent::send_mad(const IpAddr &src, const IpAddr &remote, const uint8_t *mad) {
     Dev *d = nullptr;
     for (auto &x : devs_)
         if (x->addr == src) d = x.get();
@@ -1279,7 +1287,7 @@ void Agent::send_mad(uint32_t local, uint32_t remote, const uint8_t *mad) {
     wire::put32(pkt + wire::kBthLen, 0x80010000);
     wire::put32(pkt + wire::kBthLen + 4, 1);
     std::memcpy(pkt + wire::kBthLen + 8, mad, 256);
-    IpHeader ip{src, IpAddr::v4(remote), wire::kRoceV2Port, wire::kRoceV2Port};
+    IpHeader ip{src, remote, wire::kRoceV2Port, wire::kRoceV2Port};
     icrc_store(pkt + sizeof pkt - 4, icrc_compute(ip, pkt, sizeof pkt));
     SockAddr sa(ip.dst, wire::kRoceV2Port, uint32_t(d->ifindex));
     iovec iov{pkt, sizeof pkt};
@@ -1337,12 +1345,7 @@ void Agent::drain_gsi(Dev &d) {
             d.rx_gsi_bad++;
             continue;
         }
-        // The CM's peers are IPv4 ones.
-        if (!to.is_v4()) {
-            d.rx_gsi_bad++;
-            continue;
-        }
-        cm_.receive(to.v4_addr(), from.addr().v4_addr(), pkt.payload, pkt.payload_len);
+        cm_.receive(to, from.addr(), pkt.payload, pkt.payload_len);
     }
 }
 

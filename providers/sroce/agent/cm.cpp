@@ -22,45 +22,50 @@ namespace sroce::agent {
 namespace {
 
 // The local source address the kernel would pick to reach `dst`.
-uint32_t route_source(uint32_t dst) {
-    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return 0;
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(9);
-    sa.sin_addr.s_addr = dst;
-    uint32_t src = 0;
-    if (::connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0) {
-        socklen_t l = sizeof sa;
-        if (getsockname(fd, reinterpret_cast<sockaddr *>(&sa), &l) == 0) src = sa.sin_addr.s_addr;
+IpAddr route_source(const IpAddr &dst, uint32_t scope) {
+    SockAddr sa(dst, 9, scope);
+    int fd = socket(sa.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return {};
+    IpAddr src;
+    if (::connect(fd, &sa.sa, sa.len) == 0) {
+        SockAddr me;
+        socklen_t l = sizeof me.in6;
+        if (getsockname(fd, &me.sa, &l) == 0) src = me.addr();
     }
     close(fd);
     return src;
 }
 
 // Whether `a` is an address of this host now (a socket can bind it).
-bool local_address(uint32_t a) {
-    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+bool local_address(const IpAddr &a, uint32_t scope) {
+    SockAddr sa(a, 0, scope);
+    int fd = socket(sa.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return true; // no answer: let the bind that follows tell
-    sockaddr_in t{};
-    t.sin_family = AF_INET;
-    t.sin_addr.s_addr = a;
     int one = 1;
     setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
-    bool local = ::bind(fd, reinterpret_cast<sockaddr *>(&t), sizeof t) == 0;
+    bool local = ::bind(fd, &sa.sa, sa.len) == 0;
     close(fd);
     return local;
 }
 
-bool interface_address(uint32_t a, const char *netdev) {
+bool interface_address(const IpAddr &a, const char *netdev) {
     std::vector<IpAddr> on = netdev_addrs(netdev);
-    return std::find(on.begin(), on.end(), IpAddr::v4(a)) != on.end();
+    return std::find(on.begin(), on.end(), a) != on.end();
+}
+
+bool bindv6only() {
+    FILE *f = fopen("/proc/sys/net/ipv6/bindv6only", "re");
+    if (!f) return false;
+    int v = 0;
+    if (fscanf(f, "%d", &v) != 1) v = 0;
+    fclose(f);
+    return v != 0;
 }
 
 } // namespace
 
 HostRoutes kernel_routes() {
-    return {local_address, route_source, interface_address};
+    return {local_address, route_source, interface_address, bindv6only()};
 }
 
 Cm::Cm(MadSender send, HostRoutes host) : send_(std::move(send)), host_(host) {
@@ -106,7 +111,7 @@ std::vector<Cm::Listener> Cm::listeners() const {
     for (auto &[h, id] : ids_) {
         if (id->destroyed || id->state != IdState::kListen) continue;
         auto ch = channels_.find(id->ch);
-        out.push_back({id->src.sin_addr.s_addr, ntohs(id->src.sin_port), id->ps,
+        out.push_back({id->src.addr(), id->src.family(), id->afonly, id->src.port(), id->ps,
                        ch == channels_.end() ? 0 : ch->second->pid});
     }
     return out;
@@ -122,11 +127,31 @@ Cm::Id *Cm::find_id(uint32_t handle) {
     return it == ids_.end() || it->second->destroyed ? nullptr : it->second.get();
 }
 
-CmDevice *Cm::device_of(Channel &c, uint32_t addr) {
+CmDevice *Cm::device_of(Channel &c, const IpAddr &addr) {
+    if (addr.empty()) return nullptr;
     for (CmDevice &d : c.devs)
         if (d.follow ? host_.on_interface && host_.on_interface(addr, d.netdev) : d.addr == addr)
             return &d;
     return nullptr;
+}
+
+uint8_t Cm::sgid_index(const Id &id) {
+    auto c = channels_.find(id.ch);
+    CmDevice *d = c == channels_.end() ? nullptr : device_of(*c->second, id.dev);
+    IpAddr src = id.src.addr();
+    if (d)
+        for (size_t i = 0; i < d->gids.size(); i++)
+            if (d->gids[i] == src) return uint8_t(i);
+    // Not in the table the process gave (an address that came later): where
+    // a device pinned to one address has it.
+    return 1;
+}
+
+uint32_t Cm::flow_label(const Id &id) {
+    // An IPv6 id keeps the flow label its process bound with; else a hash of
+    // the ports, so that connections between two hosts spread over paths.
+    uint32_t fl = id.src.family() == AF_INET6 ? ntohl(id.src.in6.sin6_flowinfo) & 0xFFFFF : 0;
+    return fl ? fl : (uint32_t(id.src.port()) * 31 + id.dst.port()) & 0xFFFFF;
 }
 
 void Cm::queue_event(const Id &id, uint32_t event, int status, rdma_ucm_event_resp e) {
@@ -233,26 +258,32 @@ int Cm::command(uint32_t chn, uint32_t cmd, const uint8_t *in, size_t in_len, ui
     case RDMA_USER_CM_CMD_BIND_IP: {
         auto b = load<rdma_ucm_bind_ip>(buf, sizeof buf);
         if (int e = id_at(offsetof(rdma_ucm_bind_ip, id), &id)) return e;
-        return bind(*id, reinterpret_cast<const sockaddr *>(&b.addr), sizeof b.addr);
+        SockAddr sa;
+        if (!SockAddr::load(&b.addr, &sa)) return EAFNOSUPPORT;
+        return bind(*id, sa);
     }
     case RDMA_USER_CM_CMD_BIND: {
+        // librdmacm's start-up probe binds AF_IB to learn whether the kernel
+        // speaks the newer commands; refused, it uses the older ones (RoCE
+        // has no AF_IB addresses to bind anyway).
         auto b = load<rdma_ucm_bind>(buf, sizeof buf);
         if (int e = id_at(offsetof(rdma_ucm_bind, id), &id)) return e;
         if (b.reserved) return EINVAL;
-        return bind(*id, reinterpret_cast<const sockaddr *>(&b.addr), b.addr_size);
+        SockAddr sa;
+        if (!SockAddr::load(&b.addr, &sa)) return EAFNOSUPPORT;
+        if (b.addr_size != sa.len) return EINVAL;
+        return bind(*id, sa);
     }
     case RDMA_USER_CM_CMD_RESOLVE_IP: {
         auto r = load<rdma_ucm_resolve_ip>(buf, sizeof buf);
         if (int e = id_at(offsetof(rdma_ucm_resolve_ip, id), &id)) return e;
-        return resolve_addr(*id, reinterpret_cast<const sockaddr *>(&r.src_addr),
-                            reinterpret_cast<const sockaddr *>(&r.dst_addr), r.timeout_ms);
+        return resolve_addr(*id, &r.src_addr, &r.dst_addr, r.timeout_ms);
     }
     case RDMA_USER_CM_CMD_RESOLVE_ADDR: {
         auto r = load<rdma_ucm_resolve_addr>(buf, sizeof buf);
         if (int e = id_at(offsetof(rdma_ucm_resolve_addr, id), &id)) return e;
         if (r.reserved) return EINVAL;
-        return resolve_addr(*id, reinterpret_cast<const sockaddr *>(&r.src_addr),
-                            reinterpret_cast<const sockaddr *>(&r.dst_addr), r.timeout_ms);
+        return resolve_addr(*id, &r.src_addr, &r.dst_addr, r.timeout_ms);
     }
     case RDMA_USER_CM_CMD_RESOLVE_ROUTE: {
         auto r = load<rdma_ucm_resolve_route>(buf, sizeof buf);
@@ -467,13 +498,19 @@ int Cm::destroy_id(Channel &c, uint32_t h, uint8_t *out, size_t *out_len) {
 }
 
 bool Cm::port_free(const Id &me, uint16_t port) const {
+    // cma_check_port: ids of different families share a port unless one of
+    // them takes both (an IPv6 id without AFONLY); on one family, a
+    // wildcard takes every address.
     for (auto &[h, id] : ids_) {
         if (id.get() == &me || id->destroyed || !id->bound || id->listener || id->ps != me.ps ||
-            id->src.sin_port != port)
+            id->src.port() != port)
             continue;
         if (me.reuseaddr && id->reuseaddr) continue;
-        uint32_t a = me.src.sin_addr.s_addr, b = id->src.sin_addr.s_addr;
-        if (is_any(a) || is_any(b) || a == b) return false;
+        if (me.afonly && id->afonly && me.src.family() != id->src.family()) continue;
+        if (is_any(me.src) || is_any(id->src)) return false;
+        if (me.src.family() == id->src.family() && me.src.addr() == id->src.addr() &&
+            (!me.src.addr().link_local() || me.src.scope() == id->src.scope()))
+            return false;
     }
     return true;
 }
@@ -485,51 +522,54 @@ uint16_t Cm::ephemeral_port(const Id &me) const {
     for (uint32_t k = 0; k < span; k++) {
         uint16_t p = uint16_t(kEphemeralLo + (start + k) % span);
         if (p == last) continue;
-        if (port_free(me, htons(p))) {
+        if (port_free(me, p)) {
             last = p;
-            return htons(p);
+            return p;
         }
     }
     return 0;
 }
 
-int Cm::bind(Id &id, const sockaddr *sa, size_t len) {
+int Cm::bind(Id &id, const SockAddr &sa) {
     if (id.state != IdState::kIdle) return EINVAL;
-    // IPv4 only.  librdmacm's start-up probe binds AF_IB to learn whether
-    // the kernel speaks the newer commands; refused, it uses the older ones
-    // (RoCE has no AF_IB addresses to bind anyway).
-    sockaddr_in s;
-    if (len < sizeof s || !ipv4_of(sa, s)) return EAFNOSUPPORT;
-    uint32_t a = s.sin_addr.s_addr;
+    IpAddr a = sa.addr();
+    // An IPv4 address in an IPv6 one is no address of the host's IPv6
+    // stack, and RoCE would take it for an IPv4 GID.
+    if (sa.family() == AF_INET6 && a.is_v4()) return EADDRNOTAVAIL;
+    // A link-local address is one of an interface: the scope must say which.
+    if (a.link_local() && !sa.scope()) return EINVAL;
     Channel &c = *channels_.at(id.ch);
-    bool loopback = (ntohl(a) >> 24) == 127;
-    if (!is_any(a)) {
+    if (!is_any(sa)) {
         // Not on the host (whether or not a configured device has it: its
         // port is down): EADDRNOTAVAIL, as the kernel.  On the host but no
         // sroce device's: ENODEV.
-        if (!host_.is_local(a)) return EADDRNOTAVAIL;
-        if (!device_of(c, a) && !loopback) return ENODEV;
+        if (!host_.is_local(a, sa.scope())) return EADDRNOTAVAIL;
+        if (!device_of(c, a) && !a.loopback()) return ENODEV;
     }
-    id.src = s;
-    id.src.sin_family = AF_INET;
-    if (s.sin_port == 0) {
+    uint16_t want = sa.port();
+    id.src = sa;
+    if (!id.afonly_set) id.afonly = sa.family() == AF_INET || host_.bindv6only;
+    if (want == 0) {
         uint16_t p = ephemeral_port(id);
         if (!p) return EADDRNOTAVAIL;
-        id.src.sin_port = p;
+        id.src.set_port(p);
     } else {
         // The caller's privilege, as the kernel's cma asks it, not the agent's.
-        if (ntohs(s.sin_port) < 1024 && !c.bind_service) return EACCES;
-        if (!port_free(id, s.sin_port)) return EADDRINUSE;
+        if (want < 1024 && !c.bind_service) return EACCES;
+        if (!port_free(id, want)) return EADDRINUSE;
     }
+    // The destination takes the family until one is resolved (ucma's QUERY
+    // shows it).
+    id.dst = SockAddr::any(sa.family());
     id.bound = true;
-    id.dev = device_of(c, a) ? a : 0;
+    id.dev = device_of(c, a) ? a : IpAddr{};
     id.state = IdState::kAddrBound;
     return 0;
 }
 
-int Cm::resolve_addr(Id &id, const sockaddr *srcp, const sockaddr *dstp, uint32_t) {
-    sockaddr_in dst;
-    if (!ipv4_of(dstp, dst)) return EAFNOSUPPORT;
+int Cm::resolve_addr(Id &id, const void *srcp, const void *dstp, uint32_t) {
+    SockAddr dst;
+    if (!SockAddr::load(dstp, &dst)) return EAFNOSUPPORT;
     if (id.state != IdState::kIdle && id.state != IdState::kAddrBound &&
         id.state != IdState::kAddrResolved)
         return EINVAL;
@@ -538,21 +578,30 @@ int Cm::resolve_addr(Id &id, const sockaddr *srcp, const sockaddr *dstp, uint32_
     // again: checked before anything changes.
     if (!event_room(c)) return ENOBUFS;
     if (id.state == IdState::kIdle) {
-        sockaddr_in src{};
-        src.sin_family = AF_INET;
-        if (srcp && srcp->sa_family == AF_INET) ipv4_of(srcp, src);
-        if (int e = bind(id, reinterpret_cast<sockaddr *>(&src), sizeof src)) return e;
+        // No source: the wildcard of the destination's family, on the
+        // interface of a link-local destination (cma_bind_addr).
+        SockAddr src = SockAddr::any(dst.family());
+        if (src.family() == AF_INET6) src.in6.sin6_scope_id = dst.scope();
+        SockAddr given;
+        if (srcp && SockAddr::load(srcp, &given)) src = given;
+        if (int e = bind(id, src)) return e;
     }
+    if (id.src.family() != dst.family()) return EINVAL;
+    IpAddr to = dst.addr();
+    // An IPv4 address in an IPv6 one has no route in the IPv6 stack.
+    if (dst.family() == AF_INET6 && to.is_v4()) return ENETUNREACH;
+    uint32_t scope = to.link_local() ? (dst.scope() ? dst.scope() : id.src.scope()) : 0;
+    if (to.link_local() && !scope) return EINVAL;
     id.dst = dst;
-    uint32_t src = id.src.sin_addr.s_addr;
+    if (dst.family() == AF_INET6) id.dst.in6.sin6_scope_id = scope;
+    IpAddr src = is_any(id.src) ? IpAddr{} : id.src.addr();
     // To a device's own address the path is that device (the kernel routes
     // a local destination through lo back to the netdev that owns it).
     // A device whose address is not on the host (its port is down) is not
     // that: the route decides, as for any other address.
-    if (is_any(src) && device_of(c, dst.sin_addr.s_addr) && host_.is_local(dst.sin_addr.s_addr))
-        src = dst.sin_addr.s_addr;
-    if (is_any(src)) src = host_.source_for(dst.sin_addr.s_addr);
-    if (!src) return ENETUNREACH;
+    if (src.empty() && device_of(c, to) && host_.is_local(to, scope)) src = to;
+    if (src.empty()) src = host_.source_for(to, scope);
+    if (src.empty()) return ENETUNREACH;
     id.state = IdState::kAddrQuery;
     if (!device_of(c, src)) {
         // No sroce device on the source the route picks (the kernel finds
@@ -561,7 +610,10 @@ int Cm::resolve_addr(Id &id, const sockaddr *srcp, const sockaddr *dstp, uint32_
         queue_event(id, RDMA_CM_EVENT_ADDR_ERROR, -ENODEV);
         return 0;
     }
-    id.src.sin_addr.s_addr = src;
+    uint16_t port = id.src.port();
+    uint32_t flowinfo = id.src.family() == AF_INET6 ? id.src.in6.sin6_flowinfo : 0;
+    id.src = SockAddr(src, port, scope);
+    if (id.src.family() == AF_INET6) id.src.in6.sin6_flowinfo = flowinfo;
     id.dev = src;
     id.state = IdState::kAddrResolved;
     queue_event(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
@@ -570,7 +622,7 @@ int Cm::resolve_addr(Id &id, const sockaddr *srcp, const sockaddr *dstp, uint32_
 
 int Cm::resolve_route(Id &id) {
     if (id.state != IdState::kAddrResolved) return EINVAL;
-    if (!id.dev) return ENODEV;
+    if (id.dev.empty()) return ENODEV;
     if (!event_room(*channels_.at(id.ch))) return ENOBUFS;
     CmDevice *d = device_of(*channels_.at(id.ch), id.dev);
     id.path_mtu = d ? d->mtu : 3;
@@ -582,12 +634,12 @@ int Cm::resolve_route(Id &id) {
 namespace {
 
 // The path record rdma_cm builds for RoCE (cma_resolve_iboe_route).
-void fill_path(ib_user_path_rec &p, uint32_t src, uint32_t dst, uint8_t mtu, uint8_t tos,
-               uint16_t sport, uint16_t dport, uint8_t plt) {
+void fill_path(ib_user_path_rec &p, const IpAddr &src, const IpAddr &dst, uint8_t mtu, uint8_t tos,
+               uint32_t flow_label, uint8_t plt) {
     p = {};
-    mapped_gid(dst, p.dgid);
-    mapped_gid(src, p.sgid);
-    p.flow_label = htonl((uint32_t(ntohs(sport)) * 31 + ntohs(dport)) & 0xFFFFF);
+    std::memcpy(p.dgid, dst.raw, 16);
+    std::memcpy(p.sgid, src.raw, 16);
+    p.flow_label = htonl(flow_label);
     p.reversible = 1;
     p.mtu = mtu;
     p.pkey = htons(0xFFFF);
@@ -605,23 +657,23 @@ void fill_path(ib_user_path_rec &p, uint32_t src, uint32_t dst, uint8_t mtu, uin
 int Cm::query_route(Id &id, uint8_t *out, size_t *out_len) {
     rdma_ucm_query_route_resp r{};
     Channel &c = *channels_.at(id.ch);
-    CmDevice *d = id.dev ? device_of(c, id.dev) : nullptr;
+    CmDevice *d = device_of(c, id.dev);
     r.ibdev_index = kInvalidIndex;
     if (d) {
         r.node_guid = d->guid;
         r.ibdev_index = d->index;
         r.port_num = 1;
     }
-    std::memcpy(&r.src_addr, &id.src, sizeof id.src);
-    std::memcpy(&r.dst_addr, &id.dst, sizeof id.dst);
+    std::memcpy(&r.src_addr, &id.src.in6, id.src.len);
+    std::memcpy(&r.dst_addr, &id.dst.in6, id.dst.len);
     if (id.state == IdState::kRouteResolved || id.state == IdState::kConnect ||
         id.state == IdState::kDisconnect) {
         r.num_paths = 1;
-        fill_path(r.ib_route[0], id.src.sin_addr.s_addr, id.dst.sin_addr.s_addr, id.path_mtu,
-                  id.tos, id.src.sin_port, id.dst.sin_port, kPacketLifeTime);
+        fill_path(r.ib_route[0], id.src.addr(), id.dst.addr(), id.path_mtu, id.tos, flow_label(id),
+                  kPacketLifeTime);
     } else {
-        mapped_gid(id.src.sin_addr.s_addr, r.ib_route[0].sgid);
-        mapped_gid(id.dst.sin_addr.s_addr, r.ib_route[0].dgid);
+        std::memcpy(r.ib_route[0].sgid, id.src.addr().raw, 16);
+        std::memcpy(r.ib_route[0].dgid, id.dst.addr().raw, 16);
         r.ib_route[0].pkey = htons(0xFFFF);
     }
     std::memcpy(out, &r, sizeof r);
@@ -631,7 +683,7 @@ int Cm::query_route(Id &id, uint8_t *out, size_t *out_len) {
 
 int Cm::query(Id &id, uint32_t option, uint8_t *out, size_t cap, size_t *out_len) {
     Channel &c = *channels_.at(id.ch);
-    CmDevice *d = id.dev ? device_of(c, id.dev) : nullptr;
+    CmDevice *d = device_of(c, id.dev);
     switch (option) {
     case RDMA_USER_CM_QUERY_ADDR:
     case RDMA_USER_CM_QUERY_GID: {
@@ -647,18 +699,21 @@ int Cm::query(Id &id, uint32_t option, uint8_t *out, size_t cap, size_t *out_len
         }
         r.pkey = htons(0xFFFF);
         if (option == RDMA_USER_CM_QUERY_ADDR) {
-            r.src_size = r.dst_size = sizeof(sockaddr_in);
-            std::memcpy(&r.src_addr, &id.src, sizeof id.src);
-            std::memcpy(&r.dst_addr, &id.dst, sizeof id.dst);
+            // An id of neither family yet shows AF_INET's size, as ucma's
+            // rdma_addr_size of a zeroed address.
+            r.src_size = id.src.len ? id.src.len : sizeof(sockaddr_in);
+            r.dst_size = id.dst.len ? id.dst.len : sizeof(sockaddr_in);
+            std::memcpy(&r.src_addr, &id.src.in6, id.src.len);
+            std::memcpy(&r.dst_addr, &id.dst.in6, id.dst.len);
         } else {
             r.src_size = r.dst_size = 48;
-            for (auto [sa, a] : {std::pair{&r.src_addr, id.src.sin_addr.s_addr},
-                                 std::pair{&r.dst_addr, id.dst.sin_addr.s_addr}}) {
+            for (auto [sa, a] :
+                 {std::pair{&r.src_addr, id.src.addr()}, std::pair{&r.dst_addr, id.dst.addr()}}) {
                 uint8_t *p = reinterpret_cast<uint8_t *>(sa);
                 uint16_t fam = AF_IB, pkey = htons(0xFFFF);
                 std::memcpy(p, &fam, 2);
                 std::memcpy(p + 2, &pkey, 2);
-                mapped_gid(a, p + 8);
+                std::memcpy(p + 8, a.raw, 16);
             }
         }
         size_t n = std::min(cap, sizeof r);
@@ -679,11 +734,10 @@ int Cm::query(Id &id, uint32_t option, uint8_t *out, size_t cap, size_t *out_len
             // SA PathRecord in wire format.
             pd.flags = 0x2B;
             uint8_t *w = reinterpret_cast<uint8_t *>(pd.path_rec);
-            mapped_gid(id.dst.sin_addr.s_addr, w + 8);
-            mapped_gid(id.src.sin_addr.s_addr, w + 24);
-            uint32_t fl =
-                (uint32_t(ntohs(id.src.sin_port)) * 31 + ntohs(id.dst.sin_port)) & 0xFFFFF;
-            wire::put32(w + 44, 0x80000000u | fl << 8 | 64); // raw traffic 0, flow label, hop limit
+            std::memcpy(w + 8, id.dst.addr().raw, 16);
+            std::memcpy(w + 24, id.src.addr().raw, 16);
+            // raw traffic 0, flow label, hop limit
+            wire::put32(w + 44, 0x80000000u | flow_label(id) << 8 | 64);
             w[48] = id.tos;
             w[49] = 0x80 | 1; // reversible, numb_path 1
             wire::put16(w + 50, 0xFFFF);
@@ -704,16 +758,13 @@ int Cm::query(Id &id, uint32_t option, uint8_t *out, size_t cap, size_t *out_len
 }
 
 int Cm::listen(Id &id, uint32_t backlog) {
-    if (id.state == IdState::kIdle) {
-        sockaddr_in any{};
-        any.sin_family = AF_INET;
-        if (int e = bind(id, reinterpret_cast<sockaddr *>(&any), sizeof any)) return e;
-    }
+    if (id.state == IdState::kIdle)
+        if (int e = bind(id, SockAddr::any(AF_INET))) return e;
     if (id.state != IdState::kAddrBound) return EINVAL;
     // A listener shares its port with nobody: checked again without
     // REUSEADDR, which it then loses (cma.c does the same).
     id.reuseaddr = false;
-    if (!port_free(id, id.src.sin_port)) return EADDRINUSE;
+    if (!port_free(id, id.src.port())) return EADDRINUSE;
     id.backlog = backlog == 0 || backlog > kMaxBacklog ? kMaxBacklog : backlog;
     id.state = IdState::kListen;
     return 0;
@@ -740,6 +791,7 @@ int Cm::set_option(Id &id, uint32_t level, uint32_t name, const uint8_t *val, ui
             int v;
             std::memcpy(&v, val, sizeof v);
             id.afonly = v != 0;
+            id.afonly_set = true;
             return 0;
         }
         case RDMA_OPTION_ID_ACK_TIMEOUT:
@@ -756,7 +808,7 @@ int Cm::set_option(Id &id, uint32_t level, uint32_t name, const uint8_t *val, ui
     if (level == RDMA_OPTION_IB && name == RDMA_OPTION_IB_PATH) {
         if (len == 0 || len % sizeof(ib_path_rec_data)) return EINVAL;
         if (id.state != IdState::kAddrResolved) return EINVAL;
-        if (!id.dev) return ENODEV;
+        if (id.dev.empty()) return ENODEV;
         if (!event_room(*channels_.at(id.ch))) return ENOBUFS;
         id.state = IdState::kRouteResolved;
         queue_event(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
@@ -766,7 +818,7 @@ int Cm::set_option(Id &id, uint32_t level, uint32_t name, const uint8_t *val, ui
 }
 
 int Cm::notify(Id &id, uint32_t event) {
-    if (!id.dev) return EINVAL;
+    if (id.dev.empty()) return EINVAL;
     if (event != 0 /* IBV_EVENT_COMM_EST */ && event != 16 /* IBV_EVENT_PATH_MIG */) return EINVAL;
     if (event != 0) return 0;
     if (id.cm == CmState::kEstablished) return EISCONN;
@@ -827,14 +879,14 @@ void Cm::begin_connect(Id &id) {
     id.active = true;
     id.state = IdState::kConnect;
     id.local_comm = (next_comm_++) ^ comm_xor_;
-    id.peer_ip = id.dst.sin_addr.s_addr;
+    id.peer_ip = id.dst.addr();
     id.tid = own_tid(id.local_comm);
 }
 
 void Cm::store_private_data(const Id &id, const rdma_ucm_conn_param &p, uint8_t *pd) {
     cm::CmaHdr hdr;
-    hdr.set_ipv4(id.src.sin_addr.s_addr, id.dst.sin_addr.s_addr);
-    hdr.port = ntohs(id.src.sin_port);
+    hdr.set(id.src.addr(), id.dst.addr());
+    hdr.port = id.src.port();
     hdr.store(pd);
     std::memcpy(pd + cm::CmaHdr::kLen, p.private_data, p.private_data_len);
 }
@@ -859,7 +911,7 @@ int Cm::connect(Id &id, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece) {
     using namespace cm;
     set(b, req::kLocalCommId, id.local_comm);
     set(b, req::kVendorId, ece.vendor_id & 0xFFFFFF);
-    set(b, req::kServiceId, service_id(PortSpace(id.ps), ntohs(id.dst.sin_port)));
+    set(b, req::kServiceId, service_id(PortSpace(id.ps), id.dst.port()));
     uint64_t guid_be;
     std::memcpy(&guid_be, &d->guid, 8);
     set(b, req::kLocalCaGuid, be64toh(guid_be));
@@ -879,10 +931,9 @@ int Cm::connect(Id &id, const rdma_ucm_conn_param &p, const rdma_ucm_ece &ece) {
     set(b, req::kSrq, p.srq & 1);
     set(b, req::kPrimaryLocalLid, 0xFFFF);
     set(b, req::kPrimaryRemoteLid, 0xFFFF);
-    mapped_gid(id.src.sin_addr.s_addr, b + req::kPrimaryLocalGid);
-    mapped_gid(id.dst.sin_addr.s_addr, b + req::kPrimaryRemoteGid);
-    set(b, req::kPrimaryFlowLabel,
-        (uint32_t(ntohs(id.src.sin_port)) * 31 + ntohs(id.dst.sin_port)) & 0xFFFFF);
+    std::memcpy(b + req::kPrimaryLocalGid, id.src.addr().raw, 16);
+    std::memcpy(b + req::kPrimaryRemoteGid, id.dst.addr().raw, 16);
+    set(b, req::kPrimaryFlowLabel, flow_label(id));
     set(b, req::kPrimaryTrafficClass, id.tos);
     set(b, req::kPrimaryHopLimit, 64);
     set(b, req::kPrimaryLocalAckTimeout, id.local_ack_timeout);
@@ -946,7 +997,7 @@ int Cm::reject(Id &id, const rdma_ucm_reject &cmd) {
     uint16_t reason = cmd.reason ? uint16_t(cmd.reason) : uint16_t(cm::kRejConsumerDefined);
     if (reason != cm::kRejConsumerDefined && reason != cm::kRejVendorOptionNotSupported)
         return EINVAL;
-    if (!id.dev || id.cm == CmState::kIdle) return EINVAL;
+    if (id.dev.empty() || id.cm == CmState::kIdle) return EINVAL;
     if (id.qp_type == 4) {
         // A UD id refuses with a SIDR_REP (IB_SIDR_REJECT); the reason
         // stays here.
@@ -963,7 +1014,7 @@ int Cm::reject(Id &id, const rdma_ucm_reject &cmd) {
 }
 
 int Cm::disconnect(Id &id) {
-    if (!id.dev || id.cm == CmState::kIdle) return EINVAL;
+    if (id.dev.empty() || id.cm == CmState::kIdle) return EINVAL;
     if (id.cm == CmState::kEstablished)
         send_dreq(id);
     else if (id.cm == CmState::kDreqRcvd)
@@ -1003,12 +1054,11 @@ int Cm::init_qp_attr(Id &id, uint32_t state, uint8_t *out, size_t *out_len) {
         a.qp_attr_mask = kState | kAv | kMtu | kDestQpn | kRqPsn;
         if (id.qp_type == 2) a.qp_attr_mask |= kMaxDestRd | kMinRnr;
         ib_uverbs_ah_attr &ah = a.ah_attr;
-        mapped_gid(id.peer_ip, ah.grh.dgid);
-        ah.grh.sgid_index = 1; // the IPv4-mapped RoCEv2 GID
+        std::memcpy(ah.grh.dgid, id.peer_ip.raw, 16);
+        ah.grh.sgid_index = sgid_index(id);
         ah.grh.hop_limit = id.active ? 64 : 0xFF;
         ah.grh.traffic_class = id.tos;
-        ah.grh.flow_label =
-            (uint32_t(ntohs(id.src.sin_port)) * 31 + ntohs(id.dst.sin_port)) & 0xFFFFF;
+        ah.grh.flow_label = flow_label(id);
         ah.is_global = 1;
         ah.port_num = 1;
         a.path_mtu = id.path_mtu;
@@ -1051,7 +1101,7 @@ void Cm::send_mad(Id &id, uint16_t attr, const uint8_t *body, uint32_t timeout_m
     stats_.tx_mads++;
 }
 
-void Cm::reply_mad(uint32_t local, uint32_t remote, uint64_t tid, uint16_t attr,
+void Cm::reply_mad(const IpAddr &local, const IpAddr &remote, uint64_t tid, uint16_t attr,
                    const uint8_t *body) {
     uint8_t mad[cm::kMadLen] = {};
     cm::MadHdr h;
@@ -1122,7 +1172,7 @@ Cm::Id *Cm::by_local_comm(uint32_t local_comm) {
     return nullptr;
 }
 
-void Cm::receive(uint32_t local, uint32_t remote, const uint8_t *data, size_t len) {
+void Cm::receive(const IpAddr &local, const IpAddr &remote, const uint8_t *data, size_t len) {
     cm::Mad m;
     if (cm::parse(data, len, m) != cm::ParseError::kOk) {
         stats_.rx_bad++;
@@ -1157,20 +1207,25 @@ Cm::Match Cm::match_listener(uint64_t sid, const uint8_t *pd, size_t pd_len) {
     Match mt;
     uint16_t ps = uint16_t(sid >> 16), port = uint16_t(sid);
     cm::CmaHdr hdr;
-    bool ip = hdr.load(pd, pd_len) && hdr.ip_version == 4;
+    bool ip = hdr.load(pd, pd_len);
     if (ip) {
-        std::memcpy(&mt.dst_ip, hdr.dst + 12, 4);
-        std::memcpy(&mt.src_ip, hdr.src + 12, 4);
+        mt.family = hdr.ip_version == 4 ? AF_INET : AF_INET6;
+        mt.dst_ip = hdr.dst_addr();
+        mt.src_ip = hdr.src_addr();
         mt.src_port = hdr.port;
     }
     for (auto &[h, id] : ids_) {
         if (id->destroyed || id->state != IdState::kListen || id->ps != ps ||
-            ntohs(id->src.sin_port) != port)
+            id->src.port() != port)
             continue;
         mt.any_port = true;
         if (!ip) continue;
-        uint32_t a = id->src.sin_addr.s_addr;
-        if (!is_any(a) && a != mt.dst_ip) continue;
+        // cma_match_private_data: a wildcard without AFONLY takes both
+        // families; else the family and the address must be the listener's.
+        if (!(is_any(id->src) && !id->afonly)) {
+            if (id->src.family() != mt.family) continue;
+            if (!is_any(id->src) && id->src.addr() != mt.dst_ip) continue;
+        }
         mt.lis = id.get();
         break;
     }
@@ -1191,16 +1246,15 @@ Cm::Id *Cm::new_conn_id(Channel &c, Id &lis, const Match &mt) {
     id.listener = lis.handle;
     id.state = IdState::kConnect;
     id.bound = true;
-    id.src = lis.src;
-    id.src.sin_addr.s_addr = mt.dst_ip;
-    id.dst.sin_family = AF_INET;
-    id.dst.sin_addr.s_addr = mt.src_ip;
-    id.dst.sin_port = htons(mt.src_port);
+    id.afonly = lis.afonly;
+    // The addresses of the rdma_cm header, without a scope (cma_save_ip6_info).
+    id.src = SockAddr(mt.dst_ip, lis.src.port());
+    id.dst = SockAddr(mt.src_ip, mt.src_port);
     id.dev = mt.dst_ip;
     return &id;
 }
 
-void Cm::recv_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
+void Cm::recv_req(const IpAddr &local, const IpAddr &remote, const cm::Mad &m) {
     using namespace cm;
     uint32_t remote_comm = uint32_t(m.field(req::kLocalCommId));
     uint64_t guid = m.field(req::kLocalCaGuid);
@@ -1225,14 +1279,12 @@ void Cm::recv_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
     uint64_t sid = m.field(req::kServiceId);
     Match mt = match_listener(sid, m.body + req::kPrivateData, req::kPrivateDataLen);
     if (!mt.any_port) {
-        char a[INET_ADDRSTRLEN];
-        inet_ntop(AF_INET, &remote, a, sizeof a);
-        fprintf(stderr, "sroce agent: REQ from %s for service 0x%llx: no listener (REJ 8)\n", a,
-                (unsigned long long)sid);
+        fprintf(stderr, "sroce agent: REQ from %s for service 0x%llx: no listener (REJ 8)\n",
+                remote.text().c_str(), (unsigned long long)sid);
         return issue_rej(kRejInvalidServiceId);
     }
     Id *lis = mt.lis;
-    uint32_t dst_ip = mt.dst_ip;
+    IpAddr dst_ip = mt.dst_ip;
     if (!lis) return issue_rej(kRejConsumerDefined);
     Channel &c = *channels_.at(lis->ch);
     CmDevice *d = device_of(c, dst_ip);
@@ -1247,9 +1299,7 @@ void Cm::recv_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
     if (!idp) return;
     Id &id = *idp;
     id.tos = uint8_t(m.field(req::kPrimaryTrafficClass));
-    uint32_t peer;
-    std::memcpy(&peer, m.body + req::kPrimaryLocalGid + 12, 4);
-    id.peer_ip = peer;
+    id.peer_ip = IpAddr::of_gid(m.body + req::kPrimaryLocalGid);
     id.remote_comm = remote_comm;
     id.remote_guid = guid;
     id.remote_qpn = qpn;
@@ -1394,7 +1444,7 @@ void Cm::recv_rej(const cm::Mad &m) {
     queue_event(*id, RDMA_CM_EVENT_REJECTED, reason, e);
 }
 
-void Cm::recv_dreq(uint32_t local, uint32_t remote, const cm::Mad &m) {
+void Cm::recv_dreq(const IpAddr &local, const IpAddr &remote, const cm::Mad &m) {
     using namespace cm;
     Id *id = by_local_comm(uint32_t(m.field(kRemoteCommId)));
     if (!id || id->remote_comm != m.field(kLocalCommId)) {

@@ -12,6 +12,7 @@
 
 #include "agent_proto.hpp"
 #include "cm_wire.hpp"
+#include "inet.hpp"
 
 #include <rdma/rdma_user_cm.h>
 
@@ -27,32 +28,39 @@
 namespace sroce::agent {
 
 // A device as one process knows it: what the ucma ABI reports about it must
-// match what that process's libibverbs says (GUID, index).
+// match what that process's libibverbs says (GUID, index, GID table).
 struct CmDevice {
-    uint32_t addr = 0; // IPv4, network order
-    // Every address of `netdev` is the device's (it follows its net device;
-    // addr is 0).
+    IpAddr addr; // IPv6 or IPv4-mapped; empty: it follows `netdev`
+    // Every address of `netdev` is the device's (it follows its net device).
     bool follow = false;
     char netdev[16] = {};
-    uint64_t guid = 0; // node GUID as stored in ibv_device_attr (network order bytes)
+    uint32_t ifindex = 0; // netdev's: the scope of its link-local addresses
+    uint64_t guid = 0;    // node GUID as stored in ibv_device_attr (network order bytes)
     uint32_t index = 0;
     uint8_t mtu = 3; // ibv_mtu of the port
     char name[64] = {};
+    // The process's GID table when it opened its channel, by index (empty
+    // entries unused): the sgid_index an address handle names.
+    std::vector<IpAddr> gids;
 };
 
 // Sends a 256-byte MAD from the device at `local` to QP1 at `remote`.
-using MadSender = std::function<void(uint32_t local, uint32_t remote, const uint8_t *mad)>;
+using MadSender =
+    std::function<void(const IpAddr &local, const IpAddr &remote, const uint8_t *mad)>;
 
-// What the CM asks the host's IPv4 stack (addresses in network order).  The
-// agent asks the kernel; a harness that must not depend on the host's
-// addresses and routes (fuzzing) answers itself.
+// What the CM asks the host's IP stack.  The agent asks the kernel; a
+// harness that must not depend on the host's addresses and routes (fuzzing)
+// answers itself.  `scope`: the interface a link-local IPv6 address is on.
 struct HostRoutes {
     // Whether `addr` is an address of this host now (a socket can bind it).
-    bool (*is_local)(uint32_t addr);
-    // The source address the host would send from to reach `dst`, 0 if none.
-    uint32_t (*source_for)(uint32_t dst);
+    bool (*is_local)(const IpAddr &addr, uint32_t scope);
+    // The source address the host would send from to reach `dst`; empty if
+    // none.
+    IpAddr (*source_for)(const IpAddr &dst, uint32_t scope);
     // Whether `addr` is an address of interface `netdev`; none: never.
-    bool (*on_interface)(uint32_t addr, const char *netdev) = nullptr;
+    bool (*on_interface)(const IpAddr &addr, const char *netdev) = nullptr;
+    // net.ipv6.bindv6only: an IPv6 id's RDMA_OPTION_ID_AFONLY until set.
+    bool bindv6only = false;
 };
 // The kernel's answers.
 HostRoutes kernel_routes();
@@ -98,7 +106,7 @@ class Cm {
                 size_t out_cap, size_t *out_len);
 
     // A MAD that reached QP1 of the device at `local`, sent from `remote`.
-    void receive(uint32_t local, uint32_t remote, const uint8_t *mad, size_t len);
+    void receive(const IpAddr &local, const IpAddr &remote, const uint8_t *mad, size_t len);
 
     // Milliseconds until the next timer, or -1 with none; fires due ones.
     int timers(uint64_t now_ms);
@@ -109,7 +117,9 @@ class Cm {
     const Stats &stats() const { return stats_; }
 
     struct Listener {
-        uint32_t addr; // network order, 0 = any
+        IpAddr addr;   // empty: any (IPv4 also, unless `afonly`)
+        int family;    // AF_INET or AF_INET6
+        bool afonly;   // RDMA_OPTION_ID_AFONLY
         uint16_t port; // host order
         uint16_t ps;
         pid_t pid;
@@ -119,8 +129,8 @@ class Cm {
     std::vector<Listener> listeners() const;
 
     struct Join {
-        uint32_t group; // network order
-        uint32_t addr;  // the joining id's device
+        IpAddr group;
+        IpAddr addr; // the joining id's device
         bool send_only;
         pid_t pid;
     };
@@ -136,8 +146,8 @@ class Cm {
     // rdma_cm layer
     int create_id(Channel &c, const rdma_ucm_create_id &cmd, uint8_t *out, size_t *out_len);
     int destroy_id(Channel &c, uint32_t id, uint8_t *out, size_t *out_len);
-    int bind(Id &id, const sockaddr *sa, size_t len);
-    int resolve_addr(Id &id, const sockaddr *src, const sockaddr *dst, uint32_t timeout_ms);
+    int bind(Id &id, const SockAddr &sa);
+    int resolve_addr(Id &id, const void *src, const void *dst, uint32_t timeout_ms);
     int resolve_route(Id &id);
     int query_route(Id &id, uint8_t *out, size_t *out_len);
     int query(Id &id, uint32_t option, uint8_t *out, size_t cap, size_t *out_len);
@@ -171,8 +181,12 @@ class Cm {
     static uint32_t qkey_of(const Id &id);
 
     Id *find_id(uint32_t handle);
-    CmDevice *device_of(Channel &c, uint32_t addr);
-    bool port_free(const Id &id, uint16_t port) const;
+    CmDevice *device_of(Channel &c, const IpAddr &addr);
+    // The index of the id's source address in its device's GID table.
+    uint8_t sgid_index(const Id &id);
+    // The path's flow label (cma_get_roce_udp_flow_label).
+    static uint32_t flow_label(const Id &id);
+    bool port_free(const Id &id, uint16_t port) const; // host order
     uint16_t ephemeral_port(const Id &id) const;
     // Queues `e` as `event` of `id` (e.id names another id when set: a
     // connection request's new one) and wakes the channel's file.
@@ -184,14 +198,14 @@ class Cm {
     void free_id(Id *id);
 
     // InfiniBand CM layer
-    void recv_req(uint32_t local, uint32_t remote, const cm::Mad &m);
+    void recv_req(const IpAddr &local, const IpAddr &remote, const cm::Mad &m);
     void recv_rep(const cm::Mad &m);
     void recv_rtu(const cm::Mad &m);
     void recv_rej(const cm::Mad &m);
     void recv_mra(const cm::Mad &m);
-    void recv_dreq(uint32_t local, uint32_t remote, const cm::Mad &m);
+    void recv_dreq(const IpAddr &local, const IpAddr &remote, const cm::Mad &m);
     void recv_drep(const cm::Mad &m);
-    void recv_sidr_req(uint32_t local, uint32_t remote, const cm::Mad &m);
+    void recv_sidr_req(const IpAddr &local, const IpAddr &remote, const cm::Mad &m);
     void recv_sidr_rep(const cm::Mad &m);
     // Answers the SIDR_REQ `id` holds with `status` (QP `qpn` on success).
     void send_sidr_rep(Id &id, uint8_t status, uint32_t qpn, const uint8_t *pd, size_t pd_len);
@@ -199,7 +213,7 @@ class Cm {
     // again after each until the retries run out (timers()).
     void send_mad(Id &id, uint16_t attr, const uint8_t *body, uint32_t timeout_ms = 0,
                   uint32_t attr_mod = 0);
-    void reply_mad(uint32_t local, uint32_t remote, uint64_t tid, uint16_t attr,
+    void reply_mad(const IpAddr &local, const IpAddr &remote, uint64_t tid, uint16_t attr,
                    const uint8_t *body);
     void send_rej(Id &id, uint16_t reason, uint8_t msg_rejected, const uint8_t *pd, size_t pd_len);
     void send_dreq(Id &id);
@@ -212,7 +226,8 @@ class Cm {
     struct Match {
         Id *lis = nullptr;
         bool any_port = false; // someone listens on the service's port
-        uint32_t dst_ip = 0, src_ip = 0;
+        IpAddr dst_ip, src_ip; // from the rdma_cm header
+        int family = AF_INET;  // its IP version's
         uint16_t src_port = 0;
     };
     Match match_listener(uint64_t sid, const uint8_t *pd, size_t pd_len);

@@ -72,16 +72,6 @@ inline uint64_t now_ms() {
     return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
 }
 
-inline void mapped_gid(uint32_t addr, uint8_t gid[16]) {
-    std::memset(gid, 0, 16);
-    gid[10] = gid[11] = 0xFF;
-    std::memcpy(gid + 12, &addr, 4);
-}
-
-inline bool is_any(uint32_t addr) {
-    return addr == 0;
-}
-
 template <class T>
 inline T load(const uint8_t *p, size_t len) {
     T v{};
@@ -89,13 +79,9 @@ inline T load(const uint8_t *p, size_t len) {
     return v;
 }
 
-// An IPv4 sockaddr from a sockaddr_in6-sized or sockaddr_storage field.
-inline bool ipv4_of(const void *sa, sockaddr_in &out) {
-    sockaddr_in s;
-    std::memcpy(&s, sa, sizeof s);
-    if (s.sin_family != AF_INET) return false;
-    out = s;
-    return true;
+// Whether `a` is the wildcard address of its family.
+inline bool is_any(const SockAddr &a) {
+    return a.addr().empty() || a.addr() == IpAddr::v4(INADDR_ANY);
 }
 
 enum class IdState {
@@ -147,11 +133,14 @@ struct Cm::Id {
     uint16_t ps = 0;
     uint8_t qp_type = 0;
     IdState state = IdState::kIdle;
-    sockaddr_in src{}, dst{};
-    bool bound = false, reuseaddr = false, afonly = true;
+    // Its addresses, of one family: AF_INET, or AF_INET6 with the scope of
+    // a link-local address and the flow label the process set.
+    SockAddr src, dst;
+    bool bound = false, reuseaddr = false;
+    bool afonly = true, afonly_set = false; // RDMA_OPTION_ID_AFONLY, set by the process
     uint8_t tos = 0;
     uint8_t ack_timeout_opt = 0; // RDMA_OPTION_ID_ACK_TIMEOUT, 0 = not set
-    uint32_t dev = 0;            // the device's address once known
+    IpAddr dev;                  // the device's address once known
     uint32_t seq_num = 0;        // the PSN this side receives from (rdma_cm's seq_num)
     uint32_t events_reported = 0;
     bool destroyed = false; // the process let go; the CM finishes quietly
@@ -169,7 +158,7 @@ struct Cm::Id {
     uint32_t local_comm = 0, remote_comm = 0;
     uint64_t remote_guid = 0;
     uint64_t tid = 0;
-    uint32_t peer_ip = 0;
+    IpAddr peer_ip; // the peer's GID
     uint32_t cm_timeout_ms = 0;
     uint8_t max_cm_retries = kMaxCmRetries;
     uint8_t mad[cm::kMadLen] = {};
@@ -187,8 +176,8 @@ constexpr uint32_t kMcHandleBase = 0x10000;
 struct Cm::McJoin {
     uint32_t handle = 0, id = 0;
     uint64_t uid = 0;
-    uid_t owner = 0;    // the user of its channel, for kJoinsPerUser
-    uint32_t group = 0; // IPv4, network order
+    uid_t owner = 0; // the user of its channel, for kJoinsPerUser
+    IpAddr group;
     bool send_only = false;
     uint32_t events_reported = 0;
 };

@@ -19,13 +19,13 @@ namespace sroce::agent {
 
 namespace {
 
-// The address handle a UD peer or a group is reached by: the
-// IPv4-mapped GIDs of a RoCEv2 port (index 1), as ib_init_ah_attr_from_path
-// and ib_init_ah_from_mcmember fill it for a RoCE device.
-ib_uverbs_ah_attr roce_ah(uint32_t dst, uint8_t tos, uint32_t flow_label) {
+// The address handle a UD peer or a group is reached by, from the GID of
+// the id's source address, as ib_init_ah_attr_from_path and
+// ib_init_ah_from_mcmember fill it for a RoCE device.
+ib_uverbs_ah_attr roce_ah(const IpAddr &dst, uint8_t sgid_index, uint8_t tos, uint32_t flow_label) {
     ib_uverbs_ah_attr ah{};
-    mapped_gid(dst, ah.grh.dgid);
-    ah.grh.sgid_index = 1;
+    std::memcpy(ah.grh.dgid, dst.raw, 16);
+    ah.grh.sgid_index = sgid_index;
     ah.grh.hop_limit = 64; // IPV6_DEFAULT_HOPLIMIT
     ah.grh.traffic_class = tos;
     ah.grh.flow_label = flow_label;
@@ -53,7 +53,7 @@ int Cm::connect_ud(Id &id, const rdma_ucm_conn_param &p) {
     uint8_t b[kCmDataLen] = {};
     set(b, sidr_req::kRequestId, id.local_comm);
     set(b, sidr_req::kPartitionKey, 0xFFFF);
-    set(b, sidr_req::kServiceId, service_id(PortSpace(id.ps), ntohs(id.dst.sin_port)));
+    set(b, sidr_req::kServiceId, service_id(PortSpace(id.ps), id.dst.port()));
     store_private_data(id, p, b + sidr_req::kPrivateData);
     id.cm = CmState::kSidrReqSent;
     id.max_cm_retries = kMaxCmRetries;
@@ -67,7 +67,7 @@ void Cm::send_sidr_rep(Id &id, uint8_t status, uint32_t qpn, const uint8_t *pd, 
     uint8_t b[kCmDataLen] = {};
     set(b, sidr_rep::kRequestId, id.remote_comm);
     set(b, sidr_rep::kStatus, status);
-    set(b, sidr_rep::kServiceId, service_id(PortSpace(id.ps), ntohs(id.src.sin_port)));
+    set(b, sidr_rep::kServiceId, service_id(PortSpace(id.ps), id.src.port()));
     if (status == kSidrSuccess) {
         set(b, sidr_rep::kQpn, qpn & 0xFFFFFF);
         set(b, sidr_rep::kQkey, qkey_of(id));
@@ -92,7 +92,7 @@ int Cm::accept_ud(Id &id, uint64_t uid, const rdma_ucm_conn_param *p, const rdma
     return 0;
 }
 
-void Cm::recv_sidr_req(uint32_t local, uint32_t remote, const cm::Mad &m) {
+void Cm::recv_sidr_req(const IpAddr &local, const IpAddr &remote, const cm::Mad &m) {
     using namespace cm;
     uint32_t request_id = uint32_t(m.field(sidr_req::kRequestId));
     // A request already being answered comes again: the answer is coming.
@@ -156,9 +156,7 @@ void Cm::recv_sidr_rep(const cm::Mad &m) {
     }
     id->qkey = qkey;
     id->remote_qpn = uint32_t(m.field(sidr_rep::kQpn));
-    e.param.ud.ah_attr =
-        roce_ah(id->peer_ip, id->tos,
-                (uint32_t(ntohs(id->src.sin_port)) * 31 + ntohs(id->dst.sin_port)) & 0xFFFFF);
+    e.param.ud.ah_attr = roce_ah(id->peer_ip, sgid_index(*id), id->tos, flow_label(*id));
     e.param.ud.qp_num = id->remote_qpn;
     e.param.ud.qkey = qkey;
     e.ece.vendor_id = uint32_t(m.field(sidr_rep::kVendorIdH) << 8 | m.field(sidr_rep::kVendorIdL));
@@ -170,24 +168,23 @@ void Cm::recv_sidr_rep(const cm::Mad &m) {
 int Cm::join(Channel &c, const rdma_ucm_join_mcast &cmd, size_t out_cap, uint8_t *out,
              size_t *out_len) {
     if (out_cap < sizeof(rdma_ucm_create_id_resp)) return ENOSPC;
-    sa_family_t family;
-    std::memcpy(&family, &cmd.addr, sizeof family);
-    size_t want = family == AF_INET ? sizeof(sockaddr_in) : family == AF_INET6 ? 28 : 0;
-    if (!want || cmd.addr_size != want) return EINVAL;
+    SockAddr group;
+    if (!SockAddr::load(&cmd.addr, &group) || cmd.addr_size != group.len) return EINVAL;
     if (cmd.join_flags != RDMA_MC_JOIN_FLAG_FULLMEMBER &&
         cmd.join_flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER)
         return EINVAL;
     Id *id = find_id(cmd.id);
     if (!id) return ENOENT;
     if (id->ch != c.num) return EINVAL;
-    if (!id->dev) return ENODEV;
+    if (id->dev.empty()) return ENODEV;
     if (id->state != IdState::kAddrBound && id->state != IdState::kAddrResolved) return EINVAL;
-    // RoCEv2 groups are IPv4 here, as the kernel's (an IPv6 group on a
-    // RoCEv2 port is ENOTSUPP there).
-    if (family != AF_INET) return EOPNOTSUPP;
-    sockaddr_in group{};
-    ipv4_of(&cmd.addr, group);
-    if (is_any(group.sin_addr.s_addr)) return EINVAL;
+    // A group of the id's own family, which its device sends to from the
+    // id's address.  IPv6 groups are joined as IPv4 ones are, by the
+    // address itself as the MGID (cma_iboe_set_mgid); the kernel refuses
+    // them on RoCEv2 ports (ENOTSUPP), which leaves IPv6 hosts no rdma_cm
+    // multicast at all.
+    if (is_any(group) || group.family() != id->src.family()) return EINVAL;
+    if (group.family() == AF_INET6 && !group.addr().multicast()) return EINVAL;
     if (auto n = joins_of_user_.find(c.uid);
         n != joins_of_user_.end() && n->second >= kJoinsPerUser) {
         if (!c.told_joins)
@@ -210,7 +207,7 @@ int Cm::join(Channel &c, const rdma_ucm_join_mcast &cmd, size_t out_cap, uint8_t
     mc.owner = c.uid;
     mc.id = id->handle;
     mc.uid = cmd.uid;
-    mc.group = group.sin_addr.s_addr;
+    mc.group = group.addr();
     mc.send_only = cmd.join_flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER;
     mcs_[mc.handle] = mc;
     rdma_ucm_create_id_resp r{mc.handle};
@@ -223,7 +220,7 @@ int Cm::join(Channel &c, const rdma_ucm_join_mcast &cmd, size_t out_cap, uint8_t
     e.uid = mc.uid;
     e.id = mc.handle;
     e.event = RDMA_CM_EVENT_MULTICAST_JOIN;
-    e.param.ud.ah_attr = roce_ah(mc.group, 0, 0);
+    e.param.ud.ah_attr = roce_ah(mc.group, sgid_index(*id), 0, 0);
     e.param.ud.qp_num = 0xFFFFFF;
     e.param.ud.qkey = qkey_of(*id);
     push_event(c, e);
