@@ -276,7 +276,7 @@ netns_cleanup() {
 # when both exit 0, else both outputs on stderr.  Output in
 # $WORK/NAME.{a,b}.
 netns_run_pair() {
-	local name=$1 limit=$2 server=() pid rc_a rc_b deadline
+	local name=$1 limit=$2 server=() deadline
 	shift 2
 	while [[ $1 != -- ]]; do
 		server+=("$1")
@@ -284,12 +284,41 @@ netns_run_pair() {
 	done
 	shift
 	run_a timeout "$limit" "${server[@]}" >"$WORK/$name.a" 2>&1 &
-	pid=$!
+	NETNS_SERVER=$!
 	deadline=$((SECONDS + 20))
 	until [[ -n $(in_a ss -Hltn 2>/dev/null) ]] || ((SECONDS >= deadline)); do sleep 0.05; done
+	netns_pair_client "$name" "$limit" "$@"
+}
+
+# netns_cm_pair NAME WANT TIMEOUT SERVER-CMD... -- CLIENT-CMD...: the same
+# for programs that meet through rdma_cm: the client starts once the status
+# of the first namespace's agent (sroce -j agent status) matches the
+# extended regular expression WANT: a listener's port, a multicast group.
+netns_cm_pair() {
+	local name=$1 want=$2 limit=$3 server=() i
+	shift 3
+	while [[ $1 != -- ]]; do
+		server+=("$1")
+		shift
+	done
+	shift
+	run_a timeout "$limit" "${server[@]}" >"$WORK/$name.a" 2>&1 &
+	NETNS_SERVER=$!
+	for ((i = 0; i < 200; i++)); do
+		in_a "$SROCE_BIN" -j agent status 2>/dev/null | grep -Eq -- "$want" && break
+		kill -0 "$NETNS_SERVER" 2>/dev/null || break
+		sleep 0.1
+	done
+	netns_pair_client "$name" "$limit" "$@"
+}
+
+# The client half of both: runs it, waits for the server NETNS_SERVER.
+netns_pair_client() {
+	local name=$1 limit=$2 rc_a rc_b
+	shift 2
 	run_b timeout "$limit" "$@" >"$WORK/$name.b" 2>&1
 	rc_b=$?
-	wait "$pid"
+	wait "$NETNS_SERVER"
 	rc_a=$?
 	((rc_a == 0 && rc_b == 0)) && return 0
 	echo "  $name: server exit $rc_a, client exit $rc_b" >&2

@@ -126,23 +126,12 @@ fi
 # --- rdma_cm over a following device: the CM finds the device by the
 # interface the address is on, and QP1's MADs leave from that address.
 if command -v rping >/dev/null; then
-	run_a timeout 60 rping -s -a 10.32.0.1 -p 7532 -v -C 10 >"$tmp/rping.a" 2>&1 &
-	srv=$!
-	for _ in $(seq 150); do
-		in_a env SROCE_AGENT_SOCKET="$SROCE_AGENT_SOCKET" "$sroce" -j agent status 2>/dev/null |
-			grep -q '"port":7532[,}]' && break
-		sleep 0.1
-	done
-	run_b timeout 30 rping -c -a 10.32.0.1 -p 7532 -v -C 10 >"$tmp/rping.b" 2>&1
-	rc=$?
-	wait "$srv"
-	src=$?
-	if ((rc == 0 && src == 0)) && (($(grep -c 'ping data: rdma-ping-' "$tmp/rping.b") == 10)); then
+	if netns_cm_pair rping '"port":7532[,}]' 60 rping -s -a 10.32.0.1 -p 7532 -v -C 10 -- \
+		rping -c -a 10.32.0.1 -p 7532 -v -C 10 &&
+		(($(grep -c 'ping data: rdma-ping-' "$tmp/rping.b") == 10)); then
 		pass "rping -v over IPv4 between following devices: 10 pings verified"
 	else
-		fail "rping over following devices (server exit $src, client exit $rc)"
-		sed 's/^/  rping.a: /' "$tmp/rping.a" >&2
-		sed 's/^/  rping.b: /' "$tmp/rping.b" >&2
+		fail "rping over following devices"
 	fi
 else
 	fail "rping is not installed"
