@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 //
-// ucp_sockaddr_check: a UCP client and server that connect by IP address
+// ucp_sockaddr_check: a UCP client and server that connect by IP address, v4 or v6
 // (ucp_listener_create, ucp_ep_create with UCP_EP_PARAMS_FLAGS_CLIENT_SERVER),
 // which UCX carries out through a connection manager: with
 // UCX_SOCKADDR_TLS_PRIORITY=rdmacm, librdmacm's.  Then tagged messages and
@@ -356,9 +356,22 @@ int main(int argc, char **argv) {
         return EXIT_USAGE;
     }
     int server = strcmp(argv[1], "server") == 0;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[3]))};
-    if (inet_pton(AF_INET, argv[2], &sa.sin_addr) != 1) {
-        fprintf(stderr, "ucp_sockaddr_check: %s is not an IPv4 address\n", argv[2]);
+    /* IPv4 or IPv6, as UCX's rdmacm connection manager takes either. */
+    struct sockaddr_storage sa = {0};
+    socklen_t sa_len;
+    struct sockaddr_in *in4 = (struct sockaddr_in *)&sa;
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&sa;
+    uint16_t port = htons((uint16_t)atoi(argv[3]));
+    if (inet_pton(AF_INET, argv[2], &in4->sin_addr) == 1) {
+        in4->sin_family = AF_INET;
+        in4->sin_port = port;
+        sa_len = sizeof *in4;
+    } else if (inet_pton(AF_INET6, argv[2], &in6->sin6_addr) == 1) {
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = port;
+        sa_len = sizeof *in6;
+    } else {
+        fprintf(stderr, "ucp_sockaddr_check: %s is not an IPv4 or IPv6 address\n", argv[2]);
         return EXIT_USAGE;
     }
 
@@ -382,7 +395,7 @@ int main(int argc, char **argv) {
         ucp_listener_params_t lp = {
             .field_mask =
                 UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
-            .sockaddr = {.addr = (const struct sockaddr *)&sa, .addrlen = sizeof sa},
+            .sockaddr = {.addr = (const struct sockaddr *)&sa, .addrlen = sa_len},
             .conn_handler = {.cb = on_conn_request},
         };
         if ((st = ucp_listener_create(worker, &lp, &listener)) != UCS_OK) {
@@ -404,7 +417,7 @@ int main(int argc, char **argv) {
         ep_params.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
         ep_params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
         ep_params.sockaddr.addr = (const struct sockaddr *)&sa;
-        ep_params.sockaddr.addrlen = sizeof sa;
+        ep_params.sockaddr.addrlen = sa_len;
     }
     if ((st = ucp_ep_create(worker, &ep_params, &ep)) != UCS_OK) {
         rc = fail("ucp_ep_create", st);
