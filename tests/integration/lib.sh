@@ -260,6 +260,25 @@ netns_pair() {
 		sleep 0.05
 	done
 }
+# netns_fixed_macs MAC-A MAC-B: gives veth-a and veth-b (netns_pair) these
+# MACs, so that their link-local addresses are known (fe80:: and the
+# EUI-64 of the MAC), and waits until no IPv6 address of either namespace
+# is tentative (addresses added later with nodad never are).
+netns_fixed_macs() {
+	local ns
+	{ ip -n "${SROCE_NETNS[0]}" link set veth-a down && ip -n "${SROCE_NETNS[1]}" link set veth-b down &&
+		ip -n "${SROCE_NETNS[0]}" link set veth-a address "$1" &&
+		ip -n "${SROCE_NETNS[1]}" link set veth-b address "$2" &&
+		ip -n "${SROCE_NETNS[0]}" link set veth-a up && ip -n "${SROCE_NETNS[1]}" link set veth-b up; } ||
+		die "cannot set the veth pair's MACs"
+	for ns in "${SROCE_NETNS[@]}"; do
+		for _ in $(seq 100); do
+			ip -n "$ns" -6 addr show scope link | grep -q "inet6 fe80" &&
+				! ip -n "$ns" -6 addr show | grep -q tentative && break
+			sleep 0.1
+		done
+	done
+}
 netns_cleanup() {
 	local ns p
 	for ns in "${SROCE_NETNS[@]}"; do
@@ -276,18 +295,7 @@ netns_cleanup() {
 # when both exit 0, else both outputs on stderr.  Output in
 # $WORK/NAME.{a,b}.
 netns_run_pair() {
-	local name=$1 limit=$2 server=() deadline
-	shift 2
-	while [[ $1 != -- ]]; do
-		server+=("$1")
-		shift
-	done
-	shift
-	run_a timeout "$limit" "${server[@]}" >"$WORK/$name.a" 2>&1 &
-	NETNS_SERVER=$!
-	deadline=$((SECONDS + 20))
-	until [[ -n $(in_a ss -Hltn 2>/dev/null) ]] || ((SECONDS >= deadline)); do sleep 0.05; done
-	netns_pair_client "$name" "$limit" "$@"
+	netns_pair_run "$1" "" "${@:2}"
 }
 
 # netns_cm_pair NAME WANT TIMEOUT SERVER-CMD... -- CLIENT-CMD...: the same
@@ -295,6 +303,11 @@ netns_run_pair() {
 # of the first namespace's agent (sroce -j agent status) matches the
 # extended regular expression WANT: a listener's port, a multicast group.
 netns_cm_pair() {
+	netns_pair_run "$@"
+}
+
+# Both: WANT empty waits for a TCP listener.
+netns_pair_run() {
 	local name=$1 want=$2 limit=$3 server=() i
 	shift 3
 	while [[ $1 != -- ]]; do
@@ -304,10 +317,14 @@ netns_cm_pair() {
 	shift
 	run_a timeout "$limit" "${server[@]}" >"$WORK/$name.a" 2>&1 &
 	NETNS_SERVER=$!
-	for ((i = 0; i < 200; i++)); do
-		in_a "$SROCE_BIN" -j agent status 2>/dev/null | grep -Eq -- "$want" && break
+	for ((i = 0; i < 400; i++)); do
+		if [[ -z $want ]]; then
+			[[ -n $(in_a ss -Hltn 2>/dev/null) ]] && break
+		else
+			in_a "$SROCE_BIN" -j agent status 2>/dev/null | grep -Eq -- "$want" && break
+		fi
 		kill -0 "$NETNS_SERVER" 2>/dev/null || break
-		sleep 0.1
+		sleep 0.05
 	done
 	netns_pair_client "$name" "$limit" "$@"
 }

@@ -44,20 +44,12 @@ ns_b=sroce-v6c-b-$$
 netns_pair "$ns_a" "$ns_b"
 in_a() { ip netns exec "$ns_a" "$@"; }
 in_b() { ip netns exec "$ns_b" "$@"; }
-{ in_a ip link set veth-a down && in_b ip link set veth-b down &&
-	in_a ip link set veth-a address 02:00:00:00:34:0a && in_b ip link set veth-b address 02:00:00:00:34:0b &&
-	in_a ip link set veth-a up && in_b ip link set veth-b up &&
-	in_a ip addr add fd00:34::1/64 dev veth-a nodad && in_b ip addr add fd00:34::2/64 dev veth-b nodad &&
+netns_fixed_macs 02:00:00:00:34:0a 02:00:00:00:34:0b
+{ in_a ip addr add fd00:34::1/64 dev veth-a nodad && in_b ip addr add fd00:34::2/64 dev veth-b nodad &&
 	ip link add oob-a netns "$ns_a" type veth peer name oob-b netns "$ns_b" &&
 	in_a ip addr add 10.34.0.1/24 dev oob-a && in_b ip addr add 10.34.0.2/24 dev oob-b &&
 	in_a ip link set oob-a up && in_b ip link set oob-b up; } ||
 	die "cannot set up the namespaces' links"
-for ns in "$ns_a" "$ns_b"; do
-	for _ in $(seq 100); do
-		ip -n "$ns" -6 addr show | grep -q tentative || break
-		sleep 0.1
-	done
-done
 in_a ip -6 addr show dev veth-a | grep -q "inet6 fe80::ff:fe00:340a/64" || die "veth-a has no link-local address"
 
 conf_a=$tmp/a.conf

@@ -35,22 +35,11 @@ ns_b=sroce-cm6-b-$$
 netns_pair "$ns_a" "$ns_b"
 in_a() { ip netns exec "$ns_a" "$@"; }
 in_b() { ip netns exec "$ns_b" "$@"; }
-# The MACs make the link-local addresses; changed, the kernel makes them
-# again (addrgenmode eui64, the default).
-{ in_a ip link set veth-a down && in_b ip link set veth-b down &&
-	in_a ip link set veth-a address 02:00:00:00:00:0a && in_b ip link set veth-b address 02:00:00:00:00:0b &&
-	in_a ip link set veth-a up && in_b ip link set veth-b up &&
-	in_a ip addr add fd00:33::1/64 dev veth-a nodad && in_b ip addr add fd00:33::2/64 dev veth-b nodad &&
+netns_fixed_macs 02:00:00:00:00:0a 02:00:00:00:00:0b
+{ in_a ip addr add fd00:33::1/64 dev veth-a nodad && in_b ip addr add fd00:33::2/64 dev veth-b nodad &&
 	in_a ip addr add 10.33.0.1/24 dev veth-a && in_b ip addr add 10.33.0.2/24 dev veth-b; } ||
 	die "cannot address the namespaces"
 ll_a=fe80::ff:fe00:a
-for ns in "$ns_a" "$ns_b"; do
-	for _ in $(seq 100); do
-		ip -n "$ns" -6 addr show scope link | grep -q "inet6 fe80::ff:fe00:[ab]/64" &&
-			! ip -n "$ns" -6 addr show | grep -q tentative && break
-		sleep 0.1
-	done
-done
 in_a ip -6 addr show dev veth-a | grep -q "inet6 $ll_a/64" || die "veth-a has no $ll_a"
 
 conf_a=$tmp/a.conf
