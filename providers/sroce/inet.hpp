@@ -68,6 +68,8 @@ struct IpAddr {
         static constexpr uint8_t kZero[16] = {};
         return std::memcmp(raw, kZero, 16) == 0;
     }
+    // The wildcard of either family: :: or 0.0.0.0.
+    bool unspecified() const { return empty() || *this == v4(INADDR_ANY); }
     bool multicast() const { return is_v4() ? (raw[12] & 0xF0) == 0xE0 : raw[0] == 0xFF; }
     bool link_local() const { return raw[0] == 0xFE && (raw[1] & 0xC0) == 0x80; }
     bool loopback() const {

@@ -360,29 +360,25 @@ int Harness::command(uint32_t ch, uint32_t cmd, const void *in, size_t in_len, s
 }
 
 uint32_t Harness::open(unsigned devs) {
-    CmDevice a, b, c;
+    auto dev = [](uint64_t guid, uint32_t index, uint8_t mtu, const char *name,
+                  std::vector<IpAddr> gids) {
+        CmDevice d;
+        d.guid = htobe64(guid);
+        d.index = index;
+        d.mtu = mtu;
+        std::strcpy(d.name, name);
+        d.gids = std::move(gids);
+        return d;
+    };
+    CmDevice a = dev(0x0002C9FFFE000001, 0, 3, "sroce_a", {ip6("fe80::a"), kDevA});
     a.addr = kDevA;
-    a.gids = {ip6("fe80::a"), kDevA};
-    a.guid = htobe64(0x0002C9FFFE000001);
-    a.index = 0;
-    a.mtu = 3;
-    std::strcpy(a.name, "sroce_a");
+    CmDevice b = dev(0x0002C9FFFE000002, 1, 5, "sroce_b", {ip6("fe80::b"), kDevB});
     b.addr = kDevB;
-    b.guid = htobe64(0x0002C9FFFE000002);
-    b.index = 1;
-    b.mtu = 5;
-    std::strcpy(b.name, "sroce_b");
-    b.gids = {ip6("fe80::b"), kDevB};
     // C follows its interface: the table the process saw lists both its
     // addresses, the link-local one first.
+    CmDevice c = dev(0x0002C9FFFE000003, 2, 4, "sroce_c", {kDevCLink, IpAddr{}, kDevC});
     c.follow = true;
     std::strcpy(c.netdev, "eth_c");
-    c.ifindex = kScopeC;
-    c.guid = htobe64(0x0002C9FFFE000003);
-    c.index = 2;
-    c.mtu = 4;
-    std::strcpy(c.name, "sroce_c");
-    c.gids = {kDevCLink, IpAddr{}, kDevC};
     std::vector<CmDevice> d;
     switch (devs % 4) {
     case 0:

@@ -238,8 +238,13 @@ wait_listen() {
 # by a veth pair (veth-a in A, veth-b in B) with every link up and the
 # carrier there; skips where namespaces or veth are unusable.  netns_cleanup
 # (called from _sroce_cleanup) kills what runs in them and deletes them.
+# in_a and in_b then run a command in A or B.
 SROCE_NETNS=()
+NETNS_A='' NETNS_B=''
+in_a() { ip netns exec "$NETNS_A" "$@"; }
+in_b() { ip netns exec "$NETNS_B" "$@"; }
 netns_pair() {
+	NETNS_A=$1 NETNS_B=$2
 	local err deadline
 	err=$(ip netns add "$1" 2>&1) || skip "ip netns unusable: $err"
 	SROCE_NETNS+=("$1")
@@ -266,12 +271,11 @@ netns_pair() {
 # is tentative (addresses added later with nodad never are).
 netns_fixed_macs() {
 	local ns
-	{ ip -n "${SROCE_NETNS[0]}" link set veth-a down && ip -n "${SROCE_NETNS[1]}" link set veth-b down &&
-		ip -n "${SROCE_NETNS[0]}" link set veth-a address "$1" &&
-		ip -n "${SROCE_NETNS[1]}" link set veth-b address "$2" &&
-		ip -n "${SROCE_NETNS[0]}" link set veth-a up && ip -n "${SROCE_NETNS[1]}" link set veth-b up; } ||
+	{ in_a ip link set veth-a down && in_b ip link set veth-b down &&
+		in_a ip link set veth-a address "$1" && in_b ip link set veth-b address "$2" &&
+		in_a ip link set veth-a up && in_b ip link set veth-b up; } ||
 		die "cannot set the veth pair's MACs"
-	for ns in "${SROCE_NETNS[@]}"; do
+	for ns in "$NETNS_A" "$NETNS_B"; do
 		for _ in $(seq 100); do
 			ip -n "$ns" -6 addr show scope link | grep -q "inet6 fe80" &&
 				! ip -n "$ns" -6 addr show | grep -q tentative && break
@@ -279,6 +283,18 @@ netns_fixed_macs() {
 		done
 	done
 }
+# netns_sroce TAG: sroce in both namespaces of netns_pair, each with its
+# own configuration ($WORK/a.conf, $WORK/b.conf) and an agent of this test
+# alone (TAG names its socket).  link_a and link_b ARGS add a link (sroce
+# link add ARGS); run_a and run_b run a command under `sroce exec`.
+netns_sroce() {
+	export SROCE_AGENT_SOCKET=sroce-test-$1-$$
+}
+link_a() { in_a "$SROCE_BIN" --config "$WORK/a.conf" link add "$@"; }
+link_b() { in_b "$SROCE_BIN" --config "$WORK/b.conf" link add "$@"; }
+run_a() { in_a env SROCE_CONFIG="$WORK/a.conf" "$SROCE_BIN" --config "$WORK/a.conf" exec -- "$@"; }
+run_b() { in_b env SROCE_CONFIG="$WORK/b.conf" "$SROCE_BIN" --config "$WORK/b.conf" exec -- "$@"; }
+
 netns_cleanup() {
 	local ns p
 	for ns in "${SROCE_NETNS[@]}"; do

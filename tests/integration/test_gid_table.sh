@@ -26,7 +26,6 @@ set -uo pipefail
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 sroce_init "${1:?usage: test_gid_table.sh BUILD-DIR}"
-sroce=$SROCE_BIN
 port_check=$BUILD_DIR/tests/progs/port_check
 [[ -x $port_check ]] || die "$port_check is not built"
 ((EUID == 0)) || skip "needs root for network namespaces"
@@ -36,8 +35,6 @@ tmp=$WORK
 ns_a=sroce-gid-a-$$
 ns_b=sroce-gid-b-$$
 netns_pair "$ns_a" "$ns_b"
-in_a() { ip netns exec "$ns_a" "$@"; }
-in_b() { ip netns exec "$ns_b" "$@"; }
 { in_a ip addr add 10.32.0.1/24 dev veth-a && in_b ip addr add 10.32.0.2/24 dev veth-b &&
 	in_a ip addr add fd00:32::1/64 dev veth-a nodad && in_b ip addr add fd00:32::2/64 dev veth-b nodad; } ||
 	die "cannot address the namespaces"
@@ -50,13 +47,8 @@ for ns in "$ns_a" "$ns_b"; do
 	done
 done
 
-conf_a=$tmp/a.conf
-conf_b=$tmp/b.conf
-{ in_a "$sroce" --config "$conf_a" link add fa netdev veth-a &&
-	in_b "$sroce" --config "$conf_b" link add fb netdev veth-b; } || die "sroce link add"
-export SROCE_AGENT_SOCKET=sroce-test-gid-$$
-run_a() { in_a env SROCE_CONFIG="$conf_a" "$sroce" --config "$conf_a" exec -- "$@"; }
-run_b() { in_b env SROCE_CONFIG="$conf_b" "$sroce" --config "$conf_b" exec -- "$@"; }
+netns_sroce gid
+{ link_a fa netdev veth-a && link_b fb netdev veth-b; } || die "sroce link add"
 
 # check WHAT GOT WANT
 check() {

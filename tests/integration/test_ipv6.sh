@@ -25,7 +25,6 @@ set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 sroce_init "${1:?usage: test_ipv6.sh BUILD-DIR}"
 here=$(cd "$(dirname "$0")" && pwd)
-sroce=$SROCE_BIN
 xfer=$BUILD_DIR/tests/progs/sroce_xfer
 [[ -x $xfer ]] || die "$xfer is not built"
 ((EUID == 0)) || skip "needs root for network namespaces"
@@ -35,24 +34,15 @@ tmp=$WORK
 ns_a=sroce-v6-a-$$
 ns_b=sroce-v6-b-$$
 netns_pair "$ns_a" "$ns_b"
-in_a() { ip netns exec "$ns_a" "$@"; }
-in_b() { ip netns exec "$ns_b" "$@"; }
 # nodad: the addresses are usable at once, not after duplicate detection.
 { in_a ip addr add fd00:31::1/64 dev veth-a nodad && in_b ip addr add fd00:31::2/64 dev veth-b nodad &&
 	in_a ip addr add 10.31.0.1/24 dev veth-a && in_b ip addr add 10.31.0.2/24 dev veth-b; } ||
 	die "cannot address the namespaces"
 
-conf_a=$tmp/a.conf
-conf_b=$tmp/b.conf
-{ in_a "$sroce" --config "$conf_a" link add v6a netdev veth-a addr fd00:31::1 &&
-	in_a "$sroce" --config "$conf_a" link add v4a netdev veth-a addr 10.31.0.1 &&
-	in_b "$sroce" --config "$conf_b" link add v6b netdev veth-b addr fd00:31::2 &&
-	in_b "$sroce" --config "$conf_b" link add v4b netdev veth-b addr 10.31.0.2; } ||
+netns_sroce ipv6
+{ link_a v6a netdev veth-a addr fd00:31::1 && link_a v4a netdev veth-a addr 10.31.0.1 &&
+	link_b v6b netdev veth-b addr fd00:31::2 && link_b v4b netdev veth-b addr 10.31.0.2; } ||
 	die "sroce link add"
-# One agent per namespace, of this test alone.
-export SROCE_AGENT_SOCKET=sroce-test-ipv6-$$
-run_a() { in_a env SROCE_CONFIG="$conf_a" "$sroce" --config "$conf_a" exec -- "$@"; }
-run_b() { in_b env SROCE_CONFIG="$conf_b" "$sroce" --config "$conf_b" exec -- "$@"; }
 
 # --- The GID table, as programs that read /sys see it.
 gids=/sys/class/infiniband/v6a/ports/1

@@ -25,7 +25,6 @@ set -uo pipefail
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 sroce_init "${1:?usage: test_rdma_cm_ipv6.sh BUILD-DIR}"
-sroce=$SROCE_BIN
 ((EUID == 0)) || skip "needs root for network namespaces"
 command -v ip >/dev/null || skip "no ip(8)"
 
@@ -33,8 +32,6 @@ tmp=$WORK
 ns_a=sroce-cm6-a-$$
 ns_b=sroce-cm6-b-$$
 netns_pair "$ns_a" "$ns_b"
-in_a() { ip netns exec "$ns_a" "$@"; }
-in_b() { ip netns exec "$ns_b" "$@"; }
 netns_fixed_macs 02:00:00:00:00:0a 02:00:00:00:00:0b
 { in_a ip addr add fd00:33::1/64 dev veth-a nodad && in_b ip addr add fd00:33::2/64 dev veth-b nodad &&
 	in_a ip addr add 10.33.0.1/24 dev veth-a && in_b ip addr add 10.33.0.2/24 dev veth-b; } ||
@@ -42,13 +39,8 @@ netns_fixed_macs 02:00:00:00:00:0a 02:00:00:00:00:0b
 ll_a=fe80::ff:fe00:a
 in_a ip -6 addr show dev veth-a | grep -q "inet6 $ll_a/64" || die "veth-a has no $ll_a"
 
-conf_a=$tmp/a.conf
-conf_b=$tmp/b.conf
-{ in_a "$sroce" --config "$conf_a" link add fa netdev veth-a &&
-	in_b "$sroce" --config "$conf_b" link add fb netdev veth-b; } || die "sroce link add"
-export SROCE_AGENT_SOCKET=sroce-test-cm6-$$
-run_a() { in_a env SROCE_CONFIG="$conf_a" "$sroce" --config "$conf_a" exec -- "$@"; }
-run_b() { in_b env SROCE_CONFIG="$conf_b" "$sroce" --config "$conf_b" exec -- "$@"; }
+netns_sroce cm6
+{ link_a fa netdev veth-a && link_b fb netdev veth-b; } || die "sroce link add"
 
 for prog in rping ucmatose udaddy mckey rdma_server rdma_client; do
 	command -v "$prog" >/dev/null || die "$prog is not installed (rdmacm-utils)"

@@ -20,6 +20,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <cstring>
 #include <deque>
@@ -51,7 +52,6 @@ bool host_local(const IpAddr &a, uint32_t scope) {
 IpAddr host_source(const IpAddr &dst, uint32_t scope) {
     if (host_local(dst, scope)) return dst;
     if (dst.link_local()) return scope == kEth0 ? ip("fe80::a") : IpAddr{};
-    if (dst.multicast()) return dst.is_v4() ? ip("10.0.0.1") : ip("2001:db8::1");
     if (!dst.is_v4() && dst.raw[0] == 0x20) return ip("2001:db8::1");
     if (dst.is_v4() && dst.raw[12] == 10) return ip("10.0.0.1");
     return {};
@@ -74,7 +74,6 @@ class CmTest : public testing::Test {
         CmDevice a, b, c;
         a.follow = true;
         std::strcpy(a.netdev, "eth0");
-        a.ifindex = kEth0;
         a.guid = htobe64(0x0200000000000A);
         a.index = 0;
         std::strcpy(a.name, "sa");
@@ -109,15 +108,20 @@ class CmTest : public testing::Test {
         if (out) out->assign(reply, reply + n);
         return e;
     }
+    // The reply of command `c`, which must succeed, as an R.
+    template <class R, class T>
+    R reply(uint32_t c, const T &in) {
+        std::vector<uint8_t> r;
+        EXPECT_EQ(cmd(c, in, &r), 0) << "command " << c;
+        R out{};
+        std::memcpy(&out, r.data(), std::min(r.size(), sizeof out));
+        return out;
+    }
     uint32_t create(uint16_t ps, uint64_t uid) {
         rdma_ucm_create_id c{};
         c.uid = uid;
         c.ps = ps;
-        std::vector<uint8_t> r;
-        EXPECT_EQ(cmd(RDMA_USER_CM_CMD_CREATE_ID, c, &r), 0);
-        uint32_t h = 0;
-        std::memcpy(&h, r.data(), 4);
-        return h;
+        return reply<rdma_ucm_create_id_resp>(RDMA_USER_CM_CMD_CREATE_ID, c).id;
     }
     static SockAddr sa(const char *a, uint16_t port, uint32_t scope = 0) {
         return SockAddr(ip(a), port, scope);
@@ -189,21 +193,13 @@ class CmTest : public testing::Test {
         rdma_ucm_query q{};
         q.id = id;
         q.option = RDMA_USER_CM_QUERY_ADDR;
-        std::vector<uint8_t> r;
-        EXPECT_EQ(cmd(RDMA_USER_CM_CMD_QUERY, q, &r), 0);
-        rdma_ucm_query_addr_resp a{};
-        std::memcpy(&a, r.data(), std::min(r.size(), sizeof a));
-        return a;
+        return reply<rdma_ucm_query_addr_resp>(RDMA_USER_CM_CMD_QUERY, q);
     }
     ib_uverbs_qp_attr init_qp_attr(uint32_t id, uint32_t state) {
         rdma_ucm_init_qp_attr q{};
         q.id = id;
         q.qp_state = state;
-        std::vector<uint8_t> r;
-        EXPECT_EQ(cmd(RDMA_USER_CM_CMD_INIT_QP_ATTR, q, &r), 0);
-        ib_uverbs_qp_attr a{};
-        std::memcpy(&a, r.data(), std::min(r.size(), sizeof a));
-        return a;
+        return reply<ib_uverbs_qp_attr>(RDMA_USER_CM_CMD_INIT_QP_ATTR, q);
     }
     // Delivers every MAD in flight where it was sent; returns how many.
     size_t pump() {
@@ -400,10 +396,7 @@ TEST_F(CmTest, TheFlowLabelIsTheOneTheProcessBoundWith) {
     resolve_all(cli, &src, sa("2001:db8::1", 7030));
     rdma_ucm_query q{};
     q.id = cli;
-    std::vector<uint8_t> r;
-    ASSERT_EQ(cmd(RDMA_USER_CM_CMD_QUERY_ROUTE, q, &r), 0);
-    rdma_ucm_query_route_resp route{};
-    std::memcpy(&route, r.data(), std::min(r.size(), sizeof route));
+    auto route = reply<rdma_ucm_query_route_resp>(RDMA_USER_CM_CMD_QUERY_ROUTE, q);
     EXPECT_EQ(route.num_paths, 1u);
     EXPECT_EQ(ntohl(route.ib_route[0].flow_label), 0xABCDEu);
     EXPECT_EQ(std::memcmp(route.ib_route[0].sgid, ip("2001:db8::2").raw, 16), 0);

@@ -1059,13 +1059,13 @@ json Agent::status() const {
     json listeners = json::array();
     for (const Cm::Listener &l : cm_.listeners()) {
         bool v4 = l.family == AF_INET;
-        bool any = l.addr.empty() || l.addr == IpAddr::v4(INADDR_ANY);
         std::string family = v4 ? "ipv4" : l.afonly ? "ipv6" : "ipv6+ipv4";
-        listeners.push_back({{"addr", any ? (v4 ? "0.0.0.0" : "::") : ip_text(l.addr)},
-                             {"family", family},
-                             {"port", l.port},
-                             {"ps", l.ps},
-                             {"pid", int(l.pid)}});
+        listeners.push_back(
+            {{"addr", l.addr.unspecified() ? (v4 ? "0.0.0.0" : "::") : ip_text(l.addr)},
+             {"family", family},
+             {"port", l.port},
+             {"ps", l.ps},
+             {"pid", int(l.pid)}});
     }
     json joins = json::array();
     for (const Cm::Join &j : cm_.joins())
@@ -1167,7 +1167,6 @@ Agent::Served Agent::serve(int fd, Dev **owner, uint32_t *slot) {
             d.follow = addr.empty();
             std::memcpy(d.netdev, di.netdev, sizeof d.netdev);
             d.netdev[sizeof d.netdev - 1] = 0;
-            d.ifindex = if_nametoindex(d.netdev);
             for (const auto &g : di.gids)
                 d.gids.push_back(IpAddr::of_gid(g));
             while (!d.gids.empty() && d.gids.back().empty())

@@ -34,8 +34,7 @@ struct CmDevice {
     // Every address of `netdev` is the device's (it follows its net device).
     bool follow = false;
     char netdev[16] = {};
-    uint32_t ifindex = 0; // netdev's: the scope of its link-local addresses
-    uint64_t guid = 0;    // node GUID as stored in ibv_device_attr (network order bytes)
+    uint64_t guid = 0; // node GUID as stored in ibv_device_attr (network order bytes)
     uint32_t index = 0;
     uint8_t mtu = 3; // ibv_mtu of the port
     char name[64] = {};

@@ -81,7 +81,7 @@ inline T load(const uint8_t *p, size_t len) {
 
 // Whether `a` is the wildcard address of its family.
 inline bool is_any(const SockAddr &a) {
-    return a.addr().empty() || a.addr() == IpAddr::v4(INADDR_ANY);
+    return a.addr().unspecified();
 }
 
 enum class IdState {
