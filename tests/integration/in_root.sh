@@ -9,14 +9,15 @@
 # printed.  Exit status: 0 when every step passed.
 #
 # Usage: in_root.sh SRC ADDR1 ADDR2 ADDR3 [STEP...]
-#   steps: setup build unit symbols clients suite (default: all, in order)
+#   steps: setup build unit symbols clients fabric ipv6 suite (default: all,
+#   in order)
 set -uo pipefail
 
 src=${1:?usage: $0 SRC ADDR1 ADDR2 ADDR3 [STEP...]}
 a1=${2:?} a2=${3:?} a3=${4:?}
 shift 4
 steps=("$@")
-((${#steps[@]} > 0)) || steps=(setup build unit symbols clients fabric suite)
+((${#steps[@]} > 0)) || steps=(setup build unit symbols clients fabric ipv6 suite)
 cd "$src" || exit 1
 export DEBIAN_FRONTEND=noninteractive
 # The root's own agent: it shares the host's network namespace, where the
@@ -120,6 +121,33 @@ if want fabric; then
 		done
 	)
 	step fabric fabric && sed 's/^/    /' "$build/in-root-fabric.log" | grep -E 'fi_pingpong -e|pmof_fabtest|libfabric'
+fi
+
+if want ipv6; then
+	# perftest's rdma_cm mode over IPv6 (perftest 25.01's --ipv6-addr; the
+	# -R client of Debian 12's perftest 4.5 speaks IPv4 only): network
+	# namespaces A and B made here (so they end with this run's mount
+	# namespace), joined by a veth pair that has IPv6 only, a device f6 on
+	# each end that follows its veth.  ib_write_bw -R to the global
+	# address, ib_send_lat -R to the link-local one with its scope.
+	ipv6() (
+		. tests/integration/lib.sh
+		sroce_init build
+		require_cmds ib_write_bw ib_send_lat ip ss
+		netns_pair sroce-root-a-$$ sroce-root-b-$$
+		netns_fixed_macs 02:00:00:00:35:0a 02:00:00:00:35:0b
+		{ in_a ip addr add fd00:35::1/64 dev veth-a nodad &&
+			in_b ip addr add fd00:35::2/64 dev veth-b nodad; } || exit 1
+		netns_sroce root-v6
+		{ link_a f6 netdev veth-a && link_b f6 netdev veth-b; } || exit 1
+		netns_cm_pair wbw '"port":18515[,}]' 60 ib_write_bw -d f6 -R --ipv6-addr -s 65536 -n 2000 -- \
+			ib_write_bw -d f6 -R --ipv6-addr -s 65536 -n 2000 fd00:35::1 || exit 1
+		echo "ib_write_bw -R to fd00:35::1: $(perftest_result "$WORK/wbw.b") MB/s"
+		netns_cm_pair lat '"port":18515[,}]' 60 ib_send_lat -d f6 -R --ipv6-addr -s 64 -n 2000 -- \
+			ib_send_lat -d f6 -R --ipv6-addr -s 64 -n 2000 fe80::ff:fe00:350a%veth-b || exit 1
+		echo "ib_send_lat -R to fe80::ff:fe00:350a%veth-b: $(perftest_result "$WORK/lat.b") us"
+	)
+	step ipv6 ipv6 && sed 's/^/    /' "$build/in-root-ipv6.log" | grep -E 'ib_write_bw -R|ib_send_lat -R'
 fi
 
 if want suite; then

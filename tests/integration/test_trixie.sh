@@ -13,6 +13,9 @@
 #   - the libfabric provider pmof under libfabric 2.1, built against
 #     rdma-core 56 (ibv_wr_flush compiled in): fi_info, fi_pingpong -c msg
 #     and rdm, pmof_fabtest msg and rdm, over the same two devices;
+#   - perftest's rdma_cm mode over IPv6 (Debian 12's -R client is IPv4
+#     only): ib_write_bw -R to a global and ib_send_lat -R to a scoped
+#     link-local address, between network namespaces made inside the root;
 #   - rdma-core 56's own pyverbs suite over a sroce device on 127.0.17.3
 #     (test_rdma_core_suite.sh, with the root's python3 and python3-pyverbs).
 # Then, outside the root, the kernel's rxe in the qemu guest with the root's
