@@ -10,6 +10,7 @@
 #include <cstring>
 #include <dlfcn.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <spawn.h>
 #include <string>
 #include <sys/socket.h>
@@ -23,7 +24,16 @@ extern char **environ;
 
 namespace sroce::agent {
 
+void accept_zero_udp6_checksum(int fd) {
+    // Linux rxe sends RoCEv2 over IPv6 with a UDP checksum of 0, as RFC
+    // 6935 allows tunnels to; a socket drops such datagrams unless told
+    // otherwise.  The ICRC covers what the checksum would.
+    int one = 1;
+    setsockopt(fd, IPPROTO_UDP, UDP_NO_CHECK6_RX, &one, sizeof one);
+}
+
 void roce_socket_options(int fd, const IpAddr &addr, int ifindex) {
+    if (!addr.is_v4()) accept_zero_udp6_checksum(fd);
     if (addr.empty()) {
         // Every address of the interface, of both families: IPv4 ones
         // arrive mapped, each datagram says which address it was sent to,

@@ -552,7 +552,10 @@ int UdpPort::join(const IpAddr &group) {
     // A device of every address has [::]:4791, in the agent's reuseport
     // group: the group's address shares the port with it as its user's.
     if (any_) setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
-    if (!group.is_v4()) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (!group.is_v4()) {
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        agent::accept_zero_udp6_checksum(fd);
+    }
     SockAddr sa(group, wire::kRoceV2Port, uint32_t(ifindex_));
     int gro = opt_.gro ? 1 : 0;
     setsockopt(fd, IPPROTO_UDP, UDP_GRO, &gro, sizeof gro);
