@@ -226,12 +226,19 @@ ibv_qp *ctx_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr) {
 }
 
 // The raw clock is the one completion timestamps use: CLOCK_MONOTONIC, in
-// nanoseconds (hca_core_clock is 1 GHz).
+// nanoseconds (hca_core_clock is 1 GHz).  Its ticks go in tv_nsec with
+// tv_sec 0, as mlx4 and mlx5 give their cycle counter, so that programs
+// written for them convert it with hca_core_clock; tv_sec * 1e9 + tv_nsec
+// is the same count for those that read a timespec.
 int query_rt_values(ibv_context *, ibv_values_ex *values) {
     uint32_t asked = values->comp_mask;
+    if (asked & ~uint32_t(IBV_VALUES_MASK_RAW_CLOCK)) return EINVAL;
     values->comp_mask = 0;
     if (asked & IBV_VALUES_MASK_RAW_CLOCK) {
-        clock_gettime(CLOCK_MONOTONIC, &values->raw_clock);
+        timespec t{};
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        values->raw_clock.tv_sec = 0;
+        values->raw_clock.tv_nsec = long(uint64_t(t.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec));
         values->comp_mask |= IBV_VALUES_MASK_RAW_CLOCK;
     }
     return 0;

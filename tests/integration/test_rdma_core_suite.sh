@@ -17,6 +17,9 @@
 #   - a test listed in NOT_YET that passes prints a notice to remove it from
 #     the list.
 #
+# tests/pyverbs/test_*.py, this project's own tests written on the suite's
+# harness (tests.base, tests.utils), run with it and are judged alike.
+#
 # Prints a summary per test module and per feature, and writes every non-ok
 # test with its reason, grouped by feature, to BUILD-DIR/rdma-core-suite.md
 # (unittest's own output: BUILD-DIR/rdma-core-suite.log).
@@ -98,6 +101,10 @@ mkdir -p "$WORK/suite"
 cp -r "$SUITE_SRC" "$WORK/suite/tests" || die "cannot copy $SUITE_SRC"
 chmod -R u+w "$WORK/suite/tests"
 find "$WORK/suite/tests" -name '*.gz' -exec gunzip -f {} + || die "cannot unpack the suite"
+# This project's own tests in the suite's harness (tests/pyverbs): what the
+# suite checks only through one vendor's direct verbs.
+cp "$(dirname "${BASH_SOURCE[0]}")"/../pyverbs/test_*.py "$WORK/suite/tests/" ||
+	die "cannot add tests/pyverbs to the suite"
 
 printf '%s\n' "$ACCEPTABLE" >"$WORK/acceptable.txt"
 printf '%s\n' "$NOT_YET" >"$WORK/not-yet.txt"

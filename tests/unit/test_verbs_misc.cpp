@@ -155,9 +155,17 @@ TEST(Device, RtValuesCountMonotonicNanoseconds) {
     ASSERT_EQ(ibv_query_rt_values_ex(g_ctx[0], &v), 0);
     uint64_t after = clock_ns(CLOCK_MONOTONIC);
     EXPECT_EQ(v.comp_mask, uint32_t(IBV_VALUES_MASK_RAW_CLOCK));
-    uint64_t t = uint64_t(v.raw_clock.tv_sec) * 1000000000ull + uint64_t(v.raw_clock.tv_nsec);
+    // Ticks in tv_nsec, as mlx5 gives its cycle counter.
+    EXPECT_EQ(v.raw_clock.tv_sec, 0);
+    uint64_t t = uint64_t(v.raw_clock.tv_nsec);
     EXPECT_GE(t, before);
     EXPECT_LE(t, after);
+    // Converted with hca_core_clock (kHz), as programs for any device do.
+    ibv_device_attr_ex a{};
+    ASSERT_EQ(ibv_query_device_ex(g_ctx[0], nullptr, &a), 0);
+    EXPECT_EQ(uint64_t((unsigned __int128)t * 1000000 / a.hca_core_clock), t);
+    v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK | IBV_VALUES_MASK_RESERVED;
+    EXPECT_EQ(ibv_query_rt_values_ex(g_ctx[0], &v), EINVAL);
 }
 
 // A context imported from another's command FD sees its PD and MR by
