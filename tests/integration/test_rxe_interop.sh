@@ -43,6 +43,8 @@ sroce_init "${1:?usage: test_rxe_interop.sh BUILD-DIR}"
 : "${VM_TIMEOUT:=300}"
 # shellcheck source=../vm/vm.sh
 . "$here/../vm/vm.sh"
+# shellcheck source=../vm/pairs.sh
+. "$here/../vm/pairs.sh"
 
 ((EUID == 0)) || skip "needs root for a network namespace and a tap device"
 require_cmds ip ss timeout ibv_rc_pingpong ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw \
@@ -78,27 +80,10 @@ else
 	log "$VM_ERR: the wire check is skipped"
 fi
 
-# name|server side|guest command|host command|kind.  @GID@ is the guest's
-# RoCE v2 IPv4 GID index, @PORT@ the case's port (TCP, or rdma_cm's TCP port
-# space).  sroce's IPv4 GID is index 1.  Both programs must exit 0, and by
-# kind:
-#   xfer        both print sroce_xfer's OK line;
-#   rping:N     the client printed N pings, each compared with what it sent
-#               (rping -V fails on a mismatch);
-#   ucmatose    the client reports "return status 0";
-#   cmtime      the server serves until stopped, and is stopped once its
-#               client is done; the client reports no failed connection;
-#   perftest_R  perftest -R connects twice, the second time to a listener
-#               its server makes only after the first: a client that is
-#               quicker is refused (REJ 8) on any stack (and Debian's
-#               perftest 4.5-0.17 crashes in its own retry, which uses the
-#               ids it has just destroyed), so a refused attempt is tried
-#               again, up to $race_tries times.  The emulated rxe server is
-#               slow to listen again: sroce's client is refused in about one
-#               attempt of five, one of three on a busy host.
+# The cases (pairs.sh): @GID@ is the guest's RoCE v2 IPv4 GID index;
+# sroce's IPv4 GID is index 1.
 pt="-F -s 65536 -n 100"
-race_tries=8
-cases=(
+PAIRS_CASES=(
 	"pingpong_rxe_server|guest|ibv_rc_pingpong -d rxe0 -g @GID@ -p @PORT@|ibv_rc_pingpong -d sroce0 -g 1 -p @PORT@ $guest_ip|"
 	"pingpong_sroce_server|host|ibv_rc_pingpong -d rxe0 -g @GID@ -p @PORT@ $host_ip|ibv_rc_pingpong -d sroce0 -g 1 -p @PORT@|"
 )
@@ -109,7 +94,7 @@ xfer_iters=${SROCE_TEST_XFER_ITERS:-400}
 seed=${SROCE_TEST_XFER_SEED:-$$}
 if [[ -x $xfer ]]; then
 	xargs_client="-n $xfer_iters --seed $seed --depth 8"
-	cases+=(
+	PAIRS_CASES+=(
 		"xfer_rxe_server|guest|sroce_xfer -d rxe0 -g @GID@ -p @PORT@|$xfer -d sroce0 -g 1 -p @PORT@ $xargs_client $guest_ip|xfer"
 		"xfer_sroce_server|host|sroce_xfer -d rxe0 -g @GID@ -p @PORT@ $xargs_client $host_ip|$xfer -d sroce0 -g 1 -p @PORT@|xfer"
 	)
@@ -120,7 +105,7 @@ fi
 for bw in ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw; do
 	args=$pt
 	[[ $bw == ib_atomic_bw ]] && args="-F -n 200"
-	cases+=(
+	PAIRS_CASES+=(
 		"${bw}_rxe_server|guest|$bw -d rxe0 -x @GID@ $args -p @PORT@|$bw -d sroce0 -x 1 $args -p @PORT@ $guest_ip|"
 		"${bw}_sroce_server|host|$bw -d rxe0 -x @GID@ $args -p @PORT@ $host_ip|$bw -d sroce0 -x 1 $args -p @PORT@|"
 	)
@@ -128,12 +113,11 @@ done
 # rdma_cm: the same programs on both sides; which address a program is
 # given decides its role.
 pings=10
-cmtime_conns=100
 rdma_cm_cases=(
 	"rping|rping -s -a @SERVER@ -p @PORT@ -C $pings -v -V|rping -c -a @SERVER@ -p @PORT@ -C $pings -v -V|rping:$pings"
 	"ucmatose|ucmatose -b @SERVER@ -p @PORT@|ucmatose -s @SERVER@ -p @PORT@|ucmatose"
 	"ib_write_bw_R|ib_write_bw -d @DEV@ -x @GIDX@ -R $pt -p @PORT@|ib_write_bw -d @DEV@ -x @GIDX@ -R $pt -p @PORT@ @SERVER@|perftest_R"
-	"cmtime|cmtime -b @SERVER@ -p @PORT@|cmtime -s @SERVER@ -p @PORT@ -c $cmtime_conns|cmtime"
+	"cmtime|cmtime -b @SERVER@ -p @PORT@|cmtime -s @SERVER@ -p @PORT@ -c $PAIRS_CMTIME_CONNS|cmtime"
 )
 # cm_side CMD SERVER DEV GID: CMD for one side, with the server's address and
 # this side's device.
@@ -144,20 +128,16 @@ cm_side() {
 }
 for c in "${rdma_cm_cases[@]}"; do
 	IFS='|' read -r name server client kind <<<"$c"
-	cases+=(
+	PAIRS_CASES+=(
 		"${name}_rxe_server|guest|$(cm_side "$server" "$guest_ip" rxe0 @GID@)|$(cm_side "$client" "$guest_ip" sroce0 1)|$kind"
 		"${name}_sroce_server|host|$(cm_side "$client" "$host_ip" rxe0 @GID@)|$(cm_side "$server" "$host_ip" sroce0 1)|$kind"
 	)
 done
 
-# tries_of KIND: how many times a case of KIND may run.
-tries_of() { if [[ $1 == perftest_R ]]; then echo "$race_tries"; else echo 1; fi; }
-
 # The guest's script: one case after another, in order, each waiting for
 # the host where the host's server has to be up first (guest-lib.sh's
 # tries), then cmtime with rxe as both server and client: the kernel's
 # rdma_cm refuses loopback addresses, but connects to its own eth0 address.
-step_secs=90
 alone_port=18600
 alone=cmtime_rxe_alone
 mkdir -p "$WORK/overlay/test"
@@ -168,16 +148,9 @@ mkdir -p "$WORK/overlay/test"
 	echo 'GID=$(roce_gid_index rxe0) || { echo "rxe0 has no RoCE v2 IPv4 GID"; exit 101; }'
 	echo 'mark "GID $GID"'
 	echo 'failed=0'
-	port=18515
-	for c in "${cases[@]}"; do
-		IFS='|' read -r name side gcmd _ kind <<<"$c"
-		gcmd=${gcmd//@GID@/\$GID}
-		gcmd=${gcmd//@PORT@/$port}
-		echo "tries $(tries_of "$kind") $side $name $port $step_secs $gcmd || failed=\$((failed + 1))"
-		port=$((port + 1))
-	done
-	echo "local_pair $alone $alone_port $step_secs 'cmtime -b $guest_ip -p $alone_port'" \
-		"cmtime -s $guest_ip -p $alone_port -c $cmtime_conns || failed=\$((failed + 1))"
+	pairs_guest_script | sed 's/@GID@/$GID/g'
+	echo "local_pair $alone $alone_port $PAIRS_SECS 'cmtime -b $guest_ip -p $alone_port'" \
+		"cmtime -s $guest_ip -p $alone_port -c $PAIRS_CMTIME_CONNS || failed=\$((failed + 1))"
 	echo 'cm_counters rxe0'
 	echo 'exit $failed'
 } >"$WORK/overlay/test/run.sh"
@@ -195,205 +168,25 @@ gid=$(vm_marker 'GID ' | awk '{print $2}')
 echo "guest up with rxe0 in $boot_secs s; rxe0 RoCE v2 IPv4 GID index $gid"
 in_ns "$SROCE_BIN" link show
 
-# ns_listening PORT: whether TCP PORT listens in the namespace, or an
-# rdma_cm id of the namespace's sroce agent.
-ns_listening() {
-	[[ -n $(in_ns ss -Hltn "( sport = :$1 )" 2>/dev/null) ]] ||
-		in_ns "$SROCE_BIN" -j agent status 2>/dev/null | grep -q "\"port\":$1[,}]"
-}
-
-host_cmd=(timeout -k 5 "$step_secs" "$SROCE_BIN" exec --)
-host_run() { in_ns "${host_cmd[@]}" "$@"; }
-
-# cmtime_figures LOG: connect and disconnect times from a cmtime report.
-cmtime_figures() {
-	awk '$1 == "connect" && $2 == ":" { c = $3 " ms (" $NF " us/conn)" }
-		$1 == "disconnect" && $2 == ":" { d = $3 " ms (" $NF " us/conn)" }
-		END { if (c != "") print "connect " c ", disconnect " d }' "$1"
-}
-
-# summary LOG: the figure a client printed.
-summary() {
-	local r
-	r=$(pingpong_result "$1")
-	if [[ -n $r ]]; then
-		read -r mbit usec <<<"$r"
-		echo "$mbit Mbit/s, $usec usec/iter"
-		return
-	fi
-	r=$(grep -E '^xfer: .* OK$' "$1" | tail -n 1)
-	if [[ -n $r ]]; then
-		echo "$r"
-		return
-	fi
-	r=$(cmtime_figures "$1")
-	if [[ -n $r ]]; then
-		echo "$cmtime_conns connections: $r"
-		return
-	fi
-	r=$(grep -c '^ping data: rdma-ping-' "$1")
-	if ((r)); then
-		echo "$r pings verified"
-		return
-	fi
-	grep -q '^return status 0' "$1" && echo "return status 0" && return
-	r=$(perftest_result "$1")
-	[[ -n $r ]] && echo "BW average $r MB/s" || echo "no figure"
-}
-
-# kind_check KIND HOST-LOG GUEST-LOG CLIENT-LOG: why a pair whose programs
-# both exited 0 fails by KIND's rule (nothing when it passes).
-kind_check() {
-	case $1 in
-	xfer)
-		if ! grep -q '^xfer: .* OK$' "$2" || ! grep -q '^xfer: .* OK$' "$3"; then
-			echo "no OK line"
-		fi
-		;;
-	rping:*)
-		local n
-		n=$(grep -c '^ping data: rdma-ping-' "$4")
-		((n == ${1#rping:})) || echo "$n of ${1#rping:} pings verified"
-		;;
-	ucmatose)
-		grep -q '^return status 0' "$4" || echo "no 'return status 0'"
-		;;
-	cmtime)
-		if grep -Eq '^event: |RDMA_CM_EVENT_|fail' "$4"; then
-			echo "a connection failed"
-		elif [[ -z $(cmtime_figures "$4") ]]; then
-			echo "no report"
-		fi
-		;;
-	esac
-}
-
-# attempt NAME SIDE PORT HCMD KIND: one run of a pair, the guest's step
-# NAME, the host running HCMD; sets hrc and grc (the exit statuses, grc
-# "none" when the guest reported none), why (what went wrong before either
-# ran), and leaves the logs in $WORK/NAME.{host,guest}.log.
-attempt() {
-	local name=$1 side=$2 port=$3 hcmd=$4 kind=$5 spid i stopped=
-	hlog=$WORK/$name.host.log
-	glog=$WORK/$name.guest.log
-	hrc=none grc=none why=
-	: >"$hlog"
-	: >"$glog"
-	# shellcheck disable=SC2086 # hcmd is a word list
-	if [[ $side == guest ]]; then
-		if ! vm_wait "(NOT)?READY $name|DONE $name rc=" 150 ||
-			[[ $(vm_marker "(NOT)?READY $name|DONE $name rc=") != "READY $name" ]]; then
-			why="the rxe server in the guest did not start"
-		else
-			hrc=0
-			host_run $hcmd >"$hlog" 2>&1 || hrc=$?
-			if ((hrc != 0)); then
-				vm_send "abort-$name" || true
-			elif [[ $kind == cmtime ]]; then
-				vm_send "stop-$name" || true
-			fi
-		fi
-	else
-		if ! vm_wait "WAIT $name" 150; then
-			why="the guest did not reach this case"
-			return
-		fi
-		# Not through a function, which would run in a subshell of its
-		# own: $! must be timeout(1) (ip netns exec execs it), so that a
-		# TERM reaches the server's whole process group.
-		ip netns exec "$ns" "${host_cmd[@]}" $hcmd >"$hlog" 2>&1 &
-		spid=$!
-		for ((i = 0; i < 200; i++)); do
-			ns_listening "$port" && break
-			kill -0 "$spid" 2>/dev/null || break
-			sleep 0.05
-		done
-		vm_send "go-$name" || log "$name: cannot reach the guest's control port"
-	fi
-	vm_wait "DONE $name rc=" $((step_secs + 30)) || true
-	grc=$(vm_marker "DONE $name rc=" | sed -n 's/.*rc=\([0-9]*\).*/\1/p')
-	grc=${grc:-none}
-	if [[ $side == host ]]; then
-		# A server whose client failed waits for nobody; one that serves
-		# until stopped is done when its client is.
-		if [[ $grc != 0 || $kind == cmtime ]] && kill "$spid" 2>/dev/null; then
-			stopped=1
-		fi
-		hrc=0
-		wait "$spid" || hrc=$?
-		# timeout(1) passes the TERM on and exits 128 + 15.
-		[[ $kind == cmtime && $grc == 0 && -n $stopped && $hrc == 143 ]] && hrc=0
-	fi
-	vm_step_output "$name" >"$glog"
-}
-
-declare -A results
-port=18515
-for c in "${cases[@]}"; do
-	IFS='|' read -r name side _ hcmd kind <<<"$c"
-	hcmd=${hcmd//@PORT@/$port}
-	port_now=$port
-	port=$((port + 1))
-	t0=$(now)
-	n=$(tries_of "$kind")
-	for ((try = 1; ; try++)); do
-		run=$name
-		((try > 1)) && run=$name-$try
-		attempt "$run" "$side" "$port_now" "$hcmd" "$kind"
-		[[ $hrc == 0 && $grc == 0 ]] && break
-		# The guest waits for a word after a failed attempt it may repeat.
-		if ((try >= n)) || [[ $grc == 0 || $grc == none ]]; then break; fi
-		if [[ $side == guest ]]; then client_log=$hlog; else client_log=$glog; fi
-		# perftest -R's second connection beat its listener (perftest_R).
-		if grep -qF 'RDMA_CM_EVENT_REJECTED; error: 8' "$client_log"; then
-			vm_send "again-$name" || break
-			continue
-		fi
-		vm_send "next-$name" || true
-		break
-	done
-	secs=$(elapsed "$t0")
-	if [[ $side == guest ]]; then client_log=$hlog; else client_log=$glog; fi
-	if [[ -z $why ]]; then
-		if [[ $hrc != 0 || $grc != 0 ]]; then
-			why="sroce side exited $hrc, rxe side exited $grc"
-		else
-			why=$(kind_check "$kind" "$hlog" "$glog" "$client_log")
-		fi
-	fi
-	if [[ -z $why ]]; then
-		results[$name]=$(summary "$client_log")
-		((try > 1)) && results[$name]+=" (attempt $try)"
-		pass "$name (${secs}s): ${results[$name]}"
-	else
-		fail "$name: $why (${secs}s)"
-		{
-			echo "--- sroce (host) side: $hcmd"
-			cat "$hlog"
-			echo "--- rxe (guest) side:"
-			cat "$glog"
-			echo "---"
-		} | sed 's/^/  /'
-	fi
-done
+pairs_run
 
 # rxe on its own: both cmtimes in the guest.
-vm_wait "DONE $alone rc=" $((step_secs + 30)) || true
+vm_wait "DONE $alone rc=" $((PAIRS_SECS + 30)) || true
 vm_step_output "$alone" >"$WORK/$alone.log"
 grc=$(vm_marker "DONE $alone rc=" | sed -n 's/.*rc=\([0-9]*\).*/\1/p')
 bad=
-[[ $grc == 0 ]] && bad=$(kind_check cmtime /dev/null /dev/null "$WORK/$alone.log")
+[[ $grc == 0 ]] && bad=$(pairs_kind_check cmtime /dev/null /dev/null "$WORK/$alone.log")
 if [[ $grc == 0 && -z $bad ]]; then
-	results[$alone]=$(summary "$WORK/$alone.log")
-	pass "$alone: ${results[$alone]}"
+	PAIRS_RESULTS[$alone]=$(pairs_summary "$WORK/$alone.log")
+	pass "$alone: ${PAIRS_RESULTS[$alone]}"
 else
 	fail "$alone: cmtime in the guest exited ${grc:-none} ${bad:+($bad)}"
 	sed 's/^/  /' "$WORK/$alone.log"
 fi
-echo "rdma_cm connection set-up, cmtime -c $cmtime_conns (server cmtime -b SERVER, client cmtime -s SERVER):"
+echo "rdma_cm connection set-up, cmtime -c $PAIRS_CMTIME_CONNS (server cmtime -b SERVER, client cmtime -s SERVER):"
 for r in cmtime_sroce_server:"sroce server, rxe client" cmtime_rxe_server:"rxe server, sroce client" \
 	"$alone:rxe server and client (the guest alone)"; do
-	echo "  ${r#*:}: ${results[${r%%:*}]:-failed}"
+	echo "  ${r#*:}: ${PAIRS_RESULTS[${r%%:*}]:-failed}"
 done
 # Retransmissions (each after seconds of waiting) and duplicates mean a
 # message went unanswered: shown, not checked, as a busy host may cause

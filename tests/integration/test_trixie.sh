@@ -22,7 +22,9 @@
 # user space (rdma-core 56 posts FLUSH, Debian 12's rdma-core 44 cannot):
 # test_rxe_a19.sh with SROCE_VM_USERSPACE, against Debian's 6.12 (rxe's own
 # FLUSH ICRC form) and against rxe-patches/' 6.1 series (IBTA's form, native
-# write-commits from user space on both sides).  Skipped parts say why.
+# write-commits from user space on both sides); and test_rxe_ipv6.sh with
+# the root's user space on both sides (rxe posts FLUSH, perftest's -R runs
+# over IPv6).  Skipped parts say why.
 #
 # The root shares the host's network stack, so the devices are on the host's
 # lo; /proc, /sys and /dev are mounted only in a private mount namespace.
@@ -34,7 +36,7 @@
 # debootstrap, no mount namespace or no Debian mirror in the apt sources.
 #
 # Usage: test_trixie.sh BUILD-DIR   (BUILD-DIR only holds this run's logs)
-# ctest: TIMEOUT=3600 LABELS=slow,vm RESOURCE_LOCK=lo-127.0.17.1,lo-127.0.17.2,lo-127.0.17.3,vm-10.204 PROCESSORS=2
+# ctest: TIMEOUT=3600 LABELS=slow,vm RESOURCE_LOCK=lo-127.0.17.1,lo-127.0.17.2,lo-127.0.17.3,vm-10.204,vm-10.206 PROCESSORS=2
 set -euo pipefail
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -87,21 +89,23 @@ log "build and tests in the $SUITE root: $(elapsed "$start") s"
 echo "the project builds and works on Debian $SUITE"
 
 # --- the kernel's rxe with this root's user space ---------------------------------
-# guest_a19 NAME [VAR=VALUE...]: test_rxe_a19.sh with the guest's programs
-# taken from the root.
-guest_a19() {
-	local name=$1 rc=0 log=$BUILD_DIR/$SUITE-rxe-a19-$1.log
-	shift
-	env SROCE_VM_USERSPACE="$ROOT" "$@" bash "$SRC_DIR/tests/integration/test_rxe_a19.sh" \
+# guest_test TEST NAME [VAR=VALUE...]: tests/integration/TEST.sh with the
+# guest's programs taken from the root.
+guest_test() {
+	local test=$1 name=$2 rc=0 log=$BUILD_DIR/$SUITE-$1-$2.log
+	shift 2
+	env SROCE_VM_USERSPACE="$ROOT" "$@" bash "$SRC_DIR/tests/integration/$test.sh" \
 		"$BUILD_DIR" >"$log" 2>&1 || rc=$?
-	sed "s/^/  rxe $name| /" "$log"
+	sed "s/^/  $test $name| /" "$log"
 	case $rc in
-	0) echo "Linux rxe ($name) with Debian $SUITE's user space: test_rxe_a19 passed" ;;
-	77) log "Linux rxe ($name) with Debian $SUITE's user space: skipped ($(grep -m1 SKIP "$log"))" ;;
-	*) die "Linux rxe ($name) with Debian $SUITE's user space: test_rxe_a19 failed ($rc)" ;;
+	0) echo "Linux rxe ($name) with Debian $SUITE's user space: $test passed" ;;
+	77) log "Linux rxe ($name) with Debian $SUITE's user space: $test skipped ($(grep -m1 SKIP "$log"))" ;;
+	*) die "Linux rxe ($name) with Debian $SUITE's user space: $test failed ($rc)" ;;
 	esac
 }
-guest_a19 6.12
+guest_test test_rxe_a19 6.12
+# FLUSH from rxe and perftest 25.01's ib_write_bw -R, over IPv6.
+guest_test test_rxe_ipv6 6.12
 series=$BUILD_DIR/$SUITE-rxe-patches-6.1
 if ! kernel=$(bash "$SRC_DIR/scripts/kernel-pick.sh" --installed 6.1 2>&1); then
 	log "the 6.1 series is not run with Debian $SUITE's user space: ${kernel#kernel-pick.sh: } (scripts/setup.sh kernel)"
@@ -110,6 +114,6 @@ elif ! bash "$SRC_DIR/rxe-patches/build.sh" --series 6.1 --out "$series" >"$seri
 	die "rxe-patches/build.sh --series 6.1 failed"
 else
 	log "the 6.1 series on linux-source-6.1 ${kernel%% *}, for ${kernel#* }"
-	guest_a19 6.1-patched SROCE_VM_KERNEL="$(modinfo -F vermagic "$series/modules/rdma_rxe.ko" | cut -d' ' -f1)" \
+	guest_test test_rxe_a19 6.1-patched SROCE_VM_KERNEL="$(modinfo -F vermagic "$series/modules/rdma_rxe.ko" | cut -d' ' -f1)" \
 		SROCE_VM_MODULES="$series/modules" SROCE_TEST_RXE_FLUSH_FORM=ibta SROCE_TEST_RXE_NATIVE=1
 fi

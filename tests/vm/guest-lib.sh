@@ -169,12 +169,12 @@ cm_counters() {
 	mark "CM-COUNTERS${_out:- none}"
 }
 
-# roce_gid_index DEV: the index of DEV's IPv4-mapped RoCE v2 GID on port 1
-# (the table is long, but the address GIDs come first).
-roce_gid_index() {
+# gid_index_of DEV PREFIX: the index of DEV's first RoCE v2 GID on port 1
+# that starts with PREFIX (as sysfs writes GIDs: fd00:0206:...).
+gid_index_of() {
 	for _i in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15; do
 		case $(cat "/sys/class/infiniband/$1/ports/1/gids/$_i" 2>/dev/null) in
-		0000:0000:0000:0000:0000:ffff:*)
+		"$2"*)
 			if [ "$(cat "/sys/class/infiniband/$1/ports/1/gid_attrs/types/$_i" 2>/dev/null)" = "RoCE v2" ]; then
 				echo "$_i"
 				return 0
@@ -184,3 +184,7 @@ roce_gid_index() {
 	done
 	return 1
 }
+
+# roce_gid_index DEV: the index of DEV's IPv4-mapped RoCE v2 GID on port 1
+# (the table is long, but the address GIDs come first).
+roce_gid_index() { gid_index_of "$1" 0000:0000:0000:0000:0000:ffff:; }

@@ -37,18 +37,24 @@ reached the peer, not only single datagrams.  (From a connected socket, the late
 segments of a send, IDs +1 each, cannot be told from single datagrams in the capture
 alone; test_wire_capture's icrc_check.py recomputes every packet's ICRC instead.)
 
+Over IPv6 (no IP ID, no DF) the ICRC is the one check of a packet; it is
+recomputed as icrc_check.py does, since scapy before 2.6 has no IPv6 form.
+SROCE-IP and PEER-IP may be comma-separated lists (a link-local and a global
+address).  With --ipv6-only every RoCEv2 packet between them must be IPv6.
+
 With --flush-forms every FLUSH (RC opcode 0x1C) is checked, and one whose
 ICRC is Linux rxe's form (the standard CRC continued over the transport
 packet's bytes before the ICRC once more: wire-protocol.md 4.4) is counted
 as such instead of as a mismatch; the counts per sender and form are printed
 as "flush SENDER ibta=N legacy=M".
 
-Usage: roce_peer_check.py CAPTURE.pcap SROCE-IP PEER-IP [--sample N] [--flush-forms]
-                          [--require-segmented]
+Usage: roce_peer_check.py CAPTURE.pcap SROCE-IP[,IP...] PEER-IP[,IP...] [--sample N]
+                          [--flush-forms] [--require-segmented] [--ipv6-only]
 Exit status: 0 all good, 1 a check failed, 77 scapy is missing.
 """
 import argparse
 import collections
+import os
 import socket
 import struct
 import sys
@@ -60,6 +66,8 @@ try:
 except ImportError as e:
     print(f"SKIP: scapy is not available: {e}", file=sys.stderr)
     sys.exit(77)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from icrc_check import icrc_ipv6  # noqa: E402  (after the path it is found on)
 
 ROCE_PORT = 4791
 RC_FLUSH = 0x1C
@@ -72,32 +80,48 @@ MAX_ID_GAP = 16
 
 
 def parse(frame):
-    """(src, dst, ip_id, df, sport, opcode, dqpn) of an IPv4 RoCEv2 frame, else None."""
-    if len(frame) < 14 + 20 + 8 + 12 or frame[12:14] != b"\x08\x00":
-        return None
+    """(src, dst, ip_id, df, sport, opcode, dqpn) of a RoCEv2 frame, else None;
+    ip_id is None over IPv6."""
     ip = frame[14:]
-    ihl = (ip[0] & 0x0F) * 4
-    if ip[0] >> 4 != 4 or ip[9] != socket.IPPROTO_UDP or len(ip) < ihl + 8 + 12:
+    if frame[12:14] == b"\x08\x00" and len(ip) >= 20 and ip[0] >> 4 == 4:
+        ihl = (ip[0] & 0x0F) * 4
+        if ip[9] != socket.IPPROTO_UDP or len(ip) < ihl + 8 + 12:
+            return None
+        ip_id, frag = struct.unpack("!HH", ip[4:8])
+        src, dst, df = socket.inet_ntoa(ip[12:16]), socket.inet_ntoa(ip[16:20]), bool(frag & 0x4000)
+    elif frame[12:14] == b"\x86\xdd" and len(ip) >= 40 + 8 + 12 and ip[0] >> 4 == 6:
+        if ip[6] != socket.IPPROTO_UDP:
+            return None
+        ihl, ip_id, df = 40, None, True
+        src = socket.inet_ntop(socket.AF_INET6, ip[8:24])
+        dst = socket.inet_ntop(socket.AF_INET6, ip[24:40])
+    else:
         return None
-    ip_id, frag = struct.unpack("!HH", ip[4:8])
     sport, dport = struct.unpack("!HH", ip[ihl:ihl + 4])
     if dport != ROCE_PORT:
         return None
     bth = ip[ihl + 8:]
-    return (socket.inet_ntoa(ip[12:16]), socket.inet_ntoa(ip[16:20]), ip_id,
-            bool(frag & 0x4000), sport, bth[0], int.from_bytes(bth[5:8], "big"))
+    return (src, dst, ip_id, df, sport, bth[0], int.from_bytes(bth[5:8], "big"))
+
+
+def icrc_of(frame):
+    """(the ICRC scapy computes for the frame's headers, the BTH's offset)."""
+    if frame[12:14] == b"\x86\xdd":
+        return icrc_ipv6(Ether(frame)), 14 + 40 + 8
+    return Ether(frame)[BTH].compute_icrc(b""), 14 + (frame[14] & 0x0F) * 4 + 8
+
+
+def legacy_flush_icrc(frame, want, bth):
+    """Linux rxe's own ICRC of a FLUSH: the CRC continued over its body once more."""
+    return zlib.crc32(frame[bth:-4], int.from_bytes(want, "little")).to_bytes(4, "little")
 
 
 def icrc_ok(frame):
     """Whether the frame's ICRC is right for its headers (in either FLUSH form)."""
-    want = Ether(frame)[BTH].compute_icrc(b"")
+    want, bth = icrc_of(frame)
     if want == frame[-4:]:
         return True
-    ihl = (frame[14] & 0x0F) * 4
-    if frame[14 + ihl + 8] != RC_FLUSH:
-        return False
-    body = frame[14 + ihl + 8:-4]
-    return zlib.crc32(body, int.from_bytes(want, "little")).to_bytes(4, "little") == frame[-4:]
+    return frame[bth] == RC_FLUSH and legacy_flush_icrc(frame, want, bth) == frame[-4:]
 
 
 def main():
@@ -108,9 +132,12 @@ def main():
     ap.add_argument("--sample", type=int, default=200)
     ap.add_argument("--flush-forms", action="store_true")
     ap.add_argument("--require-segmented", action="store_true")
+    ap.add_argument("--ipv6-only", action="store_true")
     a = ap.parse_args()
 
-    names = {a.sroce_ip: "sroce", a.peer_ip: "rxe"}
+    names = {ip: "sroce" for ip in a.sroce_ip.split(",")}
+    names.update({ip: "rxe" for ip in a.peer_ip.split(",")})
+    ipv4 = collections.Counter()
     total = collections.Counter()
     ops = collections.defaultdict(collections.Counter)
     checked = collections.Counter()
@@ -135,10 +162,13 @@ def main():
             continue
         total[who] += 1
         ops[who][opcode] += 1
-        nonzero_id[who] += ip_id != 0
+        ipv4[who] += ip_id is not None
+        nonzero_id[who] += bool(ip_id)
         # Whether the ID shows a multi-packet send (sampled apart below).
-        segment = ip_id != 0
-        if who == "sroce" and sport == ROCE_PORT:
+        segment = bool(ip_id)
+        if ip_id is None:
+            pass  # IPv6: nothing but the ICRC to check
+        elif who == "sroce" and sport == ROCE_PORT:
             in_run = ip_id == last_id.get((dst, dqpn), -2) + 1
             if ip_id >= MAX_SEGMENTS or (ip_id and not in_run):
                 bad_id.append(f"frame {n}: IP ID {ip_id:#06x}, the flow's previous "
@@ -171,21 +201,19 @@ def main():
         key = (who, opcode, segment)
         sampled[key] += 1
         if sampled[key] <= a.sample or flush:
-            pkt = Ether(frame)
-            want = pkt[BTH].compute_icrc(b"")
+            want, bth = icrc_of(frame)
             got = frame[-4:]
             checked[who] += 1
             if flush:
-                ihl = (frame[14] & 0x0F) * 4
-                body = frame[14 + ihl + 8:-4]
-                legacy = zlib.crc32(body, int.from_bytes(want, "little")).to_bytes(4, "little")
+                legacy = legacy_flush_icrc(frame, want, bth)
                 form = "ibta" if got == want else "legacy" if got == legacy else None
                 if form:
                     flush_forms[who][form] += 1
                     continue
             if want != got:
+                where = "IPv6" if ip_id is None else f"IP ID {ip_id:#06x}"
                 mismatches.append(f"frame {n} from {who} "
-                                  f"{_bth_opcodes.get(opcode, hex(opcode))}, IP ID {ip_id:#06x}: "
+                                  f"{_bth_opcodes.get(opcode, hex(opcode))}, {where}: "
                                   f"ICRC {got.hex()} expected {want.hex()}")
 
     ok = True
@@ -196,7 +224,8 @@ def main():
         print(f"FAIL: {msg}", file=sys.stderr)
 
     for who in ("sroce", "rxe"):
-        print(f"{who}: {total[who]} RoCEv2 packets, {checked[who]} ICRCs recomputed, "
+        print(f"{who}: {total[who]} RoCEv2 packets ({total[who] - ipv4[who]} over IPv6), "
+              f"{checked[who]} ICRCs recomputed, "
               f"{nonzero_id[who]} with a non-zero IP ID, {no_df[who]} without DF, "
               f"{other_sport[who]} from a source port other than {ROCE_PORT} "
               f"({len(sports[who])} distinct)")
@@ -204,6 +233,8 @@ def main():
             print(f"  {op:#04x} {_bth_opcodes.get(op, '?'):<36} {ops[who][op]}")
         if total[who] == 0:
             bad(f"no RoCEv2 packet from {who}")
+        if a.ipv6_only and ipv4[who]:
+            bad(f"{who} sent {ipv4[who]} RoCEv2 packet(s) over IPv4")
     if a.flush_forms:
         for who in ("sroce", "rxe"):
             print(f"flush {who} ibta={flush_forms[who]['ibta']} "
@@ -224,7 +255,7 @@ def main():
             n for (who, _op, segment), n in sampled.items() if who == "sroce" and segment):
         bad("sroce sent no packet whose IP ID shows a multi-packet send: no "
             "segmentation-offload send reached the peer")
-    if total["rxe"] and not (nonzero_id["rxe"] and other_sport["rxe"]):
+    if ipv4["rxe"] and not (nonzero_id["rxe"] and other_sport["rxe"]):
         bad("the rxe peer sent no packet with a non-zero IP ID from a port other than "
             f"{ROCE_PORT}: the IP ID solving path was not exercised")
     if ok:

@@ -245,15 +245,20 @@ vm_cleanup() {
 
 # --- the host's end: a network namespace with the tap the guest's eth0 is on
 
-# vm_tap_ns NS HOST-IP CONF: makes network namespace NS with lo up and tap0
-# at HOST-IP/24, and the sroce link sroce0 on tap0 in the link
-# configuration CONF; VM_NS becomes NS (vm_ns_cleanup removes it) and
-# VM_NET the qemu options that put the guest's eth0 on the tap.  Fails
-# with the reason in VM_ERR.
+# vm_tap_ns NS HOST-IP CONF [HOST-IP6 MAC GUEST-MAC]: makes network
+# namespace NS with lo up and tap0 at HOST-IP/24, and the sroce link sroce0
+# on tap0 in the link configuration CONF; VM_NS becomes NS (vm_ns_cleanup
+# removes it) and VM_NET the qemu options that put the guest's eth0 on the
+# tap.  sroce0 is bound to HOST-IP; with HOST-IP6 the tap also has that
+# address (/64, without duplicate address detection, as its link-local one)
+# and the MAC MAC, the guest's eth0 GUEST-MAC, and sroce0 follows tap0 as
+# an rxe link does: its GIDs are the link-local, HOST-IP and HOST-IP6.
+# Fails with the reason in VM_ERR.
 VM_NS=
 VM_NET=()
 vm_tap_ns() {
-	local ns=$1 ip=$2 conf=$3 err=$VM_WORK/vm_tap_ns.err
+	local ns=$1 ip=$2 conf=$3 ip6=${4:-} mac=${5:-} guest_mac=${6:-} err=$VM_WORK/vm_tap_ns.err
+	local link=(link add sroce0 netdev tap0 addr "$ip") nic=virtio-net-pci,netdev=n0,romfile=
 	VM_ERR=
 	if ! ip netns add "$ns" 2>"$err"; then
 		VM_ERR="ip netns unusable: $(cat "$err")"
@@ -262,18 +267,30 @@ vm_tap_ns() {
 	VM_NS=$ns
 	if ! vm_in_ns ip link set lo up 2>"$err" ||
 		! vm_in_ns ip tuntap add dev tap0 mode tap 2>"$err" ||
-		! vm_in_ns ip addr add "$ip/24" dev tap0 2>"$err" ||
-		! vm_in_ns ip link set tap0 up 2>"$err"; then
+		! vm_in_ns ip addr add "$ip/24" dev tap0 2>"$err"; then
 		VM_ERR="cannot set up the tap device: $(cat "$err")"
 		return 1
 	fi
-	if ! vm_in_ns "${SROCE_BIN:?vm_tap_ns needs SROCE_BIN}" --config "$conf" link add sroce0 \
-		netdev tap0 addr "$ip" 2>"$err"; then
-		VM_ERR="sroce link add sroce0 netdev tap0 addr $ip failed: $(cat "$err")"
+	if [[ -n $ip6 ]]; then
+		if ! vm_in_ns sysctl -qw net.ipv6.conf.tap0.accept_dad=0 2>"$err" ||
+			! vm_in_ns ip link set tap0 address "$mac" 2>"$err" ||
+			! vm_in_ns ip addr add "$ip6/64" dev tap0 nodad 2>"$err"; then
+			VM_ERR="cannot give the tap device IPv6: $(cat "$err")"
+			return 1
+		fi
+		link=(link add sroce0 netdev tap0)
+		nic+=,mac=$guest_mac
+	fi
+	if ! vm_in_ns ip link set tap0 up 2>"$err"; then
+		VM_ERR="cannot set up the tap device: $(cat "$err")"
+		return 1
+	fi
+	if ! vm_in_ns "${SROCE_BIN:?vm_tap_ns needs SROCE_BIN}" --config "$conf" "${link[@]}" 2>"$err"; then
+		VM_ERR="sroce ${link[*]} failed: $(cat "$err")"
 		return 1
 	fi
 	# shellcheck disable=SC2054,SC2034 # qemu options (commas included), for the caller
-	VM_NET=(-netdev tap,id=n0,ifname=tap0,script=no,downscript=no -device virtio-net-pci,netdev=n0,romfile=)
+	VM_NET=(-netdev tap,id=n0,ifname=tap0,script=no,downscript=no -device "$nic")
 }
 
 # vm_require_rxe_flush: skips the test unless the guest's rxe executes FLUSH
@@ -285,11 +302,11 @@ vm_require_rxe_flush() {
 		skip "the guest's kernel $kver has an rxe without FLUSH (install linux-image-6.12-amd64: scripts/setup.sh vm)"
 }
 
-# vm_start_nvdimm NS GUEST-IP: vm_start in namespace NS, the guest's eth0 on
-# its tap at GUEST-IP, with an emulated 256 MiB NVDIMM backed by
-# WORK/nvdimm.img (the same file for every boot of one test).
+# vm_start_nvdimm NS GUEST-IP [KERNEL-ARGS]: vm_start in namespace NS, the
+# guest's eth0 on its tap at GUEST-IP, with an emulated 256 MiB NVDIMM
+# backed by WORK/nvdimm.img (the same file for every boot of one test).
 vm_start_nvdimm() {
-	vm_start --ns "$1" --append "guest.ip=$2/24" -- \
+	vm_start --ns "$1" --append "guest.ip=$2/24${3:+ $3}" -- \
 		-machine pc,nvdimm=on -m "$VM_MEM,slots=2,maxmem=4G" \
 		-object "memory-backend-file,id=mem1,share=on,mem-path=$WORK/nvdimm.img,size=256M" \
 		-device nvdimm,memdev=mem1 "${VM_NET[@]}"
@@ -298,12 +315,13 @@ vm_start_nvdimm() {
 # vm_in_ns CMD...: runs CMD in the namespace of vm_tap_ns.
 vm_in_ns() { ip netns exec "$VM_NS" "$@"; }
 
-# vm_sroce_ns NS HOST-IP: what the sroce side of a guest test needs -
-# vm_tap_ns with the link configuration in WORK/links.conf (exported as
-# SROCE_CONFIG) and a sroce agent in the namespace for the test's lifetime
-# (rdma_cm, QP1).  Skips the test when the namespace cannot be made.
+# vm_sroce_ns NS HOST-IP [HOST-IP6 MAC GUEST-MAC]: what the sroce side of a
+# guest test needs - vm_tap_ns with the link configuration in
+# WORK/links.conf (exported as SROCE_CONFIG) and a sroce agent in the
+# namespace for the test's lifetime (rdma_cm, QP1).  Skips the test when
+# the namespace cannot be made.
 vm_sroce_ns() {
-	vm_tap_ns "$1" "$2" "$WORK/links.conf" || skip "$VM_ERR"
+	vm_tap_ns "$1" "$2" "$WORK/links.conf" "${@:3}" || skip "$VM_ERR"
 	export SROCE_CONFIG=$WORK/links.conf
 	vm_in_ns "$SROCE_BIN" agent start --idle-exit 0 --log "$WORK/agent.log" ||
 		die "the sroce agent did not start in the namespace"
