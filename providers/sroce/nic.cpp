@@ -181,13 +181,13 @@ void Nic::print_stats() {
             "rx_no_qp %llu rx_dropped_fault %llu retransmits %llu timeouts %llu "
             "rx_flush_legacy_icrc %llu tx_flush_legacy_icrc %llu tx_segmented %llu "
             "rx_coalesced %llu rx_ip_id_solved %llu rx_held %llu tx_resent_selective %llu "
-            "tx_connected %llu tx_ip_id_learned %llu\n",
+            "tx_connected %llu tx_ip_id_learned %llu tx_flow_label_refused %llu\n",
             dev_->ibdev.name, v(stats.rx_pkts), v(stats.tx_pkts), v(stats.rx_bad_icrc),
             v(stats.rx_bad_hdr), v(stats.rx_no_qp), v(stats.rx_dropped_fault), v(stats.retransmits),
             v(stats.timeouts), v(stats.rx_flush_legacy_icrc), v(stats.tx_flush_legacy_icrc),
             v(stats.tx_segmented), v(stats.rx_coalesced), v(stats.rx_ip_id_solved),
             v(stats.rx_held), v(stats.tx_resent_selective), v(stats.tx_connected),
-            v(stats.tx_ip_id_learned));
+            v(stats.tx_ip_id_learned), v(stats.tx_flow_label_refused));
 }
 
 void Nic::release() {

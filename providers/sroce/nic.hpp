@@ -42,6 +42,9 @@ struct NicStats {
         // Packets sent from a peer's connected socket, and the times such a
         // socket's IP ID counter was read afresh (UdpPort::learn_ip_id).
         tx_connected{0}, tx_ip_id_learned{0},
+        // Connected IPv6 sockets whose flow label the kernel would not lease
+        // (lease_flow_label): their packets carry the kernel's label.
+        tx_flow_label_refused{0},
         // Selective repeat: requests held past a gap, and packets resent
         // one by one (SACKs and the recovery timer).
         rx_held{0}, tx_resent_selective{0};

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
+#include <linux/in6.h>
 #include <linux/net_tstamp.h>
 #include <netinet/udp.h>
 #include <unistd.h>
@@ -203,6 +204,33 @@ Route UdpPort::route(const IpAddr &src, const IpAddr &dst, uint32_t flow) {
     return {p, p ? p->port : wire::kRoceV2Port};
 }
 
+namespace {
+
+// Makes the IPv6 header of what socket `fd` sends to `dst` carry flow label
+// `flow`, as the GRH names it: Linux writes a label a socket chose only
+// when the socket holds a lease on it (IPV6_FLOWLABEL_MGR), shared with
+// every socket of the network namespace that asks for it, and the
+// destination it connects to carries it (IPV6_FLOWINFO_SEND).  False when
+// the kernel refuses the lease - a label in the range it keeps for its
+// own with net.ipv6.flowlabel_state_ranges, or past its limits - and the
+// header then carries the label the kernel picks (auto_flowlabels).
+bool lease_flow_label(int fd, const IpAddr &dst, uint32_t flow, SockAddr *to) {
+    in6_flowlabel_req r{};
+    r.flr_dst = dst.v6_addr();
+    r.flr_label = htonl(flow & 0xFFFFF);
+    r.flr_action = IPV6_FL_A_GET;
+    r.flr_share = IPV6_FL_S_ANY;
+    r.flr_flags = IPV6_FL_F_CREATE;
+    int one = 1;
+    if (setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWLABEL_MGR, &r, sizeof r) < 0 ||
+        setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWINFO_SEND, &one, sizeof one) < 0)
+        return false;
+    to->in6.sin6_flowinfo = htonl(flow & 0xFFFFF);
+    return true;
+}
+
+} // namespace
+
 PeerSocket *UdpPort::peer_socket(const IpAddr &src, const IpAddr &dst, uint32_t flow) {
     if (!opt_.connected || dst.multicast()) return nullptr;
     // The socket's lock is held across the send (the kernel numbers the
@@ -247,6 +275,8 @@ PeerSocket *UdpPort::peer_socket(const IpAddr &src, const IpAddr &dst, uint32_t 
         p.src = src;
         p.flow = flow;
         SockAddr to(dst, wire::kRoceV2Port, uint32_t(ifindex_));
+        if (ok && flow && !dst.is_v4() && !lease_flow_label(fd, dst, flow, &to))
+            stats_.tx_flow_label_refused.fetch_add(1, std::memory_order_relaxed);
         ok = ok && connect(fd, &to.sa, to.len) == 0;
         if (ok) {
             p.fd = fd;

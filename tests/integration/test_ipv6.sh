@@ -9,7 +9,8 @@
 #   - ibv_rc/uc/ud/srq/xsrq_pingpong -g 1 over IPv6;
 #   - a seeded mix of SEND, WRITE, READ and atomics (sroce_xfer) with every
 #     byte checked, captured on the veth: scapy recomputes the ICRC of every
-#     IPv6 packet;
+#     IPv6 packet, and each side's QP flow label is in every IPv6 header it
+#     sent and picked its UDP source port;
 #   - perftest ib_send_lat (64 B) and ib_write_bw (64 KiB) over the IPv6
 #     devices and then the IPv4 ones on the same veth, printed side by side.
 # The TCP side channels of the programs use the IPv4 addresses; the RoCE
@@ -78,6 +79,12 @@ fi
 # --- Every RC operation, each byte checked, and the ICRC of every packet
 # recomputed by scapy from a capture on B's end of the veth.  Sent without
 # segmentation offload, so that the capture holds packets, not sends.
+# The flow labels of the two sides' QPs (one with the top bit, which Linux
+# keeps for its own labels when net.ipv6.flowlabel_state_ranges is 1), and
+# the UDP source port rdma-core derives from a label.
+label_a=0x3a001
+label_b=0xc5a5a
+label_sport() { echo $(((($1 & 0x3fff) ^ (($1 & 0xfc000) >> 14)) | 0xc000)); }
 scapy=$(scapy_python)
 if [[ -z $scapy ]] || ! command -v tshark >/dev/null; then
 	fail "scapy or tshark is missing: the IPv6 ICRCs cannot be checked"
@@ -89,8 +96,10 @@ else
 		sleep 0.1
 	done
 	sleep 0.5
-	if netns_run_pair xfer 120 env SROCE_GSO=0 "$xfer" -d v6a -g 1 -p 18600 -- \
-		env SROCE_GSO=0 "$xfer" -d v6b -g 1 -p 18600 -n 3000 --seed 31 10.31.0.1; then
+	if netns_run_pair xfer 120 env SROCE_GSO=0 SROCE_STATS=1 "$xfer" -d v6a -g 1 -p 18600 \
+		--flow-label "$label_a" -- \
+		env SROCE_GSO=0 SROCE_STATS=1 "$xfer" -d v6b -g 1 -p 18600 -n 3000 --seed 31 \
+		--flow-label "$label_b" 10.31.0.1; then
 		pass "sroce_xfer -g 1: 3000 operations over IPv6, every byte checked"
 	else
 		fail "sroce_xfer over IPv6"
@@ -104,6 +113,18 @@ else
 	else
 		fail "IPv6 ICRCs in the capture:"
 		sed 's/^/  /' "$tmp/icrc.out" >&2
+	fi
+	# Each side's flow label, in every IPv6 header it sent and in its UDP
+	# source port (ibv_flow_label_to_udp_sport), none refused a lease.
+	want="(ipv6.src == fd00:31::1 && ipv6.flow == $label_a && udp.srcport == $(label_sport "$label_a"))"
+	want+=" || (ipv6.src == fd00:31::2 && ipv6.flow == $label_b && udp.srcport == $(label_sport "$label_b"))"
+	total=$(tshark -r "$tmp/v6.pcap" 2>/dev/null | wc -l)
+	bad=$(tshark -r "$tmp/v6.pcap" -Y "!($want)" 2>/dev/null | wc -l)
+	refused=$(grep -ho 'tx_flow_label_refused [0-9]*' "$tmp"/xfer.[ab] | awk '{ n += $2 } END { print n + 0 }')
+	if ((bad == 0 && total > 0 && refused == 0)); then
+		pass "flow labels $label_a and $label_b in all $total IPv6 headers and UDP source ports"
+	else
+		fail "flow labels: $bad of $total packets without their QP's; leases refused: $refused"
 	fi
 fi
 

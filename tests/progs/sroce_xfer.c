@@ -77,7 +77,8 @@ struct options {
     int stall_ms;
     bool stream;
     bool verbose;
-    unsigned ops; // bit per enum op_type
+    unsigned ops;        // bit per enum op_type
+    uint32_t flow_label; // this side's AV's grh.flow_label
 };
 
 static struct options opt = {
@@ -492,6 +493,7 @@ static void connect_qp(struct rdma *r, uint32_t dqpn, uint32_t dpsn, const uint8
     memcpy(a.ah_attr.grh.dgid.raw, dgid, 16);
     a.ah_attr.grh.sgid_index = (uint8_t)opt.gid_index;
     a.ah_attr.grh.hop_limit = 64;
+    a.ah_attr.grh.flow_label = opt.flow_label;
     if (ibv_modify_qp(r->qp, &a,
                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
@@ -1159,6 +1161,7 @@ static void usage(FILE *f) {
                "                        (or -n operations, when given)\n"
                "      --stall-ms N      give up after N ms without a completion (default\n"
                "                        30000, 0 = never)\n"
+               "      --flow-label N    flow label of this side's packets (default 0)\n"
                "      --ops LIST        operation types to mix, comma-separated, from\n"
                "                        write (write + read back), send, imm (write with\n"
                "                        immediate), fadd, cswp (default: all)\n"
@@ -1212,7 +1215,8 @@ int main(int argc, char **argv) {
         O_HOLD,
         O_STREAM,
         O_STALL,
-        O_OPS
+        O_OPS,
+        O_FLOW_LABEL
     };
     static const struct option longopts[] = {
         {"ib-dev", required_argument, NULL, 'd'},
@@ -1229,6 +1233,7 @@ int main(int argc, char **argv) {
         {"stream", no_argument, NULL, O_STREAM},
         {"stall-ms", required_argument, NULL, O_STALL},
         {"ops", required_argument, NULL, O_OPS},
+        {"flow-label", required_argument, NULL, O_FLOW_LABEL},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {0},
@@ -1282,6 +1287,9 @@ int main(int argc, char **argv) {
             break;
         case O_OPS:
             opt.ops = parse_ops(optarg);
+            break;
+        case O_FLOW_LABEL:
+            opt.flow_label = (uint32_t)parse_num(optarg, "flow label", 0, 0xFFFFF);
             break;
         case 'v':
             opt.verbose = true;
