@@ -293,13 +293,5 @@ if [[ -n $pcap ]]; then
 		fail "wire check (roce_peer_check.py --flush-forms)" "$(cat "$WORK/check.log")"
 	fi
 fi
-echo "guest exited $VM_RC after ${VM_SECONDS}s; whole test $((SECONDS - start_all)) s"
-if [[ $VM_RC != 0 && $CHECKS_FAILED == 0 ]]; then
-	vm_dump >&2
-	fail "guest script exited $VM_RC"
-fi
-if ((CHECKS_FAILED)); then
-	vm_console | grep -E '^\[ *[0-9]+\.[0-9]+\]' | tail -n 30 | sed 's/^/  guest kernel: /'
-	tail -n 30 "$WORK/agent.log" 2>/dev/null | sed 's/^/  agent log: /'
-fi
+vm_report "$start_all"
 finish

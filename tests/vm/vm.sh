@@ -217,7 +217,25 @@ vm_finish() {
 	VM_SECONDS=$((SECONDS - VM_START))
 }
 
-# vm_dump: the console and qemu's own messages, for a failure report.
+# vm_report START [NOTE]: the last words of a guest test that began at
+# SECONDS START: how long the guest and the test ran (NOTE in parentheses);
+# a guest script that failed while no check did fails the test; after any
+# failed check, the guest kernel's last messages and the sroce agent's log
+# (WORK/agent.log).
+vm_report() {
+	echo "guest exited $VM_RC after ${VM_SECONDS}s${2:+ ($2)}; whole test $((SECONDS - $1)) s"
+	if [[ $VM_RC != 0 && $CHECKS_FAILED == 0 ]]; then
+		vm_dump 80 >&2
+		fail "guest script exited $VM_RC"
+	fi
+	if ((CHECKS_FAILED)); then
+		vm_console | grep -E '^\[ *[0-9]+\.[0-9]+\]' | tail -n 30 | sed 's/^/  guest kernel: /'
+		tail -n 30 "$WORK/agent.log" 2>/dev/null | sed 's/^/  agent log: /'
+	fi
+}
+
+# vm_dump [LINES]: the console's last LINES (80) and qemu's own messages,
+# for a failure report.
 vm_dump() {
 	echo "--- guest console:"
 	vm_console | tail -n "${1:-80}"
