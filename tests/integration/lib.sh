@@ -106,6 +106,9 @@ sroce_init() {
 	export IPATH_NO_BACKTRACE=1
 	unset HFI_BACKTRACE
 	WORK=$(mktemp -d "${TMPDIR:-/tmp}/sroce-test.XXXXXX")
+	# pmof_fabtest's FI_PMEM files: a run killed by a timeout leaves them,
+	# here removed with the rest.
+	export FT_PMEM_DIR=$WORK
 	trap _sroce_cleanup EXIT
 	trap 'exit 130' INT TERM
 	PORT_NEXT=$((20000 + RANDOM % 10000))

@@ -138,7 +138,6 @@ if [[ -n $userspace ]]; then
 	log "guest user space: $(cat "$userspace/etc/debian_version" 2>/dev/null) from $userspace"
 	# The host's side of ib_write_bw -R: the root's perftest under the
 	# root's sroce exec, in this namespace, with this test's links and agent.
-	. "$here/debroot.sh"
 	mkdir -p "$WORK/archives"
 	cat >"$WORK/in-root" <<-EOF
 		#!/usr/bin/env bash
