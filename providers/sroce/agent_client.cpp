@@ -32,8 +32,23 @@ void accept_zero_udp6_checksum(int fd) {
     setsockopt(fd, IPPROTO_UDP, UDP_NO_CHECK6_RX, &one, sizeof one);
 }
 
+void receive_ip_fields(int fd, bool v4, bool v6) {
+    // A UD receive's GRH holds the sender's IP header as it arrived, and
+    // the ECN bits of the traffic class are how congestion is signalled.
+    int one = 1;
+    if (v4) {
+        setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &one, sizeof one);
+        setsockopt(fd, IPPROTO_IP, IP_RECVTTL, &one, sizeof one);
+    }
+    if (v6) {
+        setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWINFO, &one, sizeof one);
+        setsockopt(fd, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, &one, sizeof one);
+    }
+}
+
 void roce_socket_options(int fd, const IpAddr &addr, int ifindex) {
     if (!addr.is_v4()) accept_zero_udp6_checksum(fd);
+    receive_ip_fields(fd, addr.is_v4() || addr.empty(), !addr.is_v4());
     if (addr.empty()) {
         // Every address of the interface, of both families: IPv4 ones
         // arrive mapped, each datagram says which address it was sent to,

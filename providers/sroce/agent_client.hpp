@@ -26,12 +26,16 @@ struct Lease {
 
 // The options every device socket gets, whoever makes it (the agent, or a
 // process with SROCE_AGENT=off): DF, the multicast interface, 16 MiB buffers,
-// IPv6 datagrams without a UDP checksum.  An empty `addr`: a socket for every
+// IPv6 datagrams without a UDP checksum, the received IP header's fields
+// reported (read_ip_fields in inet.hpp).  An empty `addr`: a socket for every
 // address of interface `ifindex`.
 void roce_socket_options(int fd, const IpAddr &addr, int ifindex);
 
 // Lets an IPv6 UDP socket take datagrams whose checksum is 0 (UDP_NO_CHECK6_RX).
 void accept_zero_udp6_checksum(int fd);
+// Makes a socket report the IP header fields read_ip_fields() reads, of
+// IPv4 datagrams, IPv6 ones, or both (a dual-stack socket).
+void receive_ip_fields(int fd, bool v4, bool v6);
 
 // One message with one descriptor attached (SCM_RIGHTS); -1 with errno.
 ssize_t send_with_fd(int sock, const void *buf, size_t len, int fd);

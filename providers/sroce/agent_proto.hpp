@@ -26,8 +26,9 @@ namespace sroce::agent {
 // 3: relayed slots (OpenReply::flags); 4: slots resumed under a new agent;
 // 5: IPv6 addresses (16-byte addresses everywhere); 6: devices that follow
 // their net device (an empty address), RelayHdr::to_addr,
-// CmDeviceInfo::netdev; 7: CmDeviceInfo::gids
-constexpr uint32_t kProtoVersion = 7;
+// CmDeviceInfo::netdev; 7: CmDeviceInfo::gids; 8: RelayHdr's IP header
+// fields
+constexpr uint32_t kProtoVersion = 8;
 
 // There is one agent per network namespace, which is exactly the scope of
 // the addresses it serves; where it listens is agent_client.hpp's
@@ -145,10 +146,14 @@ struct OpenReply {
 struct RelayHdr {
     uint8_t from_addr[16]; // its GID: IPv6, or IPv4-mapped
     uint16_t from_port;    // network order
-    uint16_t reserved;
+    // Of its IP header (IpFields): the traffic class or TOS, the hop limit
+    // or TTL (0: not known), the IPv6 flow label (network order).
+    uint8_t tclass;
+    uint8_t hop_limit;
     uint8_t to_addr[16];
+    uint32_t flow_label;
 };
-static_assert(sizeof(RelayHdr) == 36);
+static_assert(sizeof(RelayHdr) == 40);
 
 // The table a process shares with the agent (a memfd it sends with
 // kOpenDevice): one entry per QP slot of the process, written by the

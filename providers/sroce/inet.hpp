@@ -5,10 +5,13 @@
 // type carries both families and a peer's GID is its address.
 #pragma once
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <cstdint>
 #include <cstring>
 #include <netinet/in.h>
+// After netinet/in.h, which it then defers to: IPV6_FLOWINFO.
+#include <linux/in6.h>
 #include <string>
 #include <sys/socket.h>
 
@@ -103,6 +106,17 @@ struct IpAddr {
     }
 };
 
+// What of an address vector's GRH goes into the IP header, as RoCEv2 maps
+// it: the flow label (over IPv6; it also names the UDP source port), the
+// traffic class (IPv4's TOS byte: DSCP and ECN) and the hop limit (IPv4's
+// TTL).  A hop limit of 0 leaves the kernel's default.
+struct IpFields {
+    uint32_t flow = 0;
+    uint8_t tclass = 0;
+    uint8_t hop_limit = 0;
+    bool operator==(const IpFields &) const = default;
+};
+
 // A socket address of either family, as sendmmsg() and recvmmsg() take it.
 struct SockAddr {
     union {
@@ -182,6 +196,34 @@ inline size_t write_pktinfo(cmsghdr *c, const IpAddr &src, int ifindex) {
     in6_pktinfo pi{src.v6_addr(), unsigned(ifindex)};
     std::memcpy(CMSG_DATA(c), &pi, sizeof pi);
     return kPktinfoSpace;
+}
+
+// What a socket reports of each datagram's IP header (receive_ip_fields in
+// agent_client.hpp): over IPv4 the TOS byte and TTL, over IPv6 the flow
+// information (traffic class and flow label) and hop limit; a datagram
+// has the messages of its own family only.
+constexpr size_t kIpFieldsSpace = 2 * CMSG_SPACE(sizeof(int));
+// Notes in `f` what `c` says, if it is one of those messages.
+inline bool read_ip_fields(const cmsghdr *c, IpFields *f) {
+    int v = 0;
+    size_t n = std::min(c->cmsg_len - CMSG_LEN(0), sizeof v);
+    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS && n >= 1) {
+        f->tclass = *CMSG_DATA(c); // a byte, not an int
+        return true;
+    }
+    std::memcpy(&v, CMSG_DATA(c), n);
+    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TTL) {
+        f->hop_limit = uint8_t(v);
+    } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_HOPLIMIT) {
+        f->hop_limit = uint8_t(v);
+    } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_FLOWINFO) {
+        uint32_t info = ntohl(uint32_t(v));
+        f->flow = info & 0xFFFFF;
+        f->tclass = uint8_t(info >> 20);
+    } else {
+        return false;
+    }
+    return true;
 }
 
 } // namespace sroce

@@ -91,8 +91,8 @@ class Nic {
     // packet the requester drops, again on every retry).
     static constexpr unsigned kQueueLegacyFlush = 1, kQueueCopy = 2;
     // `src`: the address it leaves from (the AV's sgid_index's);
-    // `flow`: the destination's flow label (its UDP source port), or 0.
-    void queue(TxBatch &b, const IpAddr &src, const IpAddr &dst, uint32_t flow, const uint8_t *hdr,
+    // `f`: what the AV's GRH puts in the IP header (ip_fields()).
+    void queue(TxBatch &b, const IpAddr &src, const IpAddr &dst, IpFields f, const uint8_t *hdr,
                size_t hdr_len, const iovec *iov, int iovcnt, uint32_t payload_len,
                unsigned flags = 0);
     // Sends what the batch holds through the port, and empties it.

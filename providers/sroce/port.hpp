@@ -59,7 +59,7 @@ struct TxBatch {
     struct Run {
         SockAddr dst;
         IpAddr src;
-        uint32_t flow = 0; // the destination's flow label
+        IpFields ip;
         Route route;
         uint16_t first = 0; // its first packet's slot
         uint32_t dqpn = 0;
@@ -67,9 +67,11 @@ struct TxBatch {
         uint32_t bytes = 0; // UDP payload of the whole run
         uint16_t count = 0;
         bool closed = false; // ends with a shorter packet: nothing more joins
-        // UDP_SEGMENT, and the source address where the socket is not
-        // bound to it (IPV6_PKTINFO).
-        alignas(cmsghdr) uint8_t ctl[CMSG_SPACE(sizeof(uint16_t)) + kPktinfoSpace];
+        // UDP_SEGMENT, the traffic class and hop limit the AV names, and
+        // the source address where the socket is not bound to it
+        // (IPV6_PKTINFO).
+        alignas(cmsghdr)
+            uint8_t ctl[CMSG_SPACE(sizeof(uint16_t)) + 2 * CMSG_SPACE(sizeof(int)) + kPktinfoSpace];
     };
     Slot slots[kSlots];
     Run runs[kSlots];
@@ -99,6 +101,10 @@ struct RxDatagram {
     // A coalesced receive: each packet's size, the last possibly shorter,
     // each packet's IP ID its place (design.md §7.2); 0 for one packet.
     size_t seg = 0;
+    // Of the IP header, as far as the port can tell (every segment of a
+    // coalesced receive has the same: the kernel coalesces no others); a
+    // hop limit of 0 is one not known.
+    IpFields ip;
 };
 
 struct NicStats;
@@ -110,10 +116,10 @@ class Port {
     static constexpr size_t kMaxDatagram = 65536;
 
     virtual ~Port() = default;
-    // The way packets from `src` to `dst` of flow label `flow` leave; asked
-    // once per run.  A flow label names the UDP source port
+    // The way packets from `src` to `dst` with header fields `f` leave;
+    // asked once per run.  A flow label names the UDP source port
     // (flow_label_sport).
-    virtual Route route(const IpAddr &src, const IpAddr &dst, uint32_t flow) = 0;
+    virtual Route route(const IpAddr &src, const IpAddr &dst, const IpFields &f) = 0;
     // Sends every run of the batch; the caller empties it.  A datagram that
     // cannot leave is lost, as on a wire: the transport recovers it.
     virtual void transmit(TxBatch &b) = 0;

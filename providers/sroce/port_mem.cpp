@@ -32,19 +32,22 @@ struct Wire {
 
     // Queues the datagram at its destination; caller holds mu.
     bool deliver(const IpAddr &from, uint16_t sport, const IpAddr &dst, const uint8_t *data,
-                 size_t len, size_t seg) {
+                 size_t len, size_t seg, IpFields ip) {
+        // As the kernel fills what the sender leaves to it.
+        if (!ip.hop_limit) ip.hop_limit = dst.multicast() ? 1 : 64;
+        if (from.is_v4()) ip.flow = 0;
         bool any = false;
         if (dst.multicast()) {
             for (const Member &m : members)
                 if (m.group == dst) {
-                    m.port->deliver(from, sport, dst, data, len, seg);
+                    m.port->deliver(from, sport, dst, data, len, seg, ip);
                     any = true;
                 }
             return any;
         }
         for (MemPort *p : ports)
             if (p->addr() == dst) {
-                p->deliver(from, sport, dst, data, len, seg);
+                p->deliver(from, sport, dst, data, len, seg, ip);
                 return true;
             }
         for (Listener &l : listeners) {
@@ -54,8 +57,8 @@ struct Wire {
             uint16_t id = 0;
             for (size_t off = 0; off < len; off += step, id++) {
                 size_t n = std::min(step, len - off);
-                IpHeader ip{from, dst, sport, wire::kRoceV2Port, id};
-                l.kept.push_back({std::vector<uint8_t>(data + off, data + off + n), ip});
+                IpHeader hdr{from, dst, sport, wire::kRoceV2Port, id};
+                l.kept.push_back({std::vector<uint8_t>(data + off, data + off + n), hdr, ip});
             }
             return true;
         }
@@ -111,18 +114,18 @@ void MemPort::transmit(TxBatch &b) {
             off += m.msg_iov[k].iov_len;
         }
         w.deliver(r.src, wire::kRoceV2Port, r.dst.addr(), gather_.data(), off,
-                  r.count > 1 ? r.seg : 0);
+                  r.count > 1 ? r.seg : 0, r.ip);
     }
 }
 
 void MemPort::deliver(const IpAddr &from, uint16_t sport, const IpAddr &dst, const uint8_t *data,
-                      size_t len, size_t seg) {
+                      size_t len, size_t seg, const IpFields &ip) {
     {
         std::lock_guard<std::mutex> g(mu_);
         // A full receive queue drops, as a full socket buffer does: a NIC
         // nobody polls must not grow without bound.
         if (queue_.size() >= kMaxQueued) return;
-        queue_.push_back({std::vector<uint8_t>(data, data + len), from, sport, dst, seg});
+        queue_.push_back({std::vector<uint8_t>(data, data + len), from, sport, dst, seg, ip});
         if (event_fd_ < 0 || signalled_) return;
         signalled_ = true;
         uint64_t one = 1;
@@ -145,7 +148,8 @@ int MemPort::receive(RxDatagram *out, int max) {
                   d.from,
                   d.sport,
                   d.dst,
-                  d.seg};
+                  d.seg,
+                  d.ip};
         n++;
     }
     // What is left keeps the event set, so the next pass does not sleep
@@ -220,13 +224,13 @@ void reset() {
 }
 
 bool send(const IpAddr &from, uint16_t sport, const IpAddr &to, const uint8_t *data, size_t len,
-          size_t seg) {
+          size_t seg, const IpFields &ip) {
     // No datagram is larger than UDP's: the receive path's buffers (the
     // fault injector's held packet) are that large.
     if (len > Port::kMaxDatagram) return false;
     Wire &w = wire_();
     std::lock_guard<std::mutex> g(w.mu);
-    return w.deliver(from, sport, to, data, len, seg && seg < len ? seg : 0);
+    return w.deliver(from, sport, to, data, len, seg && seg < len ? seg : 0, ip);
 }
 
 void set_manual_progress(bool manual) {

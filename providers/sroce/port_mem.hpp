@@ -27,7 +27,7 @@ class MemPort final : public Port {
     explicit MemPort(const IpAddr &addr);
     ~MemPort() override;
 
-    Route route(const IpAddr &, const IpAddr &, uint32_t) override { return {}; }
+    Route route(const IpAddr &, const IpAddr &, const IpFields &) override { return {}; }
     void transmit(TxBatch &b) override;
     int receive(RxDatagram *out, int max) override;
     int join(const IpAddr &group) override;
@@ -37,7 +37,7 @@ class MemPort final : public Port {
     const IpAddr &addr() const { return addr_; }
     // Queues a datagram for receive(); called by the wire, from any thread.
     void deliver(const IpAddr &from, uint16_t sport, const IpAddr &dst, const uint8_t *data,
-                 size_t len, size_t seg);
+                 size_t len, size_t seg, const IpFields &ip);
 
   private:
     struct Datagram {
@@ -46,6 +46,7 @@ class MemPort final : public Port {
         uint16_t sport = 0;
         IpAddr dst;
         size_t seg = 0;
+        IpFields ip;
     };
     IpAddr addr_;
     std::mutex mu_; // guards queue_, event_fd_ and signalled_
@@ -73,6 +74,7 @@ namespace memwire {
 struct Packet {
     std::vector<uint8_t> bytes;
     IpHeader ip;
+    IpFields fields; // what the sender's AV put in the IP header
 };
 
 // Keeps what is sent to `addr` (a peer of the test's, no device's) for
@@ -94,7 +96,7 @@ void reset();
 // place in the datagram as its IP ID.  False when no device has `to`, or
 // the datagram is larger than UDP carries (Port::kMaxDatagram).
 bool send(const IpAddr &from, uint16_t sport, const IpAddr &to, const uint8_t *data, size_t len,
-          size_t seg = 0);
+          size_t seg = 0, const IpFields &ip = {});
 inline bool send(const sockaddr_in &from, in_addr_t to, const uint8_t *data, size_t len,
                  size_t seg = 0) {
     return send(IpAddr::v4(from.sin_addr.s_addr), ntohs(from.sin_port), IpAddr::v4(to), data, len,

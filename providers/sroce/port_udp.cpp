@@ -58,7 +58,7 @@ struct UdpPort::RxState {
     SockAddr froms[kBatch];
     // UDP_GRO's segment size; where the port has every address of its
     // interface, the one each datagram was sent to (IPV6_PKTINFO).
-    static constexpr size_t kCtlLen = CMSG_SPACE(sizeof(int)) + kPktinfoSpace;
+    static constexpr size_t kCtlLen = CMSG_SPACE(sizeof(int)) + kPktinfoSpace + kIpFieldsSpace;
     alignas(cmsghdr) uint8_t ctls[kBatch][kCtlLen];
     int used = 0;    // entries the last recvmmsg() filled
     int vlen = 1;    // entries the next recvmmsg() asks for
@@ -76,16 +76,16 @@ struct UdpPort::RxState {
             msgs[i].msg_hdr.msg_controllen = kCtlLen;
         }
     }
-    // The segment size of a coalesced receive, or 0; and the address it
-    // was sent to, where the socket says.
-    static size_t control(const msghdr &m, IpAddr *dst) {
+    // The segment size of a coalesced receive, or 0; the address it was
+    // sent to, where the socket says; what its IP header held.
+    static size_t control(const msghdr &m, IpAddr *dst, IpFields *ip) {
         size_t seg = 0;
         for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(const_cast<msghdr *>(&m), c))
             if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
                 int v;
                 std::memcpy(&v, CMSG_DATA(c), sizeof v);
                 seg = v > 0 ? size_t(v) : 0;
-            } else {
+            } else if (!read_ip_fields(c, ip)) {
                 read_pktinfo(c, dst);
             }
         return seg;
@@ -195,12 +195,14 @@ void UdpPort::shut() {
     }
 }
 
-Route UdpPort::route(const IpAddr &src, const IpAddr &dst, uint32_t flow) {
+Route UdpPort::route(const IpAddr &src, const IpAddr &dst, const IpFields &f) {
     // Over IPv4 a receiver tells the IP ID counters of connected sockets
     // apart by source port, and the application's and the progress
     // thread's sockets to one peer would share a flow label's port: the
     // label picks no port there.
-    PeerSocket *p = peer_socket(src, dst, dst.is_v4() ? 0 : flow);
+    IpFields key = f;
+    if (dst.is_v4()) key.flow = 0;
+    PeerSocket *p = peer_socket(src, dst, key);
     return {p, p ? p->port : wire::kRoceV2Port};
 }
 
@@ -229,9 +231,23 @@ bool lease_flow_label(int fd, const IpAddr &dst, uint32_t flow, SockAddr *to) {
     return true;
 }
 
+// The traffic class and hop limit of everything socket `fd` sends to
+// `dst`; 0 leaves the kernel's.
+void set_header_fields(int fd, const IpAddr &dst, const IpFields &f) {
+    int tclass = f.tclass, hops = f.hop_limit;
+    bool v4 = dst.is_v4();
+    if (tclass)
+        setsockopt(fd, v4 ? IPPROTO_IP : IPPROTO_IPV6, v4 ? IP_TOS : IPV6_TCLASS, &tclass,
+                   sizeof tclass);
+    if (hops)
+        setsockopt(fd, v4 ? IPPROTO_IP : IPPROTO_IPV6, v4 ? IP_TTL : IPV6_UNICAST_HOPS, &hops,
+                   sizeof hops);
+}
+
 } // namespace
 
-PeerSocket *UdpPort::peer_socket(const IpAddr &src, const IpAddr &dst, uint32_t flow) {
+PeerSocket *UdpPort::peer_socket(const IpAddr &src, const IpAddr &dst, const IpFields &f) {
+    const uint32_t flow = f.flow;
     if (!opt_.connected || dst.multicast()) return nullptr;
     // The socket's lock is held across the send (the kernel numbers the
     // datagrams in the order they reach it).  The progress thread sending
@@ -248,14 +264,14 @@ PeerSocket *UdpPort::peer_socket(const IpAddr &src, const IpAddr &dst, uint32_t 
             full = false;
             break;
         }
-        if (p.addr == dst && p.src == src && p.flow == flow)
+        if (p.addr == dst && p.src == src && p.ip == f)
             return p.usable.load(std::memory_order_relaxed) ? &p : nullptr;
     }
     if (full) return nullptr;
     std::lock_guard<std::mutex> g(peers_mu_);
     for (PeerSocket &p : table) {
         if (p.set.load(std::memory_order_relaxed)) {
-            if (p.addr == dst && p.src == src && p.flow == flow)
+            if (p.addr == dst && p.src == src && p.ip == f)
                 return p.usable.load(std::memory_order_relaxed) ? &p : nullptr;
             continue;
         }
@@ -273,7 +289,8 @@ PeerSocket *UdpPort::peer_socket(const IpAddr &src, const IpAddr &dst, uint32_t 
         p.port = sa.port();
         p.addr = dst;
         p.src = src;
-        p.flow = flow;
+        p.ip = f;
+        if (ok) set_header_fields(fd, dst, f);
         SockAddr to(dst, wire::kRoceV2Port, uint32_t(ifindex_));
         if (ok && flow && !dst.is_v4() && !lease_flow_label(fd, dst, flow, &to))
             stats_.tx_flow_label_refused.fetch_add(1, std::memory_order_relaxed);
@@ -378,8 +395,11 @@ void UdpPort::transmit(TxBatch &b) {
         msghdr &m = b.msgs[i].msg_hdr;
         // The device socket of a port with every address of its interface
         // is bound to none: the run names the one it leaves from.
+        // The device socket is told per send what a connected one was
+        // told once (set_header_fields).
         bool pktinfo = any_ && !r.route.peer;
-        if (r.count < 2 && !pktinfo) continue;
+        bool fields = !r.route.peer && (r.ip.tclass || r.ip.hop_limit);
+        if (r.count < 2 && !pktinfo && !fields) continue;
         m.msg_control = r.ctl;
         m.msg_controllen = sizeof r.ctl;
         cmsghdr *c = CMSG_FIRSTHDR(&m);
@@ -394,6 +414,21 @@ void UdpPort::transmit(TxBatch &b) {
             len += CMSG_SPACE(sizeof seg);
             c = CMSG_NXTHDR(&m, c);
         }
+        // Of the destination's family: a dual-stack socket sends to an
+        // IPv4-mapped peer through IPv4, which reads only SOL_IP's.
+        bool v4 = r.dst.addr().is_v4();
+        auto put_int = [&](int level, int type, int v) {
+            c->cmsg_level = level;
+            c->cmsg_type = type;
+            c->cmsg_len = CMSG_LEN(sizeof v);
+            std::memcpy(CMSG_DATA(c), &v, sizeof v);
+            len += CMSG_SPACE(sizeof v);
+            c = CMSG_NXTHDR(&m, c);
+        };
+        if (fields && r.ip.tclass)
+            put_int(v4 ? SOL_IP : SOL_IPV6, v4 ? IP_TOS : IPV6_TCLASS, r.ip.tclass);
+        if (fields && r.ip.hop_limit)
+            put_int(v4 ? SOL_IP : SOL_IPV6, v4 ? IP_TTL : IPV6_HOPLIMIT, r.ip.hop_limit);
         if (pktinfo) len += write_pktinfo(c, r.src, ifindex_);
         m.msg_controllen = len;
     }
@@ -539,6 +574,7 @@ int UdpPort::receive_from(int fd, const IpAddr &dst, bool adaptive, RxDatagram *
         d.sport = rx.froms[i].port();
         d.dst = dst;
         d.seg = 0;
+        d.ip = {};
         // Nothing of a datagram larger than any packet is used.
         if (mh.msg_flags & MSG_TRUNC) {
             d.data = nullptr;
@@ -555,10 +591,11 @@ int UdpPort::receive_from(int fd, const IpAddr &dst, bool adaptive, RxDatagram *
             d.src = IpAddr::of_gid(h.from_addr);
             d.sport = ntohs(h.from_port);
             d.dst = IpAddr::of_gid(h.to_addr);
+            d.ip = {ntohl(h.flow_label) & 0xFFFFF, h.tclass, h.hop_limit};
             d.data += sizeof h;
             d.len -= sizeof h;
         }
-        d.seg = RxState::control(mh, &d.dst);
+        d.seg = RxState::control(mh, &d.dst, &d.ip);
         if (d.seg >= d.len) d.seg = 0;
         if (d.seg)
             stats_.rx_coalesced.fetch_add((d.len + d.seg - 1) / d.seg, std::memory_order_relaxed);
@@ -586,6 +623,7 @@ int UdpPort::join(const IpAddr &group) {
         setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
         agent::accept_zero_udp6_checksum(fd);
     }
+    agent::receive_ip_fields(fd, group.is_v4(), !group.is_v4());
     SockAddr sa(group, wire::kRoceV2Port, uint32_t(ifindex_));
     int gro = opt_.gro ? 1 : 0;
     setsockopt(fd, IPPROTO_UDP, UDP_GRO, &gro, sizeof gro);

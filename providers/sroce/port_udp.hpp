@@ -14,9 +14,11 @@ namespace sroce {
 
 struct NicStats;
 
-// A connected socket for one peer address and flow label.  Sending on it
-// skips the route lookup an unconnected socket makes for every datagram
-// (about a tenth of a small message's round trip on loopback), but over IPv4
+// A connected socket for one peer address and set of header fields (flow
+// label, traffic class, hop limit: socket options, as a control message
+// would make the kernel look the route up again).  Sending on it skips the
+// route lookup an unconnected socket makes for every datagram (about a
+// tenth of a small message's round trip on loopback), but over IPv4
 // Linux then numbers the IDs from a counter of the socket's — a random
 // start, one more per datagram, the segments of a run that ID, +1, … — and
 // the ICRC covers the ID.  So the counter is read once (learn_ip_id),
@@ -25,8 +27,8 @@ struct NicStats;
 struct PeerSocket {
     std::atomic<bool> set{false}; // stored last, once the rest is set
     IpAddr addr;
-    IpAddr src;        // the address it is bound to
-    uint32_t flow = 0; // its flow label: the source port is the label's
+    IpAddr src;  // the address it is bound to
+    IpFields ip; // a flow label names the source port
     int fd = -1;
     // False: this peer gets the device socket (the socket could not be
     // made, or its counter no longer be read).
@@ -72,7 +74,7 @@ class UdpPort final : public Port {
     int tx_fd() const { return fd_; }
     bool relayed() const { return relayed_; }
 
-    Route route(const IpAddr &src, const IpAddr &dst, uint32_t flow) override;
+    Route route(const IpAddr &src, const IpAddr &dst, const IpFields &f) override;
     void transmit(TxBatch &b) override;
     int receive(RxDatagram *out, int max) override;
     int join(const IpAddr &group) override;
@@ -86,10 +88,10 @@ class UdpPort final : public Port {
   private:
     // An unbound socket of the address's family (IPv6 for every address).
     int new_socket(bool nonblock) const;
-    // The connected socket for packets from `src` to `dst` of flow label
-    // `flow`, made on first use; nullptr for multicast, when the table is
-    // full or the socket cannot be made.
-    PeerSocket *peer_socket(const IpAddr &src, const IpAddr &dst, uint32_t flow);
+    // The connected socket for packets from `src` to `dst` with header
+    // fields `f`, made on first use; nullptr for multicast, when the table
+    // is full or the socket cannot be made.
+    PeerSocket *peer_socket(const IpAddr &src, const IpAddr &dst, const IpFields &f);
     // Reads the socket's IP ID counter: a datagram to a socket of our own,
     // whose header comes back with its transmit timestamp.  p.mu held.
     bool learn_ip_id(PeerSocket &p);

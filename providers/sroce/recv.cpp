@@ -50,6 +50,7 @@ void Nic::receive_one(const uint8_t *d, size_t len, const RxDatagram &from, uint
             held_.from.src = from.src;
             held_.from.sport = from.sport;
             held_.from.dst = from.dst;
+            held_.from.ip = from.ip;
             held_.pos = pos;
             return;
         }
@@ -152,6 +153,8 @@ void Nic::dispatch(const uint8_t *data, size_t len, const RxDatagram &from, uint
     pkt.src_addr = from.src;
     pkt.src_port = sport;
     pkt.dst_addr = dst;
+    pkt.ip = from.ip;
+    pkt.ip_id = id;
     if (dst.multicast()) {
         // A multicast group's: every UD QP attached gets a copy.
         for (McGroup &m : mc_) {

@@ -167,7 +167,7 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx, bool ackreq_always
     uint32_t dqpn = ud ? w.ud_qpn : qp->attr.dest_qpn;
     const IpAddr &daddr = ud ? w.ud_addr : qp->attr.dest_addr;
     const IpAddr &saddr = ud ? w.ud_src : qp->attr.src_addr;
-    uint32_t flow = ud ? w.ud_flow : qp->attr.ah.grh.flow_label;
+    IpFields ipf = ud ? w.ud_ip : ip_fields(qp->attr.ah.grh);
     bool last = info.flags & kOpLast;
     bool ackreq =
         qp->reliable() && ((info.flags & (kOpRead | kOpAtomic | kOpFlush | kOpAtomicWrite)) ||
@@ -207,13 +207,13 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx, bool ackreq_always
     if (info.ieth) std::memcpy(hdr + info.ieth, &w.imm, 4);   // the rkey, likewise
     if (!(info.hdrs & kHasPayload)) {
         bool legacy = op == kFlush && flush_legacy_form(qp, w);
-        qp->nic->queue(tx, saddr, daddr, flow, hdr, info.hdr_len, nullptr, 0, 0,
+        qp->nic->queue(tx, saddr, daddr, ipf, hdr, info.hdr_len, nullptr, 0, 0,
                        legacy ? Nic::kQueueLegacyFlush : 0);
         return;
     }
     if (w.opcode == IBV_WR_ATOMIC_WRITE) {
         iovec iov{w.atomic_data, 8};
-        qp->nic->queue(tx, saddr, daddr, flow, hdr, info.hdr_len, &iov, 1, 8);
+        qp->nic->queue(tx, saddr, daddr, ipf, hdr, info.hdr_len, &iov, 1, 8);
         return;
     }
     uint32_t off = i * mtu;
@@ -221,7 +221,7 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx, bool ackreq_always
     iovec iov[kMaxSge];
     int n = 0;
     sg_walk(w.sge, w.num_sge, off, len, [&](uint8_t *p, uint32_t k) { iov[n++] = {p, k}; });
-    qp->nic->queue(tx, saddr, daddr, flow, hdr, info.hdr_len, iov, n, len);
+    qp->nic->queue(tx, saddr, daddr, ipf, hdr, info.hdr_len, iov, n, len);
 }
 
 } // namespace
@@ -586,7 +586,7 @@ bool req_set_ud_addr(Qp *qp, SendWqe &w, ibv_ah *ibah, uint32_t qpn, uint32_t qk
     Ah *ah = reinterpret_cast<Ah *>(ibah);
     w.ud_addr = ah->addr;
     w.ud_src = ah->src;
-    w.ud_flow = ah->attr.grh.flow_label;
+    w.ud_ip = ip_fields(ah->attr.grh);
     w.ud_qpn = qpn & wire::kQpnMask;
     // A controlled Q_Key in the work request means the QP's own.
     w.ud_qkey = (qkey & wire::kQkeyControlled) ? qp->attr.qkey : qkey;

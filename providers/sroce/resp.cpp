@@ -87,7 +87,7 @@ void send_aeth(Qp *qp, TxBatch &tx, uint8_t syndrome, uint32_t psn) {
                qp->attr.dest_qpn, false, psn);
     bth::announce(hdr, qp->announce);
     aeth::build(hdr + kBthLen, syndrome, qp->resp.msn);
-    qp->nic->queue(tx, qp->attr.src_addr, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, hdr,
+    qp->nic->queue(tx, qp->attr.src_addr, qp->attr.dest_addr, ip_fields(qp->attr.ah.grh), hdr,
                    sizeof hdr, nullptr, 0, 0);
 }
 
@@ -109,7 +109,7 @@ void send_read_responses(Qp *qp, TxBatch &tx, uint32_t psn, const uint8_t *src, 
         uint32_t off = i * mtu;
         uint32_t plen = std::min(mtu, len - off);
         iovec iov{const_cast<uint8_t *>(src) + off, plen};
-        qp->nic->queue(tx, qp->attr.src_addr, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, hdr,
+        qp->nic->queue(tx, qp->attr.src_addr, qp->attr.dest_addr, ip_fields(qp->attr.ah.grh), hdr,
                        info.hdr_len, &iov, plen ? 1 : 0, plen, Nic::kQueueCopy);
     }
 }
@@ -121,7 +121,7 @@ void send_atomic_ack(Qp *qp, TxBatch &tx, uint32_t psn, uint64_t orig) {
     bth::announce(hdr, qp->announce);
     aeth::build(hdr + kBthLen, aeth::kAck | aeth::kNoCredits, qp->resp.msn);
     put64(hdr + kBthLen + kAethLen, orig);
-    qp->nic->queue(tx, qp->attr.src_addr, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, hdr,
+    qp->nic->queue(tx, qp->attr.src_addr, qp->attr.dest_addr, ip_fields(qp->attr.ah.grh), hdr,
                    sizeof hdr, nullptr, 0, 0);
 }
 
@@ -277,25 +277,28 @@ bool place_recv(Responder &r, const uint8_t *src, uint32_t len) {
 
 // The 40-byte GRH area of a UD receive, as Linux rxe lays it out: over IPv6
 // the packet's IPv6 header, over IPv4 20 zero bytes, then the IPv4 header.
-// The sender's IP ID, TTL, hop limit and flow label are not visible
-// through a UDP socket; the header carries what sroce itself sends (ID 0,
-// DF, TTL and hop limit 64).
+// The header is rebuilt from what the socket reports of it; a hop limit it
+// did not report is written as the kernel's default (64), and the IPv4
+// flags as sroce and rxe send them (DF).
 void make_grh(uint8_t grh[kGrhLen], const Packet &pkt) {
     std::memset(grh, 0, kGrhLen);
+    uint8_t hops = pkt.ip.hop_limit ? pkt.ip.hop_limit : 64;
     if (!pkt.src_addr.is_v4()) {
-        grh[0] = 0x60;
+        put32(grh, 6u << 28 | uint32_t(pkt.ip.tclass) << 20 | (pkt.ip.flow & 0xFFFFF));
         put16(grh + 4, uint16_t(kUdpHdrLen + pkt.len));
         grh[6] = 17; // UDP
-        grh[7] = 64;
+        grh[7] = hops;
         std::memcpy(grh + 8, pkt.src_addr.raw, 16);
         std::memcpy(grh + 24, pkt.dst_addr.raw, 16);
         return;
     }
     uint8_t *ip = grh + 20;
     ip[0] = 0x45;
+    ip[1] = pkt.ip.tclass;
     put16(ip + 2, uint16_t(kIpv4HdrLen + kUdpHdrLen + pkt.len));
+    put16(ip + 4, pkt.ip_id);
     put16(ip + 6, 0x4000); // DF
-    ip[8] = 64;
+    ip[8] = hops;
     ip[9] = 17; // UDP
     std::memcpy(ip + 12, pkt.src_addr.raw + 12, 4);
     std::memcpy(ip + 16, pkt.dst_addr.raw + 12, 4);
@@ -1036,7 +1039,7 @@ bool send_sack(Qp *qp, TxBatch &tx) {
     uint8_t *h = pkt + kBthLen + kAethLen;
     h[0] = 0;
     put24(h + 1, high);
-    qp->nic->queue(tx, qp->attr.src_addr, qp->attr.dest_addr, qp->attr.ah.grh.flow_label, pkt,
+    qp->nic->queue(tx, qp->attr.src_addr, qp->attr.dest_addr, ip_fields(qp->attr.ah.grh), pkt,
                    kBthLen + kAethLen + 4 * (1 + nranges), nullptr, 0, 0);
     return true;
 }

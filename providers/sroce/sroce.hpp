@@ -389,7 +389,7 @@ struct SendWqe {
     bool signaled = false;
     // UD destination, resolved when posted
     IpAddr ud_addr, ud_src;
-    uint32_t ud_flow = 0; // its flow label
+    IpFields ud_ip; // what its GRH puts in the IP header
     uint32_t ud_qpn = 0, ud_qkey = 0;
     uint32_t xrc_srqn = 0; // XRC: the remote SRQ the message is for
     // BIND_MW: the window, its new rkey and the binding; LOCAL_INV: the rkey
@@ -521,6 +521,10 @@ struct Srq {
 
 inline Srq *to_srq(ibv_srq *s) {
     return reinterpret_cast<Srq *>(s);
+}
+
+inline IpFields ip_fields(const ibv_global_route &g) {
+    return {g.flow_label & 0xFFFFF, g.traffic_class, g.hop_limit};
 }
 
 struct Ah {

@@ -302,6 +302,10 @@ struct Packet {
     IpAddr dst_addr;          // the address it was sent to: the device's or a multicast group's
     uint16_t src_port = 0;    // sender's UDP port (host order)
     bool legacy_icrc = false; // a FLUSH whose ICRC has Linux rxe's form (icrc.hpp)
+    // Of its IP header, for a UD receive's GRH: what the port reports, and
+    // over IPv4 the ID its ICRC was verified with.
+    IpFields ip;
+    uint16_t ip_id = 0;
 
     // The RC opcode of the same operation for UC and XRC packets (whose
     // opcodes differ only in the transport bits), so the transport roles

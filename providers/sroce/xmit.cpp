@@ -10,7 +10,7 @@
 
 namespace sroce {
 
-void Nic::queue(TxBatch &b, const IpAddr &src, const IpAddr &dst, uint32_t flow, const uint8_t *hdr,
+void Nic::queue(TxBatch &b, const IpAddr &src, const IpAddr &dst, IpFields f, const uint8_t *hdr,
                 size_t hdr_len, const iovec *iov, int iovcnt, uint32_t payload_len,
                 unsigned flags) {
     bool copy = flags & kQueueCopy;
@@ -33,7 +33,7 @@ void Nic::queue(TxBatch &b, const IpAddr &src, const IpAddr &dst, uint32_t flow,
     // ICRC then covers the IP ID the segment will carry: its position.
     TxBatch::Run *run = b.nruns ? &b.runs[b.nruns - 1] : nullptr;
     msghdr *m = run ? &b.msgs[b.nruns - 1].msg_hdr : nullptr;
-    bool join = run && port_->gso() && !run->closed && run->flow == flow && run->dqpn == dqpn &&
+    bool join = run && port_->gso() && !run->closed && run->ip == f && run->dqpn == dqpn &&
                 run->dst.addr() == dst && run->src == src && udp_len <= run->seg &&
                 run->count < wire::kMaxSegments && run->bytes + udp_len <= wire::kMaxUdpPayload &&
                 m->msg_iovlen + size_t(iovcnt) + 2 <= size_t(IOV_MAX);
@@ -41,8 +41,8 @@ void Nic::queue(TxBatch &b, const IpAddr &src, const IpAddr &dst, uint32_t flow,
         run = &b.runs[b.nruns];
         run->dst = SockAddr(dst, wire::kRoceV2Port, uint32_t(dev_->ifindex));
         run->src = src;
-        run->flow = flow;
-        run->route = port_->route(src, dst, flow);
+        run->ip = f;
+        run->route = port_->route(src, dst, f);
         run->first = uint16_t(b.n);
         run->dqpn = dqpn;
         run->seg = udp_len;

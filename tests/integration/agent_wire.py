@@ -91,7 +91,18 @@ import struct
 import sys
 import time
 
-PROTO = 7
+def _proto_version():
+    # The agent's protocol version, as this source tree's engine speaks it.
+    hdr = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "providers",
+                       "sroce", "agent_proto.hpp")
+    with open(hdr, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("constexpr uint32_t kProtoVersion = "):
+                return int(line.split("=")[1].strip(" ;\n"))
+    raise SystemExit(f"no kProtoVersion in {hdr}")
+
+
+PROTO = _proto_version()
 OPEN_DEVICE, STOP, STATUS, CM_CHANNEL, CM_COMMANDS = 1, 3, 4, 5, 6
 REQUEST = struct.Struct("<II64s16s16sI")
 OPEN_REPLY = struct.Struct("<IiII256s")

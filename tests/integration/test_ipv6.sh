@@ -9,8 +9,10 @@
 #   - ibv_rc/uc/ud/srq/xsrq_pingpong -g 1 over IPv6;
 #   - a seeded mix of SEND, WRITE, READ and atomics (sroce_xfer) with every
 #     byte checked, captured on the veth: scapy recomputes the ICRC of every
-#     IPv6 packet, and each side's QP flow label is in every IPv6 header it
-#     sent and picked its UDP source port;
+#     IPv6 packet, and each side's QP flow label, traffic class and hop
+#     limit are in every IPv6 header it sent (the label also picked its
+#     UDP source port); the same over IPv4, whose TOS and TTL carry the
+#     traffic class and hop limit;
 #   - perftest ib_send_lat (64 B) and ib_write_bw (64 KiB) over the IPv6
 #     devices and then the IPv4 ones on the same veth, printed side by side.
 # The TCP side channels of the programs use the IPv4 addresses; the RoCE
@@ -81,50 +83,87 @@ fi
 # segmentation offload, so that the capture holds packets, not sends.
 # The flow labels of the two sides' QPs (one with the top bit, which Linux
 # keeps for its own labels when net.ipv6.flowlabel_state_ranges is 1), and
-# the UDP source port rdma-core derives from a label.
+# the UDP source port rdma-core derives from a label; the traffic class
+# (DSCP 10 with ECT(0), DSCP 46) and hop limit of each side's AV.
 label_a=0x3a001
 label_b=0xc5a5a
 label_sport() { echo $(((($1 & 0x3fff) ^ (($1 & 0xfc000) >> 14)) | 0xc000)); }
+av_a=(--tclass 0x2a --hop-limit 9)
+av_b=(--tclass 0xb8 --hop-limit 200)
+# capture FILE FILTER, then capture_end: what reaches veth-b meanwhile.
+capture() {
+	in_b tshark -i veth-b -B 64 -f "$2" -w "$1" >/dev/null 2>"$1.log" &
+	cap=$!
+	for _ in $(seq 100); do
+		grep -q "Capturing on" "$1.log" && break
+		sleep 0.1
+	done
+	sleep 0.5
+}
+capture_end() {
+	sleep 0.5
+	kill -TERM "$cap"
+	wait "$cap"
+}
+# check_icrc FILE FAMILY-TEXT: scapy recomputes every ICRC in the capture.
+check_icrc() {
+	if "$scapy" "$here/icrc_check.py" "$1" >"$1.out" 2>&1 && grep -q "$2" "$1.out"; then
+		pass "scapy recomputed the ICRC of every ${3:-IPv6} packet: $(head -1 "$1.out")"
+	else
+		fail "${3:-IPv6} ICRCs in the capture:"
+		sed 's/^/  /' "$1.out" >&2
+	fi
+}
 scapy=$(scapy_python)
 if [[ -z $scapy ]] || ! command -v tshark >/dev/null; then
 	fail "scapy or tshark is missing: the IPv6 ICRCs cannot be checked"
 else
-	in_b tshark -i veth-b -B 64 -f "ip6 and udp port 4791" -w "$tmp/v6.pcap" >/dev/null 2>"$tmp/tshark.log" &
-	cap=$!
-	for _ in $(seq 100); do
-		grep -q "Capturing on" "$tmp/tshark.log" && break
-		sleep 0.1
-	done
-	sleep 0.5
+	capture "$tmp/v6.pcap" "ip6 and udp port 4791"
 	if netns_run_pair xfer 120 env SROCE_GSO=0 SROCE_STATS=1 "$xfer" -d v6a -g 1 -p 18600 \
-		--flow-label "$label_a" -- \
+		--flow-label "$label_a" "${av_a[@]}" -- \
 		env SROCE_GSO=0 SROCE_STATS=1 "$xfer" -d v6b -g 1 -p 18600 -n 3000 --seed 31 \
-		--flow-label "$label_b" 10.31.0.1; then
+		--flow-label "$label_b" "${av_b[@]}" 10.31.0.1; then
 		pass "sroce_xfer -g 1: 3000 operations over IPv6, every byte checked"
 	else
 		fail "sroce_xfer over IPv6"
 	fi
-	sleep 0.5
-	kill -TERM "$cap"
-	wait "$cap"
-	if "$scapy" "$here/icrc_check.py" "$tmp/v6.pcap" >"$tmp/icrc.out" 2>&1 &&
-		grep -q "over IPv6," "$tmp/icrc.out"; then
-		pass "scapy recomputed the ICRC of every IPv6 packet: $(head -1 "$tmp/icrc.out")"
-	else
-		fail "IPv6 ICRCs in the capture:"
-		sed 's/^/  /' "$tmp/icrc.out" >&2
-	fi
-	# Each side's flow label, in every IPv6 header it sent and in its UDP
-	# source port (ibv_flow_label_to_udp_sport), none refused a lease.
-	want="(ipv6.src == fd00:31::1 && ipv6.flow == $label_a && udp.srcport == $(label_sport "$label_a"))"
-	want+=" || (ipv6.src == fd00:31::2 && ipv6.flow == $label_b && udp.srcport == $(label_sport "$label_b"))"
+	capture_end
+	check_icrc "$tmp/v6.pcap" "over IPv6,"
+	# Each side's flow label, traffic class and hop limit in every IPv6
+	# header it sent, and its label in its UDP source port
+	# (ibv_flow_label_to_udp_sport); no lease refused.
+	want="(ipv6.src == fd00:31::1 && ipv6.flow == $label_a && udp.srcport == $(label_sport "$label_a")"
+	want+=" && ipv6.tclass == 0x2a && ipv6.hlim == 9)"
+	want+=" || (ipv6.src == fd00:31::2 && ipv6.flow == $label_b && udp.srcport == $(label_sport "$label_b")"
+	want+=" && ipv6.tclass == 0xb8 && ipv6.hlim == 200)"
 	total=$(tshark -r "$tmp/v6.pcap" 2>/dev/null | wc -l)
 	bad=$(tshark -r "$tmp/v6.pcap" -Y "!($want)" 2>/dev/null | wc -l)
 	refused=$(grep -ho 'tx_flow_label_refused [0-9]*' "$tmp"/xfer.[ab] | awk '{ n += $2 } END { print n + 0 }')
 	if ((bad == 0 && total > 0 && refused == 0)); then
-		pass "flow labels $label_a and $label_b in all $total IPv6 headers and UDP source ports"
+		pass "flow labels $label_a and $label_b, traffic classes 0x2a and 0xb8, hop limits 9 and 200 in all $total IPv6 headers; labels in the UDP source ports"
 	else
-		fail "flow labels: $bad of $total packets without their QP's; leases refused: $refused"
+		fail "IPv6 headers: $bad of $total packets without their QP's flow label, traffic class or hop limit; leases refused: $refused"
+	fi
+
+	# The same over IPv4: the traffic class is the TOS byte, the hop limit
+	# the TTL, neither covered by the ICRC.
+	capture "$tmp/v4.pcap" "ip and udp port 4791"
+	if netns_run_pair xfer4 120 env SROCE_GSO=0 "$xfer" -d v4a -g 1 -p 18601 "${av_a[@]}" -- \
+		env SROCE_GSO=0 "$xfer" -d v4b -g 1 -p 18601 -n 500 --seed 32 "${av_b[@]}" 10.31.0.1; then
+		pass "sroce_xfer -g 1: 500 operations over IPv4, every byte checked"
+	else
+		fail "sroce_xfer over IPv4"
+	fi
+	capture_end
+	check_icrc "$tmp/v4.pcap" "matches scapy" IPv4
+	want="(ip.src == 10.31.0.1 && ip.dsfield == 0x2a && ip.ttl == 9)"
+	want+=" || (ip.src == 10.31.0.2 && ip.dsfield == 0xb8 && ip.ttl == 200)"
+	total=$(tshark -r "$tmp/v4.pcap" 2>/dev/null | wc -l)
+	bad=$(tshark -r "$tmp/v4.pcap" -Y "!($want)" 2>/dev/null | wc -l)
+	if ((bad == 0 && total > 0)); then
+		pass "TOS 0x2a and 0xb8, TTL 9 and 200 in all $total IPv4 headers"
+	else
+		fail "IPv4 headers: $bad of $total packets without their QP's TOS or TTL"
 	fi
 fi
 

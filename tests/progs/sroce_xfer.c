@@ -79,10 +79,13 @@ struct options {
     bool verbose;
     unsigned ops;        // bit per enum op_type
     uint32_t flow_label; // this side's AV's grh.flow_label
+    uint8_t tclass;      // its grh.traffic_class
+    uint8_t hop_limit;   // its grh.hop_limit
 };
 
 static struct options opt = {
     .gid_index = 1,
+    .hop_limit = 64,
     .port = 18600,
     .iters = 1000,
     .seed = 1,
@@ -492,8 +495,9 @@ static void connect_qp(struct rdma *r, uint32_t dqpn, uint32_t dpsn, const uint8
     };
     memcpy(a.ah_attr.grh.dgid.raw, dgid, 16);
     a.ah_attr.grh.sgid_index = (uint8_t)opt.gid_index;
-    a.ah_attr.grh.hop_limit = 64;
+    a.ah_attr.grh.hop_limit = opt.hop_limit;
     a.ah_attr.grh.flow_label = opt.flow_label;
+    a.ah_attr.grh.traffic_class = opt.tclass;
     if (ibv_modify_qp(r->qp, &a,
                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
@@ -1162,6 +1166,8 @@ static void usage(FILE *f) {
                "      --stall-ms N      give up after N ms without a completion (default\n"
                "                        30000, 0 = never)\n"
                "      --flow-label N    flow label of this side's packets (default 0)\n"
+               "      --tclass N        their traffic class (IPv4 TOS; default 0)\n"
+               "      --hop-limit N     their hop limit (IPv4 TTL; default 64)\n"
                "      --ops LIST        operation types to mix, comma-separated, from\n"
                "                        write (write + read back), send, imm (write with\n"
                "                        immediate), fadd, cswp (default: all)\n"
@@ -1216,7 +1222,9 @@ int main(int argc, char **argv) {
         O_STREAM,
         O_STALL,
         O_OPS,
-        O_FLOW_LABEL
+        O_FLOW_LABEL,
+        O_TCLASS,
+        O_HOP_LIMIT
     };
     static const struct option longopts[] = {
         {"ib-dev", required_argument, NULL, 'd'},
@@ -1234,6 +1242,8 @@ int main(int argc, char **argv) {
         {"stall-ms", required_argument, NULL, O_STALL},
         {"ops", required_argument, NULL, O_OPS},
         {"flow-label", required_argument, NULL, O_FLOW_LABEL},
+        {"tclass", required_argument, NULL, O_TCLASS},
+        {"hop-limit", required_argument, NULL, O_HOP_LIMIT},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {0},
@@ -1290,6 +1300,12 @@ int main(int argc, char **argv) {
             break;
         case O_FLOW_LABEL:
             opt.flow_label = (uint32_t)parse_num(optarg, "flow label", 0, 0xFFFFF);
+            break;
+        case O_TCLASS:
+            opt.tclass = (uint8_t)parse_num(optarg, "traffic class", 0, 255);
+            break;
+        case O_HOP_LIMIT:
+            opt.hop_limit = (uint8_t)parse_num(optarg, "hop limit", 1, 255);
             break;
         case 'v':
             opt.verbose = true;

@@ -70,13 +70,16 @@ struct End {
         return s;
     }
 
-    ibv_ah *ah(const ibv_gid &dgid) {
+    ibv_ah *ah(const ibv_gid &dgid, uint8_t tclass = 0, uint8_t hop_limit = 64,
+               uint32_t flow_label = 0) {
         ibv_ah_attr a{};
         a.is_global = 1;
         a.port_num = 1;
         a.grh.dgid = dgid;
         a.grh.sgid_index = 1;
-        a.grh.hop_limit = 64;
+        a.grh.hop_limit = hop_limit;
+        a.grh.traffic_class = tclass;
+        a.grh.flow_label = flow_label;
         ibv_ah *h = ibv_create_ah(pd, &a);
         EXPECT_NE(h, nullptr) << std::strerror(errno);
         if (h) ahs.push_back(h);

@@ -217,6 +217,28 @@ TEST_F(Ipv6, UdSendsArriveBehindTheIpv6HeaderAndAreAnswered) {
     EXPECT_TRUE(same_bytes(got.data() + 40, src.data(), 64));
 }
 
+// The GRH of a UD receive is the IPv6 header as it arrived: the sender's
+// traffic class, flow label and hop limit as its address handle set them.
+TEST_F(Ipv6, UdGrhHasTheSendersTrafficClassFlowLabelAndHopLimit) {
+    End a{g_ctx[0]}, b{g_ctx[1]};
+    ibv_qp *qa = a.qp(IBV_QPT_UD), *qb = b.qp(IBV_QPT_UD);
+    ASSERT_EQ(ud_to_rts(qa, kQkey), 0);
+    ASSERT_EQ(ud_to_rts(qb, kQkey), 0);
+    Buf src(a.pd, 64), dst(b.pd, 40 + 64);
+    src.fill(9);
+    ASSERT_EQ(post_recv(qb, 1, {dst.sge(0, 40 + 64)}), 0);
+    ASSERT_EQ(post_ud(qa, 2, a.ah(b.gid, 0x2A, 9, 0x12345), qb->qp_num, kQkey, {src.sge(0, 64)}),
+              0);
+    expect_one(a.scq, {2, IBV_WC_SUCCESS, IBV_WC_SEND, qa->qp_num});
+    std::vector<ibv_wc> rc = poll_n(b.rcq, 1);
+    ASSERT_EQ(rc.size(), 1u);
+    expect_wc(rc[0], {1, IBV_WC_SUCCESS, IBV_WC_RECV, qb->qp_num, 104, IBV_WC_GRH});
+    const uint8_t *grh = dst.data();
+    EXPECT_EQ(get32(grh), 0x62A12345u) << "version 6, traffic class 0x2A, flow label 0x12345";
+    EXPECT_EQ(grh[7], 9) << "hop limit";
+    EXPECT_TRUE(same_bytes(grh + 40, src.data(), 64));
+}
+
 TEST_F(Ipv6, UcAndXrcCarryTheirMessages) {
     End a{g_ctx[0]}, b{g_ctx[1]};
     ibv_qp *qa = a.qp(IBV_QPT_UC), *qb = b.qp(IBV_QPT_UC);

@@ -42,7 +42,8 @@ TEST_F(Ud, SendsArriveBehindARoceV2Grh) {
     const size_t sizes[3] = {0, 17, mtu};
     for (int i = 0; i < 3; i++)
         ASSERT_EQ(post_recv(qb, 10 + i, {dst.sge(size_t(i) * (mtu + 40), mtu + 40)}), 0);
-    ibv_ah *ah = a.ah(b.gid);
+    // DSCP 10 with ECT(0), and a TTL of 9: what the receiver's GRH shows.
+    ibv_ah *ah = a.ah(b.gid, 0x2A, 9);
     for (int i = 0; i < 3; i++)
         ASSERT_EQ(
             post_ud(qa, 1 + i, ah, qb->qp_num, kQkey,
@@ -65,10 +66,20 @@ TEST_F(Ud, SendsArriveBehindARoceV2Grh) {
         // report it: UCX's UD transport reads it to find the addresses.
         EXPECT_EQ(rc[i].sl, 2) << "RDMA_NETWORK_IPV4";
         const uint8_t *grh = dst.data() + size_t(i) * (mtu + 40);
+        auto be16 = [](const uint8_t *p) { return uint32_t(p[0] << 8 | p[1]); };
         // RoCEv2 over IPv4: 20 zero bytes, then the packet's IPv4 header.
         EXPECT_TRUE(all_bytes(grh, 20, 0));
         EXPECT_EQ(grh[20], 0x45);
+        EXPECT_EQ(grh[20 + 1], 0x2A) << "TOS: the sender's traffic class";
+        EXPECT_EQ(be16(grh + 20 + 2),
+                  20 + 8 + 12 + 8 + (i == 1 ? 4 : 0) + sizes[i] + (4 - sizes[i] % 4) % 4 + 4)
+            << "total length: IP, UDP, BTH, DETH, immediate, data, pad, ICRC";
+        EXPECT_EQ(grh[20 + 8], 9) << "TTL: the sender's hop limit";
         EXPECT_EQ(grh[20 + 9], 17); // UDP
+        uint32_t sum = 0;
+        for (int k = 0; k < 20; k += 2)
+            sum += be16(grh + 20 + k);
+        EXPECT_EQ((sum & 0xFFFF) + (sum >> 16), 0xFFFFu) << "header checksum";
         EXPECT_EQ(std::memcmp(grh + 32, a.gid.raw + 12, 4), 0) << "source address";
         EXPECT_EQ(std::memcmp(grh + 36, b.gid.raw + 12, 4), 0) << "destination address";
         EXPECT_TRUE(same_bytes(grh + 40, src.data(), sizes[i]));

@@ -371,7 +371,7 @@ class Agent {
         std::unique_ptr<uint8_t[]> data{new uint8_t[kBatch * kLen]};
         RelayHdr hdr[kBatch];
         SockAddr from[kBatch];
-        alignas(cmsghdr) uint8_t ctl[kBatch][kPktinfoSpace];
+        alignas(cmsghdr) uint8_t ctl[kBatch][kPktinfoSpace + kIpFieldsSpace];
         iovec in[kBatch], out[kBatch][2];
         mmsghdr rx[kBatch], tx[kBatch];
     };
@@ -952,8 +952,15 @@ void Agent::relay(Dev &d, uint32_t slot) {
             b.hdr[k] = {};
             std::memcpy(b.hdr[k].from_addr, b.from[i].addr().raw, 16);
             b.hdr[k].from_port = htons(b.from[i].port());
-            IpAddr to = sent_to(b.rx[i].msg_hdr, d);
+            IpAddr to = d.addr;
+            IpFields ip;
+            const msghdr &mh = b.rx[i].msg_hdr;
+            for (cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(const_cast<msghdr *>(&mh), c))
+                if (!read_ip_fields(c, &ip)) read_pktinfo(c, &to);
             std::memcpy(b.hdr[k].to_addr, to.raw, 16);
+            b.hdr[k].tclass = ip.tclass;
+            b.hdr[k].hop_limit = ip.hop_limit;
+            b.hdr[k].flow_label = htonl(ip.flow);
             b.out[k][0] = {&b.hdr[k], sizeof b.hdr[k]};
             b.out[k][1] = {b.in[i].iov_base, b.rx[i].msg_len};
             b.tx[k].msg_hdr = {};
@@ -1320,7 +1327,7 @@ void Agent::drain_gsi(Dev &d) {
     for (;;) {
         SockAddr from;
         iovec iov{b, sizeof b};
-        alignas(cmsghdr) uint8_t ctl[kPktinfoSpace];
+        alignas(cmsghdr) uint8_t ctl[kPktinfoSpace + kIpFieldsSpace];
         msghdr m{};
         m.msg_name = &from.sa;
         m.msg_namelen = sizeof from.in6;
