@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# sroce-fabric(8): three hosts on a bridge, the port towards h0 a 50 Mbit/s
+# bottleneck with 0.1% random loss each way and ECN marking from a phantom
+# queue.  Checks:
+#   - up makes the namespaces, list and show name them, addr gives the
+#     hosts' addresses; bad requests (a second fabric of one name, --ecn
+#     without a rate, an unknown host) fail with their reason;
+#   - exec runs programs on a host's sroce0, whose GID table follows eth0
+#     as rxe's does (link-local, IPv4-mapped, global IPv6);
+#   - perftest's ib_write_bw h1 -> h0 over IPv4 and ibv_rc_pingpong
+#     h2 -> h0 over IPv6 through the bottleneck; loss was applied and
+#     traffic sent without ECN (TOS 0) is never marked;
+#   - ib_write_bw from h1 and h2 at once with ECT(0) in their traffic class
+#     (--tclass 2): the bottleneck marked packets CE and h0 received them
+#     marked (a capture on its eth0); sroce_xfer's mix of operations with
+#     ECT(0), every byte checked across the loss;
+#   - down removes every namespace and the state, also for a fabric whose
+#     state file is gone, as after a crash.
+#
+# Usage: test_fabric.sh BUILD-DIR
+# Exits 77 (ctest SKIP_RETURN_CODE) without root, network namespaces, veth
+# or a bridge.  Traffic stays inside the namespaces created here.
+#
+# ctest: TIMEOUT=600 LABELS=netns PROCESSORS=2
+set -uo pipefail
+
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+sroce_init "${1:?usage: test_fabric.sh BUILD-DIR}"
+fabric=$BUILD_DIR/tools/fabric/sroce-fabric
+xfer=$BUILD_DIR/tests/progs/sroce_xfer
+[[ -x $fabric ]] || die "$fabric is not built"
+[[ -x $xfer ]] || die "$xfer is not built"
+((EUID == 0)) || skip "needs root for network namespaces"
+command -v ip >/dev/null || skip "no ip(8)"
+ip netns add "sfab-probe-$$" 2>/dev/null || skip "ip netns unusable"
+ip netns del "sfab-probe-$$"
+
+export SROCE_FABRIC_STATE=$WORK/state
+name=t$((RANDOM % 100000))
+F=("$fabric" --name "$name")
+cleanup_fabric() { "${F[@]}" down &>/dev/null; }
+trap 'cleanup_fabric; _sroce_cleanup' EXIT
+
+# --- Up, and what it says of itself.
+if "${F[@]}" up -n 3 --rate 50mbit --loss 0.1% --ecn --net4 10.78.0 --net6 fd00:78 \
+	>"$WORK/up.out" 2>&1; then
+	pass "up: $(head -2 "$WORK/up.out" | tr '\n' ' ')"
+else
+	cat "$WORK/up.out" >&2
+	die "sroce-fabric up"
+fi
+nss=$(ip netns list | grep -c "^sfab-$name-")
+if ((nss == 4)) && "$fabric" list | grep -qx "$name"; then
+	pass "4 namespaces (switch and h0-h2); list names the fabric"
+else
+	fail "namespaces: $nss; list: $("$fabric" list | tr '\n' ' ')"
+fi
+if [[ $("${F[@]}" addr h0) == 10.78.0.1 && $("${F[@]}" addr h2 -6) == fd00:78::3 ]]; then
+	pass "addr: h0 10.78.0.1, h2 fd00:78::3"
+else
+	fail "addr: $("${F[@]}" addr h0) $("${F[@]}" addr h2 -6)"
+fi
+# expect_refusal WHAT WANT CMD...: fails (exit 1 or 2) and says WANT.
+expect_refusal() {
+	local what=$1 want=$2 out rc
+	shift 2
+	out=$("$@" 2>&1)
+	rc=$?
+	if ((rc == 1 || rc == 2)) && grep -q "$want" <<<"$out"; then
+		pass "$what refused: $out"
+	else
+		fail "$what: rc $rc, '$out' (want '$want')"
+	fi
+}
+expect_refusal "a second fabric of the same name" "exists" "${F[@]}" up -n 2
+expect_refusal "--ecn without --rate" "give it a --rate" "$fabric" --name x"$name" up --ecn
+expect_refusal "exec on an unknown host" "no host h7" "${F[@]}" exec h7 -- true
+
+# --- Programs on the hosts' devices.
+gids=$("${F[@]}" exec h1 -- ibv_devinfo -v -d sroce0 2>&1 | grep -o "GID\[ *[0-9]\]:.*" | tr -s ' \t' ' ')
+if grep -q "GID\[ 0\]: fe80::.*RoCE v2" <<<"$gids" && grep -q "GID\[ 1\]: ::ffff:10.78.0.2, RoCE v2" <<<"$gids" &&
+	grep -q "GID\[ 2\]: fd00:78::2, RoCE v2" <<<"$gids"; then
+	pass "exec h1: ibv_devinfo shows sroce0 following eth0 ($(tr '\n' ';' <<<"$gids"))"
+else
+	fail "h1's GIDs: $gids"
+fi
+
+# fabric_pair NAME SERVER-HOST CLIENT-HOST TIMEOUT SERVER-CMD... -- CLIENT-CMD...:
+# the server on one host, the client on another once the server listens.
+fabric_pair() {
+	local tag=$1 sh=$2 ch=$3 limit=$4 server=() srv i
+	shift 4
+	while [[ $1 != -- ]]; do
+		server+=("$1")
+		shift
+	done
+	shift
+	timeout "$limit" "${F[@]}" exec "$sh" -- "${server[@]}" >"$WORK/$tag.s" 2>&1 &
+	srv=$!
+	for ((i = 0; i < 200; i++)); do
+		[[ -n $(ip netns exec "sfab-$name-$sh" ss -Hltn 2>/dev/null) ]] && break
+		sleep 0.05
+	done
+	timeout "$limit" "${F[@]}" exec "$ch" -- "$@" >"$WORK/$tag.c" 2>&1
+	local crc=$?
+	wait "$srv"
+	local src=$?
+	((crc == 0 && src == 0)) || {
+		log "  $tag: server exit $src, client exit $crc"
+		sed 's/^/  server: /' "$WORK/$tag.s" | tail -5 >&2
+		sed 's/^/  client: /' "$WORK/$tag.c" | tail -5 >&2
+		return 1
+	}
+}
+if fabric_pair bw h0 h1 60 ib_write_bw -d sroce0 -x 1 -s 65536 -n 300 -p 18800 -- \
+	ib_write_bw -d sroce0 -x 1 -s 65536 -n 300 -p 18800 10.78.0.1; then
+	pass "ib_write_bw h1 -> h0 through the bottleneck: $(awk '$1 == 65536' "$WORK/bw.c")"
+else
+	fail "ib_write_bw h1 -> h0"
+fi
+if fabric_pair pp h0 h2 60 ibv_rc_pingpong -d sroce0 -g 2 -n 500 -p 18801 -- \
+	ibv_rc_pingpong -d sroce0 -g 2 -n 500 -p 18801 10.78.0.1 &&
+	grep -q "GID fd00:78::1" "$WORK/pp.c"; then
+	pass "ibv_rc_pingpong -g 2 h2 -> h0 over IPv6: $(grep iters "$WORK/pp.c")"
+else
+	fail "ibv_rc_pingpong h2 -> h0 over IPv6"
+fi
+stats() { "${F[@]}" show -j | python3 -c "import json, sys; print(json.load(sys.stdin)['bottleneck']['$1'])"; }
+sent=$(stats sent_packets) lost=$(stats lost) marked=$(stats marked)
+if ((sent > 1000 && lost > 0 && marked == 0)); then
+	pass "towards h0: $sent packets, $lost lost at random, none of the not-ECN-capable marked"
+else
+	fail "bottleneck counters: sent $sent lost $lost marked $marked (want > 1000, > 0, 0)"
+fi
+
+# --- ECN-capable traffic from two hosts at once: marked, and delivered so.
+ip netns exec "sfab-$name-h0" tshark -i eth0 -B 32 -f "udp dst port 4791" -w "$WORK/h0.pcap" \
+	>/dev/null 2>"$WORK/tshark.log" &
+cap=$!
+for _ in $(seq 100); do
+	grep -q "Capturing on" "$WORK/tshark.log" && break
+	sleep 0.1
+done
+"${F[@]}" exec h0 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 --tclass=2 -p 18810 \
+	>"$WORK/w1.s" 2>&1 &
+s1=$!
+"${F[@]}" exec h0 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 --tclass=2 -p 18811 \
+	>"$WORK/w2.s" 2>&1 &
+s2=$!
+for _ in $(seq 200); do
+	[[ $(ip netns exec "sfab-$name-h0" ss -Hltn | wc -l) -ge 2 ]] && break
+	sleep 0.05
+done
+"${F[@]}" exec h1 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 --tclass=2 -p 18810 10.78.0.1 \
+	>"$WORK/w1.c" 2>&1 &
+c1=$!
+"${F[@]}" exec h2 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 --tclass=2 -p 18811 10.78.0.1 \
+	>"$WORK/w2.c" 2>&1 &
+c2=$!
+rcs=()
+for p in $c1 $c2 $s1 $s2; do
+	wait "$p"
+	rcs+=($?)
+done
+sleep 0.5
+kill -TERM "$cap"
+wait "$cap"
+if [[ ${rcs[*]} == "0 0 0 0" ]]; then
+	pass "ib_write_bw --tclass=2 h1 -> h0 and h2 -> h0 at once: $(awk '$1 == 65536 { print $4 " MB/s" }' "$WORK"/w[12].c | tr '\n' ' ')"
+else
+	fail "ib_write_bw --tclass=2 from two hosts: exits ${rcs[*]}"
+	tail -n 4 "$WORK"/w[12].[cs] >&2
+fi
+marked=$(stats marked)
+ce=$(tshark -r "$WORK/h0.pcap" -Y "ip.dsfield.ecn == 3" 2>/dev/null | wc -l)
+ect=$(tshark -r "$WORK/h0.pcap" -Y "ip.dsfield.ecn == 2" 2>/dev/null | wc -l)
+if ((marked > 0 && ce > 0 && ect > 0)); then
+	pass "the phantom queue marked $marked packets CE; h0 received $ce marked and $ect ECT(0)"
+else
+	fail "ECN marking: $marked marked, $ce CE and $ect ECT(0) packets arrived at h0"
+fi
+
+if fabric_pair xfer h0 h1 120 "$xfer" -d sroce0 -g 1 -p 18812 --tclass 2 -- \
+	"$xfer" -d sroce0 -g 1 -p 18812 -n 1000 --seed 3 --tclass 2 10.78.0.1; then
+	pass "sroce_xfer h1 -> h0 with ECT(0) across the loss and marks: 1000 operations, every byte checked"
+else
+	fail "sroce_xfer h1 -> h0 with ECT(0)"
+fi
+
+# --- Down, also after a crash.
+if "${F[@]}" down >"$WORK/down.out" 2>&1 && ! ip netns list | grep -q "^sfab-$name-" &&
+	[[ ! -e $SROCE_FABRIC_STATE/$name.json ]]; then
+	pass "down: $(cat "$WORK/down.out"), nothing left"
+else
+	fail "down: $(cat "$WORK/down.out"); left: $(ip netns list | grep "^sfab-$name-" | tr '\n' ' ')"
+fi
+"${F[@]}" up -n 2 --net4 10.78.1 --net6 fd00:78:1 >/dev/null 2>&1 || fail "up again"
+"${F[@]}" exec h1 -- ibv_devinfo >/dev/null 2>&1 # starts h1's agent
+rm -f "$SROCE_FABRIC_STATE/$name.json"
+if "$fabric" list | grep -q "^$name (no state" && "${F[@]}" down >/dev/null 2>&1 &&
+	! ip netns list | grep -q "^sfab-$name-"; then
+	pass "a fabric without its state file is listed as such and removed by down"
+else
+	fail "a fabric without its state file: $(ip netns list | grep "^sfab-$name-" | tr '\n' ' ')"
+fi
+
+finish
