@@ -143,8 +143,11 @@ if want ipv6; then
 		netns_cm_pair wbw '"port":18515[,}]' 60 ib_write_bw -d f6 -R --ipv6-addr -s 65536 -n 2000 -- \
 			ib_write_bw -d f6 -R --ipv6-addr -s 65536 -n 2000 fd00:35::1 || exit 1
 		echo "ib_write_bw -R to fd00:35::1: $(perftest_result "$WORK/wbw.b") MB/s"
-		netns_cm_pair lat '"port":18515[,}]' 60 ib_send_lat -d f6 -R --ipv6-addr -s 64 -n 2000 -- \
-			ib_send_lat -d f6 -R --ipv6-addr -s 64 -n 2000 fe80::ff:fe00:350a%veth-b || exit 1
+		# A port of its own: the agent may still list the first server's
+		# listener when the second server starts, and a client that saw it
+		# would ask before its own server listens (REJ 8, no listener).
+		netns_cm_pair lat '"port":18516[,}]' 60 ib_send_lat -d f6 -R --ipv6-addr -s 64 -n 2000 -p 18516 -- \
+			ib_send_lat -d f6 -R --ipv6-addr -s 64 -n 2000 -p 18516 fe80::ff:fe00:350a%veth-b || exit 1
 		echo "ib_send_lat -R to fe80::ff:fe00:350a%veth-b: $(perftest_result "$WORK/lat.b") us"
 	)
 	step ipv6 ipv6 && sed 's/^/    /' "$build/in-root-ipv6.log" | grep -E 'ib_write_bw -R|ib_send_lat -R'
