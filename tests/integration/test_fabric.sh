@@ -88,42 +88,24 @@ else
 fi
 
 # fabric_pair NAME SERVER-HOST CLIENT-HOST TIMEOUT SERVER-CMD... -- CLIENT-CMD...:
-# the server on one host, the client on another once the server listens.
+# lib.sh's netns_run_pair with two hosts of the fabric as its sides.
 fabric_pair() {
-	local tag=$1 sh=$2 ch=$3 limit=$4 server=() srv i
-	shift 4
-	while [[ $1 != -- ]]; do
-		server+=("$1")
-		shift
-	done
-	shift
-	timeout "$limit" "${F[@]}" exec "$sh" -- "${server[@]}" >"$WORK/$tag.s" 2>&1 &
-	srv=$!
-	for ((i = 0; i < 200; i++)); do
-		[[ -n $(ip netns exec "sfab-$name-$sh" ss -Hltn 2>/dev/null) ]] && break
-		sleep 0.05
-	done
-	timeout "$limit" "${F[@]}" exec "$ch" -- "$@" >"$WORK/$tag.c" 2>&1
-	local crc=$?
-	wait "$srv"
-	local src=$?
-	((crc == 0 && src == 0)) || {
-		log "  $tag: server exit $src, client exit $crc"
-		sed 's/^/  server: /' "$WORK/$tag.s" | tail -5 >&2
-		sed 's/^/  client: /' "$WORK/$tag.c" | tail -5 >&2
-		return 1
-	}
+	FAB_A=$2 FAB_B=$3
+	netns_run_pair "$1" "${@:4}"
 }
+in_a() { ip netns exec "sfab-$name-$FAB_A" "$@"; }
+run_a() { "${F[@]}" exec "$FAB_A" -- "$@"; }
+run_b() { "${F[@]}" exec "$FAB_B" -- "$@"; }
 if fabric_pair bw h0 h1 60 ib_write_bw -d sroce0 -x 1 -s 65536 -n 300 -p 18800 -- \
 	ib_write_bw -d sroce0 -x 1 -s 65536 -n 300 -p 18800 10.78.0.1; then
-	pass "ib_write_bw h1 -> h0 through the bottleneck: $(awk '$1 == 65536' "$WORK/bw.c")"
+	pass "ib_write_bw h1 -> h0 through the bottleneck: $(awk '$1 == 65536' "$WORK/bw.b")"
 else
 	fail "ib_write_bw h1 -> h0"
 fi
 if fabric_pair pp h0 h2 60 ibv_rc_pingpong -d sroce0 -g 2 -n 500 -p 18801 -- \
 	ibv_rc_pingpong -d sroce0 -g 2 -n 500 -p 18801 10.78.0.1 &&
-	grep -q "GID fd00:78::1" "$WORK/pp.c"; then
-	pass "ibv_rc_pingpong -g 2 h2 -> h0 over IPv6: $(grep iters "$WORK/pp.c")"
+	grep -q "GID fd00:78::1" "$WORK/pp.b"; then
+	pass "ibv_rc_pingpong -g 2 h2 -> h0 over IPv6: $(grep iters "$WORK/pp.b")"
 else
 	fail "ibv_rc_pingpong h2 -> h0 over IPv6"
 fi
