@@ -140,13 +140,12 @@ if want ipv6; then
 			in_b ip addr add fd00:35::2/64 dev veth-b nodad; } || exit 1
 		netns_sroce root-v6
 		{ link_a f6 netdev veth-a && link_b f6 netdev veth-b; } || exit 1
-		netns_cm_pair wbw '"port":18515[,}]' 60 ib_write_bw -d f6 -R --ipv6-addr -s 65536 -n 2000 -- \
+		netns_perftest_cm wbw '"port":18515[,}]' 60 ib_write_bw -d f6 -R --ipv6-addr -s 65536 -n 2000 -- \
 			ib_write_bw -d f6 -R --ipv6-addr -s 65536 -n 2000 fd00:35::1 || exit 1
 		echo "ib_write_bw -R to fd00:35::1: $(perftest_result "$WORK/wbw.b") MB/s"
 		# A port of its own: the agent may still list the first server's
-		# listener when the second server starts, and a client that saw it
-		# would ask before its own server listens (REJ 8, no listener).
-		netns_cm_pair lat '"port":18516[,}]' 60 ib_send_lat -d f6 -R --ipv6-addr -s 64 -n 2000 -p 18516 -- \
+		# listener when the second server starts.
+		netns_perftest_cm lat '"port":18516[,}]' 60 ib_send_lat -d f6 -R --ipv6-addr -s 64 -n 2000 -p 18516 -- \
 			ib_send_lat -d f6 -R --ipv6-addr -s 64 -n 2000 -p 18516 fe80::ff:fe00:350a%veth-b || exit 1
 		echo "ib_send_lat -R to fe80::ff:fe00:350a%veth-b: $(perftest_result "$WORK/lat.b") us"
 	)

@@ -348,6 +348,19 @@ netns_pair_run() {
 	netns_pair_client "$name" "$limit" "$@"
 }
 
+# netns_perftest_cm NAME WANT TIMEOUT SERVER-CMD... -- CLIENT-CMD...:
+# netns_cm_pair for perftest -R, tried again (up to five times) while the
+# client was refused for its second connection (perftest_cm says why).
+netns_perftest_cm() {
+	local try
+	for ((try = 1; try <= 5; try++)); do
+		netns_cm_pair "$@" 2>"$WORK/$1.why" && return 0
+		grep -qF 'RDMA_CM_EVENT_REJECTED; error: 8' "$WORK/$1.b" || break
+	done
+	cat "$WORK/$1.why" >&2
+	return 1
+}
+
 # The client half of both: runs it, waits for the server NETNS_SERVER.
 netns_pair_client() {
 	local name=$1 limit=$2 rc_a rc_b

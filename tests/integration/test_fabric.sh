@@ -77,6 +77,8 @@ expect_refusal() {
 expect_refusal "a second fabric of the same name" "exists" "${F[@]}" up -n 2
 expect_refusal "--ecn without --rate" "give it a --rate" "$fabric" --name x"$name" up --ecn
 expect_refusal "exec on an unknown host" "no host h7" "${F[@]}" exec h7 -- true
+expect_refusal "a phantom queue drained faster than the link" "at most 1" \
+	"$fabric" --name x"$name" up --rate 50mbit --ecn --mark-rate 1.5
 
 # --- Programs on the hosts' devices.
 gids=$("${F[@]}" exec h1 -- ibv_devinfo -v -d sroce0 2>&1 | grep -o "GID\[ *[0-9]\]:.*" | tr -s ' \t' ' ')

@@ -324,20 +324,14 @@ fi
 vm_finish 60
 # --- the wire: every FLUSH's ICRC, and which form each side used ------------------
 if [[ -n $pcap ]]; then
-	vm_capture_stop
-	python=$(scapy_python) || python=
-	if [[ -z $python ]]; then
-		log "scapy is missing: the ICRCs are not checked"
-	elif "$python" "$here/../vm/roce_peer_check.py" --flush-forms "$pcap" "$host_ip" "$guest_ip" \
-		>"$WORK/check.log" 2>&1; then
-		forms="sroce $(sed -n 's/^flush sroce //p' "$WORK/check.log"), rxe $(sed -n 's/^flush rxe //p' "$WORK/check.log")"
+	rc=0
+	vm_wire_check --flush-forms "$pcap" "$host_ip" "$guest_ip" || rc=$?
+	if ((rc == 0)); then
+		forms=$(vm_flush_forms)
 		legacy=$(sed -n 's/^flush .*legacy=\([0-9]*\)$/\1/p' "$WORK/check.log" | paste -sd+ | bc)
 		# Native write-commit packets (opcodes 0xc0-0xc5) each side sent.
-		commit_ops() {
-			awk -v who="$1:" '/^[a-z]+:/ { s = ($1 == who) } s && $1 ~ /^0xc[0-5]$/ { n += $NF } END { print n + 0 }' "$WORK/check.log"
-		}
-		sroce_commits=$(commit_ops sroce)
-		rxe_commits=$(commit_ops rxe)
+		sroce_commits=$(vm_wire_ops sroce '^0xc[0-5]$')
+		rxe_commits=$(vm_wire_ops rxe '^0xc[0-5]$')
 		if [[ $flush_form == ibta ]] && ((legacy > 0)); then
 			fail "wire: FLUSHes in the non-IBTA form with a patched rxe ($forms)"
 		elif [[ -n $native ]] && ((sroce_commits == 0 || rxe_commits == 0)); then
@@ -348,7 +342,7 @@ if [[ -n $pcap ]]; then
 			forms="$forms; native write-commit packets (0xC0-0xC5): $sroce_commits from sroce, $rxe_commits from rxe"
 			pass "wire: every ICRC recomputed by scapy; FLUSH forms: $forms"
 		fi
-	else
+	elif ((rc == 1)); then
 		fail "wire check (roce_peer_check.py --flush-forms)" "$(cat "$WORK/check.log")"
 	fi
 fi

@@ -192,18 +192,14 @@ pairs_run
 vm_finish 60
 
 if [[ -n $pcap ]]; then
-	vm_capture_stop
-	python=$(scapy_python) || python=
-	if [[ -z $python ]]; then
-		log "scapy is missing: the ICRCs are not checked"
-	elif "$python" "$here/../vm/roce_peer_check.py" --ipv6-only --flush-forms "$pcap" \
-		"$host_ip6,$host_ll" "$guest_ip6,$guest_ll" >"$WORK/check.log" 2>&1; then
-		forms="sroce $(sed -n 's/^flush sroce //p' "$WORK/check.log"), rxe $(sed -n 's/^flush rxe //p' "$WORK/check.log")"
-		pass "wire: every RoCEv2 packet over IPv6, the ICRCs of both sides recomputed by scapy; FLUSH forms: $forms"
-	else
+	rc=0
+	vm_wire_check --ipv6-only --flush-forms "$pcap" "$host_ip6,$host_ll" "$guest_ip6,$guest_ll" || rc=$?
+	if ((rc == 0)); then
+		pass "wire: every RoCEv2 packet over IPv6, the ICRCs of both sides recomputed by scapy; FLUSH forms: $(vm_flush_forms)"
+	elif ((rc == 1)); then
 		fail "wire check (roce_peer_check.py --ipv6-only)"
 	fi
-	sed 's/^/  /' "$WORK/check.log"
+	((rc == 2)) || sed 's/^/  /' "$WORK/check.log"
 fi
 vm_report "$start_all"
 finish

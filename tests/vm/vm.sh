@@ -408,6 +408,32 @@ vm_capture_stop() {
 	VM_CAP_PID=
 }
 
+# vm_wire_check ARGS...: stops the capture and runs roce_peer_check.py ARGS
+# (scapy recomputes the ICRCs of both sides), its report in $WORK/check.log.
+# Status: 0 every check passed, 1 one failed, 2 no scapy (said on stderr).
+vm_wire_check() {
+	local python
+	vm_capture_stop
+	python=$(scapy_python)
+	if [[ -z $python ]]; then
+		log "scapy is missing: the capture is not checked"
+		return 2
+	fi
+	"$python" "$VM_HERE/roce_peer_check.py" "$@" >"$WORK/check.log" 2>&1 || return 1
+}
+
+# vm_flush_forms: the FLUSH forms each side used, from vm_wire_check's
+# report with --flush-forms ("sroce ..., rxe ...").
+vm_flush_forms() {
+	echo "sroce $(sed -n 's/^flush sroce //p' "$WORK/check.log"), rxe $(sed -n 's/^flush rxe //p' "$WORK/check.log")"
+}
+
+# vm_wire_ops SIDE REGEX: how many packets of opcodes matching REGEX (as
+# 0x1c) SIDE (sroce or rxe) sent, from vm_wire_check's report.
+vm_wire_ops() {
+	awk -v who="$1:" -v re="$2" '/^[a-z]+:/ { s = ($1 == who) } s && $1 ~ re { n += $NF } END { print n + 0 }' "$WORK/check.log"
+}
+
 # vm_cleanup_on_exit: the EXIT trap of a test that uses vm_tap_ns: qemu,
 # the namespace and lib.sh's own cleanup.
 vm_cleanup_on_exit() {
