@@ -27,8 +27,8 @@ namespace sroce::agent {
 // 5: IPv6 addresses (16-byte addresses everywhere); 6: devices that follow
 // their net device (an empty address), RelayHdr::to_addr,
 // CmDeviceInfo::netdev; 7: CmDeviceInfo::gids; 8: RelayHdr's IP header
-// fields
-constexpr uint32_t kProtoVersion = 8;
+// fields; 9: QpEntry's congestion control
+constexpr uint32_t kProtoVersion = 9;
 
 // There is one agent per network namespace, which is exactly the scope of
 // the addresses it serves; where it listens is agent_client.hpp's
@@ -169,8 +169,14 @@ struct QpEntry {
     std::atomic<uint64_t> peer;
     // the peer's address (IPv6, or IPv4-mapped), in two halves
     std::atomic<uint64_t> peer_addr[2];
+    // Congestion control (congestion.hpp): the rate the QP is held to in
+    // kbit/s (0: not limited), CNPs sent and received, rate cuts.
+    std::atomic<uint64_t> cc_rate_kbps;
+    std::atomic<uint64_t> cc_cnps_sent;
+    std::atomic<uint64_t> cc_cnps_received;
+    std::atomic<uint64_t> cc_cuts;
 };
-static_assert(sizeof(QpEntry) == 32);
+static_assert(sizeof(QpEntry) == 64);
 
 inline uint64_t qp_entry_id(uint32_t qpn, uint32_t type, uint32_t state) {
     return 1ull << 63 | uint64_t(state & 0xFF) << 40 | uint64_t(type & 0xFF) << 32 |

@@ -57,7 +57,8 @@ void progress(Qp *qp, uint32_t una) {
     }
     if (wire::psn_diff(retired_to, una) > 0) una = retired_to;
     una = clamp_una(qp, una);
-    if (wire::psn_diff(una, qp->comp.una_psn) > 0) {
+    if (int32_t n = wire::psn_diff(una, qp->comp.una_psn); n > 0) {
+        qp->cc.acked_pkts += uint32_t(n); // congestion control's meter
         qp->comp.una_psn = una;
         qp->timers.retries_left = qp->attr.retry_cnt;
         qp->timers.rnr_left = qp->attr.rnr_retry;

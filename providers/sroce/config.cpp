@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
@@ -115,8 +116,20 @@ std::string parse_line(const std::vector<std::string> &words, Link &link) {
         } else if (key == "addr") {
             value = &link.addr;
             seen = &have_addr;
+        } else if (key == "cc") {
+            if (i + 1 >= words.size()) return "missing value after 'cc'";
+            if (words[i + 1] != "dcqcn" && words[i + 1] != "off")
+                return "unknown congestion control '" + words[i + 1] + "' (expected dcqcn or off)";
+            link.cc.enabled = words[i + 1] == "dcqcn";
+            continue;
+        } else if (std::string err =
+                       set_cc_param(link.cc, key, i + 1 < words.size() ? words[i + 1] : "");
+                   err.empty()) {
+            continue;
+        } else if (err.rfind("unknown", 0) != 0) {
+            return err;
         } else {
-            return "unknown keyword '" + key + "' (expected netdev or addr)";
+            return "unknown keyword '" + key + "' (expected netdev, addr, cc or a cc parameter)";
         }
         if (*seen) return "'" + key + "' given twice";
         if (i + 1 >= words.size()) return "missing value after '" + key + "'";
@@ -201,10 +214,17 @@ std::string place_key(const Link &l) {
 }
 
 std::string render(const std::vector<Link> &links) {
-    std::string out = "# sroce links, one per line: NAME netdev IF [addr IP]\n"
-                      "# Edited by 'sroce link add/del'; see sroce(8).\n";
-    for (const Link &l : links)
-        out += l.name + " netdev " + l.netdev + (l.addr.empty() ? "" : " addr " + l.addr) + "\n";
+    std::string out = "# sroce links, one per line: NAME netdev IF [addr IP] [cc ...]\n"
+                      "# Edited by 'sroce link add/set/del'; see sroce(8).\n";
+    for (const Link &l : links) {
+        out += l.name + " netdev " + l.netdev + (l.addr.empty() ? "" : " addr " + l.addr);
+        // A link with the defaults says nothing of them, so that new
+        // defaults reach it.
+        if (l.cc != CcParams{})
+            for (const std::string &w : cc_words(l.cc))
+                out += " " + w;
+        out += "\n";
+    }
     return out;
 }
 
@@ -218,7 +238,60 @@ int query_ifreq(const std::string &netdev, unsigned long request, ifreq &ifr) {
     return 0;
 }
 
+std::string number_text(double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.10g", v);
+    return b;
+}
+
 } // namespace
+
+const std::vector<CcParamInfo> &cc_params() {
+    static const std::vector<CcParamInfo> table = {
+        {"cnp-interval", &CcParams::cnp_interval, 0, 1e6, false, "us"},
+        {"cnp-dscp", &CcParams::cnp_dscp, 0, 63, true, "DSCP"},
+        {"cut-interval", &CcParams::cut_interval, 0, 1e6, false, "us"},
+        {"alpha-g", &CcParams::alpha_g, 1.0 / 65536, 1, false, "fraction"},
+        {"alpha-timer", &CcParams::alpha_timer, 1, 1e6, false, "us"},
+        {"rate-timer", &CcParams::rate_timer, 1, 1e6, false, "us"},
+        {"rate-bytes", &CcParams::rate_bytes, 1, 1e9, true, "bytes"},
+        {"stages", &CcParams::stages, 0, 100, true, "stages"},
+        {"ai-rate", &CcParams::ai_rate, 0, 1e6, false, "Mbit/s"},
+        {"hai-rate", &CcParams::hai_rate, 0, 1e6, false, "Mbit/s"},
+        {"min-rate", &CcParams::min_rate, 0.001, 1e6, false, "Mbit/s"},
+        {"first-rate", &CcParams::first_rate, 0, 1e6, false, "Mbit/s"},
+    };
+    return table;
+}
+
+std::string set_cc_param(CcParams &cc, const std::string &name, const std::string &value) {
+    for (const CcParamInfo &p : cc_params()) {
+        if (name != p.name) continue;
+        if (value.empty()) return "missing value after '" + name + "'";
+        char *end = nullptr;
+        errno = 0;
+        double v = std::strtod(value.c_str(), &end);
+        if (errno || end == value.c_str() || *end || !(v >= p.min && v <= p.max) ||
+            (p.integer && v != double(int64_t(v))))
+            return "invalid " + name + " '" + value + "' (" + std::string(p.unit) + ", " +
+                   (p.integer ? "an integer " : "") + "from " + number_text(p.min) + " to " +
+                   number_text(p.max) + ")";
+        cc.*p.field = v;
+        return {};
+    }
+    return "unknown congestion control parameter '" + name + "'";
+}
+
+std::vector<std::string> cc_words(const CcParams &cc) {
+    std::vector<std::string> w = {"cc", cc.enabled ? "dcqcn" : "off"};
+    const CcParams defaults;
+    for (const CcParamInfo &p : cc_params()) {
+        if (cc.*p.field == defaults.*p.field) continue;
+        w.push_back(p.name);
+        w.push_back(number_text(cc.*p.field));
+    }
+    return w;
+}
 
 std::string config_path() {
     const char *env = std::getenv("SROCE_CONFIG");

@@ -12,12 +12,50 @@
 
 namespace sroce {
 
+// Congestion control of a link (docs/congestion-control.md): ECN-capable
+// packets, CNPs for the CE marks received, and DCQCN's rate limiter per QP;
+// off unless `sroce link set NAME cc dcqcn` turns it on.
+// Every field but `enabled` is a parameter of `sroce link set NAME cc ...`,
+// in the units cc_params() names.
+struct CcParams {
+    bool enabled = false;       // cc dcqcn | cc off
+    double cnp_interval = 50;   // us: at most one CNP per QP this often
+    double cnp_dscp = 48;       // the CNPs' DSCP
+    double cut_interval = 50;   // us: at most one rate cut per QP this often
+    double alpha_g = 1.0 / 256; // g, α's gain
+    double alpha_timer = 55;    // us: α decays when no CNP came for this long
+    double rate_timer = 300;    // us: T, a rate increase this often
+    double rate_bytes = 65536;  // B: and one per this many bytes sent
+    double stages = 5;          // F: fast recovery stages
+    double ai_rate = 0.5;       // Mbit/s: R_AI, additive increase
+    double hai_rate = 5;        // Mbit/s: R_HAI, hyper increase
+    double min_rate = 1;        // Mbit/s: no QP is held below this
+    double first_rate = 0;      // Mbit/s: the rate the first CNP cuts (0: the QP's measured rate)
+    bool operator==(const CcParams &) const = default;
+};
+
+// The parameters by name, as links.conf and `sroce link set` write them.
+struct CcParamInfo {
+    const char *name;
+    double CcParams::*field;
+    double min, max;
+    bool integer;
+    const char *unit; // what the value counts
+};
+const std::vector<CcParamInfo> &cc_params();
+// Sets `name` to the text `value`; empty, or why it cannot.
+std::string set_cc_param(CcParams &cc, const std::string &name, const std::string &value);
+// `cc dcqcn` or `cc off` and the parameters that differ from the defaults,
+// as words for links.conf.
+std::vector<std::string> cc_words(const CcParams &cc);
+
 struct Link {
     std::string name;   // device name, as ibv_get_device_name() reports it
     std::string netdev; // interface the address lives on; used for MTU and state
     // IPv4 dotted quad, or an IPv6 literal; empty: every address of
     // netdev, as an rxe link has (the device follows its net device)
     std::string addr;
+    CcParams cc;
 
     bool operator==(const Link &) const = default;
 };

@@ -181,13 +181,17 @@ void Nic::print_stats() {
             "rx_no_qp %llu rx_dropped_fault %llu retransmits %llu timeouts %llu "
             "rx_flush_legacy_icrc %llu tx_flush_legacy_icrc %llu tx_segmented %llu "
             "rx_coalesced %llu rx_ip_id_solved %llu rx_held %llu tx_resent_selective %llu "
-            "tx_connected %llu tx_ip_id_learned %llu tx_flow_label_refused %llu\n",
+            "tx_connected %llu tx_ip_id_learned %llu tx_flow_label_refused %llu "
+            "rx_ce %llu tx_cnp %llu rx_cnp %llu rx_cnp_handled %llu cc_rate_cuts %llu "
+            "cc_paced %llu\n",
             dev_->ibdev.name, v(stats.rx_pkts), v(stats.tx_pkts), v(stats.rx_bad_icrc),
             v(stats.rx_bad_hdr), v(stats.rx_no_qp), v(stats.rx_dropped_fault), v(stats.retransmits),
             v(stats.timeouts), v(stats.rx_flush_legacy_icrc), v(stats.tx_flush_legacy_icrc),
             v(stats.tx_segmented), v(stats.rx_coalesced), v(stats.rx_ip_id_solved),
             v(stats.rx_held), v(stats.tx_resent_selective), v(stats.tx_connected),
-            v(stats.tx_ip_id_learned), v(stats.tx_flow_label_refused));
+            v(stats.tx_ip_id_learned), v(stats.tx_flow_label_refused), v(stats.rx_ce),
+            v(stats.tx_cnp), v(stats.rx_cnp), v(stats.rx_cnp_handled), v(stats.cc_rate_cuts),
+            v(stats.cc_paced));
 }
 
 void Nic::release() {
@@ -225,7 +229,7 @@ NicOptions NicOptions::from_env() {
 }
 
 Nic::Nic(Device *dev, const NicOptions &opt)
-    : dev_(dev), opt_(opt), tx_(std::make_unique<TxBatch>()),
+    : dev_(dev), opt_(opt), cc_(CcConfig::from(dev->link.cc)), tx_(std::make_unique<TxBatch>()),
       timer_tx_(std::make_unique<TxBatch>()) {
     // A QP is listed at most once (ack_listed): the receive path never grows it.
     acks_.reserve(kMaxQps);
@@ -338,6 +342,33 @@ void Nic::remove_qp(Qp *qp) {
     qps_[i].store(nullptr, std::memory_order_release);
     table_[i].id.store(0, std::memory_order_relaxed);
     live_qps_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void Nic::publish_cc(const Qp *qp) {
+    uint32_t i = qp->qpx.qp_base.qp_num - qpn_base_;
+    if (i >= kMaxQps || !table_) return;
+    const QpCc &c = qp->cc;
+    // kbit/s: bytes per ns times 8e6.
+    table_[i].cc_rate_kbps.store(c.limited ? std::max<uint64_t>(1, uint64_t(c.rc * 8e6)) : 0,
+                                 std::memory_order_relaxed);
+    table_[i].cc_cnps_sent.store(c.cnps_sent, std::memory_order_relaxed);
+    table_[i].cc_cnps_received.store(c.cnps_received, std::memory_order_relaxed);
+    table_[i].cc_cuts.store(c.cuts, std::memory_order_relaxed);
+}
+
+void Nic::pace_at(uint64_t at) {
+    uint64_t due = pace_due_.load(std::memory_order_relaxed);
+    while ((!due || at < due) &&
+           !pace_due_.compare_exchange_weak(due, at, std::memory_order_relaxed)) {
+    }
+    // The progress thread sleeps past it: wake it (it then sleeps no longer
+    // than until the earliest due).
+    uint64_t sleeping = sleep_until_.load(std::memory_order_relaxed);
+    if (sleeping && at < sleeping) {
+        uint64_t one = 1;
+        if (write(wake_fd_, &one, sizeof one) < 0) { /* a wake-up is pending anyway */
+        }
+    }
 }
 
 void Nic::publish_qp(const Qp *qp) {

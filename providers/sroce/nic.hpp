@@ -47,7 +47,11 @@ struct NicStats {
         tx_flow_label_refused{0},
         // Selective repeat: requests held past a gap, and packets resent
         // one by one (SACKs and the recovery timer).
-        rx_held{0}, tx_resent_selective{0};
+        rx_held{0}, tx_resent_selective{0},
+        // Congestion control: packets received with CE, CNPs sent, CNPs
+        // received (and of those, the ones acted on), rate cuts, and the
+        // times a QP's rate held its requester back.
+        rx_ce{0}, tx_cnp{0}, rx_cnp{0}, rx_cnp_handled{0}, cc_rate_cuts{0}, cc_paced{0};
 };
 
 // A NIC's settings from the environment (sroce(8)), read once, when the NIC
@@ -89,7 +93,8 @@ class Nic {
     // target application, or another QP's WRITE, can change it before the
     // batch is sent, and a payload that no longer matches its ICRC is a
     // packet the requester drops, again on every retry).
-    static constexpr unsigned kQueueLegacyFlush = 1, kQueueCopy = 2;
+    // kQueueCnp: a CNP, which is not ECN-capable (congestion.cpp).
+    static constexpr unsigned kQueueLegacyFlush = 1, kQueueCopy = 2, kQueueCnp = 4;
     // `src`: the address it leaves from (the AV's sgid_index's);
     // `f`: what the AV's GRH puts in the IP header (ip_fields()).
     void queue(TxBatch &b, const IpAddr &src, const IpAddr &dst, IpFields f, const uint8_t *hdr,
@@ -161,6 +166,14 @@ class Nic {
                (opt_.selective_repeat ? wire::bth::kAnnounceSelectiveRepeat : 0);
     }
 
+    // The device's congestion control (`sroce link set ... cc`).
+    const CcConfig &cc() const { return cc_; }
+    // A QP's rate holds it back until `at`: the progress thread runs its
+    // requester then (fire_timers), waking for it if it sleeps past that.
+    void pace_at(uint64_t at);
+    // Shows the QP's congestion control in the table the agent lists.
+    void publish_cc(const Qp *qp);
+
     MrTable mrs;
     // Held by whoever dispatches packets (the progress thread or an
     // application thread in app_progress) while it touches QPs and MRs, and
@@ -211,7 +224,13 @@ class Nic {
     void dispatch(const uint8_t *data, size_t len, const RxDatagram &from, uint16_t pos,
                   TxBatch &tx);
     void deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx);
-    void fire_timers(TxBatch &tx);
+    // A CNP for one of our QPs (the reaction point, congestion.hpp).
+    void receive_cnp(const wire::Packet &pkt);
+    // Runs the requester of every paced QP whose time has come; with `scan`
+    // also every QP's other timers and congestion control's meter.
+    void fire_timers(TxBatch &tx, bool scan);
+    // Whether a paced QP's time has come.
+    bool pace_due(uint64_t now) const;
     void send_acks(TxBatch &tx);
     // Sends the deferred ACKs that are due (all of them with `all`); the
     // caller holds rx_mu_ and objects_mu.
@@ -220,6 +239,12 @@ class Nic {
 
     Device *dev_;
     const NicOptions opt_;
+    const CcConfig cc_;
+    // The earliest pace_at() not yet served (0: none), and when the progress
+    // thread's sleep ends (0: it is awake): a QP paced earlier than that
+    // wakes it.
+    std::atomic<uint64_t> pace_due_{0};
+    std::atomic<uint64_t> sleep_until_{0};
     int refs_ = 0;
     std::unique_ptr<Port> port_;
     UdpPort *udp_ = nullptr; // port_, when it is the kernel's UDP
@@ -279,6 +304,8 @@ class Nic {
     // agent's exit.
     std::atomic<uint32_t> live_qps_{0};
     static constexpr int kIdleSleepMs = 20;
+    // With QPs, it sleeps at most this long between timer scans.
+    static constexpr uint64_t kTimerSleepNs = 1000000;
     static constexpr uint64_t kTimerScanNs = 500000;     // timers are looked at this often
     uint64_t last_poll_timers_ns_ = 0;                   // poll_once()'s last look, under rx_mu_
     static constexpr int kMaxPollFds = 1 + kMaxMcGroups; // the port's

@@ -54,6 +54,7 @@ constexpr OpInfo make(const char *name, uint16_t hdrs, uint16_t flags) {
         o.ieth = off;
         off += kIethLen;
     }
+    if (hdrs & kHasCnpPad) off += kCnpPadLen;
     o.hdr_len = off;
     return o;
 }
@@ -120,6 +121,8 @@ constexpr std::array<OpInfo, 256> build_table() {
     t[kUdSendOnly] = make("UD_SEND_ONLY", P | kHasDeth, RQ | kOpSend | F | L | C);
     t[kUdSendOnlyImm] =
         make("UD_SEND_ONLY_WITH_IMMEDIATE", P | kHasDeth | kHasImmDt, RQ | kOpSend | F | L | C);
+    // Congestion notification (RoCEv2 annex A17): BTH, 16 reserved bytes, ICRC.
+    t[kCnp] = make("CNP", kHasCnpPad, kOpCnp);
     // XRC: every RC opcode but FLUSH/ATOMIC WRITE; requests carry an XRCETH.
     constexpr const char *kXrcNames[0x18] = {"XRC_SEND_FIRST",
                                              "XRC_SEND_MIDDLE",
@@ -158,6 +161,7 @@ constexpr std::array<OpInfo, 256> kTable = build_table();
 static_assert(kTable[kWriteOnlyImm].hdr_len == kBthLen + kRethLen + kImmDtLen);
 static_assert(kTable[kAtomicAcknowledge].hdr_len == kBthLen + kAethLen + kAtomicAckEthLen);
 static_assert(kTable[kCompareSwap].hdr_len == kBthLen + kAtomicEthLen);
+static_assert(kTable[kCnp].hdr_len == kBthLen + kCnpPadLen);
 static_assert(kTable[kFlush].reth == kBthLen + kFethLen);
 static_assert(kTable[kCommitWriteOnlyImm].ceth == kBthLen + kRethLen);
 static_assert(kTable[kCommitWriteOnlyImm].immdt == kBthLen + kRethLen + kCethLen);

@@ -14,19 +14,38 @@
 
 namespace sroce {
 
-void Nic::fire_timers(TxBatch &tx) {
+void Nic::fire_timers(TxBatch &tx, bool scan) {
     uint64_t now = now_ns();
+    // Paced QPs whose time is still to come set the next due again.
+    pace_due_.store(0, std::memory_order_relaxed);
     uint32_t top = qp_top_.load(std::memory_order_acquire);
     for (uint32_t i = 0; i < top; i++) {
         Qp *qp = qps_[i].load(std::memory_order_acquire);
         if (!qp) continue;
         std::unique_lock<std::mutex> g(qp->mu);
         tx.order = &qp->tx_mu;
-        if (qp->timers.retransmit_at_ns || qp->timers.rnr_at_ns || qp->timers.recovery_at_ns)
-            req_timers(qp, tx, now);
+        if (uint64_t at = qp->timers.pace_at_ns) {
+            if (now >= at) {
+                qp->timers.pace_at_ns = 0;
+                req_run(qp, tx);
+            } else {
+                pace_at(at);
+            }
+        }
+        if (scan) {
+            if (qp->timers.retransmit_at_ns || qp->timers.rnr_at_ns || qp->timers.recovery_at_ns)
+                req_timers(qp, tx, now);
+            // Let go of while it was held back: it sends now.
+            if (cc_.on && cc_tick(qp, now)) req_run(qp, tx);
+        }
         tx.order = nullptr;
         send_and_unlock(qp, tx, g);
     }
+}
+
+bool Nic::pace_due(uint64_t now) const {
+    uint64_t due = pace_due_.load(std::memory_order_relaxed);
+    return due && now >= due;
 }
 
 int Nic::poll_once() {
@@ -34,10 +53,11 @@ int Nic::poll_once() {
     int n = rx_pass();
     // As often as the progress thread would look, not at every call.
     uint64_t now = now_ns();
-    if (now - last_poll_timers_ns_ >= kTimerScanNs) {
-        last_poll_timers_ns_ = now;
+    bool scan = now - last_poll_timers_ns_ >= kTimerScanNs;
+    if (scan || pace_due(now)) {
+        if (scan) last_poll_timers_ns_ = now;
         std::lock_guard<std::mutex> g(objects_mu);
-        fire_timers(*timer_tx_);
+        fire_timers(*timer_tx_, scan);
     }
     return n;
 }
@@ -108,12 +128,23 @@ void Nic::wait_for_work(uint64_t spin_until) {
         // device, so an rdma_cm application has one such thread for each
         // device it does not use, and each wake-up takes a CPU from one
         // that works.
-        int timeout = live_qps_.load(std::memory_order_relaxed) ? 1 : kIdleSleepMs;
-        if (poll(p, n, timeout) > 0 && (p[0].revents & POLLIN)) {
+        uint64_t sleep_ns = live_qps_.load(std::memory_order_relaxed)
+                                ? kTimerSleepNs
+                                : uint64_t(kIdleSleepMs) * 1000000;
+        // Until a paced QP may send again, if that comes first.
+        if (uint64_t due = pace_due_.load(std::memory_order_relaxed))
+            sleep_ns = due > now ? std::min(sleep_ns, due - now) : 0;
+        sleep_until_.store(now + sleep_ns, std::memory_order_relaxed);
+        // A pace_at() between the load above and the store is seen here.
+        if (uint64_t due = pace_due_.load(std::memory_order_relaxed); due && due < now + sleep_ns)
+            sleep_ns = due > now ? due - now : 0;
+        timespec ts = {time_t(sleep_ns / 1000000000), long(sleep_ns % 1000000000)};
+        if (ppoll(p, n, &ts, nullptr) > 0 && (p[0].revents & POLLIN)) {
             uint64_t v;
             if (read(wake_fd_, &v, sizeof v) < 0) { /* spurious wake */
             }
         }
+        sleep_until_.store(0, std::memory_order_relaxed);
     }
 }
 
@@ -160,10 +191,14 @@ void Nic::run() {
             sched_yield();
         // Timers need no receive lock, so an application that keeps it busy
         // cannot hold retransmissions back.
+        if (pace_due(now) && now - last_timer_scan <= kTimerScanNs) {
+            std::lock_guard<std::mutex> g(objects_mu);
+            fire_timers(*timer_tx_, false);
+        }
         if (now - last_timer_scan > kTimerScanNs) {
             {
                 std::lock_guard<std::mutex> g(objects_mu);
-                fire_timers(*timer_tx_);
+                fire_timers(*timer_tx_, true);
             }
             last_timer_scan = now;
             if (now - last_agent_check > 20000000) {

@@ -153,7 +153,7 @@ void qp_fail_queues(Qp *qp) {
     for (uint32_t i = r.rq.tail; i != r.rq.head; i++)
         complete_recv(qp, r.rq.wqe[i % r.rq.max_wr], flushed);
     r.rq.tail = r.rq.head;
-    qp->timers.retransmit_at_ns = qp->timers.rnr_at_ns = 0;
+    qp->timers.retransmit_at_ns = qp->timers.rnr_at_ns = qp->timers.pace_at_ns = 0;
 }
 
 void qp_enter_error(Qp *qp) {
@@ -193,6 +193,7 @@ void reset_state(Qp *qp) {
         res.valid = false;
     r.reorder = Reorder{};
     q.resent.reset();
+    cc_reset(qp);
     qp->commit.dirty.clear();
     qp->commit.in_msg = false;
     qp->peer_announced = 0;

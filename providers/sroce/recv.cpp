@@ -155,6 +155,11 @@ void Nic::dispatch(const uint8_t *data, size_t len, const RxDatagram &from, uint
     pkt.dst_addr = dst;
     pkt.ip = from.ip;
     pkt.ip_id = id;
+    if ((pkt.ip.tclass & kEcnMask) == kEcnCe) stats.rx_ce.fetch_add(1, std::memory_order_relaxed);
+    if (pkt.info->flags & wire::kOpCnp) {
+        receive_cnp(pkt);
+        return;
+    }
     if (dst.multicast()) {
         // A multicast group's: every UD QP attached gets a copy.
         for (McGroup &m : mc_) {
@@ -200,6 +205,9 @@ void Nic::deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx) {
         qp->agree_selective_repeat();
     }
     tx.order = &qp->tx_mu;
+    // The notification point: a request that met congestion on its way.
+    // Marks on responses are not reported, as nothing paces them.
+    if (request && cc_.on && (pkt.ip.tclass & kEcnMask) == kEcnCe) cc_congestion_seen(qp, pkt, tx);
     if (request) {
         // The peer's own FLUSH shows the ICRC form it takes (req.cpp).
         if (pkt.opcode == wire::kFlush && pkt.src_addr == qp->attr.dest_addr)
@@ -216,6 +224,27 @@ void Nic::deliver(Qp *qp, wire::Packet &pkt, TxBatch &tx) {
     // thread also transmits on this QP.
     tx.order = nullptr;
     send_and_unlock(qp, tx, g);
+}
+
+void Nic::receive_cnp(const wire::Packet &pkt) {
+    stats.rx_cnp.fetch_add(1, std::memory_order_relaxed);
+    Qp *qp = find_qp(pkt.qpn);
+    if (!qp) {
+        stats.rx_no_qp.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
+    std::lock_guard<std::mutex> g(qp->mu);
+    // From the connected peer only: anyone else could slow the QP down.  A
+    // UD QP takes them from whoever it sends to.
+    if (qp->attr.state < IBV_QPS_RTS || qp->attr.state == IBV_QPS_ERR ||
+        (qp->type != IBV_QPT_UD &&
+         (pkt.src_addr != qp->attr.dest_addr || pkt.dst_addr != qp->attr.src_addr))) {
+        stats.rx_no_qp.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
+    // Counted, not acted on, with congestion control off: to compare.
+    if (!cc_.on) return;
+    cc_cnp_received(qp, now_ns());
 }
 
 int Nic::attach_mcast(Qp *qp, const IpAddr &group) {

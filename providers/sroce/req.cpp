@@ -169,9 +169,12 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx, bool ackreq_always
     const IpAddr &saddr = ud ? w.ud_src : qp->attr.src_addr;
     IpFields ipf = ud ? w.ud_ip : ip_fields(qp->attr.ah.grh);
     bool last = info.flags & kOpLast;
-    bool ackreq =
-        qp->reliable() && ((info.flags & (kOpRead | kOpAtomic | kOpFlush | kOpAtomicWrite)) ||
-                           last || ackreq_always || ++qp->req.pkts_since_ackreq >= kAckReqEvery);
+    // A QP its rate holds back asks for every packet's acknowledgement: at a
+    // packet every few milliseconds, one ACK per kAckReqEvery would leave the
+    // selective-repeat recovery timer to resend what is not lost.
+    bool ackreq = qp->reliable() &&
+                  ((info.flags & (kOpRead | kOpAtomic | kOpFlush | kOpAtomicWrite)) || last ||
+                   ackreq_always || qp->cc.limited || ++qp->req.pkts_since_ackreq >= kAckReqEvery);
     if (ackreq) qp->req.pkts_since_ackreq = 0;
     bool se = last && (w.flags & IBV_SEND_SOLICITED);
     bth::build(hdr, op, se, 0, kDefaultPkey, dqpn, ackreq, psn);
@@ -327,6 +330,15 @@ void req_run(Qp *qp, TxBatch &tx) {
     post_tm_fin(qp);
     bool reliable = qp->reliable();
     bool sent = false, local_done = false;
+    // Congestion control: while the QP's rate limits it, each packet waits
+    // for its bytes (congestion.hpp); the pacing timer resumes it.
+    uint64_t now = 0;
+    if (qp->cc.limited) {
+        if (qp->timers.pace_at_ns) return;
+        now = now_ns();
+        cc_refill(qp, now);
+    }
+    const uint32_t mtu = qp->attr.mtu;
     while (q.cur != sq.head) {
         SendWqe &w = sq.at(q.cur);
         if (w.tx.done) {
@@ -373,6 +385,9 @@ void req_run(Qp *qp, TxBatch &tx) {
         }
         if (needs_credit(w)) {
             if (w.tx.sent_pkts == 0) {
+                if (qp->cc.limited && !cc_admit(qp, kCcPacketOverhead, now)) goto out;
+                qp->cc.tx_bytes += kCcPacketOverhead;
+                qp->cc.tx_pkts++;
                 send_packet(qp, w, w.tx.read_next, tx);
                 w.tx.sent_pkts = 1;
                 sent = true;
@@ -381,6 +396,12 @@ void req_run(Qp *qp, TxBatch &tx) {
             while (w.tx.sent_pkts < w.tx.npkts) {
                 uint32_t psn = wire::psn_add(w.tx.first_psn, w.tx.sent_pkts);
                 if (reliable && wire::psn_diff(psn, qp->comp.una_psn) >= kWindow) goto out;
+                uint32_t off = w.tx.sent_pkts * mtu;
+                uint32_t bytes =
+                    std::min(mtu, w.length - std::min(w.length, off)) + kCcPacketOverhead;
+                if (qp->cc.limited && !cc_admit(qp, bytes, now)) goto out;
+                qp->cc.tx_bytes += bytes;
+                qp->cc.tx_pkts++;
                 send_packet(qp, w, w.tx.sent_pkts, tx);
                 w.tx.sent_pkts++;
                 sent = true;

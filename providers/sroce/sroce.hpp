@@ -37,6 +37,7 @@
 #pragma once
 
 #include "config.hpp"
+#include "congestion.hpp"
 #include "persist.hpp"
 #include "wire.hpp"
 
@@ -636,6 +637,9 @@ struct QpTimers {
     // that moves una refills both.
     uint32_t retries_left = 7, rnr_left = 7;
     uint32_t sr_backoff = 0; // selective repeat: doublings since the oldest PSN last advanced
+    // Congestion control: the rate limiter holds the requester back until
+    // then (congestion.hpp).
+    uint64_t pace_at_ns = 0;
 };
 
 // Selective repeat at the responder: requests received past a gap, held
@@ -755,6 +759,7 @@ struct Qp {
     QpTimers timers;
     Responder resp;
     CommitState commit;
+    QpCc cc;
     // Which ICRC form of FLUSH the peer takes (wire-protocol.md §4.4): learned
     // from the FLUSHes it sends (recv.cpp) and answers (comp.cpp), used by
     // the requester.

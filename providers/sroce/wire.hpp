@@ -33,9 +33,10 @@ constexpr size_t kAtomicAckEthLen = 8;
 constexpr size_t kImmDtLen = 4;
 constexpr size_t kIethLen = 4;
 constexpr size_t kFethLen = 4;
-constexpr size_t kCethLen = 4;   // sroce's Commit Extended Transport Header
-constexpr size_t kDethLen = 8;   // Datagram ETH: Q_Key, reserved, source QP
-constexpr size_t kXrcEthLen = 4; // XRC ETH: reserved, XRC SRQ number
+constexpr size_t kCethLen = 4;    // sroce's Commit Extended Transport Header
+constexpr size_t kDethLen = 8;    // Datagram ETH: Q_Key, reserved, source QP
+constexpr size_t kXrcEthLen = 4;  // XRC ETH: reserved, XRC SRQ number
+constexpr size_t kCnpPadLen = 16; // the 16 reserved bytes after a CNP's BTH
 constexpr size_t kIcrcLen = 4;
 constexpr size_t kIpv4HdrLen = 20;
 constexpr size_t kIpv6HdrLen = 40;
@@ -139,6 +140,9 @@ inline uint8_t announced(const uint8_t *h) {
 inline void announce(uint8_t *h, uint8_t caps) {
     if (caps) h[8] = uint8_t((h[8] & 0x80) | kAnnounceTag | (caps & kAnnounceCaps));
 }
+// FECN and BECN (byte 4).  A CNP sets BECN, as RNICs send it; nothing else
+// of the BTH's reserved bits carries meaning.
+constexpr uint8_t kBecn = 0x40;
 inline void build(uint8_t *h, uint8_t opcode, bool se, uint8_t pad, uint16_t pkey, uint32_t qpn,
                   bool ackreq, uint32_t psn) {
     h[0] = opcode;
@@ -183,6 +187,7 @@ enum HdrMask : uint16_t {
     kHasCeth = 1 << 8,
     kHasDeth = 1 << 9,
     kHasXrcEth = 1 << 10,
+    kHasCnpPad = 1 << 11, // a CNP's 16 reserved bytes
 };
 
 // Role bits of the opcode table.
@@ -202,6 +207,7 @@ enum OpFlags : uint16_t {
     kOpComplete = 1 << 12, // completes a message at the responder (consumes MSN)
     kOpCommit = 1 << 13,   // native write-commit (also kOpWrite)
     kOpInv = 1 << 14,      // SEND WITH INVALIDATE
+    kOpCnp = 1 << 15,      // a congestion notification: neither request nor response
 };
 
 // Transport of an opcode: its top three bits (IBTA 9.2.2).
@@ -248,6 +254,8 @@ enum Opcode : uint8_t {
     // UD
     kUdSendOnly = 0x64,
     kUdSendOnlyImm = 0x65,
+    // CNP: transport bits 100 (RoCEv2 annex A17).
+    kCnp = 0x81,
     // XRC: the RC request and response opcodes with transport bits 101.
     kXrcBase = 0xA0,
     // Manufacturer-specific space (0xC0-0xFF): sent only to peers that

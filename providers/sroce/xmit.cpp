@@ -14,6 +14,10 @@ void Nic::queue(TxBatch &b, const IpAddr &src, const IpAddr &dst, IpFields f, co
                 size_t hdr_len, const iovec *iov, int iovcnt, uint32_t payload_len,
                 unsigned flags) {
     bool copy = flags & kQueueCopy;
+    // With congestion control every packet but a CNP is ECN-capable, so a
+    // switch marks it instead of dropping it; a traffic class that says
+    // otherwise of ECN itself is left as the application set it.
+    if (cc_.on && !(f.tclass & kEcnMask) && !(flags & kQueueCnp)) f.tclass |= kEct0;
     if (b.n == TxBatch::kSlots || b.niov + iovcnt + 2 > TxBatch::kIovs ||
         (copy && b.copied + payload_len > TxBatch::kCopyBytes)) {
         std::unique_lock<std::mutex> t;

@@ -71,8 +71,8 @@ roce_mtu=0
 for m in 256 512 1024 2048 4096; do
 	if ((m <= lo_mtu - 20 - 8 - 12 - 28 - 4)); then roce_mtu=$m; fi
 done
-line0="link sroce0/1 state ACTIVE physical_state LINK_UP netdev lo mtu $roce_mtu"
-line1="link sroce1/1 state ACTIVE physical_state LINK_UP netdev lo addr 127.0.0.2 mtu $roce_mtu"
+line0="link sroce0/1 state ACTIVE physical_state LINK_UP netdev lo mtu $roce_mtu cc off"
+line1="link sroce1/1 state ACTIVE physical_state LINK_UP netdev lo addr 127.0.0.2 mtu $roce_mtu cc off"
 
 # --- generic options and usage errors ---
 expect 0 "$sroce" --version
@@ -160,6 +160,37 @@ expect 0 "$sroce" --json link show sroce0
 out_has '"ifname":"sroce0"'
 [[ $out != *sroce1* ]] || fail "show NAME -j printed other links: $out"
 
+# --- set: congestion control ---
+expect 0 "$sroce" link set sroce1 cc dcqcn ai-rate 2.5 cnp-interval 20
+out_is ""
+expect 0 "$sroce" link show sroce1
+out_is "${line1% cc off} cc dcqcn cnp-interval 20 ai-rate 2.5"
+grep -qx 'sroce1 netdev lo addr 127.0.0.2 cc dcqcn cnp-interval 20 ai-rate 2.5' "$SROCE_CONFIG" ||
+	fail "set wrote: $(cat "$SROCE_CONFIG")"
+expect 0 "$sroce" -j link show sroce1
+out_has '"cc":{"mode":"dcqcn","cnp-interval":20.0,"cnp-dscp":48.0,'
+expect 0 "$sroce" link set sroce1 cc off
+expect 0 "$sroce" link show sroce1
+out_is "${line1} cnp-interval 20 ai-rate 2.5"
+# Refused, each with its reason, and the file left as it was.
+before=$(cat "$SROCE_CONFIG")
+expect 2 "$sroce" link set sroce1
+err_has "nothing to set"
+expect 2 "$sroce" link set sroce1 cc
+err_has "missing value after 'cc'"
+expect 2 "$sroce" link set sroce1 cc maybe
+err_has "unknown congestion control 'maybe' (expected dcqcn, off or default)"
+expect 2 "$sroce" link set sroce1 stages 1.5
+err_has "invalid stages '1.5' (stages, an integer from 0 to 100)"
+expect 2 "$sroce" link set sroce1 mtu 1024
+err_has "unknown keyword 'mtu'"
+expect 1 "$sroce" link set nosuch cc off
+err_has "link 'nosuch' does not exist"
+[[ $(cat "$SROCE_CONFIG") == "$before" ]] || fail "refused sets changed the file: $(cat "$SROCE_CONFIG")"
+expect 0 "$sroce" link set sroce1 cc default
+expect 0 "$sroce" link show sroce1
+out_is "$line1"
+
 # --- del ---
 expect 0 "$sroce" link del sroce0
 out_is ""
@@ -189,7 +220,7 @@ err_has "$bad:2:"
 gone=$tmp/gone.conf
 printf 'sroce5 netdev gone0 addr 127.0.0.5\n' >"$gone"
 expect 0 "$sroce" --config "$gone" link show
-out_is "link sroce5/1 state DOWN physical_state DISABLED netdev gone0 addr 127.0.0.5"
+out_is "link sroce5/1 state DOWN physical_state DISABLED netdev gone0 addr 127.0.0.5 cc off"
 expect 0 "$sroce" --config "$gone" -j link show
 out_has '"state":"DOWN"'
 [[ $out != *mtu* ]] || fail "a link without interface reports an MTU: $out"

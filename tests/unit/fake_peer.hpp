@@ -63,6 +63,12 @@ constexpr bool kOnUdp = true;
 #else
 constexpr bool kOnUdp = false;
 #endif
+// What the device's line in links.conf says beyond its address.
+#ifdef FAKE_PEER_LINK_OPTIONS
+constexpr const char *kLinkOptions = FAKE_PEER_LINK_OPTIONS;
+#else
+constexpr const char *kLinkOptions = "";
+#endif
 
 using namespace sroce;
 using namespace sroce::wire;
@@ -115,11 +121,13 @@ extern "C" {
 struct sroce_memwire_header {
     uint32_t src, dst;
     uint16_t sport, dport, ip_id;
+    uint8_t tclass;
 };
 void sroce_memwire_listen(uint32_t addr);
 long sroce_memwire_take(uint32_t addr, void *buf, size_t cap, sroce_memwire_header *hdr);
 int sroce_memwire_send(uint32_t from, uint16_t from_port, uint32_t to, const void *data, size_t len,
-                       size_t seg);
+                       size_t seg, uint8_t tclass);
+void sroce_memwire_clock(uint64_t ns);
 }
 
 // A UDP socket that sends DF datagrams with IP ID 0, as an sroce peer does.
@@ -237,7 +245,7 @@ class Env : public ::testing::Environment {
         }
         w.dir = tmpl;
         std::filesystem::path conf = w.dir / "links.conf";
-        std::ofstream(conf) << kDevName << " netdev lo addr " << kDevAddr << "\n";
+        std::ofstream(conf) << kDevName << " netdev lo addr " << kDevAddr << kLinkOptions << "\n";
         // Must precede the first ibv_get_device_list(): the engine reads it once.
         setenv("SROCE_CONFIG", conf.c_str(), 1);
         unsetenv("SROCE_FAULT");
@@ -314,6 +322,7 @@ struct Rx {
     uint64_t swap_add = 0, compare = 0;
     Bytes payload;
     bool legacy_icrc = false; // a FLUSH with Linux rxe's ICRC form (icrc.hpp)
+    int tclass = -1;          // the TOS byte it was sent with (-1: not known, on UDP)
 
     std::string str() const {
         const char *n = op_info(opcode).name;
@@ -401,9 +410,12 @@ uint16_t port_of(const Endpoint &e) {
     return ntohs(sa.sin_port);
 }
 
-void send_raw(const Endpoint &e, const Bytes &p) {
+// `tclass`: the TOS byte the datagram arrives with (in memory only).
+void send_raw(const Endpoint &e, const Bytes &p, uint8_t tclass = 0) {
     if (e.fd < 0) {
-        ASSERT_EQ(sroce_memwire_send(ip4(e.addr), e.port, ip4(kDevAddr), p.data(), p.size(), 0), 0);
+        ASSERT_EQ(
+            sroce_memwire_send(ip4(e.addr), e.port, ip4(kDevAddr), p.data(), p.size(), 0, tclass),
+            0);
         return;
     }
     int fd = e.fd;
@@ -486,6 +498,7 @@ std::optional<Rx> next_datagram(const Endpoint &e, int ms, IpHeader &ip, bool &i
         }
         rx.raw.resize(size_t(n));
         ip = {IpAddr::v4(h.src), IpAddr::v4(h.dst), h.sport, h.dport, h.ip_id};
+        rx.tclass = h.tclass;
         id_known = true;
         return rx;
     }
@@ -557,7 +570,8 @@ std::optional<Rx> receive(const Endpoint &at, int ms, bool legacy_ok = false) {
     }
     const uint8_t *h = rx.raw.data();
     EXPECT_EQ(bth::tver(h), 0);
-    EXPECT_EQ(h[4], 0) << "FECN/BECN/reserved bits set";
+    // Only a CNP sets BECN.
+    EXPECT_EQ(h[4], pkt.opcode == kCnp ? bth::kBecn : 0) << "FECN/BECN/reserved bits";
     rx.opcode = pkt.opcode;
     rx.qpn = pkt.qpn;
     rx.psn = pkt.psn;

@@ -259,7 +259,59 @@ INSTANTIATE_TEST_SUITE_P(
         // Different spellings of one address are still one endpoint.
         BadLine{"a netdev lo addr ::1\nb netdev lo addr 0:0::1\n", 2, "already used by link 'a'"},
         BadLine{"a netdev lo addr 10.0.0.1\nb netdev lo addr ::ffff:10.0.0.1\n", 2,
-                "already used by link 'a'"}));
+                "already used by link 'a'"},
+        // Congestion control and its parameters.
+        BadLine{"a netdev lo cc\n", 1, "missing value after 'cc'"},
+        BadLine{"a netdev lo cc maybe\n", 1,
+                "unknown congestion control 'maybe' (expected dcqcn or off)"},
+        BadLine{"a netdev lo cc dcqcn stages 1.5\n", 1,
+                "invalid stages '1.5' (stages, an integer from 0 to 100)"},
+        BadLine{"a netdev lo cnp-dscp 64\n", 1, "invalid cnp-dscp '64'"},
+        BadLine{"a netdev lo ai-rate -1\n", 1, "invalid ai-rate '-1'"},
+        BadLine{"a netdev lo ai-rate 1x\n", 1, "invalid ai-rate '1x'"},
+        BadLine{"a netdev lo min-rate 0\n", 1, "invalid min-rate '0'"},
+        BadLine{"a netdev lo rate-timer\n", 1, "missing value after 'rate-timer'"}));
+
+TEST_F(ConfigTest, CongestionControl) {
+    auto links =
+        sroce::load_links(write("a netdev lo addr 127.0.0.1 cc off ai-rate 2.5 cnp-interval 20\n"
+                                "b netdev lo addr 127.0.0.2\n"));
+    ASSERT_EQ(links.size(), 2u);
+    sroce::CcParams want;
+    want.enabled = false;
+    want.ai_rate = 2.5;
+    want.cnp_interval = 20;
+    EXPECT_EQ(links[0].cc, want);
+    // Unsaid: off, with the defaults.
+    EXPECT_EQ(links[1].cc, sroce::CcParams{});
+    EXPECT_FALSE(links[1].cc.enabled);
+    // Saved with what differs from the defaults only, and read back.
+    links[1].cc.alpha_g = 1.0 / 64;
+    sroce::save_links(path(), links);
+    EXPECT_EQ(sroce::load_links(path()), links);
+    std::ifstream in(path());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("a netdev lo addr 127.0.0.1 cc off cnp-interval 20 ai-rate 2.5\n"),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("b netdev lo addr 127.0.0.2 cc off alpha-g 0.015625\n"), std::string::npos)
+        << text;
+    // Every parameter has a name, a range that holds its default, a unit.
+    const sroce::CcParams defaults;
+    for (const sroce::CcParamInfo &p : sroce::cc_params()) {
+        SCOPED_TRACE(p.name);
+        EXPECT_GE(defaults.*p.field, p.min);
+        EXPECT_LE(defaults.*p.field, p.max);
+        sroce::CcParams c;
+        EXPECT_EQ(sroce::set_cc_param(c, p.name, "7x")
+                      .rfind(std::string("invalid ") + p.name + " '7x' (" + p.unit + ", ", 0),
+                  0u);
+        EXPECT_EQ(c, defaults);
+    }
+    sroce::CcParams c;
+    EXPECT_EQ(sroce::set_cc_param(c, "no-such", "1"),
+              "unknown congestion control parameter 'no-such'");
+}
 
 TEST_F(ConfigTest, UnreadableFileThrows) {
     fs::create_directory(path());

@@ -195,7 +195,7 @@ TEST(OpcodeTable, XrcRequestsCarryXrcEthAfterBth) {
 TEST(OpcodeTable, EverythingElseIsUnsupported) {
     for (int op = 0; op < 256; op++) {
         if (layout(uint8_t(op)) || is_uc(op) || is_xrc(op) || op == kUdSendOnly ||
-            op == kUdSendOnlyImm)
+            op == kUdSendOnlyImm || op == kCnp)
             continue;
         EXPECT_EQ(op_info(uint8_t(op)).name, nullptr) << "opcode 0x" << std::hex << op;
     }
@@ -421,10 +421,11 @@ TEST(Parse, RejectsDatagramsTooShortForTheirHeaders) {
 
 TEST(Parse, RejectsUnknownOpcodes) {
     Packet pkt;
-    // Reserved RC codes, UC codes past WRITE, RD, UD codes but SEND, CNP,
-    // XRC codes past SEND WITH INVALIDATE, unused vendor codes, and 0xFF.
-    for (int op : {0x15, 0x18, 0x19, 0x1A, 0x1B, 0x1E, 0x1F, 0x2C, 0x2D, 0x40, 0x4C, 0x60, 0x66,
-                   0x81, 0xB5, 0xBC, 0xC7, 0xE0, 0xFF}) {
+    // Reserved RC codes, UC codes past WRITE, RD, UD codes but SEND, the
+    // CNP space but CNP itself, XRC codes past SEND WITH INVALIDATE, unused
+    // vendor codes, and 0xFF.
+    for (int op : {0x15, 0x18, 0x19, 0x1A, 0x1B, 0x1E, 0x1F, 0x2C, 0x2D, 0x40, 0x4C,
+                   0x60, 0x66, 0x80, 0x82, 0x9F, 0xB5, 0xBC, 0xC7, 0xE0, 0xFF}) {
         Bytes p = build(uint8_t(op), 1, 2, 64);
         EXPECT_EQ(parse(p.data(), p.size(), pkt), ParseError::kBadOpcode) << op;
     }
@@ -481,7 +482,7 @@ TEST(Parse, RejectsPadLargerThanTheBody) {
 TEST(Parse, RejectsPayloadOnANoPayloadOpcode) {
     Packet pkt;
     for (uint8_t op :
-         {kReadRequest, kAcknowledge, kAtomicAcknowledge, kCompareSwap, kFetchAdd, kFlush}) {
+         {kReadRequest, kAcknowledge, kAtomicAcknowledge, kCompareSwap, kFetchAdd, kFlush, kCnp}) {
         SCOPED_TRACE(op_info(op).name);
         for (size_t extra : {1, 4, 8, 64}) {
             Bytes p = build(op, 1, 2, 0);
@@ -493,6 +494,26 @@ TEST(Parse, RejectsPayloadOnANoPayloadOpcode) {
         p[1] = uint8_t(p[1] | 1 << 4);
         EXPECT_EQ(parse(p.data(), p.size(), pkt), ParseError::kBadLength);
     }
+}
+
+// A CNP as RoCEv2's annex A17 has it and RNICs send it: BTH (BECN set, PSN
+// and A bit 0), 16 reserved bytes, ICRC; 32 bytes in all.
+TEST(Parse, Cnp) {
+    Packet pkt;
+    Bytes p(kBthLen + kCnpPadLen + kIcrcLen, 0);
+    bth::build(p.data(), kCnp, false, 0, kDefaultPkey, 0x1234, false, 0);
+    p[4] = bth::kBecn;
+    ASSERT_EQ(p.size(), 32u);
+    ASSERT_EQ(parse(p.data(), p.size(), pkt), ParseError::kOk);
+    EXPECT_STREQ(pkt.info->name, "CNP");
+    EXPECT_EQ(pkt.qpn, 0x1234u);
+    EXPECT_TRUE(pkt.info->flags & kOpCnp);
+    EXPECT_FALSE(pkt.info->flags & (kOpReq | kOpResp));
+    EXPECT_EQ(pkt.payload_len, 0u);
+    // Its reserved bytes are not optional.
+    Bytes shorter(p.begin() + 4, p.end());
+    std::copy(p.begin(), p.begin() + kBthLen, shorter.begin());
+    EXPECT_EQ(parse(shorter.data(), shorter.size(), pkt), ParseError::kTooShort);
 }
 
 TEST(Parse, ErrorStrings) {

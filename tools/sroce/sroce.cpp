@@ -150,6 +150,43 @@ void link_del(const std::string &path, const std::string &name) {
     sroce::save_links(path, links);
 }
 
+// `sroce link set NAME cc dcqcn|off|default [PARAM VALUE]...`: applies the
+// words to `cc`, or says why they are wrong.
+void apply_cc_keywords(sroce::CcParams &cc, const std::vector<std::string> &words) {
+    if (words.empty()) throw UsageError("nothing to set (expected cc and its parameters)");
+    for (std::size_t i = 0; i < words.size(); i += 2) {
+        const std::string &key = words[i];
+        if (i + 1 >= words.size()) throw UsageError("missing value after '" + key + "'");
+        const std::string &value = words[i + 1];
+        if (key == "cc") {
+            if (value == "default")
+                cc = sroce::CcParams{};
+            else if (value == "dcqcn" || value == "off")
+                cc.enabled = value == "dcqcn";
+            else
+                throw UsageError("unknown congestion control '" + value +
+                                 "' (expected dcqcn, off or default)");
+            continue;
+        }
+        if (std::string err = sroce::set_cc_param(cc, key, value); !err.empty())
+            throw UsageError(err.rfind("unknown", 0) == 0 ? "unknown keyword '" + key +
+                                                                "' (expected cc or one of its "
+                                                                "parameters; see sroce(8))"
+                                                          : err);
+    }
+}
+
+void link_set(const std::string &path, const std::string &name,
+              const std::vector<std::string> &keywords) {
+    sroce::ConfigLock lock(path);
+    std::vector<sroce::Link> links = sroce::load_links(path);
+    auto it = std::find_if(links.begin(), links.end(),
+                           [&](const sroce::Link &l) { return l.name == name; });
+    if (it == links.end()) throw std::runtime_error("link '" + name + "' does not exist");
+    apply_cc_keywords(it->cc, keywords);
+    sroce::save_links(path, links);
+}
+
 struct LinkStatus {
     bool active;
     std::optional<int> mtu;
@@ -196,19 +233,34 @@ nlohmann::ordered_json link_rows(const std::string &path, const std::optional<st
         if (st.netdev_index) j["netdev_index"] = *st.netdev_index;
         if (!l.addr.empty()) j["addr"] = l.addr; // none: every address of netdev
         if (st.mtu) j["mtu"] = *st.mtu;
+        nlohmann::ordered_json cc;
+        cc["mode"] = l.cc.enabled ? "dcqcn" : "off";
+        for (const sroce::CcParamInfo &p : sroce::cc_params())
+            cc[p.name] = l.cc.*p.field;
+        j["cc"] = std::move(cc);
         out.push_back(std::move(j));
     }
     if (want && out.empty()) throw std::runtime_error("link '" + *which + "' does not exist");
     return out;
 }
 
-std::string link_text(const nlohmann::ordered_json &row) {
+// `with_cc`: sroce's own listing; rdma(8)'s has no congestion control.
+std::string link_text(const nlohmann::ordered_json &row, bool with_cc = true) {
     std::string line = "link " + row["ifname"].get<std::string>() + "/1 state " +
                        row["state"].get<std::string>() + " physical_state " +
                        row["physical_state"].get<std::string>() + " netdev " +
                        row["netdev"].get<std::string>();
     if (row.contains("addr")) line += " addr " + row["addr"].get<std::string>();
     if (row.contains("mtu")) line += " mtu " + std::to_string(row["mtu"].get<int>());
+    // Congestion control, and the parameters that are not the defaults.
+    if (with_cc && row.contains("cc")) {
+        sroce::CcParams cc;
+        cc.enabled = row["cc"]["mode"] == "dcqcn";
+        for (const sroce::CcParamInfo &p : sroce::cc_params())
+            cc.*p.field = row["cc"][p.name].get<double>();
+        for (const std::string &w : sroce::cc_words(cc))
+            line += " " + w;
+    }
     return line;
 }
 
@@ -552,13 +604,15 @@ int run_rdma(int argc, char **argv) {
             auto parsed = nlohmann::ordered_json::parse(kernel.out, nullptr, false);
             if (parsed.is_array()) all = std::move(parsed);
         }
-        for (auto &row : rows)
+        for (auto &row : rows) {
+            row.erase("cc"); // not a key of rdma(8)'s
             all.push_back(std::move(row));
+        }
         std::cout << (pretty ? all.dump(4) : all.dump()) << '\n';
     } else {
         if (kernel.status == 0) std::cout << kernel.out;
         for (const auto &row : rows)
-            std::cout << link_text(row) << '\n';
+            std::cout << link_text(row, false) << '\n';
     }
     return 0;
 }
@@ -626,7 +680,16 @@ void resource_show(bool qps, bool as_json) {
                 if (q.contains("rqpn")) std::cout << " rqpn " << q["rqpn"].get<uint32_t>();
                 std::cout << " type " << q["type"].get<std::string>() << " state "
                           << q["state"].get<std::string>() << " pid " << p["pid"].get<int>()
-                          << " comm " << p["comm"].get<std::string>() << '\n';
+                          << " comm " << p["comm"].get<std::string>();
+                if (q.contains("cc")) {
+                    const auto &c = q["cc"];
+                    uint64_t kbps = c["rate_kbps"].get<uint64_t>();
+                    std::cout << " cc_rate " << (kbps ? std::to_string(kbps) + "kbit" : "-")
+                              << " cnps_sent " << c["cnps_sent"].get<uint64_t>()
+                              << " cnps_received " << c["cnps_received"].get<uint64_t>()
+                              << " rate_cuts " << c["rate_cuts"].get<uint64_t>();
+                }
+                std::cout << '\n';
             }
         }
     }
@@ -665,6 +728,17 @@ int main(int argc, char **argv) {
     add->add_option("NAME", add_name, "Device name, 1-63 characters from A-Za-z0-9_.-")->required();
     add->add_option("KEYWORDS", add_keywords, "netdev IF [addr IP]");
     add->footer("Usage: sroce link add NAME netdev IF [addr IP]");
+
+    std::string set_name;
+    std::vector<std::string> set_keywords;
+    CLI::App *set = link->add_subcommand("set", "Change device NAME's congestion control");
+    set->fallthrough();
+    set->add_option("NAME", set_name, "Device name")->required();
+    set->add_option("KEYWORDS", set_keywords, "cc dcqcn|off|default [PARAM VALUE]...");
+    set->footer("Usage: sroce link set NAME cc dcqcn|off|default [PARAM VALUE]...\n"
+                "Parameters: cnp-interval cnp-dscp cut-interval alpha-g alpha-timer rate-timer\n"
+                "rate-bytes stages ai-rate hai-rate min-rate first-rate (see sroce(8)).\n"
+                "Programs that open the device afterwards use the new settings.");
 
     std::string del_name;
     CLI::App *del = link->add_subcommand("del", "Remove device NAME");
@@ -757,6 +831,8 @@ int main(int argc, char **argv) {
         }
         if (*add) {
             link_add(path, add_name, add_keywords);
+        } else if (*set) {
+            link_set(path, set_name, set_keywords);
         } else if (*del) {
             link_del(path, del_name);
         } else {

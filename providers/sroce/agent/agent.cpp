@@ -1029,6 +1029,16 @@ json Agent::resources() const {
                     q["rqpn"] = peer & 0xFFFFFF;
                     q["raddr"] = ip_text(raddr);
                 }
+                const QpEntry &e = u.table[i];
+                uint64_t sent = e.cc_cnps_sent.load(std::memory_order_relaxed),
+                         received = e.cc_cnps_received.load(std::memory_order_relaxed);
+                // Only QPs congestion control has touched: the others have
+                // nothing to say.
+                if (sent || received)
+                    q["cc"] = {{"rate_kbps", e.cc_rate_kbps.load(std::memory_order_relaxed)},
+                               {"cnps_sent", sent},
+                               {"cnps_received", received},
+                               {"rate_cuts", e.cc_cuts.load(std::memory_order_relaxed)}};
                 qps.push_back(q);
             }
             procs.push_back({{"slot", s},
