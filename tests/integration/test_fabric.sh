@@ -9,13 +9,16 @@
 #     without a rate, an unknown host) fail with their reason;
 #   - exec runs programs on a host's sroce0, whose GID table follows eth0
 #     as rxe's does (link-local, IPv4-mapped, global IPv6);
-#   - perftest's ib_write_bw h1 -> h0 over IPv4 and ibv_rc_pingpong
-#     h2 -> h0 over IPv6 through the bottleneck; loss was applied and
-#     traffic sent without ECN (TOS 0) is never marked;
-#   - ib_write_bw from h1 and h2 at once with ECT(0) in their traffic class
-#     (--tclass 2): the bottleneck marked packets CE and h0 received them
-#     marked (a capture on its eth0); sroce_xfer's mix of operations with
-#     ECT(0), every byte checked across the loss;
+#   - with congestion control off on every host (the default, set with
+#     `sroce link set sroce0 cc off`), perftest's ib_write_bw h1 -> h0 over IPv4 and
+#     ibv_rc_pingpong h2 -> h0 over IPv6 through the bottleneck; loss was
+#     applied and traffic sent without ECN (TOS 0) is never marked;
+#   - with congestion control on (`cc dcqcn`), ib_write_bw from h1
+#     and h2 at once: their packets leave ECT(0), the bottleneck marks some
+#     CE and h0 receives them marked (a capture on its eth0), h0 answers
+#     with CNPs (opcode 0x81, DSCP 48, not ECN-capable) to the senders,
+#     whose devices count them and cut their QPs' rates; sroce_xfer's mix
+#     of operations with ECT(0), every byte checked across the loss;
 #   - down removes every namespace and the state, also for a fabric whose
 #     state file is gone, as after a crash.
 #
@@ -80,6 +83,15 @@ expect_refusal "exec on an unknown host" "no host h7" "${F[@]}" exec h7 -- true
 expect_refusal "a phantom queue drained faster than the link" "at most 1" \
 	"$fabric" --name x"$name" up --rate 50mbit --ecn --mark-rate 1.5
 
+# set_cc MODE: congestion control of every host's sroce0.
+set_cc() {
+	local h
+	for h in h0 h1 h2; do
+		"${F[@]}" exec "$h" -- "$SROCE_BIN" link set sroce0 cc "$1" || fail "link set $h cc $1"
+	done
+}
+set_cc off
+
 # --- Programs on the hosts' devices.
 gids=$("${F[@]}" exec h1 -- ibv_devinfo -v -d sroce0 2>&1 | grep -o "GID\[ *[0-9]\]:.*" | tr -s ' \t' ' ')
 if grep -q "GID\[ 0\]: fe80::.*RoCE v2" <<<"$gids" && grep -q "GID\[ 1\]: ::ffff:10.78.0.2, RoCE v2" <<<"$gids" &&
@@ -119,28 +131,30 @@ else
 	fail "bottleneck counters: sent $sent lost $lost marked $marked (want > 1000, > 0, 0)"
 fi
 
-# --- ECN-capable traffic from two hosts at once: marked, and delivered so.
-ip netns exec "sfab-$name-h0" tshark -i eth0 -B 32 -f "udp dst port 4791" -w "$WORK/h0.pcap" \
+# --- Congestion control: ECN-capable traffic from two hosts at once,
+# marked, delivered so, and answered with CNPs.
+set_cc dcqcn
+ip netns exec "sfab-$name-h0" tshark -i eth0 -B 32 -f "udp port 4791" -w "$WORK/h0.pcap" \
 	>/dev/null 2>"$WORK/tshark.log" &
 cap=$!
 for _ in $(seq 100); do
 	grep -q "Capturing on" "$WORK/tshark.log" && break
 	sleep 0.1
 done
-"${F[@]}" exec h0 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 --tclass=2 -p 18810 \
+SROCE_STATS=1 "${F[@]}" exec h0 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 -p 18810 \
 	>"$WORK/w1.s" 2>&1 &
 s1=$!
-"${F[@]}" exec h0 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 --tclass=2 -p 18811 \
+SROCE_STATS=1 "${F[@]}" exec h0 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 -p 18811 \
 	>"$WORK/w2.s" 2>&1 &
 s2=$!
 for _ in $(seq 200); do
 	[[ $(ip netns exec "sfab-$name-h0" ss -Hltn | wc -l) -ge 2 ]] && break
 	sleep 0.05
 done
-"${F[@]}" exec h1 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 --tclass=2 -p 18810 10.78.0.1 \
+SROCE_STATS=1 "${F[@]}" exec h1 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 -p 18810 10.78.0.1 \
 	>"$WORK/w1.c" 2>&1 &
 c1=$!
-"${F[@]}" exec h2 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 --tclass=2 -p 18811 10.78.0.1 \
+SROCE_STATS=1 "${F[@]}" exec h2 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 -p 18811 10.78.0.1 \
 	>"$WORK/w2.c" 2>&1 &
 c2=$!
 rcs=()
@@ -152,18 +166,37 @@ sleep 0.5
 kill -TERM "$cap"
 wait "$cap"
 if [[ ${rcs[*]} == "0 0 0 0" ]]; then
-	pass "ib_write_bw --tclass=2 h1 -> h0 and h2 -> h0 at once: $(awk '$1 == 65536 { print $4 " MB/s" }' "$WORK"/w[12].c | tr '\n' ' ')"
+	pass "ib_write_bw h1 -> h0 and h2 -> h0 at once: $(awk '$1 == 65536 { print $4 " MB/s" }' "$WORK"/w[12].c | tr '\n' ' ')"
 else
-	fail "ib_write_bw --tclass=2 from two hosts: exits ${rcs[*]}"
+	fail "ib_write_bw from two hosts: exits ${rcs[*]}"
 	tail -n 4 "$WORK"/w[12].[cs] >&2
 fi
 marked=$(stats marked)
-ce=$(tshark -r "$WORK/h0.pcap" -Y "ip.dsfield.ecn == 3" 2>/dev/null | wc -l)
-ect=$(tshark -r "$WORK/h0.pcap" -Y "ip.dsfield.ecn == 2" 2>/dev/null | wc -l)
-if ((marked > 0 && ce > 0 && ect > 0)); then
-	pass "the phantom queue marked $marked packets CE; h0 received $ce marked and $ect ECT(0)"
+to_h0="ip.dst == 10.78.0.1"
+ce=$(tshark -r "$WORK/h0.pcap" -Y "$to_h0 && ip.dsfield.ecn == 3" 2>/dev/null | wc -l)
+ect=$(tshark -r "$WORK/h0.pcap" -Y "$to_h0 && ip.dsfield.ecn == 2" 2>/dev/null | wc -l)
+not_ect=$(tshark -r "$WORK/h0.pcap" -Y "$to_h0 && ip.dsfield.ecn == 0" 2>/dev/null | wc -l)
+if ((marked > 0 && ce > 0 && ect > 0 && not_ect == 0)); then
+	pass "the phantom queue marked $marked packets CE; h0 received $ce marked and $ect ECT(0), none not ECN-capable"
 else
-	fail "ECN marking: $marked marked, $ce CE and $ect ECT(0) packets arrived at h0"
+	fail "ECN marking: $marked marked; $ce CE, $ect ECT(0) and $not_ect not ECN-capable packets arrived at h0"
+fi
+# CNPs: from h0 to the two senders, in RoCEv2's format, and taken by them.
+# Each as: its destination, TOS, UDP length, and whether its BTH is the
+# CNP's (opcode 0x81, P_Key 0xFFFF, BECN) with A, PSN and the 16 reserved
+# bytes 0.
+cnps=$(tshark -r "$WORK/h0.pcap" -Y "ip.src == 10.78.0.1 && infiniband.bth.opcode == 129" \
+	-T fields -e ip.dst -e ip.dsfield -e udp.length -e udp.payload 2>/dev/null |
+	awk '{ ok = substr($4, 1, 10) == "8100ffff40" && substr($4, 17, 40) ~ /^0+$/
+	       print $1, $2, $3, ok ? "cnp" : "bad:" $4 }' | sort | uniq -c)
+counter() { grep -ho "$1 [0-9]*" "${@:2}" | awk '{ s += $2 } END { print s + 0 }'; }
+sent_cnp=$(counter tx_cnp "$WORK"/w[12].s) handled=$(counter rx_cnp_handled "$WORK"/w[12].c)
+cuts=$(counter cc_rate_cuts "$WORK"/w[12].c) rx_ce=$(counter rx_ce "$WORK"/w[12].s)
+if grep -q " 10.78.0.2 0xc0 40 cnp$" <<<"$cnps" && grep -q " 10.78.0.3 0xc0 40 cnp$" <<<"$cnps" &&
+	! grep -q bad <<<"$cnps" && ((sent_cnp > 0 && handled > 0 && cuts > 0 && rx_ce > 0)); then
+	pass "h0's devices saw $rx_ce CE and sent $sent_cnp CNPs (DSCP 48, not ECN-capable, BECN, 32 bytes) to h1 and h2; their devices took $handled and cut rates $cuts times"
+else
+	fail "CNPs: rx_ce $rx_ce, tx_cnp $sent_cnp, rx_cnp_handled $handled, cc_rate_cuts $cuts; captured (count dst tos udp-length form): $(tr '\n' ';' <<<"$cnps")"
 fi
 
 if fabric_pair xfer h0 h1 120 "$xfer" -d sroce0 -g 1 -p 18812 --tclass 2 -- \
