@@ -3,6 +3,8 @@
 """Speaks the sroce agent's control protocol (providers/sroce/agent_proto.hpp)
 as a hostile or careless client would, for test_agent_trust.sh.
 
+  agent_wire.py table-bytes
+      prints the size of the QP table the agent takes;
   agent_wire.py table SIZE sealed|unsealed [truncate]
       kOpenDevice for 127.0.29.1 with a QP table memfd of SIZE bytes;
       prints "err N MSG" or "slot N"; with `truncate`, an accepted table is
@@ -91,22 +93,29 @@ import struct
 import sys
 import time
 
-def _proto_version():
-    # The agent's protocol version, as this source tree's engine speaks it.
+def _proto_constants():
+    # The agent's protocol version and QP table size, as this source tree's
+    # engine has them.
     hdr = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "providers",
                        "sroce", "agent_proto.hpp")
+    found = {}
     with open(hdr, encoding="utf-8") as f:
         for line in f:
             if line.startswith("constexpr uint32_t kProtoVersion = "):
-                return int(line.split("=")[1].strip(" ;\n"))
-    raise SystemExit(f"no kProtoVersion in {hdr}")
+                found["version"] = int(line.split("=")[1].strip(" ;\n"))
+            elif line.startswith("constexpr uint32_t kTableEntries = "):
+                found["entries"] = int(line.split("=")[1].split(";")[0].strip())
+            elif line.startswith("static_assert(sizeof(QpEntry) == "):
+                found["entry"] = int(line.split("==")[1].strip(" );\n"))
+    if len(found) != 3:
+        raise SystemExit(f"no kProtoVersion, kTableEntries or sizeof(QpEntry) in {hdr}")
+    return found["version"], found["entries"] * found["entry"]
 
 
-PROTO = _proto_version()
+PROTO, TABLE_BYTES = _proto_constants()
 OPEN_DEVICE, STOP, STATUS, CM_CHANNEL, CM_COMMANDS = 1, 3, 4, 5, 6
 REQUEST = struct.Struct("<II64s16s16sI")
 OPEN_REPLY = struct.Struct("<IiII256s")
-TABLE_BYTES = 4096 * 32
 
 
 def system_socket():
@@ -607,7 +616,9 @@ def squat(path, uids):
 
 def main():
     cmd = sys.argv[1]
-    if cmd == "table":
+    if cmd == "table-bytes":
+        print(TABLE_BYTES)
+    elif cmd == "table":
         table(int(sys.argv[2]), sys.argv[3] == "sealed", len(sys.argv) > 4)
     elif cmd == "channel":
         channel()

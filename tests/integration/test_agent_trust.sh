@@ -211,10 +211,11 @@ table() {
 	rm -f "$fifo"
 	cat "$WORK/table.out"
 }
-for args in "4096 sealed" "131072 unsealed truncate"; do
+table_bytes=$(python3 "$WIRE" table-bytes)
+for args in "4096 sealed" "$table_bytes unsealed truncate"; do
 	# shellcheck disable=SC2086 # the words are the arguments
 	got=$(table $args)
-	if [[ $got == "err 22 the QP table must be a memfd of 131072 bytes sealed against shrinking" ]] && alive; then
+	if [[ $got == "err 22 the QP table must be a memfd of $table_bytes bytes sealed against shrinking" ]] && alive; then
 		pass "a QP table ($args) is refused: $got; the agent lists on"
 	else
 		fail "a QP table ($args): '$got', agent $(alive && echo alive || echo gone)"
@@ -222,11 +223,11 @@ for args in "4096 sealed" "131072 unsealed truncate"; do
 		agent_pid=$("$SROCE_BIN" -j agent status | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
 	fi
 done
-got=$(table 131072 sealed)
+got=$(table "$table_bytes" sealed)
 if [[ $got == "slot "[1-9]* ]] && alive; then
-	pass "a sealed QP table of 131072 bytes gets a slot ($got)"
+	pass "a sealed QP table of $table_bytes bytes gets a slot ($got)"
 else
-	fail "a sealed QP table of 131072 bytes: '$got'"
+	fail "a sealed QP table of $table_bytes bytes: '$got'"
 fi
 
 # --- 2b. malformed requests ------------------------------------------------------------

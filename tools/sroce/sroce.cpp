@@ -604,10 +604,8 @@ int run_rdma(int argc, char **argv) {
             auto parsed = nlohmann::ordered_json::parse(kernel.out, nullptr, false);
             if (parsed.is_array()) all = std::move(parsed);
         }
-        for (auto &row : rows) {
-            row.erase("cc"); // not a key of rdma(8)'s
+        for (auto &row : rows)
             all.push_back(std::move(row));
-        }
         std::cout << (pretty ? all.dump(4) : all.dump()) << '\n';
     } else {
         if (kernel.status == 0) std::cout << kernel.out;
