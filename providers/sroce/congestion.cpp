@@ -245,7 +245,7 @@ void cc_reset(Qp *qp) {
     fresh.cnps_sent = c.cnps_sent;
     fresh.cnps_received = c.cnps_received;
     fresh.cuts = c.cuts;
-    fresh.meter_ns = qp->cc.meter_ns;
+    fresh.meter_ns = c.meter_ns; // the meter's periods go on
     c = fresh;
     qp->timers.pace_at_ns = 0;
 }

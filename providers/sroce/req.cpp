@@ -227,6 +227,16 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx, bool ackreq_always
     qp->nic->queue(tx, saddr, daddr, ipf, hdr, info.hdr_len, iov, n, len);
 }
 
+// Congestion control's part in sending a request packet of `bytes`
+// (kCcPacketOverhead included): false when the QP's rate holds it back
+// (cc_admit set the pacing timer), else counted for the meter.
+bool cc_may_send(Qp *qp, uint32_t bytes, uint64_t now) {
+    if (qp->cc.limited && !cc_admit(qp, bytes, now)) return false;
+    qp->cc.tx_bytes += bytes;
+    qp->cc.tx_pkts++;
+    return true;
+}
+
 } // namespace
 
 bool req_sq_full(const Qp *qp) {
@@ -385,9 +395,7 @@ void req_run(Qp *qp, TxBatch &tx) {
         }
         if (needs_credit(w)) {
             if (w.tx.sent_pkts == 0) {
-                if (qp->cc.limited && !cc_admit(qp, kCcPacketOverhead, now)) goto out;
-                qp->cc.tx_bytes += kCcPacketOverhead;
-                qp->cc.tx_pkts++;
+                if (!cc_may_send(qp, kCcPacketOverhead, now)) goto out;
                 send_packet(qp, w, w.tx.read_next, tx);
                 w.tx.sent_pkts = 1;
                 sent = true;
@@ -399,9 +407,7 @@ void req_run(Qp *qp, TxBatch &tx) {
                 uint32_t off = w.tx.sent_pkts * mtu;
                 uint32_t bytes =
                     std::min(mtu, w.length - std::min(w.length, off)) + kCcPacketOverhead;
-                if (qp->cc.limited && !cc_admit(qp, bytes, now)) goto out;
-                qp->cc.tx_bytes += bytes;
-                qp->cc.tx_pkts++;
+                if (!cc_may_send(qp, bytes, now)) goto out;
                 send_packet(qp, w, w.tx.sent_pkts, tx);
                 w.tx.sent_pkts++;
                 sent = true;

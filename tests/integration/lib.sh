@@ -378,6 +378,9 @@ netns_pair_client() {
 
 # now: seconds since the epoch with microseconds.
 now() { printf '%s\n' "${EPOCHREALTIME/,/.}"; }
+# stat_sum NAME FILE...: the sum of counter NAME over the SROCE_STATS=1
+# lines in FILEs (0 when none has it).
+stat_sum() { grep -ho "$1 [0-9]*" "${@:2}" | awk '{ s += $2 } END { print s + 0 }'; }
 
 # elapsed START: seconds since START (from now), two decimals.
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }

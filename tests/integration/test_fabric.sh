@@ -141,20 +141,20 @@ for _ in $(seq 100); do
 	grep -q "Capturing on" "$WORK/tshark.log" && break
 	sleep 0.1
 done
-SROCE_STATS=1 "${F[@]}" exec h0 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 -p 18810 \
+SROCE_STATS=1 "${F[@]}" exec h0 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 150 -p 18810 \
 	>"$WORK/w1.s" 2>&1 &
 s1=$!
-SROCE_STATS=1 "${F[@]}" exec h0 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 -p 18811 \
+SROCE_STATS=1 "${F[@]}" exec h0 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 150 -p 18811 \
 	>"$WORK/w2.s" 2>&1 &
 s2=$!
 for _ in $(seq 200); do
 	[[ $(ip netns exec "sfab-$name-h0" ss -Hltn | wc -l) -ge 2 ]] && break
 	sleep 0.05
 done
-SROCE_STATS=1 "${F[@]}" exec h1 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 -p 18810 10.78.0.1 \
+SROCE_STATS=1 "${F[@]}" exec h1 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 150 -p 18810 10.78.0.1 \
 	>"$WORK/w1.c" 2>&1 &
 c1=$!
-SROCE_STATS=1 "${F[@]}" exec h2 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 400 -p 18811 10.78.0.1 \
+SROCE_STATS=1 "${F[@]}" exec h2 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 150 -p 18811 10.78.0.1 \
 	>"$WORK/w2.c" 2>&1 &
 c2=$!
 rcs=()
@@ -189,9 +189,8 @@ cnps=$(tshark -r "$WORK/h0.pcap" -Y "ip.src == 10.78.0.1 && infiniband.bth.opcod
 	-T fields -e ip.dst -e ip.dsfield -e udp.length -e udp.payload 2>/dev/null |
 	awk '{ ok = substr($4, 1, 10) == "8100ffff40" && substr($4, 17, 40) ~ /^0+$/
 	       print $1, $2, $3, ok ? "cnp" : "bad:" $4 }' | sort | uniq -c)
-counter() { grep -ho "$1 [0-9]*" "${@:2}" | awk '{ s += $2 } END { print s + 0 }'; }
-sent_cnp=$(counter tx_cnp "$WORK"/w[12].s) handled=$(counter rx_cnp_handled "$WORK"/w[12].c)
-cuts=$(counter cc_rate_cuts "$WORK"/w[12].c) rx_ce=$(counter rx_ce "$WORK"/w[12].s)
+sent_cnp=$(stat_sum tx_cnp "$WORK"/w[12].s) handled=$(stat_sum rx_cnp_handled "$WORK"/w[12].c)
+cuts=$(stat_sum cc_rate_cuts "$WORK"/w[12].c) rx_ce=$(stat_sum rx_ce "$WORK"/w[12].s)
 if grep -q " 10.78.0.2 0xc0 40 cnp$" <<<"$cnps" && grep -q " 10.78.0.3 0xc0 40 cnp$" <<<"$cnps" &&
 	! grep -q bad <<<"$cnps" && ((sent_cnp > 0 && handled > 0 && cuts > 0 && rx_ce > 0)); then
 	pass "h0's devices saw $rx_ce CE and sent $sent_cnp CNPs (DSCP 48, not ECN-capable, BECN, 32 bytes) to h1 and h2; their devices took $handled and cut rates $cuts times"

@@ -138,7 +138,7 @@ else
 	want+=" && ipv6.tclass == 0xb8 && ipv6.hlim == 200)"
 	total=$(tshark -r "$tmp/v6.pcap" 2>/dev/null | wc -l)
 	bad=$(tshark -r "$tmp/v6.pcap" -Y "!($want)" 2>/dev/null | wc -l)
-	refused=$(grep -ho 'tx_flow_label_refused [0-9]*' "$tmp"/xfer.[ab] | awk '{ n += $2 } END { print n + 0 }')
+	refused=$(stat_sum tx_flow_label_refused "$tmp"/xfer.[ab])
 	if ((bad == 0 && total > 0 && refused == 0)); then
 		pass "flow labels $label_a and $label_b, traffic classes 0x2a and 0xb8, hop limits 9 and 200 in all $total IPv6 headers; labels in the UDP source ports"
 	else
