@@ -260,6 +260,7 @@ const std::vector<CcParamInfo> &cc_params() {
         {"hai-rate", &CcParams::hai_rate, 0, 1e6, false, "Mbit/s"},
         {"min-rate", &CcParams::min_rate, 0.001, 1e6, false, "Mbit/s"},
         {"first-rate", &CcParams::first_rate, 0, 1e6, false, "Mbit/s"},
+        {"inflight-time", &CcParams::inflight_time, 0, 1e6, false, "us"},
     };
     return table;
 }

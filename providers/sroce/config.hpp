@@ -18,19 +18,20 @@ namespace sroce {
 // Every field but `enabled` is a parameter of `sroce link set NAME cc ...`,
 // in the units cc_params() names.
 struct CcParams {
-    bool enabled = false;       // cc dcqcn | cc off
-    double cnp_interval = 50;   // us: at most one CNP per QP this often
-    double cnp_dscp = 48;       // the CNPs' DSCP
-    double cut_interval = 50;   // us: at most one rate cut per QP this often
-    double alpha_g = 1.0 / 256; // g, α's gain
-    double alpha_timer = 55;    // us: α decays when no CNP came for this long
-    double rate_timer = 300;    // us: T, a rate increase this often
-    double rate_bytes = 65536;  // B: and one per this many bytes sent
-    double stages = 5;          // F: fast recovery stages
-    double ai_rate = 0.5;       // Mbit/s: R_AI, additive increase
-    double hai_rate = 5;        // Mbit/s: R_HAI, hyper increase
-    double min_rate = 1;        // Mbit/s: no QP is held below this
-    double first_rate = 0;      // Mbit/s: the rate the first CNP cuts (0: the QP's measured rate)
+    bool enabled = false;        // cc dcqcn | cc off
+    double cnp_interval = 1000;  // us: at most one CNP per QP this often
+    double cnp_dscp = 48;        // the CNPs' DSCP
+    double cut_interval = 2000;  // us: at most one rate cut per QP this often
+    double alpha_g = 1.0 / 256;  // g, α's gain
+    double alpha_timer = 2000;   // us: α decays when no CNP came for this long
+    double rate_timer = 2000;    // us: T, a rate increase this often
+    double rate_bytes = 65536;   // B: and one per this many bytes sent
+    double stages = 5;           // F: fast recovery stages
+    double ai_rate = 0.5;        // Mbit/s: R_AI, additive increase
+    double hai_rate = 2;         // Mbit/s: R_HAI, hyper increase
+    double min_rate = 1;         // Mbit/s: no QP is held below this
+    double first_rate = 0;       // Mbit/s: the rate the first CNP cuts (0: the QP's measured rate)
+    double inflight_time = 2000; // us: a limited QP's rate times this in flight at most
     bool operator==(const CcParams &) const = default;
 };
 

@@ -88,6 +88,7 @@ CcConfig CcConfig::from(const CcParams &p) {
     k.alpha_timer_ns = uint64_t(p.alpha_timer * 1000);
     k.rate_timer_ns = uint64_t(p.rate_timer * 1000);
     k.rate_bytes = uint64_t(p.rate_bytes);
+    k.inflight_ns = uint64_t(p.inflight_time * 1000);
     k.stages = uint32_t(p.stages);
     k.g = p.alpha_g;
     k.ai = p.ai_rate * kMbit;
@@ -207,6 +208,15 @@ bool cc_admit(Qp *qp, uint32_t bytes, uint64_t now) {
         increase(c, k);
     }
     return true;
+}
+
+uint32_t cc_inflight_cap(const Qp *qp) {
+    const QpCc &c = qp->cc;
+    const CcConfig &k = qp->nic->cc();
+    if (!c.limited || !k.inflight_ns || !c.tx_pkts) return UINT32_MAX;
+    double avg = double(c.tx_bytes) / double(c.tx_pkts);
+    double pkts = c.rc * double(k.inflight_ns) / avg;
+    return pkts < 2 ? 2 : pkts > 1e9 ? UINT32_MAX : uint32_t(pkts);
 }
 
 bool cc_tick(Qp *qp, uint64_t now) {

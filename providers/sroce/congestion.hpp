@@ -30,6 +30,7 @@ struct CcConfig {
     uint8_t cnp_tclass = 0;
     uint64_t cnp_interval_ns = 0, cut_interval_ns = 0, alpha_timer_ns = 0, rate_timer_ns = 0;
     uint64_t rate_bytes = 0;
+    uint64_t inflight_ns = 0;
     uint32_t stages = 0;
     double g = 0;
     double ai = 0, hai = 0, min_rate = 0, first_rate = 0;
@@ -83,6 +84,9 @@ void cc_cnp_received(Qp *qp, uint64_t now);
 // QP's pacing timer is set for when it may.  `now` is the requester's
 // cc_refill() time.
 bool cc_admit(Qp *qp, uint32_t bytes, uint64_t now);
+// How many packets a limited QP may have unacknowledged: its rate times
+// inflight-time, in packets of the average size it sends, at least two.
+uint32_t cc_inflight_cap(const Qp *qp);
 // The token bucket and the timer's rate increases brought up to `now`;
 // called by the requester before it sends while the QP is limited.
 void cc_refill(Qp *qp, uint64_t now);

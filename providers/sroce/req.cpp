@@ -348,6 +348,9 @@ void req_run(Qp *qp, TxBatch &tx) {
         now = now_ns();
         cc_refill(qp, now);
     }
+    // And its packets in flight to its rate's worth (IRN's cap on what a
+    // queue can be made to hold); an acknowledgement resumes it.
+    const int32_t window = int32_t(std::min(kSendWindow, cc_inflight_cap(qp)));
     const uint32_t mtu = qp->attr.mtu;
     while (q.cur != sq.head) {
         SendWqe &w = sq.at(q.cur);
@@ -381,7 +384,7 @@ void req_run(Qp *qp, TxBatch &tx) {
                 continue;
             }
             if (needs_credit(w) && sq.rd_outstanding >= qp->attr.max_rd_atomic) break;
-            if (reliable && wire::psn_diff(q.next_psn, qp->comp.una_psn) >= kWindow) break;
+            if (reliable && wire::psn_diff(q.next_psn, qp->comp.una_psn) >= window) break;
             w.tx.first_psn = q.next_psn;
             // Atomics, FLUSH and ATOMIC WRITE take one PSN; a READ one per
             // response packet; SEND/WRITE one per packet.
@@ -403,7 +406,7 @@ void req_run(Qp *qp, TxBatch &tx) {
         } else {
             while (w.tx.sent_pkts < w.tx.npkts) {
                 uint32_t psn = wire::psn_add(w.tx.first_psn, w.tx.sent_pkts);
-                if (reliable && wire::psn_diff(psn, qp->comp.una_psn) >= kWindow) goto out;
+                if (reliable && wire::psn_diff(psn, qp->comp.una_psn) >= window) goto out;
                 uint32_t off = w.tx.sent_pkts * mtu;
                 uint32_t bytes =
                     std::min(mtu, w.length - std::min(w.length, off)) + kCcPacketOverhead;

@@ -735,7 +735,8 @@ int main(int argc, char **argv) {
     set->add_option("KEYWORDS", set_keywords, "cc dcqcn|off|default [PARAM VALUE]...");
     set->footer("Usage: sroce link set NAME cc dcqcn|off|default [PARAM VALUE]...\n"
                 "Parameters: cnp-interval cnp-dscp cut-interval alpha-g alpha-timer rate-timer\n"
-                "rate-bytes stages ai-rate hai-rate min-rate first-rate (see sroce(8)).\n"
+                "rate-bytes stages ai-rate hai-rate min-rate first-rate inflight-time\n"
+                "(see sroce(8)).\n"
                 "Programs that open the device afterwards use the new settings.");
 
     std::string del_name;
