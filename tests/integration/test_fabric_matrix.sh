@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# The congestion benchmarks (tools/perf/fabric_matrix.py) in their short
+# mode: two senders into h0 through a 50 Mbit/s bottleneck marking ECN, with
+# congestion control on (dcqcn) and off, perftest's ib_write_bw with and
+# without rdma_cm, the victim's write-commit round trips, 0.1 % loss.  The
+# numbers of a short run mean nothing; this keeps the benchmark from
+# rotting.  Checks that every run completed (each stream's goodput, every
+# program's exit status 0), that with dcqcn the bottleneck marked and h0
+# sent CNPs and with cc off it marked nothing, that the fairness index and
+# the victim's percentiles were measured, and that the Markdown report
+# holds the tables and the commands; also that the committed full run
+# (docs/performance/congestion.json) has every figure.
+#
+# ctest: TIMEOUT=900 LABELS=netns,perf PROCESSORS=2
+set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+sroce_init "${1:?usage: $0 BUILD-DIR}"
+((EUID == 0)) || skip "needs root for network namespaces"
+command -v ib_write_bw >/dev/null || skip "no perftest (run scripts/setup.sh)"
+[[ -f $BUILD_DIR/tools/fabric/phantom_queue.bpf.o ]] || skip "no phantom queue (the build needs clang)"
+ip netns add "sfab-probe-$$" 2>/dev/null || skip "ip netns unusable"
+ip netns del "sfab-probe-$$"
+src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+name="fm$$"
+name=${name:0:8}
+export SROCE_FABRIC_STATE=$WORK/fabric-state
+cleanup_fabric() { "$BUILD_DIR/tools/fabric/sroce-fabric" --name "$name" down >/dev/null 2>&1; }
+trap 'cleanup_fabric; _sroce_cleanup' EXIT
+
+out=$WORK/out
+if python3 "$src/tools/perf/fabric_matrix.py" --build "$BUILD_DIR" --out "$out" --short \
+	--victim --name "$name" >"$WORK/run.log" 2>&1; then
+	pass "fabric_matrix.py --short: $(grep -c "^  cc" "$WORK/run.log") runs"
+else
+	tail -n 30 "$WORK/run.log" >&2
+	die "fabric_matrix.py --short failed"
+fi
+[[ -s $out/congestion.md && -s $out/congestion.json ]] || die "congestion.md or .json missing"
+
+check_json() { # FILE WHAT
+	python3 - "$1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+bad = []
+modes = {m["cc"]: m for m in d["modes"]}
+if set(modes) != {"dcqcn", "off"}:
+    bad.append(f"modes {sorted(modes)}")
+for cc, m in modes.items():
+    runs = [m["solo"]] + m["runs"]
+    labels = [r["label"] for r in runs]
+    for want in ("one stream", "to 1", "over rdma_cm", "the victim", "loss"):
+        if not any(want in l for l in labels):
+            bad.append(f"{cc}: no run '{want}' in {labels}")
+    for r in runs:
+        for f in r["flows"]:
+            if f["rc"] != 0 or f["server_rc"] != 0 or not f["MBps"]:
+                bad.append(f"{r['label']}: {f['sender']} exit {f['rc']}/{f['server_rc']}, "
+                           f"{f['MBps']} MB/s: {f.get('output', '')[-300:]}")
+        if not r.get("arrival_Mbps"):
+            bad.append(f"{r['label']}: nothing measured at h0")
+        if r["senders"] > 1 and r.get("jain_mean") is None:
+            bad.append(f"{r['label']}: no fairness index")
+        marked = r["bottleneck"]["marked"]
+        cnps = sum(f["cnps_sent"] or 0 for f in r["flows"])
+        if cc == "off" and (marked or cnps):
+            bad.append(f"{r['label']}: cc off, yet {marked} marked, {cnps} CNPs")
+    if cc == "dcqcn" and not any(r["bottleneck"]["marked"] and
+                                 sum(f["cnps_sent"] or 0 for f in r["flows"]) and
+                                 sum(f["rate_cuts"] or 0 for f in r["flows"]) for r in runs):
+        bad.append("dcqcn: no run with marks, CNPs and rate cuts")
+    for key in ("victim_idle",):
+        v = m.get(key) or {}
+        if not v.get("t_p99_us"):
+            bad.append(f"{cc}: {key} {v}")
+    busy = [r.get("victim") for r in runs if r.get("victim")]
+    if not busy or not busy[0].get("t_p99_us"):
+        bad.append(f"{cc}: victim during the incast {busy}")
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+PY
+}
+if why=$(check_json "$out/congestion.json"); then
+	pass "every run complete: goodput, exits, fairness, marks and CNPs with dcqcn only, the victim"
+else
+	fail "short run: $why"
+fi
+for want in "| run | Mbit/s at h0" "## The victim" "## Commands" "sroce-fabric --name"; do
+	grep -qF -- "$want" "$out/congestion.md" || fail "congestion.md lacks '$want'"
+done
+pass "congestion.md has the tables and the commands"
+committed=$src/docs/performance/congestion.json
+if [[ ! -f $committed ]]; then
+	fail "no committed full run ($committed)"
+elif why=$(check_json "$committed"); then
+	if python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["meta"]["short"])' "$committed"; then
+		pass "the committed full run has every figure"
+	else
+		fail "the committed run is a --short one"
+	fi
+else
+	fail "committed full run: $why"
+fi
+finish
