@@ -26,12 +26,15 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from perf_matrix import Matrix as PerfMatrix
 
 RDMA_PORT = 4791
 FIRST_TCP_PORT = 18515
@@ -185,7 +188,7 @@ class Matrix:
         self.work = tempfile.mkdtemp(prefix="fabric-matrix.")
         self.fabric = Fabric(os.path.join(self.build, "tools/fabric/sroce-fabric"),
                              args.name, os.path.join(self.work, "state"))
-        self.commands, self.runs = [], []
+        self.commands = []
 
     # ------------------------------------------------------------ running
     def record(self, label, argv):
@@ -194,14 +197,13 @@ class Matrix:
 
     @staticmethod
     def perftest_bw(text):
-        """perftest's BW average in MB/s, from the line under '#bytes'."""
-        lines = text.splitlines()
-        for i, line in enumerate(lines):
-            if line.strip().startswith("#bytes") and i + 1 < len(lines):
-                f = lines[i + 1].split()
-                if len(f) >= 4:
-                    return float(f[3])
-        return None
+        """perftest's BW average in MB/s (perf_matrix.py's parser), or None.
+        perftest ends its last line without a newline, so SROCE_STATS's
+        report at exit can follow on the same line: it goes first."""
+        try:
+            return PerfMatrix.perftest_bw_table(STATS_RE.sub("", text))["bw_avg_MBps"]
+        except RuntimeError:
+            return None
 
     @staticmethod
     def sroce_stats(text):
@@ -499,6 +501,7 @@ def main():
             modes.append(m.mode(cc))
     finally:
         m.fabric.down()
+        shutil.rmtree(m.work, ignore_errors=True)
     m.report(modes)
     print(f"wrote {os.path.join(args.out, 'congestion.md')}")
 
