@@ -13,7 +13,6 @@
 namespace sroce {
 namespace {
 
-constexpr int32_t kWindow = int32_t(kSendWindow);
 // Selective repeat: the oldest unacknowledged packet is resent once the
 // responder has said nothing about it for this long, then twice as long...
 constexpr uint64_t kRecoveryNs = 1000000;
