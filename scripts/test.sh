@@ -92,6 +92,23 @@ build() {
 	return 1
 }
 
+# failure_tails STAGE BUILD-DIR: keeps the last lines each failing test
+# printed, for the summary.  --output-on-failure shows them where the test
+# ended, in the middle of a long log that is often seen only by its head
+# and its tail.
+failure_tails() {
+	local dir=$2/Testing/Temporary name
+	[[ -f $dir/LastTestsFailed.log && -f $dir/LastTest.log ]] || return 0
+	while IFS= read -r name; do
+		name=${name#*:}
+		printf -- '--- %s: %s, its last lines\n' "$1" "$name"
+		awk -v t="Test: $name" '
+			!on && substr($0, length($0) - length(t) + 1) == t { on = 1; next }
+			on && /^<end of output>$/ { exit }
+			on { print }' "$dir/LastTest.log" | tail -n 40
+	done <"$dir/LastTestsFailed.log" >>"$logdir/failures"
+}
+
 # run_ctest STAGE BUILD-DIR CTEST-ARGS...: runs ctest and adds its counts.
 run_ctest() {
 	local stage=$1 dir=$2 start=$SECONDS log=$logdir/ctest.$1.log
@@ -116,6 +133,7 @@ run_ctest() {
 		return
 	fi
 	if ((rc != 0 && failed == 0)); then failed=1; fi
+	((failed == 0)) || failure_tails "$stage" "$dir"
 	record "$stage" $((total - failed - skipped)) "$failed" "$skipped" $((SECONDS - start))
 }
 
@@ -165,6 +183,11 @@ if [[ -z $left ]]; then
 else
 	printf 'left in the tree by the run:\n%s\n' "$left"
 	record tree 0 1 0 0
+fi
+
+if [[ -s $logdir/failures ]]; then
+	banner "failures"
+	cat "$logdir/failures"
 fi
 
 banner "summary ($((SECONDS - t0)) s)"
