@@ -245,8 +245,8 @@ else
 	start=$(now)
 	if timeout -k 5 60 "$SROCE_BIN" exec -- env UCX_TLS=rc_verbs,ud_verbs:aux \
 		mpirun "${ROOT[@]}" --oversubscribe --mca pml ucx --mca osc ucx --mca btl self "${RANKS[@]}" \
-		>"$WORK/mpi.log" 2>&1 && (($(grep -c '^ok ' "$WORK/mpi.log") == 9)); then
-		pass "Open MPI, 4 ranks over UCX rc_verbs: ping-pong 1 B to 1 MiB, allreduces, MPI_Put/MPI_Get between fences and MPI_Accumulate/MPI_Fetch_and_op under a lock checked ($(elapsed "$start") s; $(awk '/^ok ping-pong 1 bytes/ { print $7 " us" }' "$WORK/mpi.log") one way)"
+		>"$WORK/mpi.log" 2>&1 && (($(grep -c '^ok ' "$WORK/mpi.log") == 11)); then
+		pass "Open MPI, 4 ranks over UCX rc_verbs: ping-pong 1 B to 1 MiB, allreduces, alltoalls, MPI_Put/MPI_Get between fences and MPI_Accumulate/MPI_Fetch_and_op under a lock checked ($(elapsed "$start") s; $(awk '/^ok ping-pong 1 bytes/ { print $7 " us" }' "$WORK/mpi.log") one way)"
 	else
 		fail "Open MPI mpi_check" "$(cat "$WORK/mpi.log")"
 	fi
@@ -265,8 +265,8 @@ else
 	start=$(now)
 	if timeout -k 5 90 "$SROCE_BIN" exec -- env UCX_TLS=rc_verbs,ud_verbs:aux MPIR_CVAR_NOLOCAL=1 \
 		mpiexec.mpich "${RANKS[@]}" >"$WORK/mpich.log" 2>&1 &&
-		(($(grep -c '^ok ' "$WORK/mpich.log") == 9)); then
-		pass "MPICH (ch4:ucx), 4 ranks over UCX rc_verbs: ping-pong 1 B to 1 MiB, allreduces, MPI_Put/MPI_Get between fences and MPI_Accumulate/MPI_Fetch_and_op under a lock checked ($(elapsed "$start") s; $(awk '/^ok ping-pong 1 bytes/ { print $7 " us" }' "$WORK/mpich.log") one way)"
+		(($(grep -c '^ok ' "$WORK/mpich.log") == 11)); then
+		pass "MPICH (ch4:ucx), 4 ranks over UCX rc_verbs: ping-pong 1 B to 1 MiB, allreduces, alltoalls, MPI_Put/MPI_Get between fences and MPI_Accumulate/MPI_Fetch_and_op under a lock checked ($(elapsed "$start") s; $(awk '/^ok ping-pong 1 bytes/ { print $7 " us" }' "$WORK/mpich.log") one way)"
 	else
 		fail "MPICH mpi_check" "$(cat "$WORK/mpich.log")"
 	fi

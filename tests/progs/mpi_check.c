@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 //
-// mpi_check: an MPI ping-pong and allreduces whose every result is checked.
+// mpi_check: an MPI ping-pong, allreduces and alltoalls whose every result
+// is checked.
 //
 //   mpirun -np N mpi_check [--no-rma]        (N even, at least 2)
 //
@@ -10,6 +11,8 @@
 // pattern of the next iteration, which the even rank checks in turn.
 // Allreduce: MPI_SUM and MPI_MAX over every rank's vector, small (one
 // message) and 2 MiB, compared with the closed-form results.
+// Alltoall: every rank sends every rank a block (64 B and 256 KiB) whose
+// pattern names the pair; each received block is checked.
 // One-sided (unless --no-rma): every rank MPI_Puts a pattern into the next
 // rank's window and MPI_Gets one from the previous rank's, between
 // MPI_Win_fences (8 B to 1 MiB), then every rank adds to a counter in rank
@@ -102,6 +105,29 @@ static int allreduce(int rank, int nranks, int count) {
     free(in);
     free(sum);
     free(max);
+    return bad;
+}
+
+// Every rank sends every rank (itself too) a block of `block` bytes whose
+// pattern names sender and receiver; returns the number of wrong blocks
+// this rank received.  Times the exchange into *usec.
+static int alltoall(int rank, int nranks, size_t block, double *usec) {
+    uint8_t *out = malloc(block * (size_t)nranks);
+    uint8_t *in = malloc(block * (size_t)nranks);
+    int bad = 0;
+    if (!out || !in) MPI_Abort(MPI_COMM_WORLD, EXIT_NOMEM);
+    for (int to = 0; to < nranks; to++)
+        fill(out + (size_t)to * block, block, rank * nranks + to);
+    memset(in, 0, block * (size_t)nranks);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    MPI_Alltoall(out, (int)block, MPI_BYTE, in, (int)block, MPI_BYTE, MPI_COMM_WORLD);
+    *usec = (MPI_Wtime() - t0) * 1e6;
+    for (int from = 0; from < nranks; from++) {
+        bad += check(in + (size_t)from * block, block, from * nranks + rank, rank);
+    }
+    free(out);
+    free(in);
     return bad;
 }
 
@@ -201,6 +227,15 @@ int main(int argc, char **argv) {
         if (rank == 0)
             printf("%s allreduce sum and max of %d int64 over %d ranks\n", total ? "FAIL" : "ok",
                    counts[k], nranks);
+    }
+    static const size_t blocks[] = {64, 262144};
+    for (size_t k = 0; k < sizeof blocks / sizeof blocks[0]; k++) {
+        int b = alltoall(rank, nranks, blocks[k], &usec);
+        MPI_Allreduce(&b, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        bad += b;
+        if (rank == 0)
+            printf("%s alltoall of %zu bytes per pair over %d ranks: %.1f us\n",
+                   total ? "FAIL" : "ok", blocks[k], nranks, usec);
     }
     static const size_t rma_sizes[] = {8, 4096, 1 << 20};
     for (size_t k = 0; rma && k < sizeof rma_sizes / sizeof rma_sizes[0]; k++) {
