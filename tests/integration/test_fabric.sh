@@ -61,6 +61,15 @@ if ((nss == 4)) && "$fabric" list | grep -qx "$name"; then
 else
 	fail "namespaces: $nss; list: $("$fabric" list | tr '\n' ' ')"
 fi
+if command -v ethtool >/dev/null; then
+	offloads=$(ip netns exec "sfab-$name-h1" ethtool -k eth0 |
+		grep -E '^(tcp-segmentation-offload|generic-segmentation-offload|tx-udp-segmentation):')
+	if [[ $(grep -c ': off' <<<"$offloads") == 3 ]]; then
+		pass "hosts segment in software: TSO, GSO and UDP segmentation off"
+	else
+		fail "h1's eth0 offloads: $offloads"
+	fi
+fi
 if [[ $("${F[@]}" addr h0) == 10.78.0.1 && $("${F[@]}" addr h2 -6) == fd00:78::3 ]]; then
 	pass "addr: h0 10.78.0.1, h2 fd00:78::3"
 else
