@@ -44,7 +44,8 @@ declare -A group=(
   # Open MPI (with its OpenSHMEM) and MPICH, both over UCX; Open MPI stays the
   # default `mpirun` (its alternatives priority is the higher), MPICH is run
   # as mpiexec.mpich.
-  [tools]="python3-scapy python3-matplotlib tshark nftables ucx-utils
+  # iperf3: TCP's incast on sroce-fabric, beside sroce's (fabric_matrix.py).
+  [tools]="python3-scapy python3-matplotlib tshark nftables ucx-utils iperf3
     libucx-dev librpma-dev| openmpi-bin libopenmpi-dev mpich libmpich-dev"
   # The distribution's kernel as a Linux rxe peer and with an emulated NVDIMM
   # (tests/integration/test_rxe_interop.sh, test_vm_pmem.sh); on Debian 12

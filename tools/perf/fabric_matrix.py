@@ -36,10 +36,17 @@ import time
 
 from perf_matrix import Matrix as PerfMatrix
 
-RDMA_PORT = 4791
 FIRST_TCP_PORT = 18515
 VICTIM_PORT = 18700
+IPERF_PORT = 5201
+FI_PORT = 18800  # fi_commit_bench: a side channel and the provider's listener each
 WINDOW_S = 0.1
+# perftest 4.5's -R server listens twice on its port, for the control
+# connection and then for the data QPs; a client whose data REQ comes
+# before the second listen is rejected (no listener: reason 8), as by the
+# kernel's CM, and Debian's perftest then crashes in its retry (fixed
+# upstream in perftest 26.04).
+PERFTEST_CM_RACE = "RDMA_CM_EVENT_REJECTED; error: 8"
 STATS_RE = re.compile(r"sroce: \S+: (.*)$", re.M)
 
 
@@ -95,6 +102,15 @@ class Fabric:
     def argv(self, h, prog):
         return [self.tool, "--name", self.name, "exec", h, "--", *prog]
 
+    def plain_argv(self, h, prog):
+        """A program on a host without its sroce device: a peer's."""
+        return ["ip", "netns", "exec", self.netns(h), *prog]
+
+    def sysctl_all(self, name, value):
+        for h in self.state["hosts"]:
+            subprocess.run(["ip", "netns", "exec", self.netns(h), "sysctl", "-qw",
+                            f"{name}={value}"], check=True)
+
     def bottleneck(self):
         return json.loads(self.fab("show", "-j").stdout)["bottleneck"]
 
@@ -103,8 +119,10 @@ class Fabric:
 
 
 class Sampler:
-    """Bytes of RoCE from each sender arriving at h0, every WINDOW_S: nft
-    counters on h0's ingress, read by one thread."""
+    """Bytes from each sender arriving at h0, every WINDOW_S: nft counters
+    on h0's ingress, read by one thread.  Everything a sender sends to h0
+    counts (RoCE, TCP, and perftest's few bytes of set-up), so that sroce
+    and its peers are measured alike."""
 
     def __init__(self, fabric, senders):
         self.fabric, self.senders = fabric, senders
@@ -113,13 +131,13 @@ class Sampler:
                  "  chain in {", "    type filter hook ingress device eth0 priority 0;"]
         for s in senders:
             addr = fabric.host(s)["ipv4"]
-            rules.append(f"    ip saddr {addr} udp dport {RDMA_PORT} counter name {s}")
+            rules.append(f"    ip saddr {addr} counter name {s}")
         rules.append("  }")
         rules += [f"  counter {s} {{}}" for s in senders]
         rules.append("}")
         subprocess.run(["ip", "netns", "exec", self.ns, "nft", "-f", "-"],
                        input="\n".join(rules) + "\n", text=True, check=True)
-        self.samples, self.stop = [], threading.Event()
+        self.samples, self.queue, self.stop = [], [], threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
 
     def read(self):
@@ -133,9 +151,22 @@ class Sampler:
                 got[c["name"]] = c.get("bytes", 0)
         return got
 
+    def backlog(self):
+        """Bytes in the bottleneck's queue now (the switch port towards
+        h0), or None."""
+        out = subprocess.run(["ip", "netns", "exec", self.fabric.state["switch"], "tc", "-s",
+                              "-j", "qdisc", "show", "dev", "p0"],
+                             capture_output=True, text=True).stdout
+        try:
+            return max(q.get("backlog", 0) for q in json.loads(out or "[]")
+                       if q.get("kind") != "clsact")
+        except ValueError:
+            return None
+
     def loop(self):
         nxt = time.monotonic()
         while not self.stop.is_set():
+            self.queue.append(self.backlog())
             self.samples.append((time.monotonic(), self.read()))
             nxt += WINDOW_S
             self.stop.wait(max(0.0, nxt - time.monotonic()))
@@ -165,6 +196,7 @@ class Sampler:
         series = []
         for (ta, a), (tb, b) in zip(self.samples, self.samples[1:]):
             series.append([b.get(s, 0) - a.get(s, 0) for s in self.senders])
+        self.span = (0, 0)
         if not series:
             return []
         # Running: past a quarter of the stream's typical window, not the
@@ -178,7 +210,13 @@ class Sampler:
             firsts.append(on[0])
             lasts.append(on[-1])
         skip = int(round(settle_s / WINDOW_S))
-        return series[max(firsts) + skip:min(lasts) + 1 - skip]
+        self.span = (max(firsts) + skip, min(lasts) + 1 - skip)
+        return series[self.span[0]:self.span[1]]
+
+    def queue_bytes(self):
+        """The bottleneck queue's samples over the windows windows() gave
+        (each taken at a window's start)."""
+        return [q for q in self.queue[self.span[0]:self.span[1]] if q is not None]
 
 
 class Matrix:
@@ -221,8 +259,13 @@ class Matrix:
         if events:
             prog = [os.path.join(self.build, "tools/perf/ib_write_commit_bw"), "--method=write",
                     "-e"]
+        # rdma_cm's streams start as their connections are made, up to a
+        # second apart each while the others already load the machine and
+        # the bottleneck: they run longer, so that all of them still run at
+        # once for about the measured duration.
+        seconds = self.args.duration + (max(2, len(self.fabric.state["hosts"]) - 2) if cm else 0)
         common = [*prog, "-d", self.fabric.host(sender)["device"], "-s", str(self.args.size),
-                  "-D", str(self.args.duration), "-p", str(port)]
+                  "-D", str(seconds), "-p", str(port)]
         if cm:
             common.append("-R")
         server = ["env", "SROCE_STATS=1", *common]
@@ -281,7 +324,10 @@ class Matrix:
             self.record("victim: server on h0", vs)
             self.record("victim: client", vc)
             vsrv = self.spawn(vs)
-        time.sleep(1.0 + 0.05 * len(senders))
+        self.wait_listening([FIRST_TCP_PORT + i for i in range(len(senders))], cm, servers)
+        if vsrv:
+            self.wait_listening([VICTIM_PORT], False, [vsrv])
+        time.sleep(0.2)
         before = self.fabric.bottleneck()
         sampler = Sampler(self.fabric, senders)
         sampler.start()
@@ -308,11 +354,29 @@ class Matrix:
                 "ce_seen": sst.get("rx_ce"), "cnps_sent": sst.get("tx_cnp")})
             if rc or src or res["flows"][-1]["MBps"] is None:
                 res["flows"][-1]["output"] = (out + sout)[-2000:]
+        self.figures(res, sampler, before, after)
+        res["timeouts"] = sum(f["timeouts"] or 0 for f in res["flows"])
+        if vout:
+            res["victim"] = self.victim_figures(*vout)
+        return res
+
+    def figures(self, res, sampler, before, after):
+        """What the switch and h0's counters saw of a run's flows."""
+        senders = [f["sender"] for f in res["flows"]]
         res["bottleneck"] = {k: after[k] - before.get(k, 0) for k in after
                              if k != "phantom_peak_bytes"}
         windows = sampler.windows(settle_s=0.5 if self.args.duration >= 4 else 0.1)
         res["windows"] = len(windows)
         res["series_bytes"] = windows
+        q = sampler.queue_bytes()
+        if q:
+            # Sampled every window: a picture of the standing queue, not of
+            # its every burst.
+            res["queue_bytes"] = {"median": percentile(q, 50), "p90": percentile(q, 90),
+                                  "max": max(q)}
+            rate = self.fabric.state.get("rate")
+            if rate:
+                res["queue_us"] = {k: v * 8e6 / rate for k, v in res["queue_bytes"].items()}
         if len(senders) > 1 and windows:
             idx = [jain(w) for w in windows if sum(w)]
             res["jain_mean"] = sum(idx) / len(idx) if idx else None
@@ -325,10 +389,245 @@ class Matrix:
             res["arrival_Mbps"] = total * 8 / (len(windows) * WINDOW_S) / 1e6
         bws = [f["MBps"] for f in res["flows"] if f["MBps"] is not None]
         res["goodput_MBps"] = sum(bws) if len(bws) == len(senders) else None
-        res["timeouts"] = sum(f["timeouts"] or 0 for f in res["flows"])
-        if vout:
-            res["victim"] = self.victim_figures(*vout)
+
+    # ------------------------------------------------------------ jobs
+    def mpi_job(self):
+        """Open MPI over UCX rc_verbs on h0..h(R-1), R even and at most 8,
+        mpirun on the last host: tests/progs/mpi_check, every result of its
+        ping-pongs, allreduces, alltoalls and one-sided operations checked.
+        Open MPI starts its daemons through a remote shell, here a script
+        that enters a host with a host name of its own (the hosts share the
+        machine's, and Open MPI would take them for one node)."""
+        hosts = sorted(self.fabric.state["hosts"], key=lambda h: int(h[1:]))
+        nranks = min(8, len(hosts) - 1) // 2 * 2
+        prog = os.path.join(self.build, "tests/progs/mpi_check")
+        if not shutil.which("mpirun") or not os.path.exists(prog):
+            return {"unavailable": "no mpirun or tests/progs/mpi_check (scripts/setup.sh)"}
+        agent = os.path.join(self.work, "fabric-rsh")
+        with open(agent, "w", encoding="utf-8") as f:
+            f.write("#!/bin/sh\nhost=$1\nshift\n"
+                    f"exec {shlex.quote(self.fabric.tool)} --name {shlex.quote(self.fabric.name)} "
+                    'exec "$host" -- unshare --uts sh -c "hostname $host && exec $*"\n')
+        os.chmod(agent, 0o755)
+        dev = self.fabric.host("h0")["device"]
+        argv = ["mpirun", "--allow-run-as-root", "--mca", "plm_rsh_agent", agent,
+                "--mca", "plm_rsh_no_tree_spawn", "1", "--host", ",".join(hosts[:nranks]),
+                "-np", str(nranks), "-x", f"UCX_NET_DEVICES={dev}:1",
+                "-x", "UCX_TLS=rc_verbs,ud_verbs:aux", "--mca", "pml", "ucx",
+                "--mca", "osc", "ucx", "--mca", "btl", "self", prog]
+        self.record(f"Open MPI, {nranks} ranks (the remote shell: `sroce-fabric exec` of the "
+                    "host under `unshare --uts`)", self.fabric.plain_argv(hosts[-1], argv))
+        t0 = time.monotonic()
+        rc, out = self.finish([self.spawn(self.fabric.plain_argv(hosts[-1], argv))], 300)[0]
+        res = {"ranks": nranks, "hosts": hosts[:nranks], "rc": rc,
+               "seconds": time.monotonic() - t0, "ok": len(re.findall(r"^ok ", out, re.M)),
+               "failed": len(re.findall(r"^FAIL ", out, re.M))}
+        for what, key in ((r"alltoall of (\d+) bytes per pair .*: ([\d.]+) us", "alltoall_us"),):
+            res[key] = {m[0]: float(m[1]) for m in re.findall(what, out)}
+        if rc or res["failed"] or not res["ok"]:
+            res["output"] = out[-3000:]
         return res
+
+    def pmof_job(self):
+        """A pmof job: fi_remote_log from h1..hK (K at most 7) appending
+        32-byte records with FI_COMMIT into logs kept by targets on h0; the
+        targets killed with SIGKILL mid-stream.  Every initiator must stop
+        with a completion error, and every log must hold every record its
+        initiator saw committed (and at most the 16 in flight beyond)."""
+        prog = os.path.join(self.build, "tests/compile/fi_remote_log")
+        provider = os.path.join(self.build, "libfabric-glue")
+        if not os.path.exists(prog):
+            return {"unavailable": f"{prog} not built"}
+        env = ["env", "FI_PROVIDER=pmof", f"FI_PROVIDER_PATH={provider}"]
+        h0 = self.fabric.host("h0")["ipv4"]
+        senders = [f"h{i}" for i in range(1, min(7, self.args.senders) + 1)]
+        targets = []
+        for s in senders:
+            log = os.path.join(self.work, f"log-{s}")
+            out = open(os.path.join(self.work, f"target-{s}.out"), "w+", encoding="utf-8")
+            argv = self.fabric.argv("h0", [*env, prog, "--server", "-a", h0, "--file", log,
+                                           "--size", str(16 << 20)])
+            self.record("pmof: a target on h0 per initiator", argv)
+            targets.append((s, log, out, subprocess.Popen(argv, env=self.fabric.env, stdout=out,
+                                                          stderr=subprocess.STDOUT)))
+        ports = {}
+        end = time.monotonic() + 30
+        while len(ports) < len(targets) and time.monotonic() < end:
+            for s, _, out, _ in targets:
+                out.seek(0)
+                m = re.search(r"listening on port (\d+)", out.read())
+                if m:
+                    ports[s] = m.group(1)
+            time.sleep(0.1)
+        res = {"initiators": len(senders), "logs": []}
+        inits = []
+        for s in senders:
+            if s in ports:
+                argv = self.fabric.argv(s, [*env, prog, "-a", h0, "-p", ports[s], "-n",
+                                            "100000000", "--record-size", "32"])
+                self.record("pmof: an initiator on hI", argv)
+                inits.append((s, self.spawn(argv)))
+        time.sleep(max(2.0, self.args.duration / 4))
+        for _, _, _, t in targets:
+            t.kill()
+        for _, _, _, t in targets:
+            t.wait()
+        outs = self.finish([p for _, p in inits], 60)
+        for (s, _), (rc, out) in zip(inits, outs):
+            log = os.path.join(self.work, f"log-{s}")
+            last = ([0] + [int(x) for x in re.findall(r"^committed (\d+)", out, re.M)])[-1]
+            v = subprocess.run([prog, "--verify", log, "--record-size", "32"],
+                               capture_output=True, text=True)
+            m = re.search(r"^log ok: (\d+) records", v.stdout, re.M)
+            head = int(m.group(1)) if m else None
+            entry = {"initiator": s, "rc": rc, "committed": last, "head": head,
+                     "ok": rc == 3 and last > 0 and head is not None and last <= head <= last + 16}
+            if not entry["ok"]:
+                entry["output"] = (out[-1000:] + v.stdout[-500:] + v.stderr[-500:])
+            res["logs"].append(entry)
+        for _, _, out, _ in targets:
+            out.close()
+        res["missing_targets"] = [s for s in senders if s not in ports]
+        res["ok"] = (not res["missing_targets"] and len(res["logs"]) == len(senders) and
+                     all(e["ok"] for e in res["logs"]))
+        return res
+
+    # ------------------------------------------------------------ peers
+    def peer_cmds(self, peer, i):
+        """Server and client argv of sender i's stream with `peer`, and
+        the file its figures go to."""
+        h0 = self.fabric.host("h0")["ipv4"]
+        d, size = str(self.args.duration), str(self.args.size)
+        result = os.path.join(self.work, f"peer{i}.json")
+        if peer["kind"] == "tcp":
+            port = str(IPERF_PORT + i)
+            # -l: the size of each write, as the RDMA streams' messages.
+            return (["iperf3", "-s", "-1", "-B", h0, "-p", port],
+                    ["iperf3", "-c", h0, "-p", port, "-t", d, "-l", size, "-C", peer["cc"], "-J",
+                     "--logfile", result], result)
+        port = str(FI_PORT + 2 * i)
+        # The tcp provider's RMA writes, each completed once the target has
+        # it (as an RC WRITE is by its ACK); both sides sleep in
+        # fi_cq_sread, as TCP's programs sleep in the kernel.
+        bench = os.path.join(self.build, "tools/bench/fi_commit_bench")
+        return ([bench, "-p", "tcp", "-a", h0, "-P", port, "--blocking"],
+                [bench, "-p", "tcp", "-P", port, "-m", "bw", "-s", size, "-D", d,
+                 "--completion", "delivery", "--blocking", "--out_json_file", result, h0], result)
+
+    @staticmethod
+    def peer_figures(peer, path):
+        """(MB/s at the receiver, retransmissions) from a client's file."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                r = json.load(f)
+        except (OSError, ValueError):
+            return None, None
+        if peer["kind"] == "tcp":
+            end = r.get("end", {})
+            bps = end.get("sum_received", {}).get("bits_per_second")
+            return (bps / 8e6 if bps else None), end.get("sum_sent", {}).get("retransmits")
+        res = (r.get("results") or [{}])[0]
+        return res.get("bw_avg_MBps"), None
+
+    def peer_streams(self, label, senders, peer):
+        """One stream of `peer` from each sender into h0 at once."""
+        servers, clients = [], []
+        for i, s in enumerate(senders):
+            srv, cli, result = self.peer_cmds(peer, i)
+            # iperf3's --logfile appends.
+            if os.path.exists(result):
+                os.unlink(result)
+            self.record(f"{peer['label']}: server on h0 (one per sender)",
+                        self.fabric.plain_argv("h0", srv))
+            self.record(f"{peer['label']}: sender hI", self.fabric.plain_argv(s, cli))
+            servers.append(self.spawn(self.fabric.plain_argv("h0", srv)))
+            clients.append((s, cli, result))
+        port0 = IPERF_PORT if peer["kind"] == "tcp" else FI_PORT
+        step = 1 if peer["kind"] == "tcp" else 2
+        self.wait_listening([port0 + step * i for i in range(len(senders))], False, servers)
+        time.sleep(0.2)
+        before = self.fabric.bottleneck()
+        sampler = Sampler(self.fabric, senders)
+        sampler.start()
+        cprocs = [self.spawn(self.fabric.plain_argv(s, c)) for s, c, _ in clients]
+        couts = self.finish(cprocs, self.args.duration * 6 + 30)
+        sampler.finish()
+        souts = self.finish(servers, 20)
+        after = self.fabric.bottleneck()
+        res = {"label": label, "senders": len(senders), "peer": peer["label"], "flows": []}
+        for (s, _, result), (rc, out), (src, sout) in zip(clients, couts, souts):
+            mbps, retrans = self.peer_figures(peer, result)
+            res["flows"].append({"sender": s, "rc": rc, "server_rc": src, "MBps": mbps,
+                                 "retransmits": retrans})
+            if rc or src or mbps is None:
+                res["flows"][-1]["output"] = (out + sout)[-2000:]
+        self.figures(res, sampler, before, after)
+        res["retransmits"] = sum(f["retransmits"] or 0 for f in res["flows"])
+        return res
+
+    def peers(self):
+        """The same incast with TCP and libfabric's tcp provider, on a
+        fabric like the RDMA runs' (ECN marking on: TCP with ECN sees it)."""
+        a = self.args
+        senders = [f"h{i}" for i in range(1, a.senders + 1)]
+        subprocess.run(["modprobe", "-q", "tcp_dctcp"], capture_output=True)
+        try:
+            with open("/proc/sys/net/ipv4/tcp_available_congestion_control",
+                      encoding="utf-8") as f:
+                algos = f.read().split()
+        except OSError:
+            algos = []
+        plan = [{"label": "TCP cubic", "kind": "tcp", "cc": "cubic", "ecn": 0},
+                {"label": "TCP cubic, ECN", "kind": "tcp", "cc": "cubic", "ecn": 1},
+                {"label": "TCP dctcp", "kind": "tcp", "cc": "dctcp", "ecn": 1},
+                {"label": "libfabric tcp", "kind": "libfabric", "ecn": 0}]
+        out = []
+        self.fabric.up(a.senders + 1, a.rate, a.queue, 0.0, a.mark_threshold, a.mark_rate)
+        try:
+            for peer in plan:
+                if peer["kind"] == "tcp" and peer["cc"] not in algos:
+                    peer["unavailable"] = (f"this kernel has no {peer['cc']} "
+                                           f"(it has {' '.join(algos) or 'none'})")
+                elif peer["kind"] == "tcp" and not shutil.which("iperf3"):
+                    peer["unavailable"] = "no iperf3 (run scripts/setup.sh)"
+                if peer.get("unavailable"):
+                    print(f"  {peer['label']}: {peer['unavailable']}", flush=True)
+                    out.append(peer)
+                    continue
+                self.fabric.sysctl_all("net.ipv4.tcp_ecn", peer["ecn"])
+                peer["solo"] = self.peer_streams(f"{peer['label']}: one stream", senders[:1], peer)
+                self.progress(peer["solo"])
+                peer["incast"] = self.peer_streams(f"{peer['label']}: {a.senders} to 1", senders,
+                                                   peer)
+                self.progress(peer["incast"])
+                out.append(peer)
+        finally:
+            self.fabric.down()
+        return out
+
+    def wait_listening(self, ports, cm, procs, timeout=30.0):
+        """Waits until h0 listens on every one of `ports` (rdma_cm ports as
+        its agent lists them, else TCP), or one of `procs` has exited.  A
+        client that came first would be refused: a fixed pause is too short
+        for eight servers on a loaded machine."""
+        info = self.fabric.host("h0")
+        if cm:
+            cmd = [self.fabric.state["sroce"], "--config", info["config"], "-j", "agent",
+                   "status"]
+            pattern = r'"port":\s*(\d+)'
+        else:
+            cmd, pattern = ["ss", "-Hltn"], r":(\d+)\s"
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            out = subprocess.run(self.fabric.plain_argv("h0", cmd), capture_output=True,
+                                 text=True).stdout
+            have = {int(x) for x in re.findall(pattern, out)}
+            if all(p in have for p in ports):
+                return True
+            if any(p.poll() is not None for p in procs):
+                return False
+            time.sleep(0.1)
+        return False
 
     def victim_figures(self, rc, out):
         try:
@@ -346,7 +645,7 @@ class Matrix:
     def victim_idle(self):
         vs, vc = self.victim_cmds(self.victim_seconds())
         srv = self.spawn(vs)
-        time.sleep(1.0)
+        self.wait_listening([VICTIM_PORT], False, [srv])
         out = self.finish([self.spawn(vc)], 120)[0]
         self.finish([srv], 20)
         return self.victim_figures(*out)
@@ -374,24 +673,37 @@ class Matrix:
                     if a.victim:
                         plan.append((", events, and the victim", False, True))
                 for what, cm, victim in plan:
-                    r = self.streams(f"{tag}: {a.senders} to 1{what}", senders, cm, victim)
+                    for attempt in range(1, 4):
+                        r = self.streams(f"{tag}: {a.senders} to 1{what}", senders, cm, victim)
+                        if not any(PERFTEST_CM_RACE in f.get("output", "") for f in r["flows"]):
+                            break
+                        print(f"  {r['label']}: perftest's rdma_cm race (REJ before its server "
+                              "listened again), run again", flush=True)
+                    r["attempts"] = attempt
                     r["loss_pct"] = loss
                     self.progress(r)
                     out["runs"].append(r)
+                if not loss and a.jobs:
+                    out["mpi"] = self.mpi_job()
+                    print(f"  {tag}: Open MPI {job_line(out['mpi'])}", flush=True)
+                    out["pmof"] = self.pmof_job()
+                    print(f"  {tag}: pmof {job_line(out['pmof'])}", flush=True)
             finally:
                 self.fabric.down()
         return out
 
     @staticmethod
     def progress(r):
-        print(f"  {r['label']}: {fmt(r.get('arrival_Mbps'))} Mbit/s at h0, perftest "
+        print(f"  {r['label']}: {fmt(r.get('arrival_Mbps'))} Mbit/s at h0, the programs "
               f"{fmt(r.get('goodput_MBps'))} MB/s, Jain "
               f"{fmt(r.get('jain_mean'), 3)} (p5 {fmt(r.get('jain_p5'), 3)}), "
-              f"{r['timeouts']} timeouts, {r['bottleneck'].get('dropped')} dropped, "
-              f"{r['bottleneck'].get('marked')} marked", flush=True)
+              + (f"{r['timeouts']} timeouts, " if "timeouts" in r else
+                 f"{r['retransmits']} retransmissions, ") +
+              f"{r['bottleneck'].get('dropped')} dropped, "
+              f"{r['bottleneck'].get('marked')} marked, queue {queue_cell(r)} µs", flush=True)
 
     # ------------------------------------------------------------ report
-    def report(self, modes):
+    def report(self, modes, peers):
         a = self.args
         os.makedirs(a.out, exist_ok=True)
         meta = {"date": datetime.date.today().isoformat(), "host": platform.node(),
@@ -400,7 +712,7 @@ class Matrix:
                 "mark_rate": a.mark_rate, "senders": a.senders, "duration_s": a.duration,
                 "size": a.size, "cc_params": a.cc_param, "short": a.short}
         with open(os.path.join(a.out, "congestion.json"), "w", encoding="utf-8") as f:
-            json.dump({"meta": meta, "modes": modes}, f, indent=1)
+            json.dump({"meta": meta, "modes": modes, "peers": peers}, f, indent=1)
         L = [f"# Congestion on a fabric of {a.senders + 1 + (1 if a.victim else 0)} hosts",
              "",
              f"Made by `tools/perf/fabric_matrix.py` on {meta['date']} ({meta['cpus']} CPUs, "
@@ -416,9 +728,11 @@ class Matrix:
              "second at either end; Mbit/s is what reached h0 then (headers and resends included), "
              "compared with one stream alone measured so; perftest's figures, each over "
              "its own stream's time, are summed beside it.",
+             "The queue is the bottleneck's backlog sampled at the start of each window, as "
+             "the time it takes to drain (median / 90th percentile).",
              "", "| run | Mbit/s at h0 | of one stream | perftest MB/s (sum) | Jain mean | "
-             "Jain p5 | timeouts | selective resends | dropped | marked | CNPs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Jain p5 | queue, µs | timeouts | selective resends | dropped | marked | CNPs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for m in modes:
             solo = (m.get("solo") or {}).get("arrival_Mbps")
             for r in [m.get("solo")] + m["runs"]:
@@ -426,10 +740,12 @@ class Matrix:
                     continue
                 g = r.get("arrival_Mbps")
                 ratio = g / solo if g and solo else None
-                L.append(f"| {r['label']} | {fmt(g, 1)} | {fmt(ratio, 3)} | "
+                again = (f" (run {r['attempts']} times: perftest's rdma_cm race)"
+                         if r.get("attempts", 1) > 1 else "")
+                L.append(f"| {r['label']}{again} | {fmt(g, 1)} | {fmt(ratio, 3)} | "
                          f"{fmt(r.get('goodput_MBps'))} | "
                          f"{fmt(r.get('jain_mean'), 3)} | {fmt(r.get('jain_p5'), 3)} | "
-                         f"{r['timeouts']} | "
+                         f"{queue_cell(r)} | {r['timeouts']} | "
                          f"{sum(f['resent_selective'] or 0 for f in r['flows'])} | "
                          f"{r['bottleneck'].get('dropped')} | {r['bottleneck'].get('marked')} | "
                          f"{sum(f['cnps_sent'] or 0 for f in r['flows'])} |")
@@ -445,6 +761,31 @@ class Matrix:
                 L.append(f"| {m['cc']} | {fmt(idle.get('t_typical_us'))} | "
                          f"{fmt(idle.get('t_p99_us'))} | {fmt(busy.get('t_typical_us'))} | "
                          f"{fmt(busy.get('t_p99_us'))} | {fmt(ratio, 2)} |")
+        if any("mpi" in m or "pmof" in m for m in modes):
+            L += ["", "## Jobs across the fabric", "",
+                  "Open MPI over UCX rc_verbs runs tests/progs/mpi_check (ping-pongs, allreduces, "
+                  "alltoalls and one-sided operations, every result checked) on h0 and further "
+                  "hosts; a pmof job appends 32-byte records with FI_COMMIT from up to 7 hosts "
+                  "into logs on h0 (fi_remote_log), whose targets are then killed with SIGKILL: "
+                  "each initiator must stop with a completion error and each log must hold "
+                  "every record its initiator saw committed.", "",
+                  "| cc | Open MPI | checks passed / failed | seconds | alltoall of 256 KiB "
+                  "per pair, µs | pmof initiators | commits completed before the kill | "
+                  "every one kept |", "|---|---|---|---|---|---|---|---|"]
+            for m in modes:
+                mpi, pm = m.get("mpi") or {}, m.get("pmof") or {}
+                mpi_cell = (f"not run: {mpi['unavailable']}" if mpi.get("unavailable") else
+                            f"{mpi.get('ranks')} ranks, exit {mpi.get('rc')}")
+                pm_cells = ([f"not run: {pm['unavailable']}", "", ""] if pm.get("unavailable")
+                            else [str(pm.get("initiators")),
+                                  str(sum(e["committed"] for e in pm.get("logs", []))),
+                                  "yes" if pm.get("ok") else "NO"])
+                L.append(f"| {m['cc']} | {mpi_cell} | {mpi.get('ok')} / {mpi.get('failed')} | "
+                         f"{fmt(mpi.get('seconds'), 1)} | "
+                         f"{fmt((mpi.get('alltoall_us') or {}).get('262144'), 0)} | "
+                         + " | ".join(pm_cells) + " |")
+        if peers:
+            L += self.peer_report(modes, peers)
         L += ["", "## Commands", "", "```sh",
               "python3 tools/perf/fabric_matrix.py " + " ".join(
                   shlex.quote(x) for x in sys.argv[1:])]
@@ -454,6 +795,55 @@ class Matrix:
         L.append("```")
         with open(os.path.join(a.out, "congestion.md"), "w", encoding="utf-8") as f:
             f.write("\n".join(L) + "\n")
+
+
+    def peer_report(self, modes, peers):
+        a = self.args
+        L = ["", "## Against the peers", "",
+             f"The same {a.senders}-to-1 incast through the same bottleneck with TCP (iperf3, "
+             f"writes of {a.size} bytes; `net.ipv4.tcp_ecn` on every host for the ECN runs) and "
+             "with libfabric's tcp provider (fi_commit_bench: RMA writes of the same size, 16 "
+             "in flight, each completed on delivery).  sroce's rows are the RDMA runs above.  "
+             "Retransmissions are TCP's own (iperf3) or sroce's timeouts and selective resends.",
+             "", "| transport | one stream Mbit/s | incast Mbit/s at h0 | of one stream | "
+             "Jain mean | Jain p5 | queue, µs | retransmissions | dropped | marked |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+
+        def row(name, solo, r, retrans):
+            g, s1 = r.get("arrival_Mbps"), (solo or {}).get("arrival_Mbps")
+            return (f"| {name} | {fmt(s1, 1)} | {fmt(g, 1)} | "
+                    f"{fmt(g / s1 if g and s1 else None, 3)} | {fmt(r.get('jain_mean'), 3)} | "
+                    f"{fmt(r.get('jain_p5'), 3)} | {queue_cell(r)} | {retrans} | "
+                    f"{r['bottleneck'].get('dropped')} | {r['bottleneck'].get('marked')} |")
+        for m in modes:
+            for r in m["runs"]:
+                if r.get("loss_pct") or r.get("victim"):
+                    continue
+                resent = sum(f["resent_selective"] or 0 for f in r["flows"])
+                L.append(row(f"sroce, cc {m['cc']}{' over rdma_cm' if r['cm'] else ''}",
+                             m.get("solo"), r, f"{r['timeouts']} + {resent}"))
+        for p in peers:
+            if p.get("unavailable"):
+                L.append(f"| {p['label']} | not run: {p['unavailable']} | | | | | | | | |")
+            else:
+                L.append(row(p["label"], p["solo"], p["incast"], p["incast"]["retransmits"]))
+        return L
+
+
+def queue_cell(r):
+    q = r.get("queue_us")
+    return f"{q['median']:.0f} / {q['p90']:.0f}" if q else "—"
+
+
+def job_line(r):
+    if r.get("unavailable"):
+        return f"not run: {r['unavailable']}"
+    if "ranks" in r:
+        return (f"{r['ranks']} ranks, exit {r['rc']}, {r['ok']} checks passed, "
+                f"{r['failed']} failed, {r['seconds']:.1f} s")
+    return (f"{r['initiators']} initiators, targets killed: " +
+            ", ".join(f"{e['initiator']} exit {e['rc']} committed {e['committed']} head {e['head']}"
+                      for e in r["logs"]) + (" — all kept" if r["ok"] else " — FAILED"))
 
 
 def short_path(argv, build, work):
@@ -486,6 +876,10 @@ def main():
                    help="a further host's 64-byte write-commit round trips")
     p.add_argument("--loss", type=float, default=0.1,
                    help="also run the incast with this %% random loss (0: not)")
+    p.add_argument("--no-jobs", dest="jobs", action="store_false",
+                   help="leave out the Open MPI and pmof jobs")
+    p.add_argument("--no-peers", dest="peers", action="store_false",
+                   help="leave out the incast with TCP and libfabric tcp")
     p.add_argument("--short", action="store_true", help="three hosts, two seconds")
     args = p.parse_args()
     if os.geteuid() != 0:
@@ -494,15 +888,18 @@ def main():
         args.senders, args.duration = 2, 2
         args.rate = "50mbit"
     m = Matrix(args)
-    modes = []
+    modes, peers = [], []
     try:
         for cc in args.cc:
             print(f"cc {cc}:", flush=True)
             modes.append(m.mode(cc))
+        if args.peers:
+            print("peers:", flush=True)
+            peers = m.peers()
     finally:
         m.fabric.down()
         shutil.rmtree(m.work, ignore_errors=True)
-    m.report(modes)
+    m.report(modes, peers)
     print(f"wrote {os.path.join(args.out, 'congestion.md')}")
 
 
