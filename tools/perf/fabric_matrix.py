@@ -570,7 +570,8 @@ class Matrix:
         fabric like the RDMA runs' (ECN marking on: TCP with ECN sees it)."""
         a = self.args
         senders = [f"h{i}" for i in range(1, a.senders + 1)]
-        subprocess.run(["modprobe", "-q", "tcp_dctcp"], capture_output=True)
+        if shutil.which("modprobe"):
+            subprocess.run(["modprobe", "-q", "tcp_dctcp"], capture_output=True)
         try:
             with open("/proc/sys/net/ipv4/tcp_available_congestion_control",
                       encoding="utf-8") as f:
