@@ -146,8 +146,8 @@ else
 	if timeout -k 5 120 "$SROCE_BIN" exec -- mpirun "${root[@]}" --oversubscribe \
 		--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include pmof --mca btl self \
 		-x FI_PROVIDER_PATH -np 4 "$mpi_check" --no-rma >"$WORK/mpi.log" 2>&1 &&
-		(($(grep -c '^ok ' "$WORK/mpi.log") == 6)); then
-		pass "Open MPI, 4 ranks over the ofi MTL on pmof (tagged messages): ping-pong 1 B to 1 MiB and allreduces checked"
+		(($(grep -c '^ok ' "$WORK/mpi.log") == 8)); then
+		pass "Open MPI, 4 ranks over the ofi MTL on pmof (tagged messages): ping-pong 1 B to 1 MiB, allreduces and alltoalls checked"
 	else
 		fail "Open MPI over pmof (ofi MTL) mpi_check" "$(cat "$WORK/mpi.log")"
 	fi
