@@ -92,20 +92,23 @@ build() {
 	return 1
 }
 
-# failure_tails STAGE BUILD-DIR: keeps the last lines each failing test
-# printed, for the summary.  --output-on-failure shows them where the test
-# ended, in the middle of a long log that is often seen only by its head
-# and its tail.
+# failure_tails STAGE BUILD-DIR: keeps, for the summary, the lines of each
+# failing test that say what failed (a check's FAIL, gtest's Failure) and
+# its last lines.  --output-on-failure shows them where the test ended, in
+# the middle of a long log that is often seen only by its head and its tail.
 failure_tails() {
-	local dir=$2/Testing/Temporary name
+	local dir=$2/Testing/Temporary name out=$logdir/failing-test.out
 	[[ -f $dir/LastTestsFailed.log && -f $dir/LastTest.log ]] || return 0
 	while IFS= read -r name; do
 		name=${name#*:}
-		printf -- '--- %s: %s, its last lines\n' "$1" "$name"
 		awk -v t="Test: $name" '
 			!on && substr($0, length($0) - length(t) + 1) == t { on = 1; next }
 			on && /^<end of output>$/ { exit }
-			on { print }' "$dir/LastTest.log" | tail -n 40
+			on { print }' "$dir/LastTest.log" >"$out"
+		printf -- '--- %s: %s, what failed\n' "$1" "$name"
+		grep -a -m 20 -E '^(FAIL|not ok)|Failure$|FAILED|[Ee]rror:' "$out" || true
+		printf -- '--- %s: %s, its last lines\n' "$1" "$name"
+		tail -n 25 "$out"
 	done <"$dir/LastTestsFailed.log" >>"$logdir/failures"
 }
 
