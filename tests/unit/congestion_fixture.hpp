@@ -134,6 +134,16 @@ class Cc : public FakePeer {
         ASSERT_NO_FATAL_FAILURE(peer_write(kEct0, false));
     }
 
+    // `n` writes leave at once with the clock standing still (no CNP yet:
+    // the QP is not limited), are acknowledged, and then the QP's first CNP
+    // arrives.
+    void first_cnp_after(int n) {
+        post_small_writes(n);
+        ASSERT_NO_FATAL_FAILURE(expect_writes(n, "before any CNP"));
+        ASSERT_NO_FATAL_FAILURE(ack_all(n));
+        ASSERT_NO_FATAL_FAILURE(deliver_cnp(cnp(qpn)));
+    }
+
     // Moves the clock a millisecond at a time, at `rate_per_ms` bytes each
     // (the QP's rate then), and checks that sroce sends the writes a token
     // bucket at that rate admits: one while it holds anything, each taking

@@ -50,16 +50,10 @@ TEST_F(Cc, CeMarkedResponsesAreNotReported) {
 }
 
 TEST_F(Cc, CnpCutsTheRateAndThePacketsFollowIt) {
-    // No CNP yet: the QP is not limited, and 16 writes leave at once with
-    // the clock standing still.
-    post_small_writes(16);
-    ASSERT_NO_FATAL_FAILURE(expect_writes(16, "before any CNP"));
-    ASSERT_NO_FATAL_FAILURE(ack_all(16));
-
     // The first CNP: the rate is cut from 8 Mbit/s (first-rate) by α/2,
     // α starting at 1: 4 Mbit/s, 500 bytes a millisecond.  Nothing leaves
     // until the clock moves.
-    ASSERT_NO_FATAL_FAILURE(deliver_cnp(cnp(qpn)));
+    ASSERT_NO_FATAL_FAILURE(first_cnp_after(16));
     post_small_writes(40);
     expect_silence();
     ASSERT_NO_FATAL_FAILURE(expect_paced({500, 500, 500, 500}, "at 4 Mbit/s"));

@@ -19,12 +19,7 @@ using namespace fake_peer;
 using namespace cc_test;
 
 TEST_F(Cc, LimitedQpKeepsItsRatesWorthInFlight) {
-    // Unlimited before any CNP: eight writes at once, unacknowledged.
-    post_small_writes(8);
-    ASSERT_NO_FATAL_FAILURE(expect_writes(8, "before any CNP"));
-    ASSERT_NO_FATAL_FAILURE(ack_all(8));
-
-    ASSERT_NO_FATAL_FAILURE(deliver_cnp(cnp(qpn)));
+    ASSERT_NO_FATAL_FAILURE(first_cnp_after(8));
     post_small_writes(12);
     // A millisecond fills the bucket far past three writes; the cap holds
     // the QP to three until they are acknowledged.

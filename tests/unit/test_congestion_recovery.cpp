@@ -21,12 +21,8 @@ using namespace fake_peer;
 using namespace cc_test;
 
 TEST_F(Cc, RateClimbsAdditivelyAndLaterCutsShrinkWithAlpha) {
-    post_small_writes(8);
-    ASSERT_NO_FATAL_FAILURE(expect_writes(8, "before any CNP"));
-    ASSERT_NO_FATAL_FAILURE(ack_all(8));
-
     // The first CNP: target 8, rate 8·(1 - 1/2) = 4 Mbit/s; α stays 1.
-    ASSERT_NO_FATAL_FAILURE(deliver_cnp(cnp(qpn)));
+    ASSERT_NO_FATAL_FAILURE(first_cnp_after(8));
     post_small_writes(80);
     expect_silence();
     // Each millisecond past the single fast recovery stage the target
