@@ -3,7 +3,7 @@
 // mpi_check: an MPI ping-pong, allreduces and alltoalls whose every result
 // is checked.
 //
-//   mpirun -np N mpi_check [--no-rma]        (N even, at least 2)
+//   mpirun -np N mpi_check [--no-rma] [--no-alltoall]   (N even, at least 2)
 //
 // Ping-pong: rank r talks to rank r^1.  For each size (1 byte to 1 MiB, so
 // both the eager and the rendezvous protocols of the transport are used) the
@@ -11,8 +11,9 @@
 // pattern of the next iteration, which the even rank checks in turn.
 // Allreduce: MPI_SUM and MPI_MAX over every rank's vector, small (one
 // message) and 2 MiB, compared with the closed-form results.
-// Alltoall: every rank sends every rank a block (64 B and 256 KiB) whose
-// pattern names the pair; each received block is checked.
+// Alltoall (unless --no-alltoall): every rank sends every rank a block
+// (64 B and 256 KiB) whose pattern names the pair; each received block is
+// checked.
 // One-sided (unless --no-rma): every rank MPI_Puts a pattern into the next
 // rank's window and MPI_Gets one from the previous rank's, between
 // MPI_Win_fences (8 B to 1 MiB), then every rank adds to a counter in rank
@@ -199,8 +200,15 @@ int main(int argc, char **argv) {
     int rank, nranks, bad = 0, total = 0;
     double usec;
 
+    // A line at a time, so that a job killed while it hangs shows how far
+    // it got.
+    setvbuf(stdout, NULL, _IOLBF, 0);
     MPI_Init(&argc, &argv);
-    int rma = !(argc > 1 && strcmp(argv[1], "--no-rma") == 0);
+    int rma = 1, a2a = 1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--no-rma") == 0) rma = 0;
+        if (strcmp(argv[i], "--no-alltoall") == 0) a2a = 0;
+    }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     if (nranks < 2 || nranks % 2) {
@@ -229,7 +237,7 @@ int main(int argc, char **argv) {
                    counts[k], nranks);
     }
     static const size_t blocks[] = {64, 262144};
-    for (size_t k = 0; k < sizeof blocks / sizeof blocks[0]; k++) {
+    for (size_t k = 0; a2a && k < sizeof blocks / sizeof blocks[0]; k++) {
         int b = alltoall(rank, nranks, blocks[k], &usec);
         MPI_Allreduce(&b, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
         bad += b;
