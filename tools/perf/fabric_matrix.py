@@ -618,7 +618,7 @@ class Matrix:
             pattern = r'"port":\s*(\d+)'
         else:
             cmd, pattern = ["ss", "-Hltn"], r":(\d+)\s"
-        end = time.monotonic() + timeout
+        end, have = time.monotonic() + timeout, set()
         while time.monotonic() < end:
             out = subprocess.run(self.fabric.plain_argv("h0", cmd), capture_output=True,
                                  text=True).stdout
@@ -626,8 +626,12 @@ class Matrix:
             if all(p in have for p in ports):
                 return True
             if any(p.poll() is not None for p in procs):
-                return False
+                break
             time.sleep(0.1)
+        # The clients then fail on their own; this says why first.
+        print(f"fabric_matrix: h0 does not listen on {sorted(set(ports) - have)} "
+              f"({'rdma_cm' if cm else 'TCP'}): a server exited or is slow to start",
+              file=sys.stderr, flush=True)
         return False
 
     def victim_figures(self, rc, out):
