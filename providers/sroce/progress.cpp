@@ -24,10 +24,12 @@ void Nic::fire_timers(TxBatch &tx, bool scan) {
         if (!qp) continue;
         std::unique_lock<std::mutex> g(qp->mu);
         tx.order = &qp->tx_mu;
+        bool sent = false;
         if (uint64_t at = qp->timers.pace_at_ns) {
             if (now >= at) {
                 qp->timers.pace_at_ns = 0;
                 req_run(qp, tx);
+                sent = true;
             } else {
                 pace_at(at);
             }
@@ -36,10 +38,16 @@ void Nic::fire_timers(TxBatch &tx, bool scan) {
             if (qp->timers.retransmit_at_ns || qp->timers.rnr_at_ns || qp->timers.recovery_at_ns)
                 req_timers(qp, tx, now);
             // Let go of while it was held back: it sends now.
-            if (cc_.on && cc_tick(qp, now)) req_run(qp, tx);
+            if (cc_.on && cc_tick(qp, now)) {
+                req_run(qp, tx);
+                sent = true;
+            }
         }
         tx.order = nullptr;
         send_and_unlock(qp, tx, g);
+        // What a paced UD or UC QP sent has left: nothing acknowledges it,
+        // so it completes now, as after a post (req_send_and_unlock).
+        if (sent && !qp->reliable()) req_retire_sent(qp);
     }
 }
 

@@ -105,12 +105,13 @@ class Cc : public FakePeer {
                 post(IBV_WR_RDMA_WRITE, uint64_t(i), 0x100, kSmall, 0x10000, 0xAABBCCDD));
     }
 
-    // Waits for the next `n` writes from sroce, in PSN order, ECN-capable.
-    void expect_writes(int n, const std::string &when) {
+    // Waits for the next `n` writes (or packets of opcode `op`) from sroce,
+    // in PSN order, ECN-capable.
+    void expect_writes(int n, const std::string &when, uint8_t op = kWriteOnly) {
         for (int i = 0; i < n; i++) {
             std::optional<Rx> r = reply();
-            ASSERT_TRUE(r) << when << ": write " << i + 1 << " of " << n << " did not come";
-            ASSERT_EQ(r->opcode, kWriteOnly) << when << ": " << r->str();
+            ASSERT_TRUE(r) << when << ": packet " << i + 1 << " of " << n << " did not come";
+            ASSERT_EQ(r->opcode, op) << when << ": " << r->str();
             EXPECT_EQ(r->psn, next_sq_psn) << when;
             EXPECT_EQ(r->tclass, kEct0) << when;
             next_sq_psn = psn_add(next_sq_psn, 1);
@@ -149,7 +150,8 @@ class Cc : public FakePeer {
     // bucket at that rate admits: one while it holds anything, each taking
     // kSmallCost from it, what is owed carried over.
     double tokens = 0;
-    void expect_paced(const std::vector<double> &rate_per_ms, const std::string &what) {
+    void expect_paced(const std::vector<double> &rate_per_ms, const std::string &what,
+                      uint8_t op = kWriteOnly) {
         for (size_t k = 0; k < rate_per_ms.size(); k++) {
             advance(kMs);
             tokens += rate_per_ms[k];
@@ -158,7 +160,7 @@ class Cc : public FakePeer {
                 tokens -= kSmallCost;
                 n++;
             }
-            ASSERT_NO_FATAL_FAILURE(expect_writes(n, what + ", ms " + std::to_string(k + 1)));
+            ASSERT_NO_FATAL_FAILURE(expect_writes(n, what + ", ms " + std::to_string(k + 1), op));
         }
     }
 };

@@ -67,6 +67,108 @@ TEST_F(Cc, CnpCutsTheRateAndThePacketsFollowIt) {
     expect_silence();
 }
 
+// A UD QP is both roles too: a marked datagram gets a CNP back to the QP
+// its DETH names, at the address it came from, and a CNP from anyone it
+// sends to paces its sends.
+TEST_F(Cc, UdQpsSendAndHonourCnps) {
+    constexpr uint32_t kQkey = 0x11223344;
+    ibv_qp_init_attr ia{};
+    ia.send_cq = ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_UD;
+    ia.cap.max_send_wr = ia.cap.max_recv_wr = 32;
+    ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+    ibv_qp *ud = ibv_create_qp(w.pd, &ia);
+    ASSERT_NE(ud, nullptr) << strerror(errno);
+    struct Closer {
+        ibv_qp *qp;
+        ibv_ah *ah = nullptr;
+        ~Closer() {
+            ibv_destroy_qp(qp);
+            if (ah) ibv_destroy_ah(ah);
+        }
+    } closer{ud};
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qkey = kQkey;
+    ASSERT_EQ(ibv_modify_qp(ud, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY),
+              0);
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    ASSERT_EQ(ibv_modify_qp(ud, &a, IBV_QP_STATE), 0);
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = kSqPsn;
+    ASSERT_EQ(ibv_modify_qp(ud, &a, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+
+    // Marked and unmarked datagrams from the peer's QP kPeerQpn.
+    for (int i = 0; i < 2; i++) {
+        ibv_sge sge{uint64_t(uintptr_t(w.buf + 0x4000 + i * 0x400)), 0x400, w.mr->lkey};
+        ibv_recv_wr rw{}, *bad = nullptr;
+        rw.wr_id = 50 + i;
+        rw.sg_list = &sge;
+        rw.num_sge = 1;
+        ASSERT_EQ(ibv_post_recv(ud, &rw, &bad), 0);
+    }
+    Bytes deth(kDethLen, 0);
+    put32(deth.data(), kQkey);
+    put24(deth.data() + 5, kPeerQpn);
+    for (uint8_t tc : {kEcnCe, kEct0}) {
+        send_tc(packet(kUdSendOnly, ud->qp_num, 7, deth, pattern(64, tc), false), tc);
+        std::optional<ibv_wc> wc = poll_wc();
+        ASSERT_TRUE(wc);
+        EXPECT_EQ(wc->status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc->status);
+        EXPECT_EQ(wc->src_qp, kPeerQpn);
+        EXPECT_EQ(wc->byte_len, 40u + 64u);
+        if (tc == kEcnCe) {
+            std::optional<Rx> r = reply();
+            ASSERT_TRUE(r) << "no CNP for the marked datagram";
+            expect_cnp(*r);
+        }
+        expect_silence();
+    }
+
+    // Before a CNP the QP sends at once; after it, at 4 Mbit/s.
+    ibv_ah_attr ah{};
+    ah.is_global = 1;
+    ah.port_num = 1;
+    ah.grh.sgid_index = 1;
+    ah.grh.hop_limit = 64;
+    ah.grh.dgid.raw[10] = ah.grh.dgid.raw[11] = 0xFF;
+    in_addr_t peer = ip4(kPeerAddr);
+    std::memcpy(ah.grh.dgid.raw + 12, &peer, 4);
+    closer.ah = ibv_create_ah(w.pd, &ah);
+    ASSERT_NE(closer.ah, nullptr) << strerror(errno);
+    auto post_sends = [&](int n) {
+        for (int i = 0; i < n; i++) {
+            ibv_sge sge{uint64_t(uintptr_t(w.buf + 0x100)), kSmall, w.mr->lkey};
+            ibv_send_wr sw{}, *bad = nullptr;
+            sw.sg_list = &sge;
+            sw.num_sge = 1;
+            sw.opcode = IBV_WR_SEND;
+            sw.send_flags = IBV_SEND_SIGNALED;
+            sw.wr.ud.ah = closer.ah;
+            sw.wr.ud.remote_qpn = kPeerQpn;
+            sw.wr.ud.remote_qkey = kQkey;
+            ASSERT_EQ(ibv_post_send(ud, &sw, &bad), 0);
+        }
+    };
+    ASSERT_NO_FATAL_FAILURE(post_sends(3));
+    ASSERT_NO_FATAL_FAILURE(expect_writes(3, "before the CNP", kUdSendOnly));
+    // From any address: a UD QP's peers are whoever it sends to.
+    send_tc(cnp(ud->qp_num, kStrangerAddr), 0, &w.stranger);
+    ASSERT_NO_FATAL_FAILURE(peer_write(kEct0, false));
+    ASSERT_NO_FATAL_FAILURE(post_sends(11));
+    expect_silence();
+    // 4, 3 and 4 datagrams of 144 bytes in the three milliseconds' 500.
+    ASSERT_NO_FATAL_FAILURE(expect_paced({500, 500, 500}, "UD at 4 Mbit/s", kUdSendOnly));
+    expect_silence();
+    for (int i = 0; i < 14; i++) {
+        std::optional<ibv_wc> wc = poll_wc();
+        ASSERT_TRUE(wc) << "send completion " << i;
+        EXPECT_EQ(wc->status, IBV_WC_SUCCESS);
+    }
+}
+
 TEST_F(Cc, CnpsFromOthersAreIgnored) {
     // From an address that is not the peer's, or for a QP that does not
     // exist: nothing changes, and writes still leave at once.
