@@ -3,6 +3,7 @@
 
 #include "inet.hpp"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
 #include <cstdio>
@@ -106,10 +107,17 @@ std::string parse_line(const std::vector<std::string> &words, Link &link) {
     link = Link{};
     link.name = words[0];
     bool have_netdev = false, have_addr = false;
+    // A congestion control word given twice would silently lose one value.
+    std::vector<std::string> cc_seen;
     for (std::size_t i = 1; i < words.size(); i += 2) {
         const std::string &key = words[i];
         std::string *value;
         bool *seen;
+        if (key != "netdev" && key != "addr") {
+            if (std::find(cc_seen.begin(), cc_seen.end(), key) != cc_seen.end())
+                return "'" + key + "' given twice";
+            cc_seen.push_back(key);
+        }
         if (key == "netdev") {
             value = &link.netdev;
             seen = &have_netdev;

@@ -182,11 +182,21 @@ expect 2 "$sroce" link set sroce1 cc maybe
 err_has "unknown congestion control 'maybe' (expected dcqcn, off or default)"
 expect 2 "$sroce" link set sroce1 stages 1.5
 err_has "invalid stages '1.5' (stages, an integer from 0 to 100)"
+expect 2 "$sroce" link set sroce1 cc dcqcn ai-rate 1 ai-rate 2
+err_has "'ai-rate' given twice"
+expect 2 "$sroce" link set sroce1 cc dcqcn cc off
+err_has "'cc' given twice"
+expect 2 "$sroce" link set sroce1 stages 3 cc default
+err_has "'cc default' must come first"
 expect 2 "$sroce" link set sroce1 mtu 1024
 err_has "unknown keyword 'mtu'"
 expect 1 "$sroce" link set nosuch cc off
 err_has "link 'nosuch' does not exist"
 [[ $(cat "$SROCE_CONFIG") == "$before" ]] || fail "refused sets changed the file: $(cat "$SROCE_CONFIG")"
+expect 0 "$sroce" link set sroce1 cc default cc dcqcn ai-rate 2
+expect 0 "$sroce" link show sroce1
+[[ $out == *"cc dcqcn ai-rate 2" ]] || fail "cc default cc dcqcn ai-rate 2 gave: $out"
+[[ $out != *cnp-interval* ]] || fail "cc default kept cnp-interval: $out"
 expect 0 "$sroce" link set sroce1 cc default
 expect 0 "$sroce" link show sroce1
 out_is "$line1"

@@ -270,7 +270,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadLine{"a netdev lo ai-rate -1\n", 1, "invalid ai-rate '-1'"},
         BadLine{"a netdev lo ai-rate 1x\n", 1, "invalid ai-rate '1x'"},
         BadLine{"a netdev lo min-rate 0\n", 1, "invalid min-rate '0'"},
-        BadLine{"a netdev lo rate-timer\n", 1, "missing value after 'rate-timer'"}));
+        BadLine{"a netdev lo rate-timer\n", 1, "missing value after 'rate-timer'"},
+        BadLine{"a netdev lo cc dcqcn ai-rate 1 stages 2 ai-rate 3\n", 1, "'ai-rate' given twice"},
+        BadLine{"a netdev lo cc dcqcn cc off\n", 1, "'cc' given twice"}));
 
 TEST_F(ConfigTest, CongestionControl) {
     auto links =

@@ -154,12 +154,22 @@ void link_del(const std::string &path, const std::string &name) {
 // words to `cc`, or says why they are wrong.
 void apply_cc_keywords(sroce::CcParams &cc, const std::vector<std::string> &words) {
     if (words.empty()) throw UsageError("nothing to set (expected cc and its parameters)");
+    // Each word once: with two values one would be lost without a word.
+    // `cc default` may start the list, and then a mode may follow it.
+    std::vector<std::string> seen;
     for (std::size_t i = 0; i < words.size(); i += 2) {
         const std::string &key = words[i];
         if (i + 1 >= words.size()) throw UsageError("missing value after '" + key + "'");
         const std::string &value = words[i + 1];
+        bool reset = key == "cc" && value == "default";
+        if (reset && i != 0) throw UsageError("'cc default' must come first");
+        if (!reset) {
+            if (std::find(seen.begin(), seen.end(), key) != seen.end())
+                throw UsageError("'" + key + "' given twice");
+            seen.push_back(key);
+        }
         if (key == "cc") {
-            if (value == "default")
+            if (reset)
                 cc = sroce::CcParams{};
             else if (value == "dcqcn" || value == "off")
                 cc.enabled = value == "dcqcn";
