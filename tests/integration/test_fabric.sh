@@ -14,11 +14,12 @@
 #     ibv_rc_pingpong h2 -> h0 over IPv6 through the bottleneck; loss was
 #     applied and traffic sent without ECN (TOS 0) is never marked, though
 #     it fills the phantom queue (a tc BPF program) past its threshold;
-#   - with congestion control on (`cc dcqcn`), ib_write_bw from h1
-#     and h2 at once: their packets leave ECT(0), the bottleneck marks some
+#   - with congestion control on (`cc dcqcn`), ib_write_bw from h1 (IPv4)
+#     and h2 (IPv6) at once: their packets leave ECT(0), the bottleneck marks some
 #     CE and h0 receives them marked (a capture on its eth0), h0 answers
 #     with CNPs (opcode 0x81, DSCP 48, not ECN-capable) to the senders,
-#     whose devices count them and cut their QPs' rates; sroce_xfer's mix
+#     whose devices count them and cut their QPs' rates, as `sroce resource
+#     show qp` shows on both sides while they run; sroce_xfer's mix
 #     of operations with ECT(0), every byte checked across the loss;
 #   - down removes every namespace and the state, also for a fabric whose
 #     state file is gone, as after a crash.
@@ -155,17 +156,33 @@ done
 SROCE_STATS=1 "${F[@]}" exec h0 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 150 -p 18810 \
 	>"$WORK/w1.s" 2>&1 &
 s1=$!
-SROCE_STATS=1 "${F[@]}" exec h0 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 150 -p 18811 \
+# h2's stream over IPv6 (GID 2): the phantom queue marks IPv6's traffic
+# class as it marks IPv4's TOS, and the CNPs go back over IPv6.
+SROCE_STATS=1 "${F[@]}" exec h0 -- ib_write_bw -d sroce0 -x 2 -s 65536 -n 150 -p 18811 \
 	>"$WORK/w2.s" 2>&1 &
 s2=$!
 for _ in $(seq 200); do
 	[[ $(ip netns exec "sfab-$name-h0" ss -Hltn | wc -l) -ge 2 ]] && break
 	sleep 0.05
 done
+# watch_qps HOST PATTERN: `sroce resource show qp` on HOST until a QP's
+# line matches PATTERN (into $WORK/qp.HOST) or the streams are over.
+watch_qps() {
+	local out=$WORK/qp.$1
+	while [[ ! -e $WORK/streams.done ]]; do
+		"${F[@]}" exec "$1" -- "$SROCE_BIN" resource show qp 2>&1 | grep -E -m1 "$2" >"$out" && return
+		sleep 0.1
+	done
+	"${F[@]}" exec "$1" -- "$SROCE_BIN" resource show qp >"$out.last" 2>&1
+}
+watch_qps h1 " comm ib_write_bw cc_rate [0-9]+kbit cnps_sent 0 cnps_received [1-9][0-9]* rate_cuts [1-9]" &
+w1=$!
+watch_qps h0 " comm ib_write_bw cc_rate - cnps_sent [1-9][0-9]* cnps_received 0 rate_cuts 0$" &
+w0=$!
 SROCE_STATS=1 "${F[@]}" exec h1 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 150 -p 18810 10.78.0.1 \
 	>"$WORK/w1.c" 2>&1 &
 c1=$!
-SROCE_STATS=1 "${F[@]}" exec h2 -- ib_write_bw -d sroce0 -x 1 -s 65536 -n 150 -p 18811 10.78.0.1 \
+SROCE_STATS=1 "${F[@]}" exec h2 -- ib_write_bw -d sroce0 -x 2 -s 65536 -n 150 -p 18811 10.78.0.1 \
 	>"$WORK/w2.c" 2>&1 &
 c2=$!
 rcs=()
@@ -173,9 +190,18 @@ for p in $c1 $c2 $s1 $s2; do
 	wait "$p"
 	rcs+=($?)
 done
+touch "$WORK/streams.done"
+wait "$w1" "$w0"
 sleep 0.5
 kill -TERM "$cap"
 wait "$cap"
+# While the streams ran, each side's QP showed its part: the sender's held
+# to a rate after the CNPs it took, the receiver's the CNPs it sent.
+if [[ -s $WORK/qp.h1 && -s $WORK/qp.h0 ]]; then
+	pass "resource show qp: h1 '$(sed 's/.* comm //' "$WORK/qp.h1")', h0 '$(sed 's/.* comm //' "$WORK/qp.h0")'"
+else
+	fail "resource show qp never showed the cc figures; last: h1 '$(cat "$WORK/qp.h1.last" 2>/dev/null)' h0 '$(cat "$WORK/qp.h0.last" 2>/dev/null)'"
+fi
 if [[ ${rcs[*]} == "0 0 0 0" ]]; then
 	pass "ib_write_bw h1 -> h0 and h2 -> h0 at once: $(awk '$1 == 65536 { print $4 " MB/s" }' "$WORK"/w[12].c | tr '\n' ' ')"
 else
@@ -183,28 +209,35 @@ else
 	tail -n 4 "$WORK"/w[12].[cs] >&2
 fi
 marked=$(stats marked)
-to_h0="ip.dst == 10.78.0.1"
-ce=$(tshark -r "$WORK/h0.pcap" -Y "$to_h0 && ip.dsfield.ecn == 3" 2>/dev/null | wc -l)
-ect=$(tshark -r "$WORK/h0.pcap" -Y "$to_h0 && ip.dsfield.ecn == 2" 2>/dev/null | wc -l)
-not_ect=$(tshark -r "$WORK/h0.pcap" -Y "$to_h0 && ip.dsfield.ecn == 0" 2>/dev/null | wc -l)
-if ((marked > 0 && ce > 0 && ect > 0 && not_ect == 0)); then
-	pass "the phantom queue marked $marked packets CE; h0 received $ce marked and $ect ECT(0), none not ECN-capable"
-else
-	fail "ECN marking: $marked marked; $ce CE, $ect ECT(0) and $not_ect not ECN-capable packets arrived at h0"
-fi
+# ecn_count FAMILY CODEPOINT: h0's captured RoCE packets from the senders
+# with that ECN code point, over IPv4 (ip) or IPv6 (ipv6).
+ecn_count() {
+	local f="ip.dst == 10.78.0.1 && ip.dsfield.ecn == $2"
+	[[ $1 == ipv6 ]] && f="ipv6.dst == fd00:78::1 && ipv6.tclass.ecn == $2"
+	tshark -r "$WORK/h0.pcap" -Y "udp.dstport == 4791 && $f" 2>/dev/null | wc -l
+}
+for fam in ip ipv6; do
+	ce=$(ecn_count $fam 3) ect=$(ecn_count $fam 2) not_ect=$(ecn_count $fam 0)
+	if ((marked > 0 && ce > 0 && ect > 0 && not_ect == 0)); then
+		pass "$fam: h0 received $ce packets marked CE and $ect ECT(0), none not ECN-capable (the phantom queue marked $marked)"
+	else
+		fail "$fam ECN marking: $marked marked; $ce CE, $ect ECT(0) and $not_ect not ECN-capable packets arrived at h0"
+	fi
+done
 # CNPs: from h0 to the two senders, in RoCEv2's format, and taken by them.
 # Each as: its destination, TOS, UDP length, and whether its BTH is the
 # CNP's (opcode 0x81, P_Key 0xFFFF, BECN) with A, PSN and the 16 reserved
 # bytes 0.
-cnps=$(tshark -r "$WORK/h0.pcap" -Y "ip.src == 10.78.0.1 && infiniband.bth.opcode == 129" \
-	-T fields -e ip.dst -e ip.dsfield -e udp.length -e udp.payload 2>/dev/null |
-	awk '{ ok = substr($4, 1, 10) == "8100ffff40" && substr($4, 17, 40) ~ /^0+$/
-	       print $1, $2, $3, ok ? "cnp" : "bad:" $4 }' | sort | uniq -c)
+cnps=$(tshark -r "$WORK/h0.pcap" -Y "(ip.src == 10.78.0.1 || ipv6.src == fd00:78::1) && infiniband.bth.opcode == 129" \
+	-T fields -E occurrence=f -e ip.dst -e ipv6.dst -e ip.dsfield -e ipv6.tclass -e udp.length -e udp.payload 2>/dev/null |
+	awk -F'\t' '{ ok = substr($6, 1, 10) == "8100ffff40" && substr($6, 17, 40) ~ /^0+$/
+	       tos = $3 != "" ? $3 : "0x" substr($4, length($4) - 1)
+	       print $1 $2, tos, $5, ok ? "cnp" : "bad:" $6 }' | sort | uniq -c)
 sent_cnp=$(stat_sum tx_cnp "$WORK"/w[12].s) handled=$(stat_sum rx_cnp_handled "$WORK"/w[12].c)
 cuts=$(stat_sum cc_rate_cuts "$WORK"/w[12].c) rx_ce=$(stat_sum rx_ce "$WORK"/w[12].s)
-if grep -q " 10.78.0.2 0xc0 40 cnp$" <<<"$cnps" && grep -q " 10.78.0.3 0xc0 40 cnp$" <<<"$cnps" &&
+if grep -q " 10.78.0.2 0xc0 40 cnp$" <<<"$cnps" && grep -q " fd00:78::3 0xc0 40 cnp$" <<<"$cnps" &&
 	! grep -q bad <<<"$cnps" && ((sent_cnp > 0 && handled > 0 && cuts > 0 && rx_ce > 0)); then
-	pass "h0's devices saw $rx_ce CE and sent $sent_cnp CNPs (DSCP 48, not ECN-capable, BECN, 32 bytes) to h1 and h2; their devices took $handled and cut rates $cuts times"
+	pass "h0's devices saw $rx_ce CE and sent $sent_cnp CNPs (DSCP 48, not ECN-capable, BECN, 32 bytes) to h1 over IPv4 and h2 over IPv6; their devices took $handled and cut rates $cuts times"
 else
 	fail "CNPs: rx_ce $rx_ce, tx_cnp $sent_cnp, rx_cnp_handled $handled, cc_rate_cuts $cuts; captured (count dst tos udp-length form): $(tr '\n' ';' <<<"$cnps")"
 fi
