@@ -59,7 +59,10 @@ def window_span(modes):
     """The range of the runs' median window lengths in ms, as text."""
     ms = [r["window_ms"]["median"] for m in modes for r in [m.get("solo")] + m["runs"]
           if r and r.get("window_ms")]
-    return f"{min(ms):.0f}–{max(ms):.0f}" if ms else "—"
+    if not ms:
+        return "—"
+    lo, hi = f"{min(ms):.0f}", f"{max(ms):.0f}"
+    return lo if lo == hi else f"{lo}–{hi}"
 
 
 def percentile(xs, p):
@@ -517,14 +520,36 @@ class Matrix:
                 argv = self.fabric.argv(s, [*env, prog, "-a", h0, "-p", ports[s], "-n",
                                             "100000000", "--record-size", "32"])
                 self.record("pmof: an initiator on hI", argv)
-                inits.append((s, self.spawn(argv)))
+                out = open(os.path.join(self.work, f"initiator-{s}.out"), "w+", encoding="utf-8")
+                inits.append((s, out, subprocess.Popen(argv, env=self.fabric.env, stdout=out,
+                                                       stderr=subprocess.STDOUT)))
+        # The targets die once every initiator has had its first commit (a
+        # loaded machine connects them seconds apart), and then some time.
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            started = 0
+            for _, out, p in inits:
+                out.seek(0)
+                started += p.poll() is not None or "committed" in out.read()
+            if started == len(inits):
+                break
+            time.sleep(0.1)
         time.sleep(max(2.0, self.args.duration / 4))
         for _, _, _, t in targets:
             t.kill()
         for _, _, _, t in targets:
             t.wait()
-        outs = self.finish([p for _, p in inits], 60)
-        for (s, _), (rc, out) in zip(inits, outs):
+        outs = []
+        for _, out, p in inits:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            out.seek(0)
+            outs.append((p.returncode, out.read()))
+            out.close()
+        for (s, _, _), (rc, out) in zip(inits, outs):
             log = os.path.join(self.work, f"log-{s}")
             last = ([0] + [int(x) for x in re.findall(r"^committed (\d+)", out, re.M)])[-1]
             v = subprocess.run([prog, "--verify", log, "--record-size", "32"],
@@ -786,8 +811,8 @@ class Matrix:
              "its own stream's time, are summed beside it.",
              "The queue is the bottleneck's backlog sampled at the start of each window, as "
              "the time it takes to drain (median / 90th percentile).",
-             f"The windows were {window_span(modes)} ms long (the shortest and longest "
-             "run's median; each one's real length is in the JSON).",
+             f"The windows were {window_span(modes)} ms long (each run's median; every "
+             "window's real length is in the JSON).",
              "", "| run | Mbit/s at h0 | of one stream | perftest MB/s (sum) | Jain mean | "
              "Jain p5 | queue, µs | timeouts | selective resends | dropped | marked | CNPs |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
