@@ -45,10 +45,27 @@ fi
 
 check_json() { # FILE WHAT
 	python3 - "$1" <<'PY'
-import json, sys
+import json, re, sys
 d = json.load(open(sys.argv[1]))
 bad = []
 modes = {m["cc"]: m for m in d["modes"]}
+rm = re.fullmatch(r"(\d+)([kmg]?)bit", d["meta"]["rate"])
+rate_Mbps = int(rm[1]) * {"": 1e-6, "k": 1e-3, "m": 1, "g": 1e3}[rm[2]] if rm else None
+
+
+def measured(r):
+    """What a run measured at h0: something, in windows whose real lengths
+    are kept, and no more than the bottleneck lets through (a sampler that
+    took its windows for shorter than they were would say more)."""
+    if not r.get("arrival_Mbps"):
+        bad.append(f"{r['label']}: nothing measured at h0")
+        return
+    if len(r.get("window_lengths_ms", [])) != r["windows"] or not r.get("window_ms"):
+        bad.append(f"{r['label']}: {r['windows']} windows, lengths {r.get('window_ms')}")
+    if rate_Mbps and r["arrival_Mbps"] > 1.1 * rate_Mbps:
+        bad.append(f"{r['label']}: {r['arrival_Mbps']:.1f} Mbit/s through {d['meta']['rate']}")
+
+
 if set(modes) != {"dcqcn", "off"}:
     bad.append(f"modes {sorted(modes)}")
 for cc, m in modes.items():
@@ -65,8 +82,7 @@ for cc, m in modes.items():
             bad += [f"{r['label']}: {f['sender']} exit {f['rc']}/{f['server_rc']}, "
                     f"{f['MBps']} MB/s: {f.get('output', '')[-300:]}"
                     for f in r["flows"] if f not in done]
-        if not r.get("arrival_Mbps"):
-            bad.append(f"{r['label']}: nothing measured at h0")
+        measured(r)
         if r["senders"] > 1 and r.get("jain_mean") is None:
             bad.append(f"{r['label']}: no fairness index")
         marked = r["bottleneck"]["marked"]
@@ -100,8 +116,7 @@ for want in ("TCP cubic", "TCP cubic, ECN", "libfabric tcp"):
             if f["rc"] != 0 or f["server_rc"] != 0 or not f["MBps"]:
                 bad.append(f"{r['label']}: {f['sender']} exit {f['rc']}/{f['server_rc']}, "
                            f"{f['MBps']} MB/s: {f.get('output', '')[-300:]}")
-        if not r.get("arrival_Mbps"):
-            bad.append(f"{r['label']}: nothing measured at h0")
+        measured(r)
     if p["incast"].get("jain_mean") is None:
         bad.append(f"{p['label']}: no fairness index")
 print("\n".join(bad))
