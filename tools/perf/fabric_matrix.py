@@ -522,7 +522,8 @@ class Matrix:
                 self.record("pmof: an initiator on hI", argv)
                 out = open(os.path.join(self.work, f"initiator-{s}.out"), "w+", encoding="utf-8")
                 inits.append((s, out, subprocess.Popen(argv, env=self.fabric.env, stdout=out,
-                                                       stderr=subprocess.STDOUT)))
+                                                       stderr=subprocess.STDOUT,
+                                                       start_new_session=True)))
         # The targets die once every initiator has had its first commit (a
         # loaded machine connects them seconds apart), and then some time.
         end = time.monotonic() + 60
@@ -544,7 +545,7 @@ class Matrix:
             try:
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                p.kill()
+                os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
             out.seek(0)
             outs.append((p.returncode, out.read()))
