@@ -106,24 +106,18 @@ std::vector<std::string> split_words(const std::string &line) {
 std::string parse_line(const std::vector<std::string> &words, Link &link) {
     link = Link{};
     link.name = words[0];
-    bool have_netdev = false, have_addr = false;
-    // A congestion control word given twice would silently lose one value.
-    std::vector<std::string> cc_seen;
+    // Each word once: of two values one would be lost without a word.
+    std::vector<std::string> given;
     for (std::size_t i = 1; i < words.size(); i += 2) {
         const std::string &key = words[i];
+        if (std::find(given.begin(), given.end(), key) != given.end())
+            return "'" + key + "' given twice";
+        given.push_back(key);
         std::string *value;
-        bool *seen;
-        if (key != "netdev" && key != "addr") {
-            if (std::find(cc_seen.begin(), cc_seen.end(), key) != cc_seen.end())
-                return "'" + key + "' given twice";
-            cc_seen.push_back(key);
-        }
         if (key == "netdev") {
             value = &link.netdev;
-            seen = &have_netdev;
         } else if (key == "addr") {
             value = &link.addr;
-            seen = &have_addr;
         } else if (key == "cc") {
             if (i + 1 >= words.size()) return "missing value after 'cc'";
             if (words[i + 1] != "dcqcn" && words[i + 1] != "off")
@@ -139,14 +133,15 @@ std::string parse_line(const std::vector<std::string> &words, Link &link) {
         } else {
             return "unknown keyword '" + key + "' (expected netdev, addr, cc or a cc parameter)";
         }
-        if (*seen) return "'" + key + "' given twice";
         if (i + 1 >= words.size()) return "missing value after '" + key + "'";
         *value = words[i + 1];
-        *seen = true;
     }
-    if (!have_netdev) return "link '" + link.name + "' has no 'netdev IF'";
+    auto has = [&](const char *k) {
+        return std::find(given.begin(), given.end(), k) != given.end();
+    };
+    if (!has("netdev")) return "link '" + link.name + "' has no 'netdev IF'";
     // Without an address the link has every address of its interface.
-    if (have_addr && link.addr.empty()) return "empty address for link '" + link.name + "'";
+    if (has("addr") && link.addr.empty()) return "empty address for link '" + link.name + "'";
     return link_error(link);
 }
 

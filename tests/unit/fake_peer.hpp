@@ -676,6 +676,20 @@ class FakePeer : public ::testing::Test {
         qpn = qp->qp_num;
     }
 
+    // The address vector of the fake peer: its IPv4-mapped GID from the
+    // device's GID 1.
+    static ibv_ah_attr peer_ah() {
+        ibv_ah_attr ah{};
+        ah.is_global = 1;
+        ah.port_num = 1;
+        ah.grh.sgid_index = 1;
+        ah.grh.hop_limit = 64;
+        ah.grh.dgid.raw[10] = ah.grh.dgid.raw[11] = 0xFF;
+        in_addr_t peer = ip4(kPeerAddr);
+        std::memcpy(ah.grh.dgid.raw + 12, &peer, 4);
+        return ah;
+    }
+
     // Takes the QP from RESET to RTS, connected to the fake peer.
     void connect_qp(uint32_t rq_psn, uint32_t sq_psn, uint8_t timeout = 0,
                     unsigned extra_access = 0) {
@@ -695,13 +709,7 @@ class FakePeer : public ::testing::Test {
         a.rq_psn = rq_psn;
         a.max_dest_rd_atomic = 4;
         a.min_rnr_timer = kMinRnrTimer;
-        a.ah_attr.is_global = 1;
-        a.ah_attr.port_num = 1;
-        a.ah_attr.grh.sgid_index = 1;
-        a.ah_attr.grh.hop_limit = 64;
-        a.ah_attr.grh.dgid.raw[10] = a.ah_attr.grh.dgid.raw[11] = 0xFF;
-        in_addr_t peer = ip4(kPeerAddr);
-        std::memcpy(a.ah_attr.grh.dgid.raw + 12, &peer, 4);
+        a.ah_attr = peer_ah();
         ASSERT_EQ(ibv_modify_qp(qp, &a,
                                 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                                     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |

@@ -113,12 +113,15 @@ TEST_F(Cc, UdQpsSendAndHonourCnps) {
     put32(deth.data(), kQkey);
     put24(deth.data() + 5, kPeerQpn);
     for (uint8_t tc : {kEcnCe, kEct0}) {
-        send_tc(packet(kUdSendOnly, ud->qp_num, 7, deth, pattern(64, tc), false), tc);
+        Bytes data = pattern(64, tc);
+        send_tc(packet(kUdSendOnly, ud->qp_num, 7, deth, data, false), tc);
         std::optional<ibv_wc> wc = poll_wc();
         ASSERT_TRUE(wc);
         EXPECT_EQ(wc->status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc->status);
         EXPECT_EQ(wc->src_qp, kPeerQpn);
         EXPECT_EQ(wc->byte_len, 40u + 64u);
+        // After the 40 bytes of the GRH.
+        EXPECT_EQ(std::memcmp(w.buf + 0x4000 + (wc->wr_id - 50) * 0x400 + 40, data.data(), 64), 0);
         if (tc == kEcnCe) {
             std::optional<Rx> r = reply();
             ASSERT_TRUE(r) << "no CNP for the marked datagram";
@@ -128,14 +131,7 @@ TEST_F(Cc, UdQpsSendAndHonourCnps) {
     }
 
     // Before a CNP the QP sends at once; after it, at 4 Mbit/s.
-    ibv_ah_attr ah{};
-    ah.is_global = 1;
-    ah.port_num = 1;
-    ah.grh.sgid_index = 1;
-    ah.grh.hop_limit = 64;
-    ah.grh.dgid.raw[10] = ah.grh.dgid.raw[11] = 0xFF;
-    in_addr_t peer = ip4(kPeerAddr);
-    std::memcpy(ah.grh.dgid.raw + 12, &peer, 4);
+    ibv_ah_attr ah = peer_ah();
     closer.ah = ibv_create_ah(w.pd, &ah);
     ASSERT_NE(closer.ah, nullptr) << strerror(errno);
     auto post_sends = [&](int n) {

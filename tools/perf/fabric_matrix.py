@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -159,16 +160,29 @@ class Sampler:
         self.thread = threading.Thread(target=self.loop, daemon=True)
 
     @staticmethod
+    def persistent(ns, argv):
+        return subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                bufsize=1)
+
+    @staticmethod
     def ask(proc, command):
-        """The line `proc` answers `command` with ("" once it has died)."""
+        """The line `proc` answers `command` with, or "" once it has died or
+        said nothing for 5 s (an error goes to its stderr, not a line).
+        Each answer is one line, read whole, so nothing waits in the
+        reader's buffer when select() looks."""
         try:
             proc.stdin.write(command + "\n")
             proc.stdin.flush()
+            if not select.select([proc.stdout], [], [], 5.0)[0]:
+                return ""
             return proc.stdout.readline()
         except (BrokenPipeError, OSError, ValueError):
             return ""
 
-    def read(self, text):
+    @staticmethod
+    def read(text):
+        """Bytes per counter, from nft's JSON."""
         got = {}
         try:
             items = json.loads(text or "{}").get("nftables", [])
@@ -195,18 +209,15 @@ class Sampler:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -10)
         except OSError:
             pass
-
-        def persistent(ns, argv):
-            return subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                    text=True, bufsize=1)
-        nft = persistent(self.ns, ["nft", "-j", "-i"])
-        tc = persistent(self.fabric.state["switch"], ["tc", "-s", "-j", "-batch", "-"])
+        nft = self.persistent(self.ns, ["nft", "-j", "-i"])
+        tc = self.persistent(self.fabric.state["switch"], ["tc", "-s", "-j", "-batch", "-"])
         nxt = time.monotonic()
         while not self.stop.is_set():
             t = time.monotonic()
             text = self.ask(nft, "list counters table netdev sroce_fabric_matrix")
             if not text:
+                print("fabric_matrix: nft stopped answering; the run's samples end here",
+                      file=sys.stderr, flush=True)
                 break
             self.samples.append((t, self.read(text)))
             self.queue.append(self.backlog(self.ask(tc, "qdisc show dev p0")))
@@ -216,7 +227,11 @@ class Sampler:
             self.stop.wait(max(0.0, nxt - time.monotonic()))
         for p in (nft, tc):
             p.stdin.close()
-            p.wait()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
     def start(self):
         self.thread.start()
