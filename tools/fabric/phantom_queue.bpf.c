@@ -4,12 +4,17 @@
  * egress of the switch port towards h0.
  *
  * A phantom queue (HULL, NSDI'12) is a byte counter that every packet towards
- * the port fills and that drains at a little less than the port's rate.  While
- * it holds more than a threshold, every ECN-capable packet is marked CE: the
+ * the port fills and that drains at a little less than the port's rate.  The
  * senders hear of congestion while the real queue behind it is still nearly
  * empty, as a switch's RED/ECN queue would tell them, which these kernels
- * lack.  Packets that are not ECN-capable are counted but left alone (the
- * tail-drop queue deals with them).
+ * lack.  ECN-capable packets are marked CE as RED marks them (and DCQCN
+ * expects of a switch): past a first threshold with a probability that grows
+ * with the backlog up to a maximum at a second threshold, and every packet
+ * past that.  The ramp is what makes the senders fair: a flow's chance of a
+ * mark, and so of a rate cut, grows with its share of the packets; a single
+ * threshold marks every flow in the same bursts, large or small, and leaves
+ * their rates in the ratio they had.  Packets that are not ECN-capable are
+ * counted but left alone (the tail-drop queue deals with them).
  *
  * sroce-fabric writes the parameters into `params` (.data) after tc has
  * loaded the program, and reads the counters from `state` (.bss).  The two
@@ -28,6 +33,7 @@
 #define SEC(name) __attribute__((section(name), used))
 
 static __u64 (*bpf_ktime_get_ns)(void) = (void *)BPF_FUNC_ktime_get_ns;
+static __u32 (*bpf_get_prandom_u32)(void) = (void *)BPF_FUNC_get_prandom_u32;
 static long (*bpf_skb_load_bytes)(const void *skb, __u32 off, void *to,
                                   __u32 len) = (void *)BPF_FUNC_skb_load_bytes;
 static long (*bpf_skb_store_bytes)(void *skb, __u32 off, const void *from, __u32 len,
@@ -39,12 +45,16 @@ static long (*bpf_l3_csum_replace)(void *skb, __u32 off, __u64 from, __u64 to,
 #define ECN_MASK 3
 #define ECN_CE 3
 
-/* Written by sroce-fabric; the defaults are its own (200 Mbit/s at 0.95). */
+/* Written by sroce-fabric; the defaults are its own (200 Mbit/s at 0.95).
+ * max_prob is the probability at max_bytes in units of 2^-32; with
+ * max_bytes at threshold_bytes, every packet past it is marked. */
 struct phantom_params {
     __u64 drain_bytes_per_sec;
     __u64 threshold_bytes;
+    __u64 max_bytes;
+    __u64 max_prob;
 };
-struct phantom_params params SEC(".data") = {23750000, 30000};
+struct phantom_params params SEC(".data") = {23750000, 30000, 30000, 1ULL << 32};
 
 /* Read by `sroce-fabric show`. */
 struct phantom_state {
@@ -97,9 +107,20 @@ static int mark_ipv6(struct __sk_buff *skb) {
     return 1;
 }
 
+/* RED's decision for a packet that found `backlog` bytes. */
+static int should_mark(__u64 backlog) {
+    if (backlog <= params.threshold_bytes) return 0;
+    if (backlog > params.max_bytes) return 1;
+    /* Less than 2^32 * 2^32 only while the ramp is under 4 GB, which
+     * sroce-fabric makes sure of. */
+    __u64 p = params.max_prob * (backlog - params.threshold_bytes) /
+              (params.max_bytes - params.threshold_bytes);
+    return bpf_get_prandom_u32() < p;
+}
+
 SEC("tc")
 int phantom_queue(struct __sk_buff *skb) {
-    if (fill(skb->len) <= params.threshold_bytes) return TC_ACT_OK;
+    if (!should_mark(fill(skb->len))) return TC_ACT_OK;
     int marked = 0;
     if (skb->protocol == __constant_htons(ETH_P_IP))
         marked = mark_ipv4(skb);

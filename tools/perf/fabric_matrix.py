@@ -85,10 +85,11 @@ class Fabric:
         return subprocess.run([self.tool, "--name", self.name, *args], env=self.env,
                               capture_output=True, text=True, check=check)
 
-    def up(self, hosts, rate, queue, loss, threshold, mark_rate):
+    def up(self, hosts, a, loss):
         self.fab("down", check=False)
-        args = ["up", "-n", str(hosts), "--rate", rate, "--queue", str(queue), "--ecn",
-                "--mark-threshold", str(threshold), "--mark-rate", str(mark_rate)]
+        args = ["up", "-n", str(hosts), "--rate", a.rate, "--queue", str(a.queue), "--ecn",
+                "--mark-threshold", str(a.mark_threshold), "--mark-rate", str(a.mark_rate)]
+        args += ["--mark-max", str(a.mark_max), "--mark-probability", str(a.mark_probability)]
         if loss:
             args += ["--loss", f"{loss}%"]
         r = self.fab(*args, check=False)
@@ -675,7 +676,7 @@ class Matrix:
                 {"label": "TCP dctcp", "kind": "tcp", "cc": "dctcp", "ecn": 1},
                 {"label": "libfabric tcp", "kind": "libfabric", "ecn": 0}]
         out = []
-        self.fabric.up(a.senders + 1, a.rate, a.queue, 0.0, a.mark_threshold, a.mark_rate)
+        self.fabric.up(a.senders + 1, a, 0.0)
         try:
             for peer in plan:
                 if peer["kind"] == "tcp" and peer["cc"] not in algos:
@@ -754,7 +755,7 @@ class Matrix:
         senders = [f"h{i}" for i in range(1, a.senders + 1)]
         out = {"cc": cc, "runs": []}
         for loss in ([0.0] + ([a.loss] if a.loss else [])):
-            self.fabric.up(hosts, a.rate, a.queue, loss, a.mark_threshold, a.mark_rate)
+            self.fabric.up(hosts, a, loss)
             try:
                 for h in self.fabric.state["hosts"]:
                     self.fabric.set_cc(h, cc, a.cc_param if cc != "off" else [])
@@ -806,6 +807,7 @@ class Matrix:
         meta = {"date": datetime.date.today().isoformat(), "host": platform.node(),
                 "cpus": os.cpu_count(), "kernel": platform.release(), "rate": a.rate,
                 "queue_packets": a.queue, "mark_threshold_bytes": a.mark_threshold,
+                "mark_max_bytes": a.mark_max, "mark_probability": a.mark_probability,
                 "mark_rate": a.mark_rate, "senders": a.senders, "duration_s": a.duration,
                 "size": a.size, "cc_params": a.cc_param, "short": a.short}
         with open(os.path.join(a.out, "congestion.json"), "w", encoding="utf-8") as f:
@@ -816,9 +818,11 @@ class Matrix:
              f"kernel {meta['kernel']}){' with --short: the numbers mean nothing' if a.short else ''}.",
              f"{a.senders} senders write {a.size}-byte RDMA WRITEs into h0 for {a.duration} s "
              f"(perftest's `ib_write_bw` defaults); the switch port towards h0 runs at "
-             f"{a.rate} over a {a.queue}-packet tail-drop queue and marks CE past "
-             f"{a.mark_threshold} bytes of a phantom queue drained at {a.mark_rate:g} of "
-             "the rate.  Goodput is perftest's; fairness is Jain's index over the bytes "
+             f"{a.rate} over a {a.queue}-packet tail-drop queue and marks CE as RED does "
+             f"from a phantom queue drained at {a.mark_rate:g} of the rate: past "
+             f"{a.mark_threshold} bytes with a probability growing to {a.mark_probability:g} "
+             f"at {a.mark_max} bytes, every packet past that.  Goodput is perftest's; "
+             "fairness is Jain's index over the bytes "
              f"each sender delivered to h0 in {int(WINDOW_S * 1000)} ms windows (mean, and "
              "the 5th percentile of the windows).  Both count only the windows in which every "
              "stream runs (programs connect one by one on a loaded machine), less half a "
@@ -961,10 +965,14 @@ def main():
     p.add_argument("--senders", type=int, default=8, help="streams into h0 (default 8)")
     p.add_argument("--rate", default="200mbit", help="the bottleneck (default 200mbit)")
     p.add_argument("--queue", type=int, default=1000, help="its queue in packets")
-    p.add_argument("--mark-threshold", type=int, default=30000,
-                   help="phantom queue threshold, bytes (default 30000)")
+    p.add_argument("--mark-threshold", type=int, default=10000,
+                   help="where the phantom queue starts marking, bytes (default 10000)")
     p.add_argument("--mark-rate", type=float, default=0.95,
                    help="phantom queue drain, a fraction of the rate (default 0.95)")
+    p.add_argument("--mark-max", type=int, default=100000,
+                   help="where it marks every packet, bytes (default 100000)")
+    p.add_argument("--mark-probability", type=float, default=0.2,
+                   help="RED's probability at --mark-max (default 0.2)")
     p.add_argument("--duration", type=int, default=8, help="seconds per run (default 8)")
     p.add_argument("--size", type=int, default=65536, help="message size (default 65536)")
     p.add_argument("--cc", nargs="+", default=["dcqcn", "off"], choices=("dcqcn", "off"),
