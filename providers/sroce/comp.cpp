@@ -47,6 +47,19 @@ uint32_t clamp_una(Qp *qp, uint32_t una) {
     return una;
 }
 
+// RFC 6298's smoothing: the first sample sets the round trip and half of
+// it as its deviation; then gains 1/8 and 1/4.
+void rtt_sample(Completer &c, uint64_t r) {
+    if (!c.srtt_ns) {
+        c.srtt_ns = std::max<uint64_t>(r, 1);
+        c.rttvar_ns = r / 2;
+        return;
+    }
+    uint64_t dev = c.srtt_ns > r ? c.srtt_ns - r : r - c.srtt_ns;
+    c.rttvar_ns = (3 * c.rttvar_ns + dev) / 4;
+    c.srtt_ns = std::max<uint64_t>((7 * c.srtt_ns + r) / 8, 1);
+}
+
 void progress(Qp *qp, uint32_t una) {
     // Everything retired is acknowledged, also when a READ/ATOMIC completed
     // before an older one and both retired on the older one's response.
@@ -63,6 +76,11 @@ void progress(Qp *qp, uint32_t una) {
         qp->timers.retries_left = qp->attr.retry_cnt;
         qp->timers.rnr_left = qp->attr.rnr_retry;
         req_arm_timer(qp);
+        Completer &c = qp->comp;
+        if (c.rtt_sent_ns && wire::psn_diff(una, c.rtt_psn) > 0) {
+            rtt_sample(c, now_ns() - c.rtt_sent_ns);
+            c.rtt_sent_ns = 0;
+        }
         qp->timers.sr_backoff = 0;
         req_arm_recovery(qp);
     }

@@ -357,6 +357,7 @@ int modify(Qp *qp, ibv_qp_attr *attr, int mask) {
     if (mask & IBV_QP_SQ_PSN) {
         qp->req.next_psn = qp->comp.una_psn = attr->sq_psn & wire::kPsnMask;
         qp->req.max_sent_psn = wire::psn_add(qp->req.next_psn, wire::kPsnMask);
+        qp->comp.rtt_sent_ns = 0;
     }
     if (mask & IBV_QP_TIMEOUT) a.timeout = attr->timeout;
     if (mask & IBV_QP_RETRY_CNT) a.retry_cnt = qp->timers.retries_left = attr->retry_cnt;

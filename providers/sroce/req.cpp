@@ -161,7 +161,13 @@ void send_packet(Qp *qp, SendWqe &w, uint32_t i, TxBatch &tx, bool ackreq_always
     const OpInfo &info = op_info(op);
     uint8_t hdr[kMaxHdrLen];
     uint32_t psn = psn_add(w.tx.first_psn, i);
-    if (psn_diff(psn, qp->req.max_sent_psn) > 0) qp->req.max_sent_psn = psn;
+    if (psn_diff(psn, qp->req.max_sent_psn) > 0) {
+        qp->req.max_sent_psn = psn;
+        if (qp->selective_repeat && !qp->comp.rtt_sent_ns) {
+            qp->comp.rtt_psn = psn;
+            qp->comp.rtt_sent_ns = now_ns();
+        }
+    }
     bool ud = qp->type == IBV_QPT_UD;
     uint32_t dqpn = ud ? w.ud_qpn : qp->attr.dest_qpn;
     const IpAddr &daddr = ud ? w.ud_addr : qp->attr.dest_addr;
@@ -462,7 +468,17 @@ void req_arm_recovery(Qp *qp) {
         qp->timers.recovery_at_ns = 0;
         return;
     }
-    uint64_t period = kRecoveryNs << std::min(qp->timers.sr_backoff, kRecoveryMaxDoublings);
+    // A round trip and four of its deviations, as TCP's RTO; never less
+    // than kRecoveryNs, which a lost packet at the end of a burst waits,
+    // and never more than a sixteenth of the retransmit timer's period:
+    // behind a deep queue (no congestion control, a round trip of tens of
+    // ms) the timer must still get its few doublings in before that one
+    // rewinds everything.
+    const Completer &rt = qp->comp;
+    uint64_t base = std::max(kRecoveryNs, rt.srtt_ns + 4 * rt.rttvar_ns);
+    if (qp->attr.timeout)
+        base = std::min(base, std::max(kRecoveryNs, timeout_ns(qp->attr.timeout) / 16));
+    uint64_t period = base << std::min(qp->timers.sr_backoff, kRecoveryMaxDoublings);
     // Never later than the retransmit timer, which would rewind everything.
     if (qp->attr.timeout) period = std::min(period, timeout_ns(qp->attr.timeout));
     qp->timers.recovery_at_ns = now_ns() + period;

@@ -621,6 +621,16 @@ struct Requester {
 struct Completer {
     uint32_t una_psn = 0; // oldest unacknowledged PSN
     uint32_t last_nak_rewind = UINT32_MAX;
+    // The round trip, for selective repeat's recovery timer (as TCP's RTO,
+    // RFC 6298): one request at a time is timed from its first sending to
+    // the acknowledgement that covers it, also when it was resent.  That
+    // is never less than the round trip of the copy answered, only more:
+    // safe for a timer meant not to resend too soon, and the only way to
+    // measure a round trip above the timer's period (Karn's rule, which
+    // drops such samples, would measure none).
+    uint32_t rtt_psn = 0;
+    uint64_t rtt_sent_ns = 0;            // 0: nothing timed
+    uint64_t srtt_ns = 0, rttvar_ns = 0; // srtt_ns 0: no sample yet
 };
 
 // The requester's timers, which the requester arms when it sends and the

@@ -389,6 +389,19 @@ Bytes packet(uint8_t op, uint32_t qpn, uint32_t psn, const Bytes &ext, const Byt
     return p;
 }
 
+// `p` (from the peer) with its BTH's resv7 set to `resv7`, sealed again:
+// what an sroce peer announces of itself (wire-protocol.md §3.3.1).
+Bytes with_resv7(Bytes p, uint8_t resv7) {
+    p[8] = uint8_t((p[8] & 0x80) | (resv7 & 0x7F));
+    IpHeader ip{IpAddr::v4(ip4(kPeerAddr)), IpAddr::v4(ip4(kDevAddr)), kRoceV2Port, kRoceV2Port};
+    icrc_store(p.data() + p.size() - kIcrcLen, icrc_compute(ip, p.data(), p.size()));
+    return p;
+}
+
+// The announcement of an sroce end: tagged, selective repeat, native commits.
+constexpr uint8_t kSroceEnd =
+    bth::kAnnounceTag | bth::kAnnounceSelectiveRepeat | bth::kAnnounceNative;
+
 // Re-seals `p` with Linux rxe's FLUSH ICRC: after the standard coverage the
 // CRC runs over the packet's bytes before the ICRC once more.
 void seal_legacy(Bytes &p, const char *src, uint16_t sport, uint16_t ip_id) {

@@ -11,17 +11,6 @@ namespace {
 
 using namespace fake_peer;
 
-constexpr uint8_t kSroceEnd =
-    bth::kAnnounceTag | bth::kAnnounceSelectiveRepeat | bth::kAnnounceNative;
-
-// `p` (from the peer) with resv7 set to `resv7`, sealed again.
-Bytes with_resv7(Bytes p, uint8_t resv7) {
-    p[8] = uint8_t((p[8] & 0x80) | (resv7 & 0x7F));
-    IpHeader ip{IpAddr::v4(ip4(kPeerAddr)), IpAddr::v4(ip4(kDevAddr)), kRoceV2Port, kRoceV2Port};
-    icrc_store(p.data() + p.size() - kIcrcLen, icrc_compute(ip, p.data(), p.size()));
-    return p;
-}
-
 class Announce : public FakePeer {
   protected:
     // A WRITE of 8 bytes acknowledged by the peer's ACK with `resv7`.

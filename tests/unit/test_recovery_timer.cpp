@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: MIT
+//
+// Selective repeat's recovery timer against the fake peer, on a clock the
+// test moves: with no round trip measured it resends the oldest packet
+// after 1 ms of silence; once one is, after the round trip and four of its
+// deviations (as TCP's RTO, RFC 6298), so that a peer whose answers take
+// longer than a millisecond (a loaded host) is not sent what it already
+// has.  A request is timed from its first sending, also when the timer
+// resent it; and the timer never waits more than a sixteenth of the
+// retransmit timer's period.
+#include "fake_peer.hpp"
+
+namespace {
+
+using namespace fake_peer;
+
+// Far beyond any real CLOCK_MONOTONIC, so that nothing the device stamped
+// before the test is in its future.  The device looks at its timers once
+// more than 500 µs of this clock have passed (Nic::kTimerScanNs): the test
+// moves it by more between two looks, so that a silence and the resend
+// after it bracket a timer's period to within 600 µs.
+constexpr uint64_t kT0 = 100'000'000'000'000'000ull;
+constexpr uint64_t kUs = 1'000;
+constexpr uint64_t kMs = 1'000'000;
+
+class Recovery : public FakePeer {
+  protected:
+    uint32_t next_psn = kSqPsn; // sroce's next write
+    uint64_t wr_id = 1;
+
+    void SetUp() override {
+        sroce_memwire_clock(kT0);
+        now = kT0;
+        FakePeer::SetUp();
+    }
+    void TearDown() override {
+        FakePeer::TearDown();
+        sroce_memwire_clock(0);
+    }
+
+    void advance(uint64_t ns) {
+        now += ns;
+        sroce_memwire_clock(now);
+    }
+
+    // sroce's packet for PSN `psn`: a write, resent (with AckReq) or new.
+    void expect_write(uint32_t psn, const std::string &what) {
+        std::optional<Rx> r = reply();
+        ASSERT_TRUE(r) << what << ": nothing came";
+        EXPECT_EQ(r->opcode, kWriteOnly) << what << ": " << r->str();
+        EXPECT_EQ(r->psn, psn) << what;
+        EXPECT_TRUE(r->ackreq) << what;
+    }
+
+    // A new 8-byte write; returns its PSN once it has left.
+    uint32_t write(const std::string &what) {
+        uint32_t psn = next_psn;
+        next_psn = psn_add(next_psn, 1);
+        post(IBV_WR_RDMA_WRITE, wr_id, 0x100, 8, 0x10000, 0xAABBCCDD);
+        expect_write(psn, what);
+        return psn;
+    }
+
+    // The peer acknowledges up to `psn`, announcing itself as sroce; the
+    // write completes.
+    void ack_to(uint32_t psn) {
+        send(with_resv7(ack(psn), kSroceEnd));
+        ASSERT_NO_FATAL_FAILURE(expect_success(wr_id));
+        wr_id++;
+    }
+
+  private:
+    uint64_t now = kT0;
+};
+
+// Each time below is from the write's sending.
+TEST_F(Recovery, FollowsTheRoundTripOnceMeasured) {
+    // The first answer announces selective repeat.
+    uint32_t a = write("the first write");
+    ASSERT_NO_FATAL_FAILURE(ack_to(a));
+
+    // Nothing measured yet: 1 ms of silence and the write is resent (not
+    // yet at 0.9 ms, by 1.5 ms).  The answer at 1.5 ms times it from its
+    // first sending: round trip 1.5 ms, deviation 0.75 ms.
+    uint32_t b = write("the second write");
+    advance(900 * kUs);
+    expect_silence();
+    advance(600 * kUs);
+    ASSERT_NO_FATAL_FAILURE(expect_write(b, "the resend after 1 ms"));
+    ASSERT_NO_FATAL_FAILURE(ack_to(b));
+
+    // The timer now waits 1.5 + 4 x 0.75 = 4.5 ms (not yet at 4.3 ms, by
+    // 4.9 ms), where it used to wait 1 ms.  Answered at 5.4 ms: round
+    // trip 1.9875 ms, deviation 1.5375 ms.
+    uint32_t c = write("the third write");
+    advance(1 * kMs);
+    expect_silence();
+    advance(3300 * kUs);
+    expect_silence();
+    advance(600 * kUs);
+    ASSERT_NO_FATAL_FAILURE(expect_write(c, "the resend after 4.5 ms"));
+    advance(500 * kUs);
+    ASSERT_NO_FATAL_FAILURE(ack_to(c));
+
+    // 1.9875 + 4 x 1.5375 = 8.1375 ms (not yet at 7.6, by 8.2).
+    uint32_t d = write("the fourth write");
+    advance(7600 * kUs);
+    expect_silence();
+    advance(600 * kUs);
+    ASSERT_NO_FATAL_FAILURE(expect_write(d, "the resend after 8.1 ms"));
+    ASSERT_NO_FATAL_FAILURE(ack_to(d));
+}
+
+// With a retransmit timer (timeout 14: 67 ms), the recovery timer waits at
+// most a sixteenth of it, 4.19 ms, whatever the round trip: behind a deep
+// queue it must get its doublings in before the retransmit timer rewinds.
+TEST_F(Recovery, WaitsNoMoreThanASixteenthOfTheRetransmitTimer) {
+    ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn, 14));
+    uint32_t a = write("the first write");
+    ASSERT_NO_FATAL_FAILURE(ack_to(a));
+    // A 10 ms round trip: the timer resends after 1 ms (seen at 1.5 ms),
+    // then 2 ms after that.
+    uint32_t b = write("the second write");
+    advance(1500 * kUs);
+    ASSERT_NO_FATAL_FAILURE(expect_write(b, "the resend after 1 ms"));
+    advance(2100 * kUs);
+    ASSERT_NO_FATAL_FAILURE(expect_write(b, "the resend 2 ms later"));
+    advance(6400 * kUs);
+    ASSERT_NO_FATAL_FAILURE(ack_to(b));
+    // 10 + 4 x 5 = 30 ms measured; 4.19 ms it is (not yet at 3.7, by 4.3).
+    uint32_t c = write("the third write");
+    advance(3700 * kUs);
+    expect_silence();
+    advance(600 * kUs);
+    ASSERT_NO_FATAL_FAILURE(expect_write(c, "the resend after 4.19 ms"));
+    ASSERT_NO_FATAL_FAILURE(ack_to(c));
+}
+
+} // namespace
