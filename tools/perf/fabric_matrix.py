@@ -418,7 +418,8 @@ class Matrix:
                 "timeouts": st.get("timeouts"), "retransmits": st.get("retransmits"),
                 "resent_selective": st.get("tx_resent_selective"),
                 "cnps_received": st.get("rx_cnp"), "rate_cuts": st.get("cc_rate_cuts"),
-                "ce_seen": sst.get("rx_ce"), "cnps_sent": sst.get("tx_cnp")})
+                "ce_seen": sst.get("rx_ce"), "cnps_sent": sst.get("tx_cnp"),
+                "held": sst.get("rx_held")})
             if rc or src or res["flows"][-1]["MBps"] is None:
                 res["flows"][-1]["output"] = (out + sout)[-2000:]
         self.figures(res, sampler, before, after)
