@@ -473,9 +473,11 @@ void req_arm_recovery(Qp *qp) {
     // and never more than a sixteenth of the retransmit timer's period:
     // behind a deep queue (no congestion control, a round trip of tens of
     // ms) the timer must still get its few doublings in before that one
-    // rewinds everything.
+    // rewinds everything.  Nor more than its old longest period: a sample
+    // that waited for a lost packet's recovery counts that wait too.
     const Completer &rt = qp->comp;
-    uint64_t base = std::max(kRecoveryNs, rt.srtt_ns + 4 * rt.rttvar_ns);
+    uint64_t base = std::clamp(rt.srtt_ns + 4 * rt.rttvar_ns, kRecoveryNs,
+                               kRecoveryNs << kRecoveryMaxDoublings);
     if (qp->attr.timeout)
         base = std::min(base, std::max(kRecoveryNs, timeout_ns(qp->attr.timeout) / 16));
     uint64_t period = base << std::min(qp->timers.sr_backoff, kRecoveryMaxDoublings);

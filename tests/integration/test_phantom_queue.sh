@@ -41,9 +41,13 @@ else
 fi
 
 export SROCE_FABRIC_STATE=$WORK/state
-for bad in "--mark-probability 0" "--mark-probability 1.5" "--mark-max 4294967296"; do
-	# shellcheck disable=SC2086 # one option and its value
-	out=$("$fabric" --name "pq$((RANDOM % 10000))" up -n 1 --rate 50mbit --ecn $bad 2>&1)
+fab=pq$((RANDOM % 10000))
+# Should one be accepted after all, the fabric it made goes too.
+trap '"$fabric" --name "$fab" down &>/dev/null; ip netns del "$ns" 2>/dev/null; _sroce_cleanup' EXIT
+for bad in "--mark-probability 0" "--mark-probability 1.5" "--mark-max 2147483648" \
+	"--mark-threshold 50000 --mark-max 40000"; do
+	# shellcheck disable=SC2086 # options and their values
+	out=$("$fabric" --name "$fab" up -n 1 --rate 50mbit --ecn $bad 2>&1)
 	rc=$?
 	if ((rc == 2)) && grep -q "^sroce-fabric: --mark-" <<<"$out"; then
 		pass "up $bad refused: $out"

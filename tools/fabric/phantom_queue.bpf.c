@@ -45,9 +45,10 @@ static long (*bpf_l3_csum_replace)(void *skb, __u32 off, __u64 from, __u64 to,
 #define ECN_MASK 3
 #define ECN_CE 3
 
-/* Written by sroce-fabric; the defaults are its own (200 Mbit/s at 0.95).
- * max_prob is the probability at max_bytes in units of 2^-32; with
- * max_bytes at threshold_bytes, every packet past it is marked. */
+/* Written by sroce-fabric before the first packet; these are only a
+ * placeholder (200 Mbit/s at 0.95, one threshold).  max_prob is the
+ * probability at max_bytes in units of 2^-32; with max_bytes at
+ * threshold_bytes, every packet past it is marked. */
 struct phantom_params {
     __u64 drain_bytes_per_sec;
     __u64 threshold_bytes;
@@ -111,8 +112,7 @@ static int mark_ipv6(struct __sk_buff *skb) {
 static int should_mark(__u64 backlog) {
     if (backlog <= params.threshold_bytes) return 0;
     if (backlog > params.max_bytes) return 1;
-    /* Less than 2^32 * 2^32 only while the ramp is under 4 GB, which
-     * sroce-fabric makes sure of. */
+    /* At most 2^32 * 2^31: sroce-fabric keeps max_bytes under 2 GiB. */
     __u64 p = params.max_prob * (backlog - params.threshold_bytes) /
               (params.max_bytes - params.threshold_bytes);
     return bpf_get_prandom_u32() < p;

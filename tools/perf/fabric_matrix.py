@@ -970,8 +970,8 @@ def main():
                    help="where the phantom queue starts marking, bytes (default 10000)")
     p.add_argument("--mark-rate", type=float, default=0.95,
                    help="phantom queue drain, a fraction of the rate (default 0.95)")
-    p.add_argument("--mark-max", type=int, default=100000,
-                   help="where it marks every packet, bytes (default 100000)")
+    p.add_argument("--mark-max", type=int,
+                   help="where it marks every packet, bytes (default 10 times --mark-threshold)")
     p.add_argument("--mark-probability", type=float, default=0.2,
                    help="RED's probability at --mark-max (default 0.2)")
     p.add_argument("--duration", type=int, default=8, help="seconds per run (default 8)")
@@ -990,6 +990,8 @@ def main():
                    help="leave out the incast with TCP and libfabric tcp")
     p.add_argument("--short", action="store_true", help="three hosts, two seconds")
     args = p.parse_args()
+    if args.mark_max is None:
+        args.mark_max = 10 * args.mark_threshold
     if os.geteuid() != 0:
         sys.exit("fabric_matrix: needs root (network namespaces)")
     if args.short:
