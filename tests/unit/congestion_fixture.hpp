@@ -13,34 +13,16 @@ namespace cc_test {
 
 using namespace fake_peer;
 
-// Far beyond any real CLOCK_MONOTONIC, so that nothing the device stamped
-// before the test is in its future.
-constexpr uint64_t kT0 = 100'000'000'000'000'000ull;
 constexpr uint64_t kMs = 1'000'000;
 constexpr uint8_t kCnpTclass = 48 << 2; // DSCP 48, not ECN-capable
 constexpr uint32_t kSmall = 64;         // the writes the rate is measured with
 // What each of them costs the QP's rate.
 constexpr uint32_t kSmallCost = kSmall + kCcPacketOverhead;
 
-class Cc : public FakePeer {
+class Cc : public FakePeerOnClock {
   protected:
-    uint64_t now = kT0;
     uint32_t next_rq_psn = kRqPsn; // the peer's next request
     uint32_t next_sq_psn = kSqPsn; // sroce's next request
-
-    void SetUp() override {
-        sroce_memwire_clock(kT0);
-        FakePeer::SetUp();
-    }
-    void TearDown() override {
-        FakePeer::TearDown();
-        sroce_memwire_clock(0);
-    }
-
-    void advance(uint64_t ns) {
-        now += ns;
-        sroce_memwire_clock(now);
-    }
 
     void send_tc(const Bytes &p, uint8_t tclass, const Endpoint *from = nullptr) {
         fence();

@@ -971,4 +971,30 @@ class FakePeer : public ::testing::Test {
     }
 };
 
+// Far beyond any real CLOCK_MONOTONIC, so that nothing the device stamped
+// before the test is in its future.
+constexpr uint64_t kClockT0 = 100'000'000'000'000'000ull;
+
+// The fake peer with the device on a clock the test moves: timers fire
+// only when it does.  The device looks at its timers once more than
+// 500 µs of it have passed (Nic::kTimerScanNs).
+class FakePeerOnClock : public FakePeer {
+  protected:
+    uint64_t now = kClockT0;
+
+    void SetUp() override {
+        sroce_memwire_clock(kClockT0);
+        FakePeer::SetUp();
+    }
+    void TearDown() override {
+        FakePeer::TearDown();
+        sroce_memwire_clock(0);
+    }
+
+    void advance(uint64_t ns) {
+        now += ns;
+        sroce_memwire_clock(now);
+    }
+};
+
 } // namespace fake_peer

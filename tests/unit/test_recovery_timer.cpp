@@ -14,34 +14,17 @@ namespace {
 
 using namespace fake_peer;
 
-// Far beyond any real CLOCK_MONOTONIC, so that nothing the device stamped
-// before the test is in its future.  The device looks at its timers once
-// more than 500 µs of this clock have passed (Nic::kTimerScanNs): the test
-// moves it by more between two looks, so that a silence and the resend
-// after it bracket a timer's period to within 600 µs.
-constexpr uint64_t kT0 = 100'000'000'000'000'000ull;
+// The device looks at its timers once more than 500 µs of the test's clock
+// have passed: the test moves it by more between two looks, so that a
+// silence and the resend after it bracket a timer's period to within
+// 600 µs.
 constexpr uint64_t kUs = 1'000;
 constexpr uint64_t kMs = 1'000'000;
 
-class Recovery : public FakePeer {
+class Recovery : public FakePeerOnClock {
   protected:
     uint32_t next_psn = kSqPsn; // sroce's next write
     uint64_t wr_id = 1;
-
-    void SetUp() override {
-        sroce_memwire_clock(kT0);
-        now = kT0;
-        FakePeer::SetUp();
-    }
-    void TearDown() override {
-        FakePeer::TearDown();
-        sroce_memwire_clock(0);
-    }
-
-    void advance(uint64_t ns) {
-        now += ns;
-        sroce_memwire_clock(now);
-    }
 
     // sroce's packet for PSN `psn`: a write, resent (with AckReq) or new.
     void expect_write(uint32_t psn, const std::string &what) {
@@ -68,9 +51,6 @@ class Recovery : public FakePeer {
         ASSERT_NO_FATAL_FAILURE(expect_success(wr_id));
         wr_id++;
     }
-
-  private:
-    uint64_t now = kT0;
 };
 
 // Each time below is from the write's sending.
