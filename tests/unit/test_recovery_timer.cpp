@@ -6,8 +6,8 @@
 // deviations (as TCP's RTO, RFC 6298), so that a peer whose answers take
 // longer than a millisecond (a loaded host) is not sent what it already
 // has.  A request is timed from its first sending, also when the timer
-// resent it; and the timer never waits more than a sixteenth of the
-// retransmit timer's period.
+// resent it; the timer never waits more than a sixteenth of the
+// retransmit timer's period; a reset forgets what was measured.
 #include "fake_peer.hpp"
 
 namespace {
@@ -89,6 +89,22 @@ TEST_F(Recovery, FollowsTheRoundTripOnceMeasured) {
     advance(600 * kUs);
     ASSERT_NO_FATAL_FAILURE(expect_write(d, "the resend after 8.1 ms"));
     ASSERT_NO_FATAL_FAILURE(ack_to(d));
+
+    // A reset forgets the round trip: 1 ms again once the peer has
+    // announced itself anew.
+    ibv_qp_attr reset{};
+    reset.qp_state = IBV_QPS_RESET;
+    ASSERT_EQ(ibv_modify_qp(qp, &reset, IBV_QP_STATE), 0);
+    ASSERT_NO_FATAL_FAILURE(connect_qp(kRqPsn, kSqPsn));
+    next_psn = kSqPsn;
+    uint32_t e = write("the first write after a reset");
+    ASSERT_NO_FATAL_FAILURE(ack_to(e));
+    uint32_t f = write("the second write after a reset");
+    advance(900 * kUs);
+    expect_silence();
+    advance(600 * kUs);
+    ASSERT_NO_FATAL_FAILURE(expect_write(f, "the resend after 1 ms, after the reset"));
+    ASSERT_NO_FATAL_FAILURE(ack_to(f));
 }
 
 // With a retransmit timer (timeout 14: 67 ms), the recovery timer waits at
