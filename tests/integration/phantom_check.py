@@ -5,11 +5,12 @@ packet with BPF_PROG_TEST_RUN and checks which packets it marks CE.
 
 Usage: phantom_check.py SROCE-FABRIC NETNS
 
-NETNS is a namespace made for the check, with a device p0 (one end of a veth pair) and nothing
-else; the program is attached to p0's egress as sroce-fabric attaches it
-to the switch's.  The queue's drain is set to 0, so that the backlog each
-packet finds is exactly the bytes of the packets before it, and the check
-needs no clock:
+NETNS is a namespace made for the check, with a device p0 (one end of a
+veth pair) and nothing else; the program is attached to p0's egress as
+sroce-fabric attaches it to the switch's, and its parameters are written
+by sroce-fabric's own code.  The queue's drain is set to 0 (a rate of 0), so that the backlog
+each packet finds is exactly the bytes of the packets before it, and the
+check needs no clock:
   - a single threshold: the packets that find it exceeded are marked, and
     only those;
   - RED's ramp: none below the threshold, every one past the maximum, and
@@ -71,7 +72,7 @@ class Phantom:
     """The program on p0 of `netns`, its parameters and its counters."""
 
     def __init__(self, fab, netns):
-        self.fab = fab
+        self.fab, self.netns = fab, netns
         self.bpf = fab.Bpf()
         out = fab.run("tc", "-n", netns, "-j", "filter", "show", "dev", "p0", "egress").stdout
         prog = next(f["options"]["prog"]["id"] for f in json.loads(out)
@@ -80,10 +81,12 @@ class Phantom:
         self.data, self.bss = fab.phantom_maps(netns)
 
     def set(self, threshold, maximum, prob):
-        """Drain 0; RED from `threshold` to `maximum` bytes, up to `prob`;
-        an empty queue and zero counters."""
-        p = 1 << 32 if maximum == threshold else int(prob * (1 << 32))
-        self.bpf.element(self.data, struct.pack("=QQQQ", 0, threshold, maximum, p))
+        """RED from `threshold` to `maximum` bytes, up to `prob`, written
+        as sroce-fabric writes it, for a rate of 0 (no drain); an empty
+        queue and zero counters."""
+        self.fab.set_phantom_params(self.netns, types.SimpleNamespace(
+            rate=0, mark_rate=1.0, mark_threshold=threshold, mark_max=maximum,
+            mark_probability=prob))
         self.bpf.element(self.bss, bytes(40))
 
     def state(self):

@@ -10,12 +10,14 @@
 # libfabric's tcp provider.  The numbers of a short run mean nothing; this
 # keeps the benchmark from rotting.  Checks that every run completed (each
 # stream's goodput, every program's exit status 0; with cc off a collapsed
-# stream is what the run shows), that with dcqcn the bottleneck marked and
-# h0 sent CNPs and with cc off it marked nothing, that the fairness index
-# and the victim's percentiles were measured, that every MPI check passed
-# and every log kept every committed record, and that the Markdown report
-# holds the tables and the commands; also that the committed full run
-# (docs/performance/congestion.json) has every figure.
+# stream is what the run shows), that the report records the marking the
+# fabric applied (sroce-fabric's RED defaults), that with dcqcn the
+# bottleneck marked and h0 sent CNPs and with cc off it marked nothing,
+# that the fairness index and the victim's percentiles were measured,
+# that every MPI check passed and every log kept every committed record,
+# and that the Markdown report holds the tables and the commands; also
+# that the committed full run (docs/performance/congestion.json) has every
+# figure.
 #
 # ctest: TIMEOUT=900 LABELS=netns,perf PROCESSORS=2
 set -uo pipefail
@@ -68,6 +70,11 @@ def measured(r):
 
 if set(modes) != {"dcqcn", "off"}:
     bad.append(f"modes {sorted(modes)}")
+# The marking the fabric applied (sroce-fabric's defaults: RED's ramp from
+# 10,000 to 100,000 bytes up to 0.2), as the report says.
+mark = [d["meta"].get(k) for k in ("mark_threshold_bytes", "mark_max_bytes", "mark_probability")]
+if mark != [10000, 100000, 0.2]:
+    bad.append(f"marking recorded as {mark}")
 for cc, m in modes.items():
     runs = [m["solo"]] + m["runs"]
     labels = [r["label"] for r in runs]

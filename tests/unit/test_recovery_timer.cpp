@@ -44,6 +44,15 @@ class Recovery : public FakePeerOnClock {
         return psn;
     }
 
+    // The write at `psn`, just sent, is resent by the timer: not yet once
+    // `quiet_us` have passed, by `by_us`.  Its period lies between.
+    void resent_between(uint32_t psn, uint64_t quiet_us, uint64_t by_us, const std::string &what) {
+        advance(quiet_us * kUs);
+        expect_silence();
+        advance((by_us - quiet_us) * kUs);
+        expect_write(psn, what);
+    }
+
     // The peer acknowledges up to `psn`, announcing itself as sroce; the
     // write completes.
     void ack_to(uint32_t psn) {
@@ -63,31 +72,20 @@ TEST_F(Recovery, FollowsTheRoundTripOnceMeasured) {
     // yet at 0.9 ms, by 1.5 ms).  The answer at 1.5 ms times it from its
     // first sending: round trip 1.5 ms, deviation 0.75 ms.
     uint32_t b = write("the second write");
-    advance(900 * kUs);
-    expect_silence();
-    advance(600 * kUs);
-    ASSERT_NO_FATAL_FAILURE(expect_write(b, "the resend after 1 ms"));
+    ASSERT_NO_FATAL_FAILURE(resent_between(b, 900, 1500, "the resend after 1 ms"));
     ASSERT_NO_FATAL_FAILURE(ack_to(b));
 
     // The timer now waits 1.5 + 4 x 0.75 = 4.5 ms (not yet at 4.3 ms, by
     // 4.9 ms), where it used to wait 1 ms.  Answered at 5.4 ms: round
     // trip 1.9875 ms, deviation 1.5375 ms.
     uint32_t c = write("the third write");
-    advance(1 * kMs);
-    expect_silence();
-    advance(3300 * kUs);
-    expect_silence();
-    advance(600 * kUs);
-    ASSERT_NO_FATAL_FAILURE(expect_write(c, "the resend after 4.5 ms"));
+    ASSERT_NO_FATAL_FAILURE(resent_between(c, 4300, 4900, "the resend after 4.5 ms"));
     advance(500 * kUs);
     ASSERT_NO_FATAL_FAILURE(ack_to(c));
 
     // 1.9875 + 4 x 1.5375 = 8.1375 ms (not yet at 7.6, by 8.2).
     uint32_t d = write("the fourth write");
-    advance(7600 * kUs);
-    expect_silence();
-    advance(600 * kUs);
-    ASSERT_NO_FATAL_FAILURE(expect_write(d, "the resend after 8.1 ms"));
+    ASSERT_NO_FATAL_FAILURE(resent_between(d, 7600, 8200, "the resend after 8.1 ms"));
     ASSERT_NO_FATAL_FAILURE(ack_to(d));
 
     // A reset forgets the round trip: 1 ms again once the peer has
@@ -100,10 +98,7 @@ TEST_F(Recovery, FollowsTheRoundTripOnceMeasured) {
     uint32_t e = write("the first write after a reset");
     ASSERT_NO_FATAL_FAILURE(ack_to(e));
     uint32_t f = write("the second write after a reset");
-    advance(900 * kUs);
-    expect_silence();
-    advance(600 * kUs);
-    ASSERT_NO_FATAL_FAILURE(expect_write(f, "the resend after 1 ms, after the reset"));
+    ASSERT_NO_FATAL_FAILURE(resent_between(f, 900, 1500, "the resend after 1 ms, after the reset"));
     ASSERT_NO_FATAL_FAILURE(ack_to(f));
 }
 
@@ -125,10 +120,7 @@ TEST_F(Recovery, WaitsNoMoreThanASixteenthOfTheRetransmitTimer) {
     ASSERT_NO_FATAL_FAILURE(ack_to(b));
     // 10 + 4 x 5 = 30 ms measured; 4.19 ms it is (not yet at 3.7, by 4.3).
     uint32_t c = write("the third write");
-    advance(3700 * kUs);
-    expect_silence();
-    advance(600 * kUs);
-    ASSERT_NO_FATAL_FAILURE(expect_write(c, "the resend after 4.19 ms"));
+    ASSERT_NO_FATAL_FAILURE(resent_between(c, 3700, 4300, "the resend after 4.19 ms"));
     ASSERT_NO_FATAL_FAILURE(ack_to(c));
 }
 

@@ -80,6 +80,7 @@ class Fabric:
         for k in ("LD_PRELOAD", "SROCE_FAULT", "SROCE_CONFIG", "SROCE_STATS"):
             self.env.pop(k, None)
         self.state = None
+        self.marking = {}  # the last fabric's, for the report
 
     def fab(self, *args, check=True):
         return subprocess.run([self.tool, "--name", self.name, *args], env=self.env,
@@ -88,14 +89,19 @@ class Fabric:
     def up(self, hosts, a, loss):
         self.fab("down", check=False)
         args = ["up", "-n", str(hosts), "--rate", a.rate, "--queue", str(a.queue), "--ecn",
-                "--mark-threshold", str(a.mark_threshold), "--mark-rate", str(a.mark_rate)]
-        args += ["--mark-max", str(a.mark_max), "--mark-probability", str(a.mark_probability)]
+                "--mark-rate", str(a.mark_rate)]
+        # The marking sroce-fabric's defaults leave alone is its own.
+        for opt in ("mark_threshold", "mark_max", "mark_probability"):
+            if getattr(a, opt) is not None:
+                args += ["--" + opt.replace("_", "-"), str(getattr(a, opt))]
         if loss:
             args += ["--loss", f"{loss}%"]
         r = self.fab(*args, check=False)
         if r.returncode:
             sys.exit(f"fabric_matrix: sroce-fabric up: {r.stderr.strip()}")
         self.state = json.loads(self.fab("show", "-j").stdout)
+        self.marking = {k: self.state[k] for k in ("mark_threshold", "mark_max",
+                                                   "mark_probability")}
 
     def down(self):
         self.fab("down", check=False)
@@ -804,12 +810,14 @@ class Matrix:
     # ------------------------------------------------------------ report
     def report(self, modes, peers):
         a = self.args
+        mark = self.fabric.marking
         os.makedirs(a.out, exist_ok=True)
         meta = {"date": datetime.date.today().isoformat(), "host": platform.node(),
                 "cpus": os.cpu_count(), "kernel": platform.release(), "rate": a.rate,
-                "queue_packets": a.queue, "mark_threshold_bytes": a.mark_threshold,
-                "mark_max_bytes": a.mark_max, "mark_probability": a.mark_probability,
-                "mark_rate": a.mark_rate, "senders": a.senders, "duration_s": a.duration,
+                "queue_packets": a.queue, "mark_rate": a.mark_rate,
+                "mark_threshold_bytes": mark.get("mark_threshold"),
+                "mark_max_bytes": mark.get("mark_max"),
+                "mark_probability": mark.get("mark_probability"), "senders": a.senders, "duration_s": a.duration,
                 "size": a.size, "cc_params": a.cc_param, "short": a.short}
         with open(os.path.join(a.out, "congestion.json"), "w", encoding="utf-8") as f:
             json.dump({"meta": meta, "modes": modes, "peers": peers}, f, indent=1)
@@ -821,8 +829,9 @@ class Matrix:
              f"(perftest's `ib_write_bw` defaults); the switch port towards h0 runs at "
              f"{a.rate} over a {a.queue}-packet tail-drop queue and marks CE as RED does "
              f"from a phantom queue drained at {a.mark_rate:g} of the rate: past "
-             f"{a.mark_threshold} bytes with a probability growing to {a.mark_probability:g} "
-             f"at {a.mark_max} bytes, every packet past that.  Goodput is perftest's; "
+             f"{mark.get('mark_threshold')} bytes with a probability growing to "
+             f"{mark.get('mark_probability')} at {mark.get('mark_max')} bytes, every packet "
+             "past that.  Goodput is perftest's; "
              "fairness is Jain's index over the bytes "
              f"each sender delivered to h0 in {int(WINDOW_S * 1000)} ms windows (mean, and "
              "the 5th percentile of the windows).  Both count only the windows in which every "
@@ -966,14 +975,15 @@ def main():
     p.add_argument("--senders", type=int, default=8, help="streams into h0 (default 8)")
     p.add_argument("--rate", default="200mbit", help="the bottleneck (default 200mbit)")
     p.add_argument("--queue", type=int, default=1000, help="its queue in packets")
-    p.add_argument("--mark-threshold", type=int, default=10000,
-                   help="where the phantom queue starts marking, bytes (default 10000)")
+    p.add_argument("--mark-threshold", type=int,
+                   help="where the phantom queue starts marking, bytes (default: "
+                        "sroce-fabric's)")
     p.add_argument("--mark-rate", type=float, default=0.95,
                    help="phantom queue drain, a fraction of the rate (default 0.95)")
     p.add_argument("--mark-max", type=int,
-                   help="where it marks every packet, bytes (default 10 times --mark-threshold)")
-    p.add_argument("--mark-probability", type=float, default=0.2,
-                   help="RED's probability at --mark-max (default 0.2)")
+                   help="where it marks every packet, bytes (default: sroce-fabric's)")
+    p.add_argument("--mark-probability", type=float,
+                   help="RED's probability at --mark-max (default: sroce-fabric's)")
     p.add_argument("--duration", type=int, default=8, help="seconds per run (default 8)")
     p.add_argument("--size", type=int, default=65536, help="message size (default 65536)")
     p.add_argument("--cc", nargs="+", default=["dcqcn", "off"], choices=("dcqcn", "off"),
@@ -990,8 +1000,6 @@ def main():
                    help="leave out the incast with TCP and libfabric tcp")
     p.add_argument("--short", action="store_true", help="three hosts, two seconds")
     args = p.parse_args()
-    if args.mark_max is None:
-        args.mark_max = 10 * args.mark_threshold
     if os.geteuid() != 0:
         sys.exit("fabric_matrix: needs root (network namespaces)")
     if args.short:
