@@ -10,7 +10,8 @@ and off.  Measured at the receiving host's interface: bytes per sender in
 stream's goodput; from sroce's counters: retransmission timeouts, selective
 resends, CNPs; from the switch: drops and marks.  With --victim a further
 host measures the round trip of a 64-byte write-commit (ib_write_commit_lat)
-alone and during the incast.  The incast again with random loss at the
+alone and during the incast, to h0 through the bottleneck and, to tell the
+fabric's share from the CPUs', to one more host beside it.  The incast again with random loss at the
 bottleneck.
 
 Writes congestion.md (tables, the targets, the commands) and
@@ -345,19 +346,24 @@ class Matrix:
         client = ["env", "SROCE_STATS=1", *common, self.fabric.host("h0")["ipv4"]]
         return server, client
 
-    def victim_cmds(self, seconds):
-        victim = self.victim_host()
+    def victim_cmds(self, seconds, target):
+        """The victim's server on `target` and its client."""
         # Sleeping on events, as the streams beside it do (see streams()).
         tool = os.path.join(self.build, "tools/perf/ib_write_commit_lat")
         common = [tool, "-e", "-s", "64", "-D", str(seconds), "-p", str(VICTIM_PORT)]
         server = list(common)
         client = [*common, "--out_json",
                   "--out_json_file", os.path.join(self.work, "victim.json"),
-                  self.fabric.host("h0")["ipv4"]]
-        return self.fabric.argv("h0", server), self.fabric.argv(victim, client)
+                  self.fabric.host(target)["ipv4"]]
+        return self.fabric.argv(target, server), self.fabric.argv(self.victim_host(), client)
 
     def victim_host(self):
         return f"h{self.args.senders + 1}"
+
+    def beside_host(self):
+        """Where the victim's round trips go without crossing the
+        bottleneck: they meet the same two CPUs, not the queue."""
+        return f"h{self.args.senders + 2}"
 
     def spawn(self, argv):
         return subprocess.Popen(argv, env=self.fabric.env, stdout=subprocess.PIPE,
@@ -376,16 +382,16 @@ class Matrix:
             outs.append((p.returncode, out))
         return outs
 
-    def streams(self, label, senders, cm, victim=False):
+    def streams(self, label, senders, cm, victim=None):
         """Runs one stream from each of `senders` into h0 at once; the
-        figures.  With victim, the victim's round trips run in the middle of
-        them, and every program sleeps on completion events instead of
+        figures.  With victim (the host its server runs on), the victim's
+        round trips run in the middle of them, and every program sleeps on completion events instead of
         polling: 2 CPUs cannot give 18 polling processes a CPU each, as
         hosts of their own would, and the victim's round trips would wait
         for the scheduler rather than for the fabric."""
         servers, clients = [], []
         for i, s in enumerate(senders):
-            srv, cli = self.stream_cmds(i, s, cm, victim)
+            srv, cli = self.stream_cmds(i, s, cm, victim is not None)
             self.record(f"{label}: server on h0 (one per sender, -p {FIRST_TCP_PORT}+i)",
                         self.fabric.argv("h0", srv))
             self.record(f"{label}: sender hI", self.fabric.argv(s, cli))
@@ -393,13 +399,13 @@ class Matrix:
             clients.append((s, cli))
         vsrv = vproc = None
         if victim:
-            vs, vc = self.victim_cmds(self.victim_seconds())
-            self.record("victim: server on h0", vs)
+            vs, vc = self.victim_cmds(self.victim_seconds(), victim)
+            self.record(f"victim: server on {victim}", vs)
             self.record("victim: client", vc)
             vsrv = self.spawn(vs)
         self.wait_listening([FIRST_TCP_PORT + i for i in range(len(senders))], cm, servers)
         if vsrv:
-            self.wait_listening([VICTIM_PORT], False, [vsrv])
+            self.wait_listening([VICTIM_PORT], False, [vsrv], host=victim)
         time.sleep(0.2)
         before = self.fabric.bottleneck()
         sampler = Sampler(self.fabric, senders)
@@ -432,6 +438,7 @@ class Matrix:
         res["timeouts"] = sum(f["timeouts"] or 0 for f in res["flows"])
         if vout:
             res["victim"] = self.victim_figures(*vout)
+            res["victim"]["server"] = victim
         return res
 
     def figures(self, res, sampler, before, after):
@@ -706,12 +713,12 @@ class Matrix:
             self.fabric.down()
         return out
 
-    def wait_listening(self, ports, cm, procs, timeout=30.0):
-        """Waits until h0 listens on every one of `ports` (rdma_cm ports as
-        its agent lists them, else TCP), or one of `procs` has exited.  A
+    def wait_listening(self, ports, cm, procs, timeout=30.0, host="h0"):
+        """Waits until `host` listens on every one of `ports` (rdma_cm ports
+        as its agent lists them, else TCP), or one of `procs` has exited.  A
         client that came first would be refused: a fixed pause is too short
         for eight servers on a loaded machine."""
-        info = self.fabric.host("h0")
+        info = self.fabric.host(host)
         if cm:
             cmd = [self.fabric.state["sroce"], "--config", info["config"], "-j", "agent",
                    "status"]
@@ -720,7 +727,7 @@ class Matrix:
             cmd, pattern = ["ss", "-Hltn"], r":(\d+)\s"
         end, have = time.monotonic() + timeout, set()
         while time.monotonic() < end:
-            out = subprocess.run(self.fabric.plain_argv("h0", cmd), capture_output=True,
+            out = subprocess.run(self.fabric.plain_argv(host, cmd), capture_output=True,
                                  text=True).stdout
             have = {int(x) for x in re.findall(pattern, out)}
             if all(p in have for p in ports):
@@ -729,7 +736,7 @@ class Matrix:
                 break
             time.sleep(0.1)
         # The clients then fail on their own; this says why first.
-        print(f"fabric_matrix: h0 does not listen on {sorted(set(ports) - have)} "
+        print(f"fabric_matrix: {host} does not listen on {sorted(set(ports) - have)} "
               f"({'rdma_cm' if cm else 'TCP'}): a server exited or is slow to start",
               file=sys.stderr, flush=True)
         return False
@@ -747,10 +754,10 @@ class Matrix:
         """A third of the streams' duration, so that it ends before they do."""
         return max(1, self.args.duration // 3)
 
-    def victim_idle(self):
-        vs, vc = self.victim_cmds(self.victim_seconds())
+    def victim_idle(self, target):
+        vs, vc = self.victim_cmds(self.victim_seconds(), target)
         srv = self.spawn(vs)
-        self.wait_listening([VICTIM_PORT], False, [srv])
+        self.wait_listening([VICTIM_PORT], False, [srv], host=target)
         out = self.finish([self.spawn(vc)], 120)[0]
         self.finish([srv], 20)
         return self.victim_figures(*out)
@@ -758,7 +765,7 @@ class Matrix:
     def mode(self, cc):
         """Every run with congestion control `cc` (dcqcn or off)."""
         a = self.args
-        hosts = a.senders + 1 + (1 if a.victim else 0)
+        hosts = a.senders + 1 + (2 if a.victim else 0)
         senders = [f"h{i}" for i in range(1, a.senders + 1)]
         out = {"cc": cc, "runs": []}
         for loss in ([0.0] + ([a.loss] if a.loss else [])):
@@ -771,12 +778,15 @@ class Matrix:
                     out["solo"] = self.streams(f"{tag}: one stream", senders[:1], False)
                     self.progress(out["solo"])
                     if a.victim:
-                        out["victim_idle"] = self.victim_idle()
-                plan = [("", False, False)]
+                        out["victim_idle"] = self.victim_idle("h0")
+                        out["victim_idle_beside"] = self.victim_idle(self.beside_host())
+                plan = [("", False, None)]
                 if not loss:
-                    plan.append((" over rdma_cm", True, False))
+                    plan.append((" over rdma_cm", True, None))
                     if a.victim:
-                        plan.append((", events, and the victim", False, True))
+                        plan.append((", events, and the victim", False, "h0"))
+                        plan.append((", events, and a victim beside it", False,
+                                     self.beside_host()))
                 for what, cm, victim in plan:
                     for attempt in range(1, 4):
                         r = self.streams(f"{tag}: {a.senders} to 1{what}", senders, cm, victim)
@@ -821,7 +831,7 @@ class Matrix:
                 "size": a.size, "cc_params": a.cc_param, "short": a.short}
         with open(os.path.join(a.out, "congestion.json"), "w", encoding="utf-8") as f:
             json.dump({"meta": meta, "modes": modes, "peers": peers}, f, indent=1)
-        L = [f"# Congestion on a fabric of {a.senders + 1 + (1 if a.victim else 0)} hosts",
+        L = [f"# Congestion on a fabric of {a.senders + 1 + (2 if a.victim else 0)} hosts",
              "",
              f"Made by `tools/perf/fabric_matrix.py` on {meta['date']} ({meta['cpus']} CPUs, "
              f"kernel {meta['kernel']}){' with --short: the numbers mean nothing' if a.short else ''}.",
@@ -864,16 +874,21 @@ class Matrix:
                          f"{sum(f['cnps_sent'] or 0 for f in r['flows'])} |")
         if a.victim:
             L += ["", "## The victim: a 64-byte write-commit from a further host", "",
-                  "| cc | idle typical µs | idle p99 µs | incast typical µs | incast p99 µs | "
-                  "p99 ratio |", "|---|---|---|---|---|---|"]
+                  f"Its round trips to h0 cross the bottleneck; those to {self.beside_host()} "
+                  "do not, and meet only the same two CPUs as the incast's programs.", "",
+                  "| cc | server | idle typical µs | idle p99 µs | incast typical µs | "
+                  "incast p99 µs | p99 ratio |", "|---|---|---|---|---|---|---|"]
             for m in modes:
-                idle = m.get("victim_idle") or {}
-                busy = next((r.get("victim") for r in m["runs"] if r.get("victim")), {})
-                ratio = (busy.get("t_p99_us") / idle["t_p99_us"]
-                         if busy.get("t_p99_us") and idle.get("t_p99_us") else None)
-                L.append(f"| {m['cc']} | {fmt(idle.get('t_typical_us'))} | "
-                         f"{fmt(idle.get('t_p99_us'))} | {fmt(busy.get('t_typical_us'))} | "
-                         f"{fmt(busy.get('t_p99_us'))} | {fmt(ratio, 2)} |")
+                for where, key in (("h0", "victim_idle"), (self.beside_host(),
+                                                           "victim_idle_beside")):
+                    idle = m.get(key) or {}
+                    busy = next((r["victim"] for r in m["runs"]
+                                 if (r.get("victim") or {}).get("server") == where), {})
+                    ratio = (busy.get("t_p99_us") / idle["t_p99_us"]
+                             if busy.get("t_p99_us") and idle.get("t_p99_us") else None)
+                    L.append(f"| {m['cc']} | {where} | {fmt(idle.get('t_typical_us'))} | "
+                             f"{fmt(idle.get('t_p99_us'))} | {fmt(busy.get('t_typical_us'))} | "
+                             f"{fmt(busy.get('t_p99_us'))} | {fmt(ratio, 2)} |")
         if any("mpi" in m or "pmof" in m for m in modes):
             L += ["", "## Jobs across the fabric", "",
                   "Open MPI over UCX rc_verbs runs tests/progs/mpi_check (ping-pongs, allreduces, "
