@@ -128,7 +128,17 @@ long_pair() {
 	wait_listen "$LP_PORT" "$LP_SRV" || die "$1: ib_write_bw's server did not listen"
 	sroce_bg "$WORK/$1.client" ib_write_bw -d sroce1 -x 1 -D "$2" -p "$LP_PORT" 127.0.0.1
 	LP_CLI=$BG_PID
-	sleep 3
+	# Until the client's QP is listed: a client that has not leased its
+	# slot yet is no test of what happens to one that has (on a loaded
+	# machine a fixed pause was not always enough).
+	local pid="" deadline=$((SECONDS + 60))
+	until [[ -n $pid ]] && "$SROCE_BIN" resource show qp 2>/dev/null | grep -q "pid $pid "; do
+		kill -0 "$LP_CLI" 2>/dev/null || die "$1: ib_write_bw's client exited early" "$(cat "$WORK/$1.client")"
+		((SECONDS < deadline)) || die "$1: the client's QP is not listed after 60 s"
+		pid=$(pgrep -f -n "ib_write_bw -d sroce1 -x 1 -D $2 -p $LP_PORT" || true)
+		sleep 0.1
+	done
+	sleep 2
 }
 
 # --- a process killed mid-run disturbs nobody ---------------------------------
