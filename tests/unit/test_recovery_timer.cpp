@@ -7,7 +7,8 @@
 // longer than a millisecond (a loaded host) is not sent what it already
 // has.  A request is timed from its first sending, also when the timer
 // resent it; the timer never waits more than a sixteenth of the
-// retransmit timer's period; a reset forgets what was measured.
+// retransmit timer's period, nor more than 64 ms without one; a reset
+// forgets what was measured.
 #include "fake_peer.hpp"
 
 namespace {
@@ -121,6 +122,22 @@ TEST_F(Recovery, WaitsNoMoreThanASixteenthOfTheRetransmitTimer) {
     // 10 + 4 x 5 = 30 ms measured; 4.19 ms it is (not yet at 3.7, by 4.3).
     uint32_t c = write("the third write");
     ASSERT_NO_FATAL_FAILURE(resent_between(c, 3700, 4300, "the resend after 4.19 ms"));
+    ASSERT_NO_FATAL_FAILURE(ack_to(c));
+}
+
+// Without a retransmit timer (timeout 0) nothing else bounds it: after a
+// round trip of 100 ms (srtt + 4 rttvar well past 64 ms) it still waits
+// only 64 ms, the 1 ms timer's longest period (six doublings).
+TEST_F(Recovery, WaitsNoMoreThan64MsWithoutARetransmitTimer) {
+    ASSERT_NO_FATAL_FAILURE(create_qp(kRqPsn, kSqPsn, 0));
+    uint32_t a = write("the first write");
+    ASSERT_NO_FATAL_FAILURE(ack_to(a));
+    uint32_t b = write("the second write");
+    advance(100 * kMs);
+    ASSERT_NO_FATAL_FAILURE(expect_write(b, "the resend while the answer is late"));
+    ASSERT_NO_FATAL_FAILURE(ack_to(b));
+    uint32_t c = write("the third write");
+    ASSERT_NO_FATAL_FAILURE(resent_between(c, 63000, 64600, "the resend after 64 ms"));
     ASSERT_NO_FATAL_FAILURE(ack_to(c));
 }
 
