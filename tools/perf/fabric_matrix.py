@@ -11,8 +11,8 @@ stream's goodput; from sroce's counters: retransmission timeouts, selective
 resends, CNPs; from the switch: drops and marks.  With --victim a further
 host measures the round trip of a 64-byte write-commit (ib_write_commit_lat)
 alone and during the incast, to h0 through the bottleneck and, to tell the
-fabric's share from the CPUs', to one more host beside it.  The incast again with random loss at the
-bottleneck.
+fabric's share from the CPUs', to one more host beside it.  The incast
+again with random loss at the bottleneck.
 
 Writes congestion.md (tables, the targets, the commands) and
 congestion.json into --out.  --short runs three hosts for two seconds: the
@@ -385,10 +385,11 @@ class Matrix:
     def streams(self, label, senders, cm, victim=None):
         """Runs one stream from each of `senders` into h0 at once; the
         figures.  With victim (the host its server runs on), the victim's
-        round trips run in the middle of them, and every program sleeps on completion events instead of
-        polling: 2 CPUs cannot give 18 polling processes a CPU each, as
-        hosts of their own would, and the victim's round trips would wait
-        for the scheduler rather than for the fabric."""
+        round trips run in the middle of them, and every program sleeps on
+        completion events instead of polling: 2 CPUs cannot give 18 polling
+        processes a CPU each, as hosts of their own would, and the victim's
+        round trips would wait for the scheduler rather than for the
+        fabric."""
         servers, clients = [], []
         for i, s in enumerate(senders):
             srv, cli = self.stream_cmds(i, s, cm, victim is not None)
