@@ -474,7 +474,9 @@ if timeout -k 5 60 "$SROCE_BIN" exec -- ibv_rc_pingpong -d trust1 -g 1 -p "$vpor
 	>"$WORK/victim.client" 2>&1 && bg_wait "$victim_bg" && ((BG_RC == 0)); then
 	pass "ibv_rc_pingpong -c to the relayed server through the new agent's relay"
 else
-	fail "ibv_rc_pingpong to the resumed relayed server" "$(cat "$WORK/victim.client" "$WORK/victim.server")"
+	fail "ibv_rc_pingpong to the resumed relayed server" "$(cat "$WORK/victim.client" "$WORK/victim.server")
+the agent now: $("$SROCE_BIN" -j agent status 2>&1)
+the agents' log ends: $(tail -n 30 "$WORK/agent.log" 2>/dev/null)"
 fi
 if timeout -k 5 60 "$SROCE_BIN" exec -- ibv_rc_pingpong -d trust0 -g 1 -p "$rport" -n 2000 -c $B \
 	>"$WORK/root.client" 2>&1 && bg_wait "$root_bg" && ((BG_RC == 0)); then
