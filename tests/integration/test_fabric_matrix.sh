@@ -149,6 +149,18 @@ for want in "| run | Mbit/s at h0" "## The victim" "## Jobs across the fabric" \
 	grep -qF -- "$want" "$out/congestion.md" || fail "congestion.md lacks '$want'"
 done
 pass "congestion.md has the tables and the commands"
+# The victim's figures say where its server was; its commands show it: a
+# server on h0 and one beside the bottleneck, and a client to each.
+beside=h$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["meta"]["senders"] + 2)' \
+	"$out/congestion.json")
+servers=$(grep -oE "exec h[0-9]+ -- [^ ]*ib_write_commit_lat -e -s 64 -D [0-9]+ -p [0-9]+\$" "$out/congestion.md" |
+	awk '{print $2}' | sort -u | tr '\n' ' ')
+targets=$(grep -E "ib_write_commit_lat .*--out_json_file" "$out/congestion.md" | awk '{print $NF}' | sort -u | wc -l)
+if [[ $servers == "h0 $beside " && $targets == 2 ]]; then
+	pass "the victim's servers ran on h0 and $beside, its clients went to both"
+else
+	fail "the victim's commands: servers on '$servers' (want h0 $beside), clients to $targets addresses (want 2)"
+fi
 committed=$src/docs/performance/congestion.json
 if [[ ! -f $committed ]]; then
 	fail "no committed full run ($committed)"

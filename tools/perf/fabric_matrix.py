@@ -402,7 +402,7 @@ class Matrix:
         if victim:
             vs, vc = self.victim_cmds(self.victim_seconds(), victim)
             self.record(f"victim: server on {victim}", vs)
-            self.record("victim: client", vc)
+            self.record(f"victim: client, to {victim}", vc)
             vsrv = self.spawn(vs)
         self.wait_listening([FIRST_TCP_PORT + i for i in range(len(senders))], cm, servers)
         if vsrv:
