@@ -93,9 +93,10 @@ build() {
 }
 
 # failure_tails STAGE BUILD-DIR: keeps, for the summary, the lines of each
-# failing test that say what failed (a check's FAIL, gtest's Failure) and
-# its last lines.  --output-on-failure shows them where the test ended, in
-# the middle of a long log that is often seen only by its head and its tail.
+# failing test that say what failed (a check's FAIL with the lines it
+# printed after it, up to the next check; gtest's Failure) and its last
+# lines.  --output-on-failure shows them where the test ended, in the
+# middle of a long log that is often seen only by its head and its tail.
 failure_tails() {
 	local dir=$2/Testing/Temporary name out=$logdir/failing-test.out
 	[[ -f $dir/LastTestsFailed.log && -f $dir/LastTest.log ]] || return 0
@@ -106,7 +107,9 @@ failure_tails() {
 			on && /^<end of output>$/ { exit }
 			on { print }' "$dir/LastTest.log" >"$out"
 		printf -- '--- %s: %s, what failed\n' "$1" "$name"
-		grep -a -m 20 -E '^(FAIL|not ok)|Failure$|FAILED|[Ee]rror:' "$out" || true
+		awk '/^(ok|FAIL|SKIP) / || /^[0-9]+ checks passed/ { more = 0 }
+			/^(FAIL|not ok)|Failure$|FAILED|[Ee]rror:/ { if (++n > 20) exit; more = 60; print; next }
+			more > 0 { more--; print }' "$out"
 		printf -- '--- %s: %s, its last lines\n' "$1" "$name"
 		tail -n 25 "$out"
 	done <"$dir/LastTestsFailed.log" >>"$logdir/failures"
