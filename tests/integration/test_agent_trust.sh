@@ -416,7 +416,8 @@ victim_bg=$BG_PID
 wait_listen "$vport" "$victim_bg" || die "uid 65534's ibv_rc_pingpong server did not listen"
 next_port
 rport=$PORT
-sroce_bg "$WORK/root.server" ibv_rc_pingpong -d trust1 -g 1 -p "$rport" -n 2000 -c
+# The agent this server starts logs where the first one did.
+SROCE_AGENT_LOG=$WORK/agent.log sroce_bg "$WORK/root.server" ibv_rc_pingpong -d trust1 -g 1 -p "$rport" -n 2000 -c
 root_bg=$BG_PID
 wait_listen "$rport" "$root_bg" || die "root's ibv_rc_pingpong server did not listen"
 read -r vpid vslot < <("$SROCE_BIN" -j resource show | python3 -c '
@@ -470,12 +471,14 @@ if grep -q 'resumed under the new sroce agent' "$WORK/victim.server"; then
 else
 	fail "the relayed process did not take its slot back" "$(cat "$WORK/victim.server")"
 fi
+slots=$("$SROCE_BIN" resource show 2>&1)
 if timeout -k 5 60 "$SROCE_BIN" exec -- ibv_rc_pingpong -d trust1 -g 1 -p "$vport" -n 2000 -c $A \
 	>"$WORK/victim.client" 2>&1 && bg_wait "$victim_bg" && ((BG_RC == 0)); then
 	pass "ibv_rc_pingpong -c to the relayed server through the new agent's relay"
 else
 	fail "ibv_rc_pingpong to the resumed relayed server" "$(cat "$WORK/victim.client" "$WORK/victim.server")
 the agent now: $("$SROCE_BIN" -j agent status 2>&1)
+the processes' slots before the client: $slots
 the agents' log ends: $(tail -n 30 "$WORK/agent.log" 2>/dev/null)"
 fi
 if timeout -k 5 60 "$SROCE_BIN" exec -- ibv_rc_pingpong -d trust0 -g 1 -p "$rport" -n 2000 -c $B \
