@@ -83,31 +83,39 @@ for mode in events polling; do
 done
 
 # The two refusals of any RoCE device (see the top).
-# Both sides move their QP to RTR; whichever gets there first reports the
-# refusal and tells the other over TCP urgent data, which then exits quietly.
-# On a loaded machine the client has once printed nothing past the test's
-# name (exit status unknown, server output not kept then): a run where
+# Both sides move their QP to RTR (UC) or make the address handle (UD);
+# whichever fails first reports the refusal and tells the other over TCP
+# urgent data, which then exits quietly.  On a loaded machine the client
+# has printed nothing past the test's name (uc_lat, exit status unknown)
+# and an empty "server: " (ud_lat, the refusal's text lost): a run where
 # neither side reports a failure is tried again, and the tries are counted.
-tries=0
-while :; do
-	tries=$((tries + 1))
-	qperf_run -t 1 $A uc_lat
-	((tries < 3)) && ! grep -q "failed" <<<"$out$srv" || break
-	echo "qperf uc_lat try $tries: exit $rc, nothing reported; client: $out; server: $srv" >&2
-done
-if ((rc)) && grep -q "failed to modify QP to RTR" <<<"$out$srv"; then
+# refusal_run TEST ARGS...: qperf_run ARGS... until a side reports a
+# failure, at most three times; sets $again.
+refusal_run() {
+	local t=$1 tries=0
+	shift
+	while :; do
+		tries=$((tries + 1))
+		qperf_run "$@"
+		((tries < 3)) && ! grep -q "failed" <<<"$out$srv" || break
+		echo "qperf $t try $tries: exit $rc, nothing reported; client: $out; server: $srv" >&2
+	done
 	again=
 	((tries == 1)) || again=" ($tries tries)"
+}
+refusal_run uc_lat -t 1 $A uc_lat
+if ((rc)) && grep -q "failed to modify QP to RTR" <<<"$out$srv"; then
 	pass "qperf uc_lat: refused as on the kernel's RoCE devices (RTR without a GRH)$again"
 else
 	fail "qperf uc_lat: expected the kernel's refusal of an address vector without a GRH" \
 		"client (exit $rc): $out"$'\n'"server: $srv"
 fi
-qperf_run -cm1 -t 1 $A ud_lat
-if ((rc)) && grep -q "failed to create address handle" <<<"$out"; then
-	pass "qperf -cm1 ud_lat: refused as on the kernel (the SIDR request's ah_attr is empty)"
+refusal_run ud_lat -cm1 -t 1 $A ud_lat
+if ((rc)) && grep -q "failed to create address handle" <<<"$out$srv"; then
+	pass "qperf -cm1 ud_lat: refused as on the kernel (the SIDR request's ah_attr is empty)$again"
 else
-	fail "qperf -cm1 ud_lat: expected the kernel's refusal of an empty address handle" "$out"
+	fail "qperf -cm1 ud_lat: expected the kernel's refusal of an empty address handle" \
+		"client (exit $rc): $out"$'\n'"server: $srv"
 fi
 
 finish
