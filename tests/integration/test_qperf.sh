@@ -89,33 +89,26 @@ done
 # has printed nothing past the test's name (uc_lat, exit status unknown)
 # and an empty "server: " (ud_lat, the refusal's text lost): a run where
 # neither side reports a failure is tried again, and the tries are counted.
-# refusal_run TEST ARGS...: qperf_run ARGS... until a side reports a
-# failure, at most three times; sets $again.
-refusal_run() {
-	local t=$1 tries=0
-	shift
+# refusal WHY REFUSAL ARGS...: qperf_run ARGS... (the test's name last)
+# until a side reports a failure, at most three times; passes if qperf
+# failed with REFUSAL, as the kernel's devices refuse it (WHY).
+refusal() {
+	local why=$1 refusal=$2 t=${*: -1} tries=0 again=
+	shift 2
 	while :; do
 		tries=$((tries + 1))
 		qperf_run "$@"
 		((tries < 3)) && ! grep -q "failed" <<<"$out$srv" || break
 		echo "qperf $t try $tries: exit $rc, nothing reported; client: $out; server: $srv" >&2
 	done
-	again=
 	((tries == 1)) || again=" ($tries tries)"
+	if ((rc)) && grep -q "$refusal" <<<"$out$srv"; then
+		pass "qperf $*: refused as on the kernel's RoCE devices ($why)$again"
+	else
+		fail "qperf $*: expected the kernel's refusal ($why)" "client (exit $rc): $out"$'\n'"server: $srv"
+	fi
 }
-refusal_run uc_lat -t 1 $A uc_lat
-if ((rc)) && grep -q "failed to modify QP to RTR" <<<"$out$srv"; then
-	pass "qperf uc_lat: refused as on the kernel's RoCE devices (RTR without a GRH)$again"
-else
-	fail "qperf uc_lat: expected the kernel's refusal of an address vector without a GRH" \
-		"client (exit $rc): $out"$'\n'"server: $srv"
-fi
-refusal_run ud_lat -cm1 -t 1 $A ud_lat
-if ((rc)) && grep -q "failed to create address handle" <<<"$out$srv"; then
-	pass "qperf -cm1 ud_lat: refused as on the kernel (the SIDR request's ah_attr is empty)$again"
-else
-	fail "qperf -cm1 ud_lat: expected the kernel's refusal of an empty address handle" \
-		"client (exit $rc): $out"$'\n'"server: $srv"
-fi
+refusal "RTR without a GRH" "failed to modify QP to RTR" -t 1 $A uc_lat
+refusal "the SIDR request's ah_attr is empty" "failed to create address handle" -cm1 -t 1 $A ud_lat
 
 finish
